@@ -1,0 +1,1 @@
+"""Portcullis authorization server."""

@@ -1,0 +1,1 @@
+"""Portcullis gateway: a reverse proxy that checks bearer tokens before the upstream sees them."""

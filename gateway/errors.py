@@ -1,0 +1,109 @@
+"""Error responses of the gateway: RFC 6750 §3 challenges and the resource error body.
+
+Messages are fixed texts chosen here: they never echo keys, claims or internals.
+"""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from portcullis.http import error_response
+
+# RFC 6750 §3: error_description and scope values exclude `"` and `\`.
+_UNSAFE = re.compile(r"[^\x20\x21\x23-\x5B\x5D-\x7E]")
+
+
+def _quoted(value: str) -> str:
+    return '"' + _UNSAFE.sub("", value) + '"'
+
+
+def _challenge(realm: str, **params: str) -> str:
+    parts = [f"realm={_quoted(realm)}"] + [f"{k}={_quoted(v)}" for k, v in params.items()]
+    return "Bearer " + ", ".join(parts)
+
+
+def unauthorized(realm: str) -> web.Response:
+    """No credentials: the challenge carries no error (RFC 6750 §3.1)."""
+    return error_response(
+        401,
+        "unauthorized",
+        "This API needs a bearer access token in the Authorization header.",
+        headers={"WWW-Authenticate": _challenge(realm)},
+    )
+
+
+def invalid_token(realm: str, description: str) -> web.Response:
+    return error_response(
+        401,
+        "invalid_token",
+        f"The access token was refused: {description}.",
+        headers={
+            "WWW-Authenticate": _challenge(
+                realm, error="invalid_token", error_description=description
+            )
+        },
+    )
+
+
+def invalid_request(realm: str, description: str) -> web.Response:
+    return error_response(
+        400,
+        "invalid_request",
+        f"The request's credentials are malformed: {description}.",
+        headers={
+            "WWW-Authenticate": _challenge(
+                realm, error="invalid_request", error_description=description
+            )
+        },
+    )
+
+
+def insufficient_scope(realm: str, description: str, scope: str) -> web.Response:
+    return error_response(
+        403,
+        "insufficient_scope",
+        f"The access token lacks a scope this request needs: {description}.",
+        details=[("scope", scope)],
+        headers={
+            "WWW-Authenticate": _challenge(
+                realm, error="insufficient_scope", error_description=description, scope=scope
+            )
+        },
+    )
+
+
+def not_found() -> web.Response:
+    return error_response(404, "not_found", "No route of this gateway serves this request.")
+
+
+def bad_request(message: str) -> web.Response:
+    return error_response(400, "bad_request", message)
+
+
+def payload_too_large(limit: int) -> web.Response:
+    return error_response(
+        413, "payload_too_large", f"The request body is larger than {limit} bytes allowed here."
+    )
+
+
+def request_timeout() -> web.Response:
+    return error_response(
+        408,
+        "request_timeout",
+        "The request body did not arrive in time.",
+        headers={"Connection": "close"},
+    )
+
+
+def bad_gateway() -> web.Response:
+    return error_response(502, "bad_gateway", "The upstream service could not be reached.")
+
+
+def gateway_timeout() -> web.Response:
+    return error_response(504, "gateway_timeout", "The upstream service did not answer in time.")
+
+
+def unavailable(retry_after: int, message: str) -> web.Response:
+    return error_response(503, "unavailable", message, headers={"Retry-After": str(retry_after)})

@@ -1,0 +1,313 @@
+"""Forwarding an authorised request to the upstream and its answer back to the client.
+
+- Method, path and query go upstream byte for byte.
+- Hop-by-hop headers (RFC 9110 §7.6.1), and any header named in `Connection`, are dropped
+  both ways.
+- Identity headers are ALWAYS removed from the client's request first, on public routes
+  too, including spellings with `_` for `-` that CGI-style servers fold into the same name;
+  then they are set from the verified principal only.
+- `X-Forwarded-For` and `Forwarded` (RFC 7239) are appended to, `X-Forwarded-Proto/Host`
+  are set from what this gateway saw, `Via` is added (RFC 9110 §7.6.3), and a request id is
+  kept when well-formed or generated.
+- Bodies stream both ways in constant memory; small bodies with a known length (up to
+  `forward.buffer_size`) are moved in one piece, which is faster.
+- Upstream refused or broken → 502; no answer in time → 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from . import errors
+from .principal import Principal
+from .settings import Settings
+
+log = logging.getLogger("portcullis.gateway.forward")
+
+# RFC 9110 §7.6.1 plus the de-facto Keep-Alive / Proxy-Connection. `Expect` is answered by
+# this gateway itself; `Host` is set for the upstream.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+_VISIBLE_ASCII = re.compile(r"^[\x20-\x7E]*$")
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+def header_value(value: Any) -> str:
+    """A claim as a header value that can be neither injected into nor misread.
+
+    Printable ASCII strings pass as they are; other strings, numbers, booleans, arrays and
+    objects are JSON with non-ASCII escaped, so CR/LF and non-Latin-1 text never reach the wire.
+    """
+    if isinstance(value, str) and _VISIBLE_ASCII.match(value):
+        return value
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+
+
+def _connection_tokens(headers: Any) -> frozenset[str]:
+    values = headers.getall("Connection", ())
+    if not values:
+        return frozenset()
+    return frozenset(t.strip().lower() for v in values for t in v.split(",") if t.strip())
+
+
+def _forwarded_node(address: str | None) -> str:
+    """RFC 7239 §6: IPv6 addresses are bracketed and quoted; unknown peers are `unknown`."""
+    if not address:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return '"' + address.replace('"', "") + '"'
+    return f'"[{ip}]"' if ip.version == 6 else str(ip)
+
+
+class BodyFailure(Exception):
+    """The client's body could not be passed on: why, as an HTTP answer to give."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind  # too_large | timeout | client_gone
+
+
+class Forwarder:
+    def __init__(self, settings: Settings, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        upstream = urlsplit(settings.upstream.url)
+        self._base = settings.upstream.url[: len(settings.upstream.url) - len(upstream.path)]
+        self._prefix = upstream.path.rstrip("/")
+        self._preserve_host = settings.upstream.preserve_host
+        self._strip_authorization = settings.forward.strip_authorization
+        self._buffer_size = settings.forward.buffer_size
+        self._body_timeout = settings.limits.body_timeout.total_seconds()
+        self._request_id_header = settings.forward.request_id_header
+        self.identity = settings.identity_headers
+        self._identity_names = frozenset(
+            name.lower().replace("_", "-") for name in self.identity.names()
+        )
+        self._drop = (
+            _REQUEST_DROP
+            | self._identity_names
+            | {
+                "x-forwarded-for",
+                "x-forwarded-proto",
+                "x-forwarded-host",
+                "forwarded",
+                "via",
+                self._request_id_header.lower(),
+            }
+            | ({"authorization"} if self._strip_authorization else set())
+        )
+
+    # ------------------------------------------------------------------ headers
+
+    def request_id(self, request: web.BaseRequest) -> str:
+        given = request.headers.get(self._request_id_header)
+        if given is not None and _REQUEST_ID.match(given):
+            return given
+        return uuid.uuid4().hex
+
+    def upstream_headers(
+        self, request: web.BaseRequest, principal: Principal | None, request_id: str
+    ) -> CIMultiDict[str]:
+        incoming = request.headers
+        named_in_connection = _connection_tokens(incoming)
+        drop = self._drop
+        out: CIMultiDict[str] = CIMultiDict()
+        for name, value in incoming.items():
+            low = name.lower()
+            if low in drop or low in named_in_connection:
+                continue
+            if "_" in low and low.replace("_", "-") in self._identity_names:
+                continue  # X_Auth_Subject is X-Auth-Subject to a CGI/WSGI upstream
+            out.add(name, value)
+
+        if self._preserve_host and request.host:
+            out["Host"] = request.host
+        peer = request.remote
+        prior = ", ".join(incoming.getall("X-Forwarded-For", ()))
+        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else (peer or "unknown")
+        out["X-Forwarded-Proto"] = request.scheme
+        if request.host:
+            out["X-Forwarded-Host"] = request.host
+        element = f"for={_forwarded_node(peer)};proto={request.scheme}"
+        if request.host:
+            element += f';host="{request.host}"'
+        prior_fwd = ", ".join(incoming.getall("Forwarded", ()))
+        out["Forwarded"] = f"{prior_fwd}, {element}" if prior_fwd else element
+        prior_via = ", ".join(incoming.getall("Via", ()))
+        via = f"{request.version.major}.{request.version.minor} portcullis"
+        out["Via"] = f"{prior_via}, {via}" if prior_via else via
+        out[self._request_id_header] = request_id
+
+        if principal is not None:
+            ids = self.identity
+            out[ids.subject] = header_value(principal.subject)
+            if principal.client_id is not None:
+                out[ids.client_id] = header_value(principal.client_id)
+            out[ids.scopes] = " ".join(header_value(s) for s in sorted(principal.scopes))
+            out[ids.issuer] = header_value(principal.issuer)
+            for header, claim in ids.claims:
+                claim_value = principal.claims.get(claim)
+                if claim_value is not None:
+                    out[header] = header_value(claim_value)
+        return out
+
+    def response_headers(
+        self, upstream: aiohttp.ClientResponse, request_id: str
+    ) -> CIMultiDict[str]:
+        named_in_connection = _connection_tokens(upstream.headers)
+        out: CIMultiDict[str] = CIMultiDict()
+        for name, value in upstream.headers.items():
+            low = name.lower()
+            if low in HOP_BY_HOP or low in named_in_connection:
+                continue
+            out.add(name, value)
+        out[self._request_id_header] = request_id
+        return out
+
+    # ------------------------------------------------------------------ bodies
+
+    async def _read_small_body(self, request: web.BaseRequest, length: int) -> bytes:
+        try:
+            async with asyncio.timeout(self._body_timeout):
+                return await request.content.readexactly(length)
+        except TimeoutError:
+            raise BodyFailure("timeout") from None
+        except (asyncio.IncompleteReadError, ConnectionError, aiohttp.ClientPayloadError):
+            raise BodyFailure("client_gone") from None
+
+    async def _stream_body(
+        self, request: web.BaseRequest, limit: int | None, failure: list[BodyFailure]
+    ) -> AsyncIterator[bytes]:
+        """The client's body chunk by chunk; a failure is recorded before the upload aborts."""
+        received = 0
+        content = request.content
+        while True:
+            try:
+                async with asyncio.timeout(self._body_timeout):
+                    chunk = await content.readany()
+            except TimeoutError:
+                failure.append(BodyFailure("timeout"))
+                raise failure[-1] from None
+            except Exception:
+                failure.append(BodyFailure("client_gone"))
+                raise failure[-1] from None
+            if not chunk:
+                return
+            received += len(chunk)
+            if limit is not None and received > limit:
+                failure.append(BodyFailure("too_large"))
+                raise failure[-1]
+            yield chunk
+
+    # ------------------------------------------------------------------ the exchange
+
+    async def send(
+        self,
+        request: web.BaseRequest,
+        principal: Principal | None,
+        request_id: str,
+        max_body: int | None,
+    ) -> web.StreamResponse:
+        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
+        headers = self.upstream_headers(request, principal, request_id)
+        failure: list[BodyFailure] = []
+        data: bytes | AsyncIterator[bytes] | None = None
+        length = request.content_length
+        try:
+            if length is not None and length <= self._buffer_size:
+                data = await self._read_small_body(request, length) if length else None
+            elif request.body_exists:
+                data = self._stream_body(request, max_body, failure)
+        except BodyFailure as exc:
+            return self._body_failure(exc, max_body)
+        try:
+            async with self._session.request(
+                request.method, url, headers=headers, data=data, allow_redirects=False
+            ) as upstream:
+                return await self._relay(request, upstream, request_id)
+        except BodyFailure as exc:
+            return self._body_failure(exc, max_body)
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            if failure:
+                return self._body_failure(failure[0], max_body)
+            log.warning("upstream timed out", extra={"request_id": request_id})
+            return errors.gateway_timeout()
+        except aiohttp.ClientError as exc:
+            if failure:
+                return self._body_failure(failure[0], max_body)
+            log.warning(
+                "upstream failed",
+                extra={"request_id": request_id, "reason": type(exc).__name__},
+            )
+            return errors.bad_gateway()
+
+    def _body_failure(self, exc: BodyFailure, max_body: int | None) -> web.StreamResponse:
+        if exc.kind == "too_large":
+            return errors.payload_too_large(max_body or 0)
+        if exc.kind == "timeout":
+            return errors.request_timeout()
+        # The client is gone: this answer reaches nobody, it only ends the exchange quietly.
+        return errors.bad_request("The request body was cut short.")
+
+    async def _relay(
+        self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, request_id: str
+    ) -> web.StreamResponse:
+        headers = self.response_headers(upstream, request_id)
+        status = upstream.status
+        length = upstream.content_length
+        no_body = request.method == "HEAD" or status in _NO_BODY_STATUS or status < 200
+        if (
+            not no_body
+            and length is not None
+            and length <= self._buffer_size
+            and "Content-Type" in headers
+        ):
+            body = await upstream.read()
+            del headers["Content-Length"]
+            return web.Response(status=status, reason=upstream.reason, headers=headers, body=body)
+
+        response = web.StreamResponse(status=status, reason=upstream.reason, headers=headers)
+        await response.prepare(request)
+        if not no_body:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # Headers are already sent: the only honest signal left is to cut the
+                # connection, so the client cannot mistake a truncated body for a whole one.
+                log.warning(
+                    "upstream failed mid-body",
+                    extra={"request_id": request_id, "reason": type(exc).__name__},
+                )
+                if request.transport is not None:
+                    request.transport.abort()
+                return response
+        await response.write_eof()
+        return response

@@ -1,0 +1,58 @@
+"""Who a verified token speaks for: issuer, subject, client, scopes, audiences and claims.
+
+Pure: built from a claims mapping, whatever verified it (a JWT signature or introspection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    issuer: str
+    subject: str
+    client_id: str | None
+    scopes: frozenset[str]
+    audiences: tuple[str, ...]
+    expires_at: float  # seconds since the epoch
+    claims: Mapping[str, Any]
+
+
+def normalise_scopes(claims: Mapping[str, Any]) -> frozenset[str]:
+    """Scopes from `scope` (RFC 9068 §2.2.3, space-separated) or `scp` (string or array)."""
+    scope = claims.get("scope")
+    if isinstance(scope, str):
+        return frozenset(scope.split())
+    scp = claims.get("scp")
+    if isinstance(scp, str):
+        return frozenset(scp.split())
+    if isinstance(scp, list):
+        return frozenset(s for s in scp if isinstance(s, str) and s)
+    return frozenset()
+
+
+def audiences_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
+    """`aud` is a string or an array of strings (RFC 7519 §4.1.3)."""
+    aud = claims.get("aud")
+    if isinstance(aud, str):
+        return (aud,)
+    if isinstance(aud, list):
+        return tuple(a for a in aud if isinstance(a, str))
+    return ()
+
+
+def from_claims(claims: Mapping[str, Any]) -> Principal:
+    """A principal from claims already checked by a verifier (iss, sub and exp present)."""
+    client_id = claims.get("client_id", claims.get("azp"))
+    return Principal(
+        issuer=claims["iss"],
+        subject=claims["sub"],
+        client_id=client_id if isinstance(client_id, str) else None,
+        scopes=normalise_scopes(claims),
+        audiences=audiences_of(claims),
+        expires_at=float(claims["exp"]),
+        claims=claims,
+    )

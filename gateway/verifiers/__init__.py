@@ -1,0 +1,1 @@
+"""Token verifiers: turn a bearer token into a Principal or refuse it."""

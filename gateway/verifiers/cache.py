@@ -1,0 +1,51 @@
+"""Verified-token cache: a token verified once is trusted until it expires.
+
+A bounded LRU keyed by a SHA-256 digest of the token, so neither the tokens themselves nor
+an unbounded number of entries are held. Entries carry their own expiry (the token's `exp`
+plus leeway); an expired entry is a miss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+
+from ..principal import Principal
+
+
+def token_key(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class TokenCache:
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes, now: float | None = None) -> Principal | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        principal, valid_until = entry
+        if (time.time() if now is None else now) >= valid_until:
+            del self._entries[key]
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return principal
+
+    def put(self, key: bytes, principal: Principal, valid_until: float) -> None:
+        if self.max_entries <= 0:
+            return
+        self._entries[key] = (principal, valid_until)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)

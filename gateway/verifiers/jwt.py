@@ -1,0 +1,162 @@
+"""Local verification of JWT access tokens against the issuers' cached key sets.
+
+The checks, in order (each failure is a 401 invalid_token with a short description):
+ 1. verified-token cache: a hit skips everything below until the token expires;
+ 2. compact JWS shape, header and payload are JSON objects;
+ 3. `alg` on the issuer's allow-list (never `none` or HS*: RFC 8725 §3.1-3.2), no `crit`
+    we do not understand (we understand none: RFC 7515 §4.1.11); `jku`, `x5u` and `jwk`
+    headers are ignored, keys only ever come from the configured key set (RFC 8725 §3.10);
+ 4. `iss` is a configured issuer, exact string match, before any network call;
+ 5. `typ` is `at+jwt` when the issuer requires it (RFC 9068 §4);
+ 6. key by `kid` whose `kty`/`crv`/`alg` fit the header's `alg`; an unknown kid may trigger
+    one throttled key refresh;
+ 7. signature;
+ 8. `exp` (required), `nbf`, `iat` with leeway; `sub` and `aud` present;
+ 9. not an ID token (RFC 9068 §4 asks resource servers to tell them apart).
+Audience and scope are route-specific and belong to policy.decide.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from jwt.algorithms import Algorithm, get_default_algorithms
+
+from ..jwks import KeySet
+from ..principal import Principal, from_claims
+from ..settings import IssuerSettings
+from .base import InvalidToken, VerifierUnavailable
+from .cache import TokenCache, token_key
+
+_COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
+_ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
+_AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
+
+
+def b64url_decode(part: str) -> bytes:
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def _json_object(part: str, what: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(b64url_decode(part))
+    except (binascii.Error, ValueError):
+        raise InvalidToken(f"the token {what} is not base64url-encoded JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidToken(f"the token {what} is not a JSON object")
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TrustedIssuer:
+    settings: IssuerSettings
+    keys: KeySet
+    algorithms: frozenset[str]
+    leeway: float  # seconds
+
+
+class JwtVerifier:
+    def __init__(self, issuers: Mapping[str, TrustedIssuer], cache: TokenCache) -> None:
+        self._issuers = issuers
+        self._cache = cache
+        self._accepted_algorithms = frozenset(
+            alg for issuer in issuers.values() for alg in issuer.algorithms
+        )
+
+    async def verify(self, token: str) -> Principal:
+        key = token_key(token)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        principal, valid_until = await self._verify(token)
+        self._cache.put(key, principal, valid_until)
+        return principal
+
+    async def _verify(self, token: str) -> tuple[Principal, float]:
+        if not _COMPACT_JWS.match(token):
+            raise InvalidToken("the token is not a signed JWT")
+        header_b64, payload_b64, signature_b64 = token.split(".")
+        header = _json_object(header_b64, "header")
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in self._accepted_algorithms:
+            raise InvalidToken("the token's signing algorithm is not accepted")
+        if "crit" in header:
+            raise InvalidToken("the token has critical header parameters that are not supported")
+        claims = _json_object(payload_b64, "payload")
+
+        issuer = self._issuers.get(claims.get("iss"))  # type: ignore[arg-type]
+        if issuer is None:
+            raise InvalidToken("the token's issuer is not trusted")
+        if alg not in issuer.algorithms:
+            raise InvalidToken("the token's signing algorithm is not accepted")
+        if issuer.settings.require_typ:
+            typ = header.get("typ")
+            if not isinstance(typ, str) or typ.lower() not in _AT_JWT_TYPES:
+                raise InvalidToken("the token is not an access token (typ must be at+jwt)")
+
+        kid = header.get("kid")
+        if kid is not None and not isinstance(kid, str):
+            raise InvalidToken("the token's kid is not a string")
+        verify_key = issuer.keys.find(kid, alg)
+        if verify_key is None:
+            if not issuer.keys.knows(kid) or not issuer.keys.loaded:
+                await issuer.keys.refetch_for_unknown_kid()
+                verify_key = issuer.keys.find(kid, alg)
+            if verify_key is None:
+                if not issuer.keys.loaded:
+                    raise VerifierUnavailable("the issuer's keys are not loaded yet")
+                raise InvalidToken("the token is signed with an unknown key")
+
+        try:
+            signature = b64url_decode(signature_b64)
+        except binascii.Error:
+            raise InvalidToken("the token signature is not base64url") from None
+        signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
+        if not _ALGORITHMS[alg].verify(signing_input, verify_key.key, signature):
+            raise InvalidToken("the token signature is invalid")
+
+        now = time.time()
+        leeway = issuer.leeway
+        exp: float = claims.get("exp")  # type: ignore[assignment]
+        if not _is_number(exp):
+            raise InvalidToken("the token has no expiry")
+        if now >= exp + leeway:
+            raise InvalidToken("the token has expired")
+        nbf = claims.get("nbf")
+        if nbf is not None and (not _is_number(nbf) or now + leeway < nbf):
+            raise InvalidToken("the token is not valid yet")
+        iat = claims.get("iat")
+        if iat is not None and (not _is_number(iat) or iat > now + leeway):
+            raise InvalidToken("the token was issued in the future")
+        if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+            raise InvalidToken("the token has no subject")
+        aud = claims.get("aud")
+        if not (isinstance(aud, str) or (isinstance(aud, list) and aud)):
+            raise InvalidToken("the token has no audience")
+        if _is_id_token(claims):
+            raise InvalidToken("ID tokens are not access tokens")
+        return from_claims(claims), float(exp) + leeway
+
+
+def _is_id_token(claims: Mapping[str, Any]) -> bool:
+    """An OpenID Connect ID token: it has a nonce, or its audience is the client itself
+    (`aud` equal to `azp`/`client_id`) and it carries no scope. RFC 9068 §4 / OIDC Core §2."""
+    if "nonce" in claims:
+        return True
+    if "scope" in claims or "scp" in claims:
+        return False
+    aud = claims.get("aud")
+    audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    client = claims.get("azp", claims.get("client_id"))
+    return isinstance(client, str) and audiences == [client]

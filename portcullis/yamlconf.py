@@ -1,0 +1,412 @@
+"""YAML configuration files turned into plain data that remembers where it came from.
+
+Owns: loading a YAML file with the line of every mapping key and list item, `${VAR}` and
+`${VAR:-default}` interpolation, duration (`30s`, `5m`) and rate (`100/s`) parsing, and a
+small reader that converts a mapping into typed values while collecting *every* problem as
+`FILE:LINE: message` instead of stopping at the first.
+
+Knows nothing about OAuth, the gateway or the authserver.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+class ConfigError(Exception):
+    """Raised with every problem found in a configuration file."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line))
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class LocatedMap(dict[str, Any]):
+    """A YAML mapping: `line` is where it starts, `key_lines[key]` where each key is."""
+
+    line: int
+    key_lines: dict[str, int]
+
+
+class LocatedList(list[Any]):
+    """A YAML sequence: `line` is where it starts, `item_lines[i]` where each item is."""
+
+    line: int
+    item_lines: list[int]
+
+
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def interpolate(text: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """Expand `${VAR}` and `${VAR:-default}`; `$$` is a literal `$`.
+
+    Returns the expanded text and the names of variables that are unset with no default.
+    A variable set to the empty string counts as unset for `:-`, as in the shell.
+    """
+    missing: list[str] = []
+
+    def expand(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, default = m.group(1), m.group(2)
+        value = env.get(name)
+        if value:
+            return value
+        if default is not None:
+            return default
+        if value is None:
+            missing.append(name)
+        return ""
+
+    return _VAR.sub(expand, text), missing
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader whose mappings and lists carry line numbers (1-based)."""
+
+    def __init__(self, stream: str, file: str, env: Mapping[str, str]) -> None:
+        super().__init__(stream)
+        self.file = file
+        self.env = env
+        self.problems: list[Problem] = []
+
+    def _problem(self, node: Node, message: str) -> None:
+        self.problems.append(Problem(self.file, node.start_mark.line + 1, message))
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        if (
+            isinstance(node, ScalarNode)
+            and "$" in node.value
+            and node.tag != "tag:yaml.org,2002:binary"
+        ):
+            value, missing = interpolate(node.value, self.env)
+            for name in missing:
+                self._problem(
+                    node, f"environment variable {name} is not set (use ${{{name}:-default}})"
+                )
+            # A plain (unquoted) scalar gets its type from the expanded text, so `port: ${PORT}`
+            # is still an integer; a quoted one stays a string.
+            tag = (
+                self.resolve(ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
+                if node.style is None
+                else node.tag
+            )
+            node = ScalarNode(tag, value, node.start_mark, node.end_mark, node.style)
+        return super().construct_object(node, deep)
+
+    def construct_located_map(self, node: MappingNode) -> LocatedMap:
+        result = LocatedMap()
+        result.line = node.start_mark.line + 1
+        result.key_lines = {}
+        self.flatten_mapping(node)
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                self._problem(key_node, f"keys must be strings, not {key!r}")
+                continue
+            if key in result:
+                self._problem(
+                    key_node, f"duplicate key {key!r} (first on line {result.key_lines[key]})"
+                )
+                continue
+            result.key_lines[key] = key_node.start_mark.line + 1
+            result[key] = self.construct_object(value_node, deep=True)
+        return result
+
+    def construct_located_list(self, node: SequenceNode) -> LocatedList:
+        result = LocatedList(self.construct_object(child, deep=True) for child in node.value)
+        result.line = node.start_mark.line + 1
+        result.item_lines = [child.start_mark.line + 1 for child in node.value]
+        return result
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_located_map)
+_Loader.add_constructor("tag:yaml.org,2002:seq", _Loader.construct_located_list)
+
+
+def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> LocatedMap:
+    """Parse YAML text whose top level must be a mapping; raise ConfigError on any problem."""
+    loader = _Loader(text, file, os.environ if env is None else env)
+    try:
+        data = loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise ConfigError(
+            [Problem(file, line, f"YAML syntax: {exc.problem or exc.context}")]
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem(file, 1, f"YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+    if loader.problems:
+        raise ConfigError(loader.problems)
+    if not isinstance(data, LocatedMap):
+        raise ConfigError([Problem(file, 1, "the file must hold a mapping of settings")])
+    return data
+
+
+def load_file(path: str, env: Mapping[str, str] | None = None) -> LocatedMap:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError([Problem(path, 0, f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([Problem(path, 0, "not UTF-8 text")]) from None
+    return load_text(text, path, env)
+
+
+# ---------------------------------------------------------------------------- value parsers
+# Each takes the raw YAML value and returns the typed value or raises ValueError(message).
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT = {
+    "ms": timedelta(milliseconds=1),
+    "s": timedelta(seconds=1),
+    "m": timedelta(minutes=1),
+    "h": timedelta(hours=1),
+    "d": timedelta(days=1),
+}
+
+
+def duration(value: Any) -> timedelta:
+    """`30s`, `5m`, `1.5h`, `250ms`, `14d`; a bare 0 is accepted. Other numbers are ambiguous."""
+    if value == 0 and not isinstance(value, bool):
+        return timedelta(0)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNIT[m.group(2)]
+    raise ValueError(f"{value!r} is not a duration (write it like 30s, 5m, 250ms, 2h or 14d)")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """`count` events per `per`."""
+
+    count: float
+    per: timedelta
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.per.total_seconds()
+
+    def __str__(self) -> str:
+        return f"{self.count:g}/{self.per.total_seconds():g}s"
+
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)\s*$")
+
+
+def rate(value: Any) -> Rate:
+    """`100/s`, `10/m`, `5000/h`, `3/10s`."""
+    if isinstance(value, str):
+        m = _RATE.match(value)
+        if m:
+            count = float(m.group(1))
+            per = float(m.group(2) or 1) * _UNIT[m.group(3)]
+            if count > 0 and per > timedelta(0):
+                return Rate(count, per)
+    raise ValueError(f"{value!r} is not a rate (write it like 100/s, 10/m or 3/10s)")
+
+
+def string(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"expected a string, got {_kind(value)}")
+
+
+def non_empty_string(value: Any) -> str:
+    text = string(value)
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"expected true or false, got {_kind(value)}")
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {_kind(value)}")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum}")
+        return value
+
+    return parse
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|K|M|G)?\s*$")
+_SIZE_UNIT = {
+    None: 1,
+    "B": 1,
+    "k": 1024,
+    "K": 1024,
+    "KiB": 1024,
+    "KB": 1000,
+    "M": 1024**2,
+    "MiB": 1024**2,
+    "MB": 1000**2,
+    "G": 1024**3,
+    "GiB": 1024**3,
+    "GB": 1000**3,
+}
+
+
+def size(value: Any) -> int:
+    """A byte count: `1048576`, `64KiB`, `10MiB`, `1GiB` (K/M/G alone are binary too)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            number = float(m.group(1)) * _SIZE_UNIT[m.group(2)]
+            if math.isfinite(number):
+                return int(number)
+    raise ValueError(f"{value!r} is not a size (write it like 8KiB, 10MiB or 1048576)")
+
+
+def one_of(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value in choices:
+            return str(value)
+        raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+
+    return parse
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, LocatedMap | dict):
+        return "a mapping"
+    if isinstance(value, LocatedList | list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+# ---------------------------------------------------------------------------- reader
+
+_MISSING: Any = object()
+
+
+class Reader:
+    """Collects problems for one file while settings are being built."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problems: list[Problem] = []
+
+    def problem(self, line: int, message: str) -> None:
+        self.problems.append(Problem(self.file, line, message))
+
+    def section(self, data: Any, where: str, line: int) -> Section | None:
+        """View `data` as a mapping; report and return None when it is something else."""
+        if isinstance(data, LocatedMap):
+            return Section(self, data, where)
+        self.problem(line, f"{where} must be a mapping, got {_kind(data)}")
+        return None
+
+    def items(self, data: Any, where: str, line: int) -> Iterator[tuple[int, int, Any]]:
+        """(index, line, item) of a list; reports something that is not a list."""
+        if data is None:
+            return
+        if not isinstance(data, LocatedList):
+            self.problem(line, f"{where} must be a list, got {_kind(data)}")
+            return
+        for index, item in enumerate(data):
+            yield index, data.item_lines[index], item
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            raise ConfigError(self.problems)
+
+
+class Section:
+    """Typed access to one mapping; keys nobody asked for are reported by `finish()`."""
+
+    def __init__(self, reader: Reader, data: LocatedMap, where: str) -> None:
+        self.reader = reader
+        self.data = data
+        self.where = where
+        self.line = data.line
+        self._seen: set[str] = set()
+
+    def line_of(self, key: str) -> int:
+        return self.data.key_lines.get(key, self.data.line)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str) -> Any:
+        self._seen.add(key)
+        return self.data.get(key)
+
+    def get(self, key: str, parse: Callable[[Any], T], default: T = _MISSING) -> T:
+        """The parsed value of `key`; `default` when absent (required when no default)."""
+        self._seen.add(key)
+        if key not in self.data or (self.data[key] is None and default is not _MISSING):
+            if default is _MISSING:
+                self.reader.problem(self.line, f"{self.where}: {key} is required")
+            return default
+        try:
+            return parse(self.data[key])
+        except ValueError as exc:
+            self.reader.problem(self.line_of(key), f"{self.where}.{key}: {exc}")
+            return default if default is not _MISSING else None  # type: ignore[return-value]
+
+    def list_of(
+        self, key: str, parse: Callable[[Any], T], default: tuple[T, ...] = ()
+    ) -> tuple[T, ...]:
+        """A list whose items are parsed one by one; a single scalar is not a list."""
+        self._seen.add(key)
+        raw = self.data.get(key)
+        if raw is None:
+            return default
+        out: list[T] = []
+        for index, line, item in self.reader.items(raw, f"{self.where}.{key}", self.line_of(key)):
+            try:
+                out.append(parse(item))
+            except ValueError as exc:
+                self.reader.problem(line, f"{self.where}.{key}[{index}]: {exc}")
+        return tuple(out)
+
+    def finish(self, hint: Mapping[str, str] | None = None) -> None:
+        """Report every key that was not read: a typo should never be silently ignored."""
+        for key in self.data:
+            if key not in self._seen:
+                extra = f" ({hint[key]})" if hint and key in hint else ""
+                known = ", ".join(sorted(self._seen))
+                self.reader.problem(
+                    self.line_of(key),
+                    f"{self.where}: unknown key {key!r}{extra}; known keys: {known}",
+                )

@@ -1,0 +1,40 @@
+"""Fixtures shared by every test package: real issuer, upstream and gateway on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tests.support import EchoUpstream, RunningGateway, TestIssuer, gateway_yaml, start_gateway
+
+
+@pytest.fixture
+async def issuer() -> AsyncIterator[TestIssuer]:
+    server = TestIssuer()
+    for alg in ("ES256", "RS256", "EdDSA"):
+        server.add_key(alg)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[EchoUpstream]:
+    server = await EchoUpstream().start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def gateway(issuer: TestIssuer, upstream: EchoUpstream) -> AsyncIterator[RunningGateway]:
+    running = await start_gateway(gateway_yaml(issuer.url, upstream.url))
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        yield session
