@@ -23,5 +23,8 @@ test: lint
 bench: $(STAMP)
 	bash bench/run.sh
 
+demo: $(STAMP)
+	bash examples/demo.sh
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import multiprocessing
 import os
@@ -79,9 +80,12 @@ def supervise(config: str, workers: int, grace: timedelta) -> int:
     """
     context = multiprocessing.get_context("spawn")
     stopping = False
+    # Under `python -m gateway` this file runs as `__main__`, which a spawned child does not
+    # re-run, so `__main__._worker` cannot be found there: name it by its package path.
+    worker = importlib.import_module("gateway.__main__")._worker
 
     def start() -> multiprocessing.process.BaseProcess:
-        process = context.Process(target=_worker, args=(config,), daemon=False)
+        process = context.Process(target=worker, args=(config,), daemon=False)
         process.start()
         return process
 
@@ -92,9 +96,14 @@ def supervise(config: str, workers: int, grace: timedelta) -> int:
             if process.is_alive() and process.pid:
                 os.kill(process.pid, signal.SIGTERM)
 
-    processes = [start() for _ in range(workers)]
+    # Handlers first: a SIGTERM that came while workers were starting would otherwise kill
+    # the supervisor alone and leave its workers running.
+    processes: list[multiprocessing.process.BaseProcess] = []
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    for _ in range(workers):
+        if not stopping:
+            processes.append(start())
     log.info("workers started", extra={"workers": workers})
     last_restart = 0.0
     while not stopping:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import timedelta
 
 import aiohttp
 from aiohttp import web
@@ -30,6 +31,7 @@ from .verifiers.jwt import JwtVerifier, TrustedIssuer
 log = logging.getLogger("portcullis.gateway")
 
 USER_AGENT = "portcullis-gateway"
+_MAX_LINGERING = timedelta(seconds=10)
 
 
 class Gateway:
@@ -93,7 +95,13 @@ class Gateway:
         return response
 
     async def _handle(self, request: web.BaseRequest, request_id: str) -> web.StreamResponse:
-        path = request.raw_path.partition("?")[0]
+        target = request.raw_path
+        # RFC 9112 §3.2: a request target carries no fragment, yet the parser lets `#` through.
+        # The upstream would be sent the URL without it while the rules saw it, so a public
+        # `/docs/**` would carry `/docs/secret#` to a protected `/docs/secret`.
+        if "#" in target:
+            return errors.bad_request("The request target must not contain '#'.")
+        path = target.partition("?")[0]
         try:
             segments = rules.split_path(path)
         except rules.BadPath as exc:
@@ -183,6 +191,10 @@ def public_server(gateway: Gateway) -> web.Server:
         # Bounds both an idle keep-alive connection and the time a client has to finish
         # sending a request head (the slowloris case).
         keepalive_timeout=limits.idle_timeout.total_seconds(),
+        # After refusing a body (408, 413) the rest of it is read and dropped before the
+        # connection closes, so the client sees the answer rather than a reset (RFC 9112
+        # §9.6); a client that sends nothing for body_timeout meanwhile is not waited for.
+        lingering_time=min(limits.body_timeout, _MAX_LINGERING).total_seconds(),
         max_line_size=limits.max_line_size,
         max_field_size=limits.max_field_size,
         max_headers=limits.max_headers,

@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 
 # RFC 6750 §2.1: credentials = "Bearer" 1*SP b64token
-_B64TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+_B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 class MalformedAuthorization(ValueError):
@@ -33,7 +33,7 @@ def extract(authorization: Sequence[str]) -> str | None:
     if scheme.lower() != "bearer":
         return None
     token = rest.strip(" ")
-    if not token or not _B64TOKEN.match(token):
+    if not _B64TOKEN.fullmatch(token):
         raise MalformedAuthorization("the bearer token is not a valid b64token")
     return token
 

@@ -83,18 +83,23 @@ def bad_request(message: str) -> web.Response:
 
 
 def payload_too_large(limit: int) -> web.Response:
-    return error_response(
+    """The body is refused unread: the connection closes, so the rest of it is not drained."""
+    response = error_response(
         413, "payload_too_large", f"The request body is larger than {limit} bytes allowed here."
     )
+    response.force_close()
+    return response
 
 
 def request_timeout() -> web.Response:
-    return error_response(
-        408,
-        "request_timeout",
-        "The request body did not arrive in time.",
-        headers={"Connection": "close"},
-    )
+    """The connection closes (RFC 9110 §15.5.9): the rest of the body may never come.
+
+    `force_close` both sends `Connection: close` and makes the server act on it; the header
+    alone would leave the server waiting for the stalled body.
+    """
+    response = error_response(408, "request_timeout", "The request body did not arrive in time.")
+    response.force_close()
+    return response
 
 
 def bad_gateway() -> web.Response:

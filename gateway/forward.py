@@ -53,8 +53,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 _REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-_VISIBLE_ASCII = re.compile(r"^[\x20-\x7E]*$")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+_VISIBLE_ASCII = re.compile(r"[\x20-\x7E]*")
+# What a Host header may hold (RFC 9110 §7.2: uri-host [":" port]), narrowed to the names and
+# addresses in real use, so it can be written into Forwarded without breaking its syntax.
+_HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
@@ -63,8 +66,9 @@ def header_value(value: Any) -> str:
 
     Printable ASCII strings pass as they are; other strings, numbers, booleans, arrays and
     objects are JSON with non-ASCII escaped, so CR/LF and non-Latin-1 text never reach the wire.
+    The whole string must be printable: `re.match` with `$` would let a trailing newline by.
     """
-    if isinstance(value, str) and _VISIBLE_ASCII.match(value):
+    if isinstance(value, str) and _VISIBLE_ASCII.fullmatch(value):
         return value
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
 
@@ -128,7 +132,7 @@ class Forwarder:
 
     def request_id(self, request: web.BaseRequest) -> str:
         given = request.headers.get(self._request_id_header)
-        if given is not None and _REQUEST_ID.match(given):
+        if given is not None and _REQUEST_ID.fullmatch(given):
             return given
         return uuid.uuid4().hex
 
@@ -153,11 +157,14 @@ class Forwarder:
         prior = ", ".join(incoming.getall("X-Forwarded-For", ()))
         out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else (peer or "unknown")
         out["X-Forwarded-Proto"] = request.scheme
-        if request.host:
-            out["X-Forwarded-Host"] = request.host
+        # A Host such as `a";for=6.6.6.6` would add a forged element to Forwarded: a name
+        # that is not a plain host[:port] is left out of both headers rather than escaped.
+        host = request.host if request.host and _HOST.fullmatch(request.host) else None
+        if host:
+            out["X-Forwarded-Host"] = host
         element = f"for={_forwarded_node(peer)};proto={request.scheme}"
-        if request.host:
-            element += f';host="{request.host}"'
+        if host:
+            element += f';host="{host}"'
         prior_fwd = ", ".join(incoming.getall("Forwarded", ()))
         out["Forwarded"] = f"{prior_fwd}, {element}" if prior_fwd else element
         prior_via = ", ".join(incoming.getall("Via", ()))
@@ -240,6 +247,8 @@ class Forwarder:
         failure: list[BodyFailure] = []
         data: bytes | AsyncIterator[bytes] | None = None
         length = request.content_length
+        if length != 0 and request.body_exists:
+            await self._continue(request)
         try:
             if length is not None and length <= self._buffer_size:
                 data = await self._read_small_body(request, length) if length else None
@@ -268,6 +277,20 @@ class Forwarder:
             )
             return errors.bad_gateway()
 
+    @staticmethod
+    async def _continue(request: web.BaseRequest) -> None:
+        """Answer `Expect: 100-continue` once the request is allowed (RFC 9110 §10.1.1).
+
+        The low-level server leaves this to the handler; without it a client that waits for
+        the interim answer before sending its body would stall until body_timeout.
+        """
+        expect = request.headers.get("Expect")
+        if expect is None or expect.lower() != "100-continue" or request.version < (1, 1):
+            return
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        # The interim answer is not the response: the final one is still to be sent whole.
+        request.writer.output_size = 0
+
     def _body_failure(self, exc: BodyFailure, max_body: int | None) -> web.StreamResponse:
         if exc.kind == "too_large":
             return errors.payload_too_large(max_body or 0)
@@ -295,10 +318,9 @@ class Forwarder:
 
         response = web.StreamResponse(status=status, reason=upstream.reason, headers=headers)
         await response.prepare(request)
-        if not no_body:
+        while not no_body:
             try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
+                chunk = await upstream.content.readany()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 # Headers are already sent: the only honest signal left is to cut the
                 # connection, so the client cannot mistake a truncated body for a whole one.
@@ -308,6 +330,15 @@ class Forwarder:
                 )
                 if request.transport is not None:
                     request.transport.abort()
+                return response
+            if not chunk:
+                break
+            try:
+                await response.write(chunk)
+            except ConnectionError:
+                # The client went away; leaving the `async with` drops the upstream
+                # connection, which is not reused with a body half read.
+                log.info("client left mid-body", extra={"request_id": request_id})
                 return response
         await response.write_eof()
         return response

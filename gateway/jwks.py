@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -32,6 +33,10 @@ from .settings import IssuerSettings, JwksSettings
 log = logging.getLogger("portcullis.gateway.jwks")
 
 MAX_DOCUMENT_BYTES = 1024 * 1024
+FIRST_RETRY = timedelta(milliseconds=500)  # after a failed fetch; doubles up to max_backoff
+# No schedule fetches more often than this, even when min_ttl or max_backoff is 0s: a key
+# set refreshed in a loop would hammer the issuer and gain nothing.
+MIN_INTERVAL = timedelta(milliseconds=50)
 
 # alg -> (kty, curves allowed); RFC 7518 §3.4 ties ES256/384/512 to one curve each.
 KEY_TYPE_OF_ALG: Mapping[str, tuple[str, frozenset[str] | None]] = {
@@ -74,32 +79,44 @@ class KeysUnavailable(Exception):
 
 
 def parse_jwks(document: Any) -> dict[str | None, tuple[VerifyKey, ...]]:
-    """Public signing keys by kid. Keys that are not for signatures or not usable are skipped."""
+    """Public signing keys by kid. Keys that are not for signatures or not usable are skipped.
+
+    One malformed entry never spoils the set: whatever its members hold (arrays where
+    strings belong, unknown types, broken numbers), it is skipped and the others load.
+    """
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise ValueError("not a JWK Set: no keys array")
     keys: dict[str | None, list[VerifyKey]] = {}
     for jwk in document["keys"]:
-        if not isinstance(jwk, dict):
-            continue
-        kty = jwk.get("kty")
-        if not isinstance(kty, str) or kty not in _LOADERS or jwk.get("use", "sig") != "sig":
-            continue
-        ops = jwk.get("key_ops")
-        if isinstance(ops, list) and "verify" not in ops:
-            continue
-        alg = jwk.get("alg")
-        if alg is not None and alg not in KEY_TYPE_OF_ALG:
-            continue  # bound to an algorithm we never accept
-        public = {k: v for k, v in jwk.items() if k not in _PRIVATE_MEMBERS}
-        try:
-            key = _LOADERS[kty](public)
-        except Exception:
-            continue
-        kid = jwk.get("kid")
-        kid = kid if isinstance(kid, str) else None
-        crv = jwk.get("crv") if isinstance(jwk.get("crv"), str) else None
-        keys.setdefault(kid, []).append(VerifyKey(kid, kty, crv, alg, key))
+        key = _verify_key(jwk)
+        if key is not None:
+            keys.setdefault(key.kid, []).append(key)
     return {kid: tuple(found) for kid, found in keys.items()}
+
+
+def _verify_key(jwk: Any) -> VerifyKey | None:
+    """The public signing key of one JWK Set entry, or None when it is not one we can use."""
+    if not isinstance(jwk, dict):
+        return None
+    kty, use, alg, kid, crv = (jwk.get(m) for m in ("kty", "use", "alg", "kid", "crv"))
+    # RFC 7517 §4: these members are strings; an entry where they are not is malformed.
+    if not all(v is None or isinstance(v, str) for v in (kty, use, alg, kid, crv)):
+        return None
+    if not isinstance(kty, str) or kty not in _LOADERS or use not in (None, "sig"):
+        return None
+    ops = jwk.get("key_ops")
+    if ops is not None and not (isinstance(ops, list) and "verify" in ops):
+        return None
+    if alg is not None and alg not in KEY_TYPE_OF_ALG:
+        return None  # bound to an algorithm we never accept
+    # Private members are dropped before loading, so a key set that leaks them still
+    # yields public keys only.
+    public = {k: v for k, v in jwk.items() if k not in _PRIVATE_MEMBERS}
+    try:
+        key = _LOADERS[kty](public)
+    except Exception:
+        return None
+    return VerifyKey(kid, kty, crv, alg, key)
 
 
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?", re.IGNORECASE)
@@ -143,8 +160,8 @@ async def fetch_json(
         ) as resp:
             if resp.status != 200:
                 raise FetchError(f"{url} answered {resp.status}")
-            body = await resp.content.read(MAX_DOCUMENT_BYTES + 1)
-            if len(body) > MAX_DOCUMENT_BYTES:
+            body = await _read_bounded(resp, MAX_DOCUMENT_BYTES)
+            if body is None:
                 raise FetchError(f"{url} answered more than {MAX_DOCUMENT_BYTES} bytes")
             try:
                 return orjson.loads(body), resp.headers.get("Cache-Control")
@@ -154,6 +171,22 @@ async def fetch_json(
         raise FetchError(f"{url} timed out") from None
     except aiohttp.ClientError as exc:
         raise FetchError(f"{url} unreachable: {type(exc).__name__}") from None
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it exceeds `limit` bytes.
+
+    `StreamReader.read(n)` returns what has arrived so far, not n bytes: a body spanning
+    several network reads has to be collected until EOF.
+    """
+    if resp.content_length is not None and resp.content_length > limit:
+        return None
+    body = bytearray()
+    while chunk := await resp.content.read(limit + 1 - len(body)):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 class KeySet:
@@ -192,6 +225,10 @@ class KeySet:
                 return key
         return None
 
+    def count_fitting(self, alg: str) -> int:
+        """How many keys of the set could verify `alg`, whatever their kid."""
+        return sum(1 for k in self._all if k.fits(alg))
+
     def knows(self, kid: str | None) -> bool:
         return kid in self._keys if kid is not None else bool(self._all)
 
@@ -228,19 +265,23 @@ class KeySet:
             self._inflight = None
 
     async def _run(self) -> None:
-        backoff = 0.5
+        first_backoff = max(
+            min(FIRST_RETRY, self.settings.max_backoff), MIN_INTERVAL
+        ).total_seconds()
+        max_backoff = max(self.settings.max_backoff, MIN_INTERVAL).total_seconds()
+        backoff = first_backoff
         while True:
             wait = self._next_refresh - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
             if await self.refresh():
-                backoff = 0.5
+                backoff = first_backoff
             else:
                 # Not loaded yet, or the endpoint is failing while stale keys serve: retry
                 # sooner than the cache lifetime, doubling up to max_backoff.
                 self._next_refresh = time.monotonic() + backoff
-                backoff = min(backoff * 2, self.settings.max_backoff.total_seconds())
+                backoff = min(backoff * 2, max_backoff)
 
     async def _fetch(self) -> bool:
         self._last_attempt = time.monotonic()
@@ -251,9 +292,13 @@ class KeySet:
                 self._jwks_uri = await self._discover(timeout)
             document, cache_control = await fetch_json(self._session, self._jwks_uri, timeout)
             keys = parse_jwks(document)
-        except (FetchError, ValueError) as exc:
+        except Exception as exc:
+            # Whatever went wrong (FetchError and ValueError are the expected kinds), the
+            # refresher must live on: a dead one would never load or refresh keys again.
+            if not isinstance(exc, FetchError | ValueError):
+                log.exception("jwks fetch crashed", extra={"issuer": self.issuer.issuer})
             self.failures += 1
-            self.last_error = str(exc)
+            self.last_error = str(exc) or type(exc).__name__
             if self.issuer.jwks_uri is None:
                 self._jwks_uri = None  # discover again next time: the issuer may have moved it
             log.warning(
@@ -271,7 +316,7 @@ class KeySet:
         self._all = tuple(k for found in keys.values() for k in found)
         self.loaded = True
         self.last_error = None
-        ttl = cache_lifetime(cache_control, self.settings)
+        ttl = max(cache_lifetime(cache_control, self.settings), MIN_INTERVAL.total_seconds())
         self._next_refresh = time.monotonic() + ttl
         log.info(
             "jwks loaded",

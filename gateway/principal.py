@@ -22,15 +22,17 @@ class Principal:
 
 
 def normalise_scopes(claims: Mapping[str, Any]) -> frozenset[str]:
-    """Scopes from `scope` (RFC 9068 §2.2.3, space-separated) or `scp` (string or array)."""
-    scope = claims.get("scope")
-    if isinstance(scope, str):
-        return frozenset(scope.split())
-    scp = claims.get("scp")
-    if isinstance(scp, str):
-        return frozenset(scp.split())
-    if isinstance(scp, list):
-        return frozenset(s for s in scp if isinstance(s, str) and s)
+    """Scopes from `scope` (RFC 9068 §2.2.3, space-separated), else `scp`.
+
+    Issuers differ in the shape: either claim may be a space-separated string or an array of
+    strings; the first of the two that has a usable shape is taken.
+    """
+    for name in ("scope", "scp"):
+        value = claims.get(name)
+        if isinstance(value, str):
+            return frozenset(value.split())
+        if isinstance(value, list):
+            return frozenset(s for item in value if isinstance(item, str) for s in item.split())
     return frozenset()
 
 
@@ -46,11 +48,15 @@ def audiences_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
 
 def from_claims(claims: Mapping[str, Any]) -> Principal:
     """A principal from claims already checked by a verifier (iss, sub and exp present)."""
-    client_id = claims.get("client_id", claims.get("azp"))
+    # RFC 9068 §2.2 names `client_id`; OpenID Connect providers often give only `azp`.
+    client_id = next(
+        (v for v in (claims.get("client_id"), claims.get("azp")) if isinstance(v, str) and v),
+        None,
+    )
     return Principal(
         issuer=claims["iss"],
         subject=claims["sub"],
-        client_id=client_id if isinstance(client_id, str) else None,
+        client_id=client_id,
         scopes=normalise_scopes(claims),
         audiences=audiences_of(claims),
         expires_at=float(claims["exp"]),

@@ -144,14 +144,15 @@ def split_path(raw_path: str) -> list[str]:
     for i, part in enumerate(parts):
         if "%" in part:
             lowered = part.lower()
-            if "%2f" in lowered or "%5c" in lowered or "%00" in lowered:
+            if "%2f" in lowered or "%5c" in lowered:
                 raise BadPath("encoded / or \\ in the path")
             try:
                 part = unquote(part, errors="strict")
             except UnicodeDecodeError:
                 raise BadPath("the path is not UTF-8 once percent-decoded") from None
             parts[i] = part
-        if part in (".", ".."):
+        # `..;x` is a dot segment to servers that strip path parameters (RFC 2396 §3.3).
+        if part.partition(";")[0] in (".", ".."):
             raise BadPath("dot segments in the path")
         if not part and i != last:
             raise BadPath("empty segment in the path")
@@ -187,11 +188,13 @@ class Router:
             }
             self._tables[method] = (buckets, wildcard)
 
+    def candidates(self, method: str, path: Sequence[str]) -> tuple[Rule, ...]:
+        """The rules `match` tries for this request, in file order; no other rule could match."""
+        buckets, wildcard = self._tables.get(method) or self._tables[_ANY]
+        return buckets.get(path[0], wildcard) if path else wildcard
+
     def match(self, method: str, path: Sequence[str]) -> Rule | None:
-        table = self._tables.get(method) or self._tables[_ANY]
-        buckets, wildcard = table
-        candidates = buckets.get(path[0], wildcard) if path else wildcard
-        for rule in candidates:
+        for rule in self.candidates(method, path):
             if rule.pattern.match(path):
                 return rule
         return None

@@ -195,19 +195,30 @@ def parse(data: LocatedMap, file: str) -> Settings:
         ),
     )
     top.finish()
-    if settings.listen == settings.admin_listen:
+    if _overlap(settings.listen, settings.admin_listen):
         reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
-    reader.raise_if_any()
+    # Routes with a broken path are already left out, so the rest can be checked now and
+    # every problem of the file is reported in one run.
     for conflict in rules.find_conflicts(settings.routes):
         reader.problem(conflict.line, conflict.message)
     reader.raise_if_any()
     return settings
 
 
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})
+
+
+def _overlap(a: Address, b: Address) -> bool:
+    """Whether two listeners would claim the same socket (a wildcard host takes them all)."""
+    if a.port != b.port:
+        return False
+    return a.host == b.host or a.host in _WILDCARD_HOSTS or b.host in _WILDCARD_HOSTS
+
+
 def _address(value: Any) -> Address:
     text = yamlconf.string(value)
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} is not host:port")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not host:
@@ -249,6 +260,9 @@ def _url(value: Any, allow_http: bool) -> str:
 
 
 def _upstream(reader: Reader, top: Section) -> UpstreamSettings | None:
+    if not top.has("upstream"):
+        reader.problem(top.line, "config: upstream is required (the API requests go to)")
+        return None
     sec = reader.section(top.raw("upstream"), "upstream", top.line_of("upstream"))
     if sec is None:
         return None
@@ -306,7 +320,7 @@ def _issuers(reader: Reader, top: Section) -> tuple[IssuerSettings, ...]:
                 sec.line, f"issuers[{index}]: audiences is required (RFC 9068 §4: aud is checked)"
             )
         algorithms = sec.list_of("algorithms", _algorithm, DEFAULT_ALGORITHMS)
-        if sec.has("algorithms") and not algorithms:
+        if _empty_list(sec.raw("algorithms")):
             reader.problem(sec.line_of("algorithms"), f"issuers[{index}].algorithms: empty")
         mode = sec.get("mode", yamlconf.one_of("jwt"), "jwt")
         del mode  # only local JWT validation exists in this release
@@ -437,6 +451,11 @@ def _limits(reader: Reader, top: Section) -> Limits:
     return result
 
 
+def _empty_list(raw: Any) -> bool:
+    """An explicitly empty list (`[]`); a bad item or a non-list is reported on its own."""
+    return isinstance(raw, list) and not raw
+
+
 def _method(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if not HTTP_METHOD.match(text):
@@ -454,7 +473,7 @@ def _scope_rule(reader: Reader, raw: Any, where: str, line: int) -> ScopeRule | 
         reader.problem(sec.line, f"{where}: give exactly one of any or all")
     else:
         scopes = sec.list_of(modes[0], _scope_token)
-        if not scopes:
+        if _empty_list(sec.raw(modes[0])):
             reader.problem(sec.line_of(modes[0]), f"{where}.{modes[0]}: list at least one scope")
         rule = ScopeRule(modes[0], frozenset(scopes))
     for m in ("any", "all"):
@@ -499,12 +518,17 @@ def _routes(
                 reader.problem(sec.line_of("path"), f"{where}.path: {exc}")
                 path = None  # type: ignore[assignment]
         methods = sec.list_of("methods", _method) if sec.has("methods") else None
-        if methods is not None and not methods:
+        if _empty_list(sec.raw("methods")):
             reader.problem(sec.line_of("methods"), f"{where}.methods: list at least one method")
         auth = sec.get("auth", yamlconf.one_of("required", "none"), "required")
         route_issuers = (
             sec.list_of("issuers", yamlconf.non_empty_string) if sec.has("issuers") else None
         )
+        if _empty_list(sec.raw("issuers")):
+            reader.problem(
+                sec.line_of("issuers"),
+                f"{where}.issuers: list at least one issuer (or leave the key out for all)",
+            )
         for issuer in route_issuers or ():
             if issuer not in known_issuers:
                 reader.problem(

@@ -83,6 +83,9 @@ def interpolate(text: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
     return _VAR.sub(expand, text), missing
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader whose mappings and lists carry line numbers (1-based)."""
 
@@ -91,9 +94,20 @@ class _Loader(yaml.SafeLoader):
         self.file = file
         self.env = env
         self.problems: list[Problem] = []
+        self._explicitly_tagged: set[Node] = set()
+        self._interpolated: dict[Node, Any] = {}
 
     def _problem(self, node: Node, message: str) -> None:
         self.problems.append(Problem(self.file, node.start_mark.line + 1, message))
+
+    def compose_scalar_node(self, anchor: Any) -> ScalarNode:
+        # The node does not remember whether its tag was written (`!!str ${PORT}`) or
+        # resolved from the text, and only a resolved tag may change after interpolation.
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        node = super().compose_scalar_node(anchor)
+        if event.tag not in (None, "!"):
+            self._explicitly_tagged.add(node)
+        return node
 
     def construct_object(self, node: Node, deep: bool = False) -> Any:
         if (
@@ -101,36 +115,50 @@ class _Loader(yaml.SafeLoader):
             and "$" in node.value
             and node.tag != "tag:yaml.org,2002:binary"
         ):
+            # An alias reaches the same node again: expand (and report) it only once.
+            if node in self._interpolated:
+                return self._interpolated[node]
             value, missing = interpolate(node.value, self.env)
             for name in missing:
                 self._problem(
                     node, f"environment variable {name} is not set (use ${{{name}:-default}})"
                 )
             # A plain (unquoted) scalar gets its type from the expanded text, so `port: ${PORT}`
-            # is still an integer; a quoted one stays a string.
+            # is still an integer; a quoted or explicitly tagged one keeps its type.
             tag = (
                 self.resolve(ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
-                if node.style is None
+                if node.style is None and node not in self._explicitly_tagged
                 else node.tag
             )
-            node = ScalarNode(tag, value, node.start_mark, node.end_mark, node.style)
+            expanded = ScalarNode(tag, value, node.start_mark, node.end_mark, node.style)
+            result = super().construct_object(expanded, deep)
+            self._interpolated[node] = result
+            return result
         return super().construct_object(node, deep)
 
     def construct_located_map(self, node: MappingNode) -> LocatedMap:
         result = LocatedMap()
         result.line = node.start_mark.line + 1
         result.key_lines = {}
+        written = sum(1 for key_node, _ in node.value if key_node.tag != _MERGE_TAG)
         self.flatten_mapping(node)
-        for key_node, value_node in node.value:
+        # flatten_mapping puts the pairs taken in by `<<: *anchor` first, in an order where
+        # the later one wins; keys written in this mapping come last and override them, as
+        # YAML's merge key intends. Only a key written twice in this mapping is a mistake.
+        merged = len(node.value) - written
+        written_here: set[str] = set()
+        for position, (key_node, value_node) in enumerate(node.value):
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 self._problem(key_node, f"keys must be strings, not {key!r}")
                 continue
-            if key in result:
-                self._problem(
-                    key_node, f"duplicate key {key!r} (first on line {result.key_lines[key]})"
-                )
-                continue
+            if position >= merged:
+                if key in written_here:
+                    self._problem(
+                        key_node, f"duplicate key {key!r} (first on line {result.key_lines[key]})"
+                    )
+                    continue
+                written_here.add(key)
             result.key_lines[key] = key_node.start_mark.line + 1
             result[key] = self.construct_object(value_node, deep=True)
         return result
@@ -199,7 +227,10 @@ def duration(value: Any) -> timedelta:
     if isinstance(value, str):
         m = _DURATION.match(value)
         if m:
-            return float(m.group(1)) * _UNIT[m.group(2)]
+            try:
+                return float(m.group(1)) * _UNIT[m.group(2)]
+            except OverflowError:
+                raise ValueError(f"{value!r} is longer than any duration can be") from None
     raise ValueError(f"{value!r} is not a duration (write it like 30s, 5m, 250ms, 2h or 14d)")
 
 
@@ -227,8 +258,11 @@ def rate(value: Any) -> Rate:
         m = _RATE.match(value)
         if m:
             count = float(m.group(1))
-            per = float(m.group(2) or 1) * _UNIT[m.group(3)]
-            if count > 0 and per > timedelta(0):
+            try:
+                per = float(m.group(2) or 1) * _UNIT[m.group(3)]
+            except OverflowError:
+                raise ValueError(f"{value!r} has a period longer than any can be") from None
+            if 0 < count < math.inf and per > timedelta(0):
                 return Rate(count, per)
     raise ValueError(f"{value!r} is not a rate (write it like 100/s, 10/m or 3/10s)")
 
@@ -360,11 +394,13 @@ class Section:
         self.where = where
         self.line = data.line
         self._seen: set[str] = set()
+        self._known: set[str] = set()  # keys asked about, read or not: named by finish()
 
     def line_of(self, key: str) -> int:
         return self.data.key_lines.get(key, self.data.line)
 
     def has(self, key: str) -> bool:
+        self._known.add(key)
         return key in self.data
 
     def raw(self, key: str) -> Any:
@@ -372,11 +408,16 @@ class Section:
         return self.data.get(key)
 
     def get(self, key: str, parse: Callable[[Any], T], default: T = _MISSING) -> T:
-        """The parsed value of `key`; `default` when absent (required when no default)."""
+        """The parsed value of `key`; `default` when absent (required when no default).
+
+        A required key that is absent or invalid is reported and gives None, so the caller
+        can go on collecting problems.
+        """
         self._seen.add(key)
         if key not in self.data or (self.data[key] is None and default is not _MISSING):
             if default is _MISSING:
                 self.reader.problem(self.line, f"{self.where}: {key} is required")
+                return None  # type: ignore[return-value]
             return default
         try:
             return parse(self.data[key])
@@ -405,7 +446,7 @@ class Section:
         for key in self.data:
             if key not in self._seen:
                 extra = f" ({hint[key]})" if hint and key in hint else ""
-                known = ", ".join(sorted(self._seen))
+                known = ", ".join(sorted(self._seen | self._known))
                 self.reader.problem(
                     self.line_of(key),
                     f"{self.where}: unknown key {key!r}{extra}; known keys: {known}",

@@ -7,19 +7,27 @@ gateway under test talks to them over real sockets.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import hashlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import jwt
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
+from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm, get_default_algorithms
+from multidict import CIMultiDict
 
 from gateway import settings as gateway_settings
 from gateway.app import Gateway, admin_app, keys_session, public_server, upstream_session
@@ -77,11 +85,39 @@ class SigningKey:
     alg: str
     private: Any
     published: bool = True
+    # Members changed in the published JWK; a None value removes the member.
+    jwk_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def jwk(self) -> dict[str, Any]:
+        jwk = public_jwk(self.private, self.kid, self.alg)
+        jwk.update(self.jwk_overrides)
+        return {k: v for k, v in jwk.items() if v is not None}
+
+
+def b64url(data: bytes | str | dict[str, Any]) -> str:
+    """Unpadded base64url of bytes, text, or a JSON object."""
+    if isinstance(data, dict):
+        data = json.dumps(data, separators=(",", ":"))
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def compact(header: dict[str, Any], payload: dict[str, Any], sign: Any = None) -> str:
+    """A JWS compact serialisation built by hand; `sign(signing_input) -> bytes` or unsigned."""
+    signing_input = f"{b64url(header)}.{b64url(payload)}"
+    signature = sign(signing_input.encode()) if sign is not None else b""
+    return f"{signing_input}.{b64url(signature)}"
 
 
 @dataclass
 class TestIssuer:
-    """An OpenID provider as far as a resource server can see: discovery, JWKS, tokens."""
+    """An OpenID provider as far as a resource server can see: discovery, JWKS, tokens.
+
+    Every request it receives is recorded in `requests` (method and path), whatever the path.
+    """
+
+    __test__ = False  # not a pytest test class
 
     url: str = ""
     keys: list[SigningKey] = field(default_factory=list)
@@ -91,10 +127,28 @@ class TestIssuer:
     jwks_cache_control: str | None = "max-age=300"
     oidc_discovery: bool = True  # False: only RFC 8414 metadata
     jwks_delay: float = 0.0
+    extra_jwks_entries: list[Any] = field(default_factory=list)  # appended to "keys" as given
+    requests: list[str] = field(default_factory=list)
+    metadata_overrides: dict[str, Any] = field(default_factory=dict)
     runner: Any = None
 
-    def add_key(self, alg: str = "ES256", kid: str | None = None, published: bool = True) -> SigningKey:
-        key = SigningKey(kid or f"{alg.lower()}-{uuid.uuid4().hex[:8]}", alg, _new_key(alg), published)
+    def add_key(
+        self,
+        alg: str = "ES256",
+        kid: str | None = None,
+        published: bool = True,
+        *,
+        private: Any = None,
+        jwk_overrides: dict[str, Any] | None = None,
+    ) -> SigningKey:
+        """A new signing key (`private` to bring one, e.g. a P-384 key for ES256)."""
+        key = SigningKey(
+            kid or f"{alg.lower()}-{uuid.uuid4().hex[:8]}",
+            alg,
+            private if private is not None else _new_key(alg),
+            published,
+            dict(jwk_overrides or {}),
+        )
         self.keys.append(key)
         return key
 
@@ -102,19 +156,12 @@ class TestIssuer:
         return next(k for k in self.keys if k.alg == alg and k.published)
 
     def jwks(self) -> dict[str, Any]:
-        return {"keys": [public_jwk(k.private, k.kid, k.alg) for k in self.keys if k.published]}
+        return {"keys": [k.jwk() for k in self.keys if k.published] + self.extra_jwks_entries}
 
-    def token(
-        self,
-        alg: str = "ES256",
-        *,
-        key: SigningKey | None = None,
-        lifetime: float = 300,
-        headers: dict[str, Any] | None = None,
-        drop: tuple[str, ...] = (),
-        **claims: Any,
-    ) -> str:
-        key = key or self.key(alg)
+    def claims(
+        self, *, lifetime: float = 300, drop: Iterable[str] = (), **claims: Any
+    ) -> dict[str, Any]:
+        """The payload `token` signs: a typical access token, changed by `claims` and `drop`."""
         now = int(time.time())
         payload: dict[str, Any] = {
             "iss": self.url,
@@ -129,24 +176,69 @@ class TestIssuer:
         payload.update(claims)
         for name in drop:
             payload.pop(name, None)
+        return payload
+
+    def token(
+        self,
+        alg: str = "ES256",
+        *,
+        key: SigningKey | None = None,
+        lifetime: float = 300,
+        headers: dict[str, Any] | None = None,
+        drop: tuple[str, ...] = (),
+        **claims: Any,
+    ) -> str:
+        key = key or self.key(alg)
+        payload = self.claims(lifetime=lifetime, drop=drop, **claims)
         header = {"typ": "at+jwt", "kid": key.kid}
         header.update(headers or {})
-        header = {k: v for k, v in header.items() if v is not None}
+        # None removes a member; PyJWT itself drops a `typ` that is None instead of adding "JWT".
+        header = {k: v for k, v in header.items() if v is not None or k == "typ"}
         return jwt.encode(payload, key.private, algorithm=key.alg, headers=header)
 
-    async def start(self) -> TestIssuer:
-        app = web.Application()
+    def sign_compact(
+        self,
+        header: dict[str, Any],
+        payload: dict[str, Any],
+        *,
+        key: SigningKey | None = None,
+        alg: str | None = None,
+    ) -> str:
+        """Exactly this header and payload, signed with `key` by algorithm `alg` (default: the
+        key's own), whatever the header says: for tokens PyJWT refuses to build."""
+        key = key or self.keys[0]
+        algorithm = get_default_algorithms()[alg or key.alg]
+        return compact(header, payload, lambda data: algorithm.sign(data, key.private))
+
+    async def start(self, port: int = 0) -> TestIssuer:
+        """Serve on `port` (0: any free one; give the old port to restart after `stop`)."""
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/.well-known/openid-configuration", self._oidc)
         app.router.add_get("/.well-known/oauth-authorization-server", self._rfc8414)
         app.router.add_get("/jwks", self._jwks)
-        self.runner, self.url = await start_site(app)
+        self.runner, self.url = await start_site(app, port)
         return self
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Stop serving (the port is then refused); safe to call twice."""
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.requests.append(f"{request.method} {request.path}")
+        response: web.StreamResponse = await handler(request)
+        return response
 
     def metadata(self) -> dict[str, Any]:
-        return {"issuer": self.url, "jwks_uri": f"{self.url}/jwks"}
+        document = {"issuer": self.url, "jwks_uri": f"{self.url}/jwks"}
+        document.update(self.metadata_overrides)
+        return document
 
     async def _oidc(self, _: web.Request) -> web.Response:
         self.discovery_fetches += 1
@@ -208,7 +300,11 @@ class EchoUpstream:
         return web.Response(
             body=json.dumps(seen).encode(),
             content_type="application/json",
-            headers={"X-Upstream": "echo", "Connection": "keep-alive, X-Secret-Hop", "X-Secret-Hop": "1"},
+            headers={
+                "X-Upstream": "echo",
+                "Connection": "keep-alive, X-Secret-Hop",
+                "X-Secret-Hop": "1",
+            },
         )
 
     async def _download(self, request: web.BaseRequest, size: int) -> web.StreamResponse:
@@ -232,22 +328,51 @@ def header_values(seen: dict[str, Any], name: str) -> list[str]:
 # ---------------------------------------------------------------------------- gateway
 
 
-def gateway_yaml(issuer: str, upstream: str, extra_routes: str = "", extra: str = "") -> str:
-    """A config with a few typical routes; tests add what they need."""
+def issuer_entry(
+    url: str,
+    audiences: Sequence[str] = ("orders-api",),
+    algorithms: Sequence[str] = ("ES256", "RS256", "EdDSA"),
+    **options: str,
+) -> str:
+    """One item of the `issuers` list; `options` are further keys as YAML text (leeway="0s")."""
+    lines = [
+        f'  - issuer: "{url}"',
+        f"    audiences: [{', '.join(audiences)}]",
+        f"    algorithms: [{', '.join(algorithms)}]",
+    ]
+    lines += [f"    {name}: {value}" for name, value in options.items()]
+    return "\n".join(lines)
+
+
+def gateway_yaml(
+    issuer: str,
+    upstream: str,
+    extra_routes: str = "",
+    extra: str = "",
+    *,
+    issuers: Sequence[str] | None = None,
+    jwks: str = "{refetch_cooldown: 30s}",
+) -> str:
+    """A config with a few typical routes; tests add what they need.
+
+    `issuers` replaces the single trusted issuer with entries made by `issuer_entry`;
+    `jwks` is the `jwks:` section as YAML text.
+    """
+    trusted = "\n".join(issuers) if issuers is not None else issuer_entry(issuer)
     return f"""
 listen: "127.0.0.1:{free_port()}"
 admin_listen: "127.0.0.1:{free_port()}"
 upstream: {{url: "{upstream}", connect_timeout: 1s, read_timeout: 2s}}
 issuers:
-  - issuer: "{issuer}"
-    audiences: [orders-api]
-    algorithms: [ES256, RS256, EdDSA]
-jwks: {{refetch_cooldown: 30s}}
+{trusted}
+jwks: {jwks}
 routes:
 {extra_routes}
   - {{name: public, path: "/public/**", auth: none}}
-  - {{name: orders-read, path: "/orders/**", methods: [GET, HEAD], scopes: {{any: ["orders:read", "orders:admin"]}}}}
-  - {{name: orders-write, path: "/orders/{{id}}", methods: [PUT, DELETE, POST], scopes: {{all: ["orders:write", "orders:read"]}}}}
+  - {{name: orders-read, path: "/orders/**", methods: [GET, HEAD],
+      scopes: {{any: ["orders:read", "orders:admin"]}}}}
+  - {{name: orders-write, path: "/orders/{{id}}", methods: [PUT, DELETE, POST],
+      scopes: {{all: ["orders:write", "orders:read"]}}}}
   - {{name: upload, path: "/upload/**", methods: [POST, PUT], max_body_size: 200MiB}}
   - {{name: small, path: "/small/**", methods: [POST], max_body_size: 1KiB}}
   - {{name: other, path: "/**"}}
@@ -289,8 +414,336 @@ async def start_gateway(config_text: str, *, wait_ready: bool = True) -> Running
     return running
 
 
+@contextlib.asynccontextmanager
+async def running_gateway(
+    config_text: str, *, wait_ready: bool = True
+) -> AsyncIterator[RunningGateway]:
+    """`start_gateway` for one `async with` block; stopped however the block ends."""
+    running = await start_gateway(config_text, wait_ready=wait_ready)
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+async def wait_for(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll `condition()` every 10 ms until it is true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+# ---------------------------------------------------------------------------- answers
+
+
+@dataclass
+class Answer:
+    """What a client got back: status, headers and the body (JSON when it is JSON)."""
+
+    status: int
+    headers: Any
+    body: Any
+
+
+async def call(
+    client: aiohttp.ClientSession,
+    url: str,
+    token: str | None = None,
+    *,
+    method: str = "GET",
+) -> Answer:
+    """One request with `Authorization: Bearer <token>` when a token is given."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with client.request(method, url, headers=headers) as resp:
+        body: Any = await resp.read()
+        if resp.content_type == "application/json" and body:
+            body = json.loads(body)
+        return Answer(resp.status, resp.headers, body)
+
+
+def assert_invalid_token(answer: Answer, description: str, realm: str = "portcullis") -> None:
+    """401 with the RFC 6750 §3 challenge and the resource error body, both naming the rule."""
+    assert answer.status == 401, answer.body
+    assert answer.headers.getall("WWW-Authenticate") == [
+        f'Bearer realm="{realm}", error="invalid_token", error_description="{description}"'
+    ]
+    assert answer.body == {
+        "error": {
+            "code": "invalid_token",
+            "message": f"The access token was refused: {description}.",
+            "details": [],
+        }
+    }
+
+
+def assert_unavailable(answer: Answer) -> None:
+    """503 with Retry-After and the resource error body; no challenge, the token is not at fault."""
+    assert answer.status == 503, answer.body
+    assert int(answer.headers["Retry-After"]) > 0
+    assert "WWW-Authenticate" not in answer.headers
+    assert answer.body == {
+        "error": {
+            "code": "unavailable",
+            "message": "The gateway cannot verify tokens right now; try again shortly.",
+            "details": [],
+        }
+    }
+
+
 async def drain(stream: AsyncIterator[bytes]) -> int:
     total = 0
     async for chunk in stream:
         total += len(chunk)
     return total
+
+
+# ---------------------------------------------------------------------------- raw HTTP
+
+
+@dataclass
+class RawResponse:
+    """A response read off a raw socket, exactly as it came."""
+
+    status: int
+    reason: str
+    headers: CIMultiDict[str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def raw_request(
+    method: str,
+    target: str,
+    headers: Sequence[tuple[str, str]] = (),
+    body: bytes = b"",
+    *,
+    host: str = "gateway.test",
+) -> bytes:
+    """A request serialised by hand, so targets and headers reach the server unchanged.
+
+    `Host` is added unless given; nothing else is (no Content-Length: give it when needed).
+    """
+    lines = [f"{method} {target} HTTP/1.1"]
+    if not any(name.lower() == "host" for name, _ in headers):
+        lines.append(f"Host: {host}")
+    lines += [f"{name}: {value}" for name, value in headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class RawConnection:
+    """One client connection that sends bytes as given: for requests real clients won't make."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, url: str) -> RawConnection:
+        host, port = url.split("://", 1)[1].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        return cls(reader, writer)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def response(self, *, head: bool = False, timeout: float = 5.0) -> RawResponse:
+        """The next response; its body framed by Content-Length, chunked coding or EOF."""
+        async with asyncio.timeout(timeout):
+            status_line = (await self.reader.readuntil(b"\r\n")).decode("latin-1").rstrip()
+            _, status, *reason = status_line.split(" ", 2)
+            headers: CIMultiDict[str] = CIMultiDict()
+            while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
+                name, _, value = line.decode("latin-1").partition(":")
+                headers.add(name.strip(), value.strip())
+            code = int(status)
+            if head or code in (204, 304) or code < 200:
+                body = b""
+            elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+                body = await self._chunked()
+            elif "Content-Length" in headers:
+                body = await self.reader.readexactly(int(headers["Content-Length"]))
+            else:
+                body = await self.reader.read()
+        return RawResponse(code, reason[0] if reason else "", headers, body)
+
+    async def _chunked(self) -> bytes:
+        parts = []
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailer fields
+                return b"".join(parts)
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+
+    async def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        """True when the server closes the connection within `timeout` without sending more."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.reader.read(1) == b""
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.writer.transport.abort()
+
+
+async def raw_exchange(url: str, request: bytes, *, timeout: float = 5.0) -> RawResponse:
+    """Send one raw request on a fresh connection and read the answer."""
+    connection = await RawConnection.open(url)
+    try:
+        await connection.send(request)
+        return await connection.response(head=request.startswith(b"HEAD "), timeout=timeout)
+    finally:
+        connection.close()
+
+
+@dataclass
+class CountingUpstream(EchoUpstream):
+    """An EchoUpstream that also notes each request's target when it arrives, before any
+    answer: how a test knows a slow request is in flight."""
+
+    arrived: list[str] = field(default_factory=list)
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        self.arrived.append(request.raw_path)
+        return await super()._handle(request)
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as a mapping (VmRSS, VmHWM, PPid, ...)."""
+    with open(f"/proc/{pid}/status") as status:
+        return {k: v.strip() for k, _, v in (line.partition(":") for line in status)}
+
+
+def memory_kib(pid: int, field_name: str) -> int:
+    """A memory figure of a process in KiB: VmRSS (now) or VmHWM (the peak so far)."""
+    return int(proc_status(pid)[field_name].split()[0])
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is `pid`, from /proc/*/stat."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                # The command name is in parentheses and may hold spaces: split after it.
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets a process holds open."""
+    inodes = set()
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+TCP_LISTEN = "0A"
+TCP_ESTABLISHED = "01"
+
+
+@dataclass(frozen=True)
+class TcpSocket:
+    local_port: int
+    remote_port: int
+    state: str
+    inode: int
+
+
+def tcp_sockets(local_port: int) -> list[TcpSocket]:
+    """IPv4 TCP sockets bound to `local_port` on this host, from /proc/net/tcp."""
+    found = []
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            if port == local_port:
+                remote = int(fields[2].rsplit(":", 1)[1], 16)
+                found.append(TcpSocket(port, remote, fields[3], int(fields[9])))
+    return found
+
+
+class GatewayProcess:
+    """`python -m gateway run --config FILE` in a child process, started as operators do."""
+
+    def __init__(self, config_text: str, directory: Path) -> None:
+        self.config = directory / "gateway.yaml"
+        self.config.write_text(config_text)
+        self.log_path = directory / "gateway.log"
+        settings = gateway_settings.load(str(self.config))
+        self.url = f"http://{settings.listen}"
+        self.admin_url = f"http://{settings.admin_listen}"
+        self.port = settings.listen.port
+        self.grace = settings.shutdown_grace.total_seconds()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "run", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def wait_ready(self, timeout: float = 15.0) -> None:
+        """Until the admin port answers /readyz with 200; fails early if the process exits."""
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while True:
+                if self.process.poll() is not None:
+                    raise AssertionError(f"gateway exited {self.process.returncode}:\n{self.log()}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(self.admin_url + "/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"gateway not ready in {timeout}s:\n{self.log()}")
+                await asyncio.sleep(0.05)
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        """The exit code, or None when the process is still running after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.process.poll()
+
+    async def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within its grace."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            if await self.wait_exit(self.grace + 5) is None:
+                self.process.kill()
+                self.process.wait()

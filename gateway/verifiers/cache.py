@@ -28,6 +28,10 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def keys(self) -> tuple[bytes, ...]:
+        """The digests held, least recently used first (for diagnostics and tests)."""
+        return tuple(self._entries)
+
     def get(self, key: bytes, now: float | None = None) -> Principal | None:
         entry = self._entries.get(key)
         if entry is None:

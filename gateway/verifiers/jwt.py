@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 from jwt.algorithms import Algorithm, get_default_algorithms
 
-from ..jwks import KeySet
+from ..jwks import KeySet, VerifyKey
 from ..principal import Principal, from_claims
 from ..settings import IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
@@ -95,7 +95,9 @@ class JwtVerifier:
             raise InvalidToken("the token has critical header parameters that are not supported")
         claims = _json_object(payload_b64, "payload")
 
-        issuer = self._issuers.get(claims.get("iss"))  # type: ignore[arg-type]
+        iss = claims.get("iss")
+        # An `iss` that is not a string (an array, an object) is untrusted, not a server error.
+        issuer = self._issuers.get(iss) if isinstance(iss, str) else None
         if issuer is None:
             raise InvalidToken("the token's issuer is not trusted")
         if alg not in issuer.algorithms:
@@ -108,15 +110,7 @@ class JwtVerifier:
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise InvalidToken("the token's kid is not a string")
-        verify_key = issuer.keys.find(kid, alg)
-        if verify_key is None:
-            if not issuer.keys.knows(kid) or not issuer.keys.loaded:
-                await issuer.keys.refetch_for_unknown_kid()
-                verify_key = issuer.keys.find(kid, alg)
-            if verify_key is None:
-                if not issuer.keys.loaded:
-                    raise VerifierUnavailable("the issuer's keys are not loaded yet")
-                raise InvalidToken("the token is signed with an unknown key")
+        verify_key = await self._key_for(issuer, kid, alg)
 
         try:
             signature = b64url_decode(signature_b64)
@@ -147,6 +141,30 @@ class JwtVerifier:
         if _is_id_token(claims):
             raise InvalidToken("ID tokens are not access tokens")
         return from_claims(claims), float(exp) + leeway
+
+    @staticmethod
+    async def _key_for(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:
+        """The key that must have signed the token. Only a kid the set does not hold (or no
+        set at all yet) may refetch: a known kid naming a key of another type never does."""
+        keys = issuer.keys
+        verify_key = keys.find(kid, alg)
+        if verify_key is None and (not keys.loaded or not keys.knows(kid)):
+            await keys.refetch_for_unknown_kid()
+            verify_key = keys.find(kid, alg)
+        if verify_key is not None:
+            return verify_key
+        if not keys.loaded:
+            raise VerifierUnavailable("the issuer's keys are not loaded yet")
+        if kid is None:
+            if keys.count_fitting(alg) > 1:
+                raise InvalidToken(
+                    "the token has no kid and more than one key could have signed it"
+                )
+            raise InvalidToken("the token is signed with an unknown key")
+        if keys.knows(kid):
+            # RFC 8725 §3.1: the key's type (and curve) must be the one the algorithm needs.
+            raise InvalidToken("the token's key does not fit its algorithm")
+        raise InvalidToken("the token is signed with an unknown key")
 
 
 def _is_id_token(claims: Mapping[str, Any]) -> bool:

@@ -1,0 +1,202 @@
+"""Client authentication at the token, introspection, revocation and device endpoints.
+
+Methods (RFC 6749 §2.3, RFC 7523, OIDC Core §9): `client_secret_basic`,
+`client_secret_post`, `private_key_jwt`, and `none` for public clients. Rules:
+ - exactly one method per request; two → invalid_request (RFC 6749 §2.3);
+ - the method used must be the one the client registered: a confidential client cannot
+   fall back to `none`, and a secret client cannot switch to another secret method;
+ - secrets are compared as SHA-256 digests in constant time (they are high-entropy, so a
+   slow hash would only cost throughput);
+ - private_key_jwt: `iss` = `sub` = client_id, `aud` names the issuer or the endpoint, `exp`
+   within 5 minutes, `jti` used once (replay cache in the store), signed by a key of the
+   client's registered `jwks` with an asymmetric algorithm.
+Every failure is the same `invalid_client` (401) so nothing tells which part was wrong.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
+
+import jwt
+
+from .protocol.errors import ErrorCode, OAuthError, invalid_request
+from .settings import ClientSettings, Settings
+from .store.base import Store
+
+ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+ASSERTION_ALGORITHMS = [
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "EdDSA",
+]
+MAX_ASSERTION_LIFETIME = 300.0  # seconds
+
+
+class ClientAuthError(OAuthError):
+    """invalid_client; `basic` tells the endpoint to answer with a Basic challenge (§5.2)."""
+
+    def __init__(self, description: str, *, basic: bool) -> None:
+        super().__init__(ErrorCode.INVALID_CLIENT, description, status=401)
+        self.basic = basic
+
+
+@dataclass(frozen=True)
+class Presented:
+    """What the request offered to identify the client."""
+
+    method: str  # client_secret_basic | client_secret_post | private_key_jwt | none
+    client_id: str
+    secret: str | None = None
+    assertion: str | None = None
+
+
+def presented(form: Mapping[str, str], authorization: str | None) -> Presented:
+    methods = []
+    basic: tuple[str, str] | None = None
+    if authorization and authorization[:6].lower() == "basic ":
+        try:
+            decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise ClientAuthError("malformed Basic credentials", basic=True) from None
+        user, sep, password = decoded.partition(":")
+        if not sep:
+            raise ClientAuthError("malformed Basic credentials", basic=True)
+        # RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
+        basic = (unquote_plus(user), unquote_plus(password))
+        methods.append("client_secret_basic")
+    if "client_secret" in form:
+        methods.append("client_secret_post")
+    if "client_assertion" in form or "client_assertion_type" in form:
+        methods.append("private_key_jwt")
+    if len(methods) > 1:
+        raise invalid_request("use one client authentication method, not " + " and ".join(methods))
+
+    form_id = form.get("client_id")
+    if basic is not None:
+        if form_id is not None and form_id != basic[0]:
+            raise ClientAuthError("client_id does not match the credentials", basic=True)
+        return Presented("client_secret_basic", basic[0], secret=basic[1])
+    if methods == ["client_secret_post"]:
+        if not form_id:
+            raise ClientAuthError("client_id is required with client_secret", basic=False)
+        return Presented("client_secret_post", form_id, secret=form["client_secret"])
+    if methods == ["private_key_jwt"]:
+        if form.get("client_assertion_type") != ASSERTION_TYPE or not form.get("client_assertion"):
+            raise ClientAuthError("client_assertion_type must be jwt-bearer", basic=False)
+        assertion = form["client_assertion"]
+        try:
+            claimed = jwt.decode(assertion, options={"verify_signature": False})
+        except jwt.InvalidTokenError:
+            raise ClientAuthError("client_assertion is not a JWT", basic=False) from None
+        sub = claimed.get("sub")
+        if not isinstance(sub, str) or (form_id is not None and form_id != sub):
+            raise ClientAuthError("client_assertion sub must be the client_id", basic=False)
+        return Presented("private_key_jwt", sub, assertion=assertion)
+    if not form_id:
+        # Nothing identifies the client: the 401 carries a challenge (RFC 9110 §15.5.2).
+        raise ClientAuthError("client authentication is required", basic=True)
+    return Presented("none", form_id)
+
+
+def _secret_matches(client: ClientSettings, secret: str) -> bool:
+    if client.client_secret_sha256 is None:
+        return False
+    digest = hashlib.sha256(secret.encode()).digest()
+    return hmac.compare_digest(digest, client.client_secret_sha256)
+
+
+async def authenticate(
+    form: Mapping[str, str],
+    authorization: str | None,
+    settings: Settings,
+    store: Store,
+    endpoint_url: str,
+) -> ClientSettings:
+    """The authenticated client, or ClientAuthError / invalid_request."""
+    offer = presented(form, authorization)
+    basic = offer.method == "client_secret_basic"
+    client = settings.client(offer.client_id)
+    if client is None:
+        raise ClientAuthError("client authentication failed", basic=basic)
+    if client.token_endpoint_auth_method != offer.method:
+        raise ClientAuthError("client authentication failed", basic=basic)
+    if offer.method in ("client_secret_basic", "client_secret_post"):
+        if offer.secret is None or not _secret_matches(client, offer.secret):
+            raise ClientAuthError("client authentication failed", basic=basic)
+    elif offer.method == "private_key_jwt":
+        await _check_assertion(client, offer.assertion or "", settings, store, endpoint_url)
+    return client
+
+
+def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[Any]:
+    """The client's signing keys that may have signed with `kid` and `alg`.
+
+    A key whose JWK names another algorithm or another use is skipped (RFC 7517 §4.2, §4.4);
+    keys of the wrong type for `alg` fail verification below and are skipped too.
+    """
+    entries = (jwks or {}).get("keys")
+    if not isinstance(entries, list):
+        return []
+    keys = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            continue
+        if kid is not None and entry.get("kid") != kid:
+            continue
+        if entry.get("use", "sig") != "sig" or entry.get("alg", alg) != alg:
+            continue
+        try:
+            keys.append(jwt.PyJWK(dict(entry)).key)
+        except jwt.PyJWTError:
+            continue
+    return keys
+
+
+async def _check_assertion(
+    client: ClientSettings, assertion: str, settings: Settings, store: Store, endpoint_url: str
+) -> None:
+    failed = ClientAuthError("client authentication failed", basic=False)
+    try:
+        header = jwt.get_unverified_header(assertion)
+    except jwt.InvalidTokenError:
+        raise failed from None
+    alg = header.get("alg")
+    if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
+        raise failed
+    now = time.time()
+    for key in _candidate_keys(client.jwks, header.get("kid"), alg):
+        try:
+            claims = jwt.decode(
+                assertion,
+                key,
+                algorithms=[alg],
+                audience=[settings.issuer, endpoint_url],
+                issuer=client.client_id,
+                options={"require": ["iss", "sub", "aud", "exp", "jti"]},
+                leeway=30,
+            )
+        except (jwt.PyJWTError, TypeError, ValueError):
+            # A key of another type than `alg` needs raises TypeError in PyJWT.
+            continue
+        if claims.get("sub") != client.client_id:
+            raise failed
+        if claims["exp"] > now + MAX_ASSERTION_LIFETIME:
+            raise failed
+        if not await store.use_jti(client.client_id, str(claims["jti"]), float(claims["exp"]), now):
+            raise failed
+        return
+    raise failed

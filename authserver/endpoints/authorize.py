@@ -1,0 +1,515 @@
+"""The authorization endpoint (RFC 6749 §4.1.1, OIDC Core §3.1.2) and its login and consent
+pages.
+
+Order of checks:
+ 1. client_id known and redirect_uri registered (exactly, or by the loopback rule of
+    RFC 8252 §7.3), neither given twice — else a 400 page, never a redirect to an unverified
+    URI (RFC 6749 §4.1.2.1);
+ 2. everything else — errors now redirect to the client with `error`, `error_description`,
+    `state` and `iss` (RFC 9207): repeated parameters, request objects, response_type,
+    response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
+ 3. login (unless a session fits `prompt` and `max_age`), consent (unless skipped or already
+    given), then a single-use code in a 302/303 redirect.
+The login and consent forms carry the authorization parameters as hidden fields and post
+them back; they are validated again from step 1, so nothing on the page is trusted. The consent
+form also carries a proof, bound to the session, that these exact parameters already passed
+the login checks: without it, `prompt=login` or `max_age=0` would send the user who just
+signed in and approved back to the login page forever.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from .. import users
+from ..grants.base import audience_for
+from ..protocol import pkce
+from ..protocol import scopes as scope_rules
+from ..protocol.errors import ErrorCode, OAuthError, invalid_request
+from ..sessions import Session, Sessions
+from ..settings import ClientSettings
+from ..store.base import CodeRecord
+from ..tokens import digest, random_token
+from .common import error_page, form_items, page, services, with_query
+
+log = logging.getLogger("portcullis.authserver.authorize")
+
+CARRIED = (
+    "response_type",
+    "client_id",
+    "redirect_uri",
+    "scope",
+    "state",
+    "nonce",
+    "code_challenge",
+    "code_challenge_method",
+    "prompt",
+    "max_age",
+    "response_mode",
+    "resource",
+    "login_hint",
+)
+PROMPTS = frozenset({"none", "login", "consent", "select_account"})
+_MAX_AGE = re.compile(r"^[0-9]{1,10}$")
+CONSENT_PROOF = "login_checked"  # the consent form's field proving the login checks passed
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """Request parameters: the first value of each (empty ones count as absent, RFC 6749
+    §3.1) and the names given more than once, which RFC 6749 §3.1 forbids."""
+
+    values: dict[str, str]
+    repeated: frozenset[str]
+
+    @classmethod
+    def collect(cls, items: Iterable[tuple[str, object]]) -> Parameters:
+        values: dict[str, str] = {}
+        repeated: set[str] = set()
+        for key, value in items:
+            if not isinstance(value, str):
+                raise invalid_request(f"{key} must be text")
+            if key in values:
+                repeated.add(key)
+            else:
+                values[key] = value
+        return cls({k: v for k, v in values.items() if v != ""}, frozenset(repeated))
+
+
+@dataclass(frozen=True)
+class AuthorizationRequest:
+    client: ClientSettings
+    redirect_uri: str
+    params: dict[str, str]
+    scopes: tuple[str, ...]
+    state: str | None
+    nonce: str | None
+    code_challenge: str | None
+    prompt: frozenset[str]
+    max_age: int | None
+    audience: str
+
+    def carried(self) -> list[tuple[str, str]]:
+        return [(k, self.params[k]) for k in CARRIED if k in self.params]
+
+
+class PageError(Exception):
+    """Before the redirect URI is trusted: answer with a page, never a redirect."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RedirectError(Exception):
+    def __init__(
+        self,
+        request: AuthorizationRequest | None,
+        redirect_uri: str,
+        state: str | None,
+        error: OAuthError,
+    ) -> None:
+        super().__init__(error.description)
+        self.redirect_uri = redirect_uri
+        self.state = state
+        self.error = error
+
+
+def _loopback_ip(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "localhost" is a name, not the loopback rule (RFC 8252 §8.3)
+
+
+def redirect_uri_registered(client: ClientSettings, uri: str) -> bool:
+    """Exact string match, or for http loopback IP literals any port (RFC 8252 §7.3)."""
+    if uri in client.redirect_uris:
+        return True
+    requested = urlsplit(uri)
+    if requested.scheme != "http" or not _loopback_ip(requested.hostname):
+        return False
+    if requested.username is not None or requested.password is not None or "#" in uri:
+        return False
+    try:
+        requested.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        return False
+    for registered in client.redirect_uris:
+        reg = urlsplit(registered)
+        if (
+            reg.scheme == "http"
+            and _loopback_ip(reg.hostname)
+            and reg.hostname == requested.hostname
+            and reg.path == requested.path
+            and reg.query == requested.query
+        ):
+            return True
+    return False
+
+
+def validate(request: web.Request, given: Parameters) -> AuthorizationRequest:
+    svc = services(request)
+    params = given.values
+    trusted_first = sorted(given.repeated & {"client_id", "redirect_uri"})
+    if trusted_first:
+        raise PageError(f"The request gives {' and '.join(trusted_first)} more than once.")
+    client_id = params.get("client_id")
+    client = svc.settings.client(client_id) if client_id else None
+    if client is None:
+        raise PageError("The application that sent you here is not registered.")
+    if "authorization_code" not in client.grant_types:
+        raise PageError("This application may not ask for sign-in.")
+    redirect_uri = params.get("redirect_uri")
+    if redirect_uri is None:
+        raise PageError("The request has no redirect_uri.")
+    if not redirect_uri_registered(client, redirect_uri):
+        raise PageError("The redirect address is not registered for this application.")
+
+    # A repeated state cannot be echoed: which one would the client expect?
+    state = None if "state" in given.repeated else params.get("state")
+
+    def fail(error: OAuthError) -> RedirectError:
+        return RedirectError(None, redirect_uri, state, error)
+
+    try:
+        if given.repeated:
+            raise invalid_request(f"{' '.join(sorted(given.repeated))}: given more than once")
+        if "request" in params:
+            raise OAuthError(ErrorCode.REQUEST_NOT_SUPPORTED, "request objects are not supported")
+        if "request_uri" in params:
+            raise OAuthError(ErrorCode.REQUEST_URI_NOT_SUPPORTED, "request_uri is not supported")
+        if "response_type" not in params:
+            raise invalid_request("response_type is required")
+        if params["response_type"] != "code":
+            raise OAuthError(ErrorCode.UNSUPPORTED_RESPONSE_TYPE, "response_type must be code")
+        if params.get("response_mode", "query") != "query":
+            raise invalid_request("response_mode must be query")
+        scopes = scope_rules.parse(params.get("scope"))
+        if not scopes:
+            raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
+        scope_rules.require_allowed(scopes, client.scope)
+        nonce = params.get("nonce")
+        challenge = params.get("code_challenge")
+        if client.require_pkce or challenge is not None or "code_challenge_method" in params:
+            pkce.check_challenge(challenge, params.get("code_challenge_method"))
+        elif not ("openid" in scopes and nonce):
+            # Without PKCE only a legacy OpenID Connect client's nonce protects the code.
+            raise invalid_request("code_challenge is required (PKCE with S256)")
+        prompt = frozenset(params.get("prompt", "").split())
+        if not prompt <= PROMPTS:
+            raise invalid_request("prompt has an unknown value")
+        if "none" in prompt and len(prompt) > 1:
+            raise invalid_request("prompt=none cannot be combined with other values")
+        max_age = None
+        if "max_age" in params:
+            if not _MAX_AGE.match(params["max_age"]):
+                raise invalid_request("max_age must be a non-negative integer")
+            max_age = int(params["max_age"])
+        audience = audience_for(svc.settings, client, params.get("resource"))
+    except OAuthError as error:
+        raise fail(error) from None
+    return AuthorizationRequest(
+        client=client,
+        redirect_uri=redirect_uri,
+        params={k: v for k, v in params.items() if k in CARRIED},
+        scopes=scopes,
+        state=state,
+        nonce=nonce,
+        code_challenge=challenge,
+        prompt=prompt,
+        max_age=max_age,
+        audience=audience,
+    )
+
+
+def _redirect(request: web.Request, location: str) -> web.Response:
+    # 303 after a POST so the browser does not re-post to the client; 302 after a GET.
+    # Never 307, which would replay the form (with the password) to the client.
+    status = 303 if request.method == "POST" else 302
+    return web.Response(status=status, headers={"Location": location, "Cache-Control": "no-store"})
+
+
+def error_redirect(request: web.Request, exc: RedirectError) -> web.Response:
+    svc = services(request)
+    return _redirect(
+        request,
+        with_query(
+            exc.redirect_uri,
+            {
+                "error": exc.error.code.value,
+                "error_description": exc.error.description,
+                "state": exc.state,
+                "iss": svc.settings.issuer,  # RFC 9207 §2
+            },
+        ),
+    )
+
+
+def _needs_login(auth: AuthorizationRequest, session: Session | None, login_done: bool) -> bool:
+    if session is None or not session.logged_in:
+        return True
+    if login_done:
+        return False
+    if "login" in auth.prompt or "select_account" in auth.prompt:
+        return True
+    return auth.max_age is not None and time.time() - session.record.auth_time > auth.max_age
+
+
+async def proceed(
+    request: web.Request,
+    auth: AuthorizationRequest,
+    session: Session | None,
+    *,
+    login_done: bool = False,
+    consent_given: bool = False,
+) -> web.Response:
+    """Login, consent or the code, whichever is next for this request and session.
+
+    `login_done`: this session has just signed in for this request, or passed the login
+    checks for it before the consent page was shown; `prompt` and `max_age` are satisfied.
+    """
+    svc = services(request)
+    if _needs_login(auth, session, login_done):
+        if "none" in auth.prompt:
+            raise RedirectError(
+                auth,
+                auth.redirect_uri,
+                auth.state,
+                OAuthError(ErrorCode.LOGIN_REQUIRED, "the user is not signed in"),
+            )
+        return await login_page(request, auth)
+    assert session is not None
+    subject = session.record.subject
+    if not consent_given and not auth.client.skip_consent:
+        granted = await svc.store.granted_scopes(subject, auth.client.client_id)
+        if "consent" in auth.prompt or not set(auth.scopes) <= granted:
+            if "none" in auth.prompt:
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(ErrorCode.CONSENT_REQUIRED, "the user has not consented"),
+                )
+            return consent_page(request, auth, session)
+    now = time.time()
+    code = random_token()
+    await svc.store.save_code(
+        CodeRecord(
+            code_hash=digest(code),
+            client_id=auth.client.client_id,
+            subject=subject,
+            redirect_uri=auth.redirect_uri,
+            scope=scope_rules.render(auth.scopes),
+            audience=auth.audience,
+            nonce=auth.nonce,
+            code_challenge=auth.code_challenge,
+            auth_time=session.record.auth_time,
+            expires_at=now + svc.settings.lifetimes.authorization_code.total_seconds(),
+            created_at=now,
+        )
+    )
+    response = _redirect(
+        request,
+        with_query(
+            auth.redirect_uri, {"code": code, "state": auth.state, "iss": svc.settings.issuer}
+        ),
+    )
+    svc.sessions.set_cookie(response, session)
+    return response
+
+
+async def login_page(
+    request: web.Request,
+    auth: AuthorizationRequest,
+    *,
+    error: str | None = None,
+    status: int = 200,
+    username: str | None = None,
+) -> web.Response:
+    svc = services(request)
+    # A signed-in user asked to sign in again (prompt=login, max_age) keeps the session for
+    # the form's CSRF token; the login replaces it.
+    session = await svc.sessions.ensure(request)
+    response = page(
+        request,
+        "login.html",
+        status=status,
+        title="Sign in",
+        action=svc.base_path + "/login",
+        csrf_token=Sessions.csrf_token(session),
+        carried=auth.carried(),
+        client_name=auth.client.client_name,
+        error=error,
+        username=username or auth.params.get("login_hint"),
+        form_targets=[auth.redirect_uri],
+    )
+    svc.sessions.set_cookie(response, session)
+    return response
+
+
+def consent_page(
+    request: web.Request, auth: AuthorizationRequest, session: Session
+) -> web.Response:
+    svc = services(request)
+    user = svc.settings.user_by_subject(session.record.subject)
+    response = page(
+        request,
+        "consent.html",
+        title="Allow access",
+        action=svc.base_path + "/consent",
+        csrf_token=Sessions.csrf_token(session),
+        carried=[*auth.carried(), (CONSENT_PROOF, Sessions.proof(session, auth.carried()))],
+        client_name=auth.client.client_name,
+        scopes=[{"name": s, "description": svc.settings.scope_description(s)} for s in auth.scopes],
+        user_name=(user.claims.get("name") or user.username) if user else session.record.subject,
+        warning=None,
+        form_targets=[auth.redirect_uri],
+    )
+    svc.sessions.set_cookie(response, session)
+    return response
+
+
+# ---------------------------------------------------------------------------- handlers
+
+
+async def _params(request: web.Request) -> Parameters:
+    if request.method == "POST":
+        return Parameters.collect(await form_items(request))
+    return Parameters.collect(request.query.items())
+
+
+async def authorize(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    try:
+        try:
+            params = await _params(request)
+        except OAuthError as exc:
+            raise PageError(f"The request is malformed: {exc.description}.") from None
+        auth = validate(request, params)
+        session = await svc.sessions.current(request)
+        return await proceed(request, auth, session)
+    except PageError as exc:
+        return error_page(request, 400, "This sign-in request cannot be handled", exc.message)
+    except RedirectError as exc:
+        return error_redirect(request, exc)
+
+
+async def login(request: web.Request) -> web.StreamResponse:
+    """POST /login: check the password (throttled), start a session, continue the flow."""
+    svc = services(request)
+    throttle = svc.settings.login_throttle
+    try:
+        given = await _params(request)
+        form = given.values
+        auth = validate(request, given)
+        session = await svc.sessions.current(request)
+        if not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return error_page(
+                request,
+                403,
+                "Your session expired",
+                "Please go back to the application and try again.",
+                "csrf",
+            )
+        username = form.get("username", "")
+        password = form.get("password", "")
+        now = time.time()
+        window = throttle.window.total_seconds()
+        user_key = f"login:user:{username.lower()}"
+        address_key = f"login:ip:{request.remote or '-'}"
+        limits = (
+            (user_key, throttle.max_failures),
+            (address_key, throttle.max_failures_per_address),
+        )
+        for key, limit in limits:
+            if await svc.store.failures(key, now, window) >= limit:
+                log.warning("login throttled", extra={"key_kind": key.split(":")[1]})
+                response = await login_page(
+                    request,
+                    auth,
+                    error="Too many failed attempts. Please wait a few minutes and try again.",
+                    status=429,
+                    username=username,
+                )
+                response.headers["Retry-After"] = str(int(window))
+                return response
+        user = svc.settings.user(username)
+        ok = users.verify_password(password, user.password_hash if user else users.DUMMY_HASH)
+        if user is None or not ok:
+            for key, _ in limits:
+                await svc.store.count_failure(key, now, window)
+            # One answer for an unknown user and a wrong password. Not 401: that status
+            # promises an HTTP authentication challenge (RFC 9110 §15.5.2), a form is not one.
+            return await login_page(
+                request,
+                auth,
+                error="The username or password is not correct.",
+                status=400,
+                username=username,
+            )
+        await svc.store.clear_failures(user_key)
+        new_session = await svc.sessions.login(request, user.subject)
+        return await proceed(request, auth, new_session, login_done=True)
+    except PageError as exc:
+        return error_page(request, 400, "This sign-in request cannot be handled", exc.message)
+    except RedirectError as exc:
+        return error_redirect(request, exc)
+    except OAuthError as exc:
+        return error_page(request, 400, "This sign-in request cannot be handled", exc.description)
+
+
+async def consent(request: web.Request) -> web.StreamResponse:
+    """POST /consent: the user's decision, then the code or access_denied."""
+    svc = services(request)
+    try:
+        given = await _params(request)
+        form = given.values
+        auth = validate(request, given)
+        session = await svc.sessions.current(request)
+        if (
+            session is None
+            or not session.logged_in
+            or not Sessions.csrf_valid(session, form.get("csrf_token"))
+        ):
+            return error_page(
+                request,
+                403,
+                "Your session expired",
+                "Please go back to the application and try again.",
+                "csrf",
+            )
+        decision = form.get("decision")
+        if decision == "deny":
+            raise RedirectError(
+                auth,
+                auth.redirect_uri,
+                auth.state,
+                OAuthError(ErrorCode.ACCESS_DENIED, "the user denied the request"),
+            )
+        if decision != "approve":
+            return error_page(request, 400, "No decision", "Choose Allow or Deny.")
+        # Without the proof (a hand-made form) the login checks run again: this session
+        # might never have passed `prompt=login` or `max_age` for this request.
+        checked = Sessions.proof_valid(session, auth.carried(), form.get(CONSENT_PROOF))
+        if checked:
+            await svc.store.grant_scopes(
+                session.record.subject, auth.client.client_id, frozenset(auth.scopes)
+            )
+        return await proceed(request, auth, session, login_done=checked, consent_given=checked)
+    except PageError as exc:
+        return error_page(request, 400, "This sign-in request cannot be handled", exc.message)
+    except RedirectError as exc:
+        return error_redirect(request, exc)
+    except OAuthError as exc:
+        return error_page(request, 400, "This sign-in request cannot be handled", exc.description)

@@ -1,0 +1,103 @@
+"""Authorization server metadata (RFC 8414) and OpenID Provider metadata (Discovery 1.0 §3).
+
+One document, served at both well-known paths, built once at start-up, cacheable with an
+ETag. It lists only what the server really does.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..protocol.claims import supported_claims
+from ..settings import STANDARD_SCOPES, Settings
+from .common import services
+
+AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
+ASSERTION_ALGS = ["RS256", "PS256", "ES256", "EdDSA"]
+
+
+def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
+    issuer = settings.issuer
+    scopes = list(dict.fromkeys([*STANDARD_SCOPES, *(s.name for s in settings.scopes)]))
+    return {
+        "issuer": issuer,
+        "authorization_endpoint": f"{issuer}/authorize",
+        "token_endpoint": f"{issuer}/token",
+        "userinfo_endpoint": f"{issuer}/userinfo",
+        "jwks_uri": f"{issuer}/jwks",
+        "revocation_endpoint": f"{issuer}/revoke",
+        "introspection_endpoint": f"{issuer}/introspect",
+        "end_session_endpoint": f"{issuer}/logout",
+        "scopes_supported": scopes,
+        "response_types_supported": ["code"],
+        "response_modes_supported": ["query"],
+        "grant_types_supported": grant_types,
+        "code_challenge_methods_supported": ["S256"],
+        "token_endpoint_auth_methods_supported": AUTH_METHODS,
+        "token_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
+        "revocation_endpoint_auth_methods_supported": AUTH_METHODS,
+        "revocation_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
+        "introspection_endpoint_auth_methods_supported": AUTH_METHODS[:3],
+        "introspection_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
+        "id_token_signing_alg_values_supported": sorted({settings.keys.id_token_alg, "RS256"}),
+        "subject_types_supported": ["public"],
+        "claims_supported": supported_claims(),
+        "claims_parameter_supported": False,
+        "request_parameter_supported": False,
+        "request_uri_parameter_supported": False,
+        "require_request_uri_registration": False,
+        "prompt_values_supported": ["none", "login", "consent", "select_account"],
+        "authorization_response_iss_parameter_supported": True,
+        "backchannel_logout_supported": False,
+        "frontchannel_logout_supported": False,
+    }
+
+
+class Document:
+    """A JSON document served with a strong ETag and a cache lifetime."""
+
+    def __init__(self, data: Any, max_age: int) -> None:
+        self.body = orjson.dumps(data)
+        self.etag = (
+            '"' + base64.urlsafe_b64encode(hashlib.sha256(self.body).digest()[:12]).decode() + '"'
+        )
+        self.cache_control = f"public, max-age={max_age}"
+
+    def respond(self, request: web.Request) -> web.Response:
+        headers = {"ETag": self.etag, "Cache-Control": self.cache_control}
+        if not_modified(request, self.etag):
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=self.body, content_type="application/json", headers=headers)
+
+
+def not_modified(request: web.Request, etag: str) -> bool:
+    """If-None-Match uses the weak comparison (RFC 9110 §13.1.2): `*`, or a listed tag equal
+    to ours once any `W/` prefix is dropped."""
+    header = request.headers.get("If-None-Match")
+    if header is None:
+        return False
+    for candidate in header.split(","):
+        tag = candidate.strip()
+        if tag == "*" or tag.removeprefix("W/") == etag:
+            return True
+    return False
+
+
+DISCOVERY = web.AppKey("discovery", Document)
+
+
+async def discovery(request: web.Request) -> web.Response:
+    return request.app[DISCOVERY].respond(request)
+
+
+async def jwks(request: web.Request) -> web.Response:
+    ring = services(request).keyring
+    headers = {"ETag": ring.jwks_etag, "Cache-Control": "public, max-age=300"}
+    if not_modified(request, ring.jwks_etag):
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=ring.jwks_body, content_type="application/json", headers=headers)

@@ -1,0 +1,1 @@
+"""Grant types of the token endpoint, one module each, behind one dispatcher (base.py)."""

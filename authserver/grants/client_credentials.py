@@ -1,0 +1,40 @@
+"""client_credentials (RFC 6749 §4.4): confidential clients only; no refresh or ID token;
+the subject is the client itself. Nothing is stored: the token stands on its signature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..protocol import scopes as scope_rules
+from ..protocol.errors import ErrorCode, OAuthError
+from ..settings import ClientSettings
+from .base import GrantContext, TokenRequest, audience_for, token_response
+
+_USER_ONLY_SCOPES = frozenset({"openid", "offline_access", "profile", "email", "address", "phone"})
+
+
+class ClientCredentials:
+    grant_type = "client_credentials"
+
+    def __init__(self, context: GrantContext) -> None:
+        self.ctx = context
+
+    async def issue(self, request: TokenRequest, client: ClientSettings) -> dict[str, Any]:
+        if client.public:
+            raise OAuthError(ErrorCode.UNAUTHORIZED_CLIENT, "public clients cannot use this grant")
+        machine_scopes = tuple(s for s in client.scope if s not in _USER_ONLY_SCOPES)
+        requested = scope_rules.parse(request.form.get("scope"))
+        if requested:
+            scope_rules.require_allowed(requested, machine_scopes)
+            granted = requested
+        else:
+            granted = machine_scopes  # RFC 6749 §3.3: the registered default
+        audience = audience_for(self.ctx.settings, client, request.form.get("resource"))
+        minted = self.ctx.minter.access_token(
+            subject=client.client_id,
+            client_id=client.client_id,
+            scope=scope_rules.render(granted),
+            audience=audience,
+            now=request.now,
+        )
+        return token_response(minted.token, minted.expires_in, granted)

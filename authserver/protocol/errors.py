@@ -1,0 +1,73 @@
+"""OAuth error kinds (RFC 6749 §4.1.2.1, §5.2; RFC 6750 §3.1; RFC 8628 §3.5; OIDC Core §3.1.2.6).
+
+An endpoint raises OAuthError; one place per endpoint renders it: JSON for the token,
+introspection and revocation endpoints, a redirect back to the client for authorization
+errors once the redirect URI is trusted, an HTML page before that.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    INVALID_CLIENT = "invalid_client"
+    INVALID_GRANT = "invalid_grant"
+    UNAUTHORIZED_CLIENT = "unauthorized_client"
+    UNSUPPORTED_GRANT_TYPE = "unsupported_grant_type"
+    UNSUPPORTED_RESPONSE_TYPE = "unsupported_response_type"
+    INVALID_SCOPE = "invalid_scope"
+    INVALID_TARGET = "invalid_target"  # RFC 8707 §2
+    ACCESS_DENIED = "access_denied"
+    SERVER_ERROR = "server_error"
+    TEMPORARILY_UNAVAILABLE = "temporarily_unavailable"
+    LOGIN_REQUIRED = "login_required"
+    CONSENT_REQUIRED = "consent_required"
+    INTERACTION_REQUIRED = "interaction_required"
+    REQUEST_NOT_SUPPORTED = "request_not_supported"
+    REQUEST_URI_NOT_SUPPORTED = "request_uri_not_supported"
+    AUTHORIZATION_PENDING = "authorization_pending"
+    SLOW_DOWN = "slow_down"
+    EXPIRED_TOKEN = "expired_token"  # noqa: S105 (an error code, not a secret)
+    INVALID_TOKEN = "invalid_token"  # noqa: S105
+    INSUFFICIENT_SCOPE = "insufficient_scope"
+    UNSUPPORTED_TOKEN_TYPE = "unsupported_token_type"  # noqa: S105
+
+
+# RFC 6749 §5.2: 400 for everything but invalid_client (401 when the client tried to
+# authenticate with the Authorization header). RFC 6750 §3.1 for resource errors.
+_STATUS = {
+    ErrorCode.INVALID_CLIENT: 401,
+    ErrorCode.INVALID_TOKEN: 401,
+    ErrorCode.INSUFFICIENT_SCOPE: 403,
+    ErrorCode.SERVER_ERROR: 500,
+    ErrorCode.TEMPORARILY_UNAVAILABLE: 503,
+}
+
+
+class OAuthError(Exception):
+    def __init__(self, code: ErrorCode, description: str, *, status: int | None = None) -> None:
+        super().__init__(f"{code.value}: {description}")
+        self.code = code
+        self.description = description
+        self.status = status if status is not None else _STATUS.get(code, 400)
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.code.value, "error_description": self.description}
+
+
+def invalid_request(description: str) -> OAuthError:
+    return OAuthError(ErrorCode.INVALID_REQUEST, description)
+
+
+def invalid_grant(description: str) -> OAuthError:
+    return OAuthError(ErrorCode.INVALID_GRANT, description)
+
+
+def invalid_scope(description: str) -> OAuthError:
+    return OAuthError(ErrorCode.INVALID_SCOPE, description)
+
+
+def invalid_client(description: str) -> OAuthError:
+    return OAuthError(ErrorCode.INVALID_CLIENT, description)

@@ -1,0 +1,126 @@
+"""Browser sessions: a random id in a cookie (only its SHA-256 in the store) and a CSRF token
+bound to it.
+
+Every visitor who reaches a form gets a session, anonymous until login, so that the login
+form carries a CSRF token too. Logging in replaces the session id (no fixation). Cookies are
+HttpOnly, SameSite=Lax, host-only, Path=/, and Secure with the `__Host-` prefix when the
+issuer is https.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .settings import Settings
+from .store.base import SessionRecord, Store
+
+ANONYMOUS = ""
+_ANONYMOUS_LIFETIME = 3600.0  # seconds: long enough to fill a login form
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@dataclass(frozen=True)
+class Session:
+    record: SessionRecord
+    cookie: str | None  # a new cookie value to set on the response, if any
+
+    @property
+    def logged_in(self) -> bool:
+        return self.record.subject != ANONYMOUS
+
+
+class Sessions:
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.secure = settings.secure_cookies
+        self.name = "__Host-portcullis_session" if self.secure else "portcullis_session"
+        self.lifetime = settings.lifetimes.session.total_seconds()
+
+    async def current(self, request: web.BaseRequest) -> Session | None:
+        value = request.cookies.get(self.name)
+        if not value or len(value) > 100:
+            return None
+        record = await self.store.get_session(hashlib.sha256(value.encode()).digest(), time.time())
+        if record is None:
+            return None
+        if record.subject != ANONYMOUS and self.settings.user_by_subject(record.subject) is None:
+            return None  # the user was removed from the configuration since signing in
+        return Session(record, None)
+
+    async def ensure(self, request: web.BaseRequest) -> Session:
+        """The current session, or a new anonymous one (its cookie must be set)."""
+        return await self.current(request) or await self._new(ANONYMOUS, 0.0, _ANONYMOUS_LIFETIME)
+
+    async def login(self, request: web.BaseRequest, subject: str) -> Session:
+        old = await self.current(request)
+        if old is not None:
+            await self.store.delete_session(old.record.session_hash)
+        now = time.time()
+        return await self._new(subject, now, self.lifetime)
+
+    async def logout(self, request: web.BaseRequest) -> None:
+        old = await self.current(request)
+        if old is not None:
+            await self.store.delete_session(old.record.session_hash)
+
+    async def _new(self, subject: str, auth_time: float, lifetime: float) -> Session:
+        value = _b64(os.urandom(32))
+        record = SessionRecord(
+            session_hash=hashlib.sha256(value.encode()).digest(),
+            subject=subject,
+            auth_time=auth_time,
+            expires_at=time.time() + lifetime,
+            csrf_secret=os.urandom(32),
+        )
+        await self.store.save_session(record)
+        return Session(record, value)
+
+    def set_cookie(self, response: web.StreamResponse, session: Session) -> None:
+        if session.cookie is None:
+            return
+        response.set_cookie(
+            self.name,
+            session.cookie,
+            path="/",
+            httponly=True,
+            samesite="Lax",
+            secure=self.secure,
+            max_age=int(session.record.expires_at - time.time()),
+        )
+
+    def clear_cookie(self, response: web.StreamResponse) -> None:
+        response.del_cookie(self.name, path="/", secure=self.secure, httponly=True, samesite="Lax")
+
+    @staticmethod
+    def csrf_token(session: Session) -> str:
+        return _b64(hmac.new(session.record.csrf_secret, b"csrf", hashlib.sha256).digest())
+
+    @staticmethod
+    def csrf_valid(session: Session | None, token: str | None) -> bool:
+        if session is None or not token:
+            return False
+        return hmac.compare_digest(Sessions.csrf_token(session), token)
+
+    @staticmethod
+    def proof(session: Session, items: Iterable[tuple[str, str]]) -> str:
+        """A value only this session can present, vouching for these exact parameters (a
+        form the server rendered after checking them); distinct from the CSRF token."""
+        message = b"proof\x00" + json.dumps(sorted(items), separators=(",", ":")).encode()
+        return _b64(hmac.new(session.record.csrf_secret, message, hashlib.sha256).digest())
+
+    @staticmethod
+    def proof_valid(session: Session, items: Iterable[tuple[str, str]], value: str | None) -> bool:
+        return bool(value) and hmac.compare_digest(Sessions.proof(session, items), value or "")

@@ -1,0 +1,39 @@
+"""Persistence of the authorization server: the Store protocol and its backends.
+
+base.py holds the protocol and its records; each backend implements it in its own module
+with its own hand-written SQL and migrations (migrations/<backend>/NNN_name.sql). The rest
+of the server depends on base.py only; `open_store` turns the configured `storage` URL into
+a backend, imported on demand so that importing the protocol never loads a driver.
+"""
+
+from __future__ import annotations
+
+from authserver.store.base import Store
+
+SQLITE_MEMORY_URL = "sqlite://:memory:"
+SQLITE_FILE_PREFIX = "sqlite:///"
+
+
+def open_store(url: str) -> Store:
+    """The backend a storage URL names, not opened yet: the caller awaits `open()`.
+
+    `sqlite:///var/lib/portcullis/authserver.db` names a file by its absolute path (what
+    follows `sqlite://`), `sqlite://:memory:` a private in-memory database that lives as
+    long as the store is open.
+    """
+    if url == SQLITE_MEMORY_URL:
+        from authserver.store.sqlite import SQLiteStore
+
+        return SQLiteStore(":memory:")
+    if url.startswith(SQLITE_FILE_PREFIX):
+        path = url[len("sqlite://") :]
+        if path.rstrip("/") == "":
+            raise ValueError(f"storage URL {url!r} names no file: use sqlite:///PATH")
+        from authserver.store.sqlite import SQLiteStore
+
+        return SQLiteStore(path)
+    if url.startswith(("postgresql://", "postgres://")):
+        raise NotImplementedError(
+            "PostgreSQL storage is not available yet; use sqlite:///PATH for now"
+        )
+    raise ValueError(f"storage URL {url!r} is neither sqlite:///PATH nor sqlite://:memory:")

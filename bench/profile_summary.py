@@ -1,0 +1,107 @@
+"""Summarise a py-spy profile recorded with `--format raw` (collapsed stacks).
+
+    profile_summary.py FILE [--top N]
+
+Prints the functions with the most self time (the sample's innermost frame), the most total
+time (any frame of the sample, counted once per sample), and self time per package. Each
+line of FILE is `frame;frame;...;frame COUNT` with frames like `name (path:line)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path
+
+_FRAME = re.compile(r"^(?P<name>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+def short_frame(frame: str) -> str:
+    """`handle (/work/main/gateway/app.py:87)` -> `handle (gateway/app.py:87)`."""
+    match = _FRAME.match(frame)
+    if match is None:
+        return frame
+    path = match.group("path")
+    for marker in ("site-packages/", "/lib/python3."):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            if marker.startswith("/lib"):
+                path = "stdlib/" + path.split("/", 1)[1]
+            break
+    else:
+        for root in ("/gateway/", "/portcullis/", "/bench/"):
+            if root in path:
+                path = root[1:] + path.split(root, 1)[1]
+                break
+    line = match.group("line")
+    return f"{match.group('name')} ({path}:{line})" if line else f"{match.group('name')} ({path})"
+
+
+def package_of(frame: str) -> str:
+    match = _FRAME.match(frame)
+    if match is None:
+        return "other"
+    path = match.group("path")
+    if path.startswith("stdlib/"):
+        parts = path.split("/")
+        return "stdlib/" + parts[1] if len(parts) > 2 else "stdlib"
+    return path.split("/", 1)[0].removesuffix(".py")
+
+
+def read_stacks(path: Path) -> list[tuple[list[str], int]]:
+    stacks = []
+    for line in path.read_text().splitlines():
+        body, _, count = line.rpartition(" ")
+        if not body or not count.isdigit():
+            continue
+        frames = [
+            short_frame(f)
+            for f in body.split(";")
+            if f and not f.startswith(("process ", "thread ("))
+        ]
+        if frames:
+            stacks.append((frames, int(count)))
+    return stacks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--top", type=int, default=30)
+    args = parser.parse_args()
+
+    stacks = read_stacks(args.file)
+    total = sum(count for _, count in stacks)
+    if not total:
+        raise SystemExit(f"{args.file}: no samples")
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
+    for frames, count in stacks:
+        own[frames[-1]] += count
+        packages[package_of(frames[-1])] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+
+    def table(title: str, counter: Counter[str]) -> None:
+        print(f"\n{title}")
+        for frame, count in counter.most_common(args.top):
+            print(f"  {count / total:6.1%}  {frame}")
+
+    print(f"{total} samples (on-CPU only; time waiting in the event loop is not sampled)")
+    table("Self time by package", packages)
+    table("Self time by function", own)
+    table("Total time by function", inclusive)
+    ours = Counter(
+        {
+            f: c
+            for f, c in inclusive.items()
+            if f.split(" (")[-1].startswith(("gateway/", "portcullis/"))
+        }
+    )
+    table("Total time, gateway and portcullis functions", ours)
+
+
+if __name__ == "__main__":
+    main()

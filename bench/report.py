@@ -1,0 +1,234 @@
+"""Turn the saved wrk outputs of one bench run into a markdown report.
+
+    report.py --raw DIR --meta FILE [--out FILE]
+
+DIR holds `<scenario>.txt`, wrk's output with `--latency`, for the scenarios below, and
+`<scenario>.cpu-before` / `.cpu-after`, the cpuN lines of /proc/stat around the run; FILE
+holds `key=value` lines describing the run (durations, versions, machine). The report is
+printed and, with --out, written there too. A scenario with non-2xx answers or socket
+errors is flagged: its throughput would not be a measure of the work it claims to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SCENARIOS = (
+    ("direct", "1. nginx direct (upstream alone)"),
+    ("none", "2. gateway, `auth: none` route"),
+    ("warm", "3. gateway, one ES256 JWT (warm verified-token cache)"),
+    ("cold", "4. gateway, fresh ES256 JWT per request (token cache off)"),
+    ("haproxy", "5. HAProxy, ES256 `jwt_verify` on every request"),
+)
+RATIOS = (
+    ("warm", "none", "gateway warm JWT / gateway auth none", "target >= 0.90"),
+    ("warm", "haproxy", "gateway warm JWT / HAProxy ES256", ""),
+    ("cold", "haproxy", "gateway cold JWT / HAProxy ES256", ""),
+    ("cold", "warm", "gateway cold JWT / gateway warm JWT", ""),
+    ("none", "direct", "gateway auth none / nginx direct", ""),
+)
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    non_2xx: int
+    socket_errors: int
+    fresh_tokens: str | None  # "sent=N available=M wraps=W" from fresh_tokens.lua
+
+
+def _duration_ms(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if match is None:
+        raise ValueError(f"not a wrk duration: {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_wrk(text: str) -> WrkResult:
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", text, re.M)
+    p50 = re.search(r"^\s+50%\s+(\S+)", text, re.M)
+    p99 = re.search(r"^\s+99%\s+(\S+)", text, re.M)
+    total = re.search(r"^\s+(\d+) requests in", text, re.M)
+    if not (rps and p50 and p99 and total):
+        raise ValueError("wrk output without Requests/sec or a latency distribution")
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", text)
+    errors = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text
+    )
+    fresh = re.search(r"^Fresh tokens: (.*)$", text, re.M)
+    return WrkResult(
+        requests_per_s=float(rps.group(1)),
+        p50_ms=_duration_ms(p50.group(1)),
+        p99_ms=_duration_ms(p99.group(1)),
+        requests=int(total.group(1)),
+        non_2xx=int(non_2xx.group(1)) if non_2xx else 0,
+        socket_errors=sum(int(n) for n in errors.groups()) if errors else 0,
+        fresh_tokens=fresh.group(1).strip() if fresh else None,
+    )
+
+
+def _cpu_rows(text: str) -> dict[str, list[int]]:
+    rows = (line.split() for line in text.splitlines() if line.startswith("cpu"))
+    return {row[0]: [int(n) for n in row[1:9]] for row in rows}
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    busy: dict[str, float]  # cpuN -> busy share of that core during the run
+    server_share: float | None  # share of core 0 used by the server under test
+    server_us_per_request: float | None
+
+
+def cpu_use(raw: Path, key: str, requests: int, clk_tck: int) -> CpuUse | None:
+    """Per-core busy shares between the /proc/stat snapshots taken around a run, and the
+    server's own CPU time from its /proc/PID/stat ticks (both in clock ticks)."""
+    try:
+        start = _cpu_rows((raw / f"{key}.cpu-before").read_text())
+        end = _cpu_rows((raw / f"{key}.cpu-after").read_text())
+    except FileNotFoundError:
+        return None
+    busy, totals = {}, {}
+    for cpu, values in end.items():
+        delta = [b - a for a, b in zip(start[cpu], values, strict=True)]
+        totals[cpu] = sum(delta)
+        idle = delta[3] + delta[4]  # idle + iowait
+        busy[cpu] = (totals[cpu] - idle) / totals[cpu] if totals[cpu] else 0.0
+    share = per_request = None
+    try:
+        ticks = int((raw / f"{key}.server-after").read_text()) - int(
+            (raw / f"{key}.server-before").read_text()
+        )
+    except (FileNotFoundError, ValueError):
+        ticks = None
+    if ticks is not None and totals.get("cpu0"):
+        share = ticks / totals["cpu0"]
+        per_request = ticks / clk_tck * 1e6 / requests if requests else None
+    return CpuUse(busy, share, per_request)
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms"
+
+
+def read_meta(path: Path) -> dict[str, str]:
+    meta: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            meta[key.strip()] = value.strip()
+    return meta
+
+
+def render(
+    results: dict[str, WrkResult],
+    meta: dict[str, str],
+    cpu: dict[str, CpuUse],
+    background: CpuUse | None = None,
+) -> str:
+    lines = [
+        f"# Portcullis gateway bench — {meta.get('date', '')}",
+        "",
+        f"Machine: {meta.get('nproc', '?')} cores, {meta.get('cpu', '?')}; "
+        f"server under test pinned to core 0, wrk to core 1.",
+        f"Load: wrk {meta.get('wrk_args', '')} for {meta.get('duration', '?')} s per scenario "
+        f"(after a {meta.get('warmup', '?')} s warm-up).",
+        f"Software: {meta.get('versions', '')}.",
+    ]
+    if background is not None:
+        idle_load = " / ".join(f"{v:.0%}" for _, v in sorted(background.busy.items()))
+        lines.append(f"Load from other processes before the run (core 0 / core 1): {idle_load}.")
+        if max(background.busy.values(), default=0.0) > 0.10:
+            lines.append(
+                "**Warning: the machine was busy before the run; the figures below are skewed "
+                "by whatever else was running. Run again on an idle machine.**"
+            )
+    lines += [
+        "",
+        "| scenario | requests/s | p50 | p99 | server CPU per request "
+        "| core 0: server process / rest | core 1 | non-2xx / socket errors |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for key, label in SCENARIOS:
+        r = results.get(key)
+        if r is None:
+            lines.append(f"| {label} | not run | | | | | | |")
+            continue
+        flag = f"{r.non_2xx} / {r.socket_errors}"
+        if r.non_2xx or r.socket_errors:
+            flag = f"**{flag} (invalid)**"
+        use = cpu.get(key)
+        per_request = core0 = core1 = "n/a"
+        if use is not None:
+            core1 = f"{use.busy.get('cpu1', 0):.0%}"
+            if use.server_share is not None:
+                other = max(0.0, use.busy.get("cpu0", 0) - use.server_share)
+                core0 = f"{use.server_share:.0%} / {other:.0%}"
+            if use.server_us_per_request is not None:
+                per_request = f"{use.server_us_per_request:,.0f} µs"
+        lines.append(
+            f"| {label} | {r.requests_per_s:,.0f} | {_ms(r.p50_ms)} | {_ms(r.p99_ms)} "
+            f"| {per_request} | {core0} | {core1} | {flag} |"
+        )
+    lines += ["", "| ratio (requests/s) | value | note |", "| --- | ---: | --- |"]
+    for top, bottom, label, note in RATIOS:
+        a, b = results.get(top), results.get(bottom)
+        value = f"{a.requests_per_s / b.requests_per_s:.2f}" if a and b else "n/a"
+        if note and a and b:
+            met = a.requests_per_s / b.requests_per_s >= 0.90
+            note = f"{note}: {'met' if met else 'NOT met'}"
+        lines.append(f"| {label} | {value} | {note} |")
+    cold = results.get("cold")
+    lines += [""]
+    if cold is not None and cold.fresh_tokens:
+        lines.append(
+            f"Scenario 4 tokens: {cold.fresh_tokens} (wraps=0: no token was sent twice); "
+            f"gateway token_cache_size: 0."
+        )
+    for key, _ in SCENARIOS:
+        r = results.get(key)
+        if r is not None and (r.non_2xx or r.socket_errors):
+            lines.append(
+                f"Warning: scenario `{key}` had non-2xx answers or socket errors; "
+                "its figures do not measure successful requests."
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--raw", required=True, type=Path)
+    parser.add_argument("--meta", required=True, type=Path)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    meta = read_meta(args.meta)
+    clk_tck = int(meta.get("clk_tck", "100"))
+    results = {}
+    cpu = {}
+    for key, _ in SCENARIOS:
+        path = args.raw / f"{key}.txt"
+        if path.exists():
+            results[key] = parse_wrk(path.read_text())
+            use = cpu_use(args.raw, key, results[key].requests, clk_tck)
+            if use is not None:
+                cpu[key] = use
+    background = cpu_use(args.raw, "idle", 0, clk_tck)
+    report = render(results, meta, cpu, background)
+    sys.stdout.write(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+    bad = [r for r in results.values() if r.non_2xx or r.socket_errors]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

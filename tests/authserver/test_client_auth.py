@@ -1,0 +1,472 @@
+"""Client authentication at the token endpoint: client_secret_basic (form-url-encoded parts),
+client_secret_post, private_key_jwt (RFC 7523) and none, one method at a time, each client
+only with the method it registered."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+import aiohttp
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from tests.authserver.conftest import (
+    CLIENT_KEY,
+    CLIENT_KID,
+    JWT_BEARER,
+    SECRET,
+    RunningAuthServer,
+    StartAuthServer,
+    authorize_code,
+    client_assertion,
+    default_config,
+    post_token,
+)
+
+CC = {"grant_type": "client_credentials"}
+BASIC_CHALLENGE = 'Basic realm="portcullis", charset="UTF-8"'
+
+ODD_ID = "svc:a+b%2F/c&d"
+ODD_SECRET = "p@ss:word +plus/slash%25percent&amp=0123456789"
+
+
+def assert_invalid_client(
+    status: int, body: dict[str, Any], response: aiohttp.ClientResponse, *, basic: bool
+) -> None:
+    assert (status, body["error"]) == (401, "invalid_client"), body
+    assert set(body) == {"error", "error_description"}
+    assert response.headers["Cache-Control"] == "no-store"
+    if basic:
+        assert response.headers["WWW-Authenticate"] == BASIC_CHALLENGE
+    else:
+        assert "WWW-Authenticate" not in response.headers
+    assert "access_token" not in body
+
+
+async def token_with_assertion(
+    http: aiohttp.ClientSession, server: RunningAuthServer, assertion: str, **extra: str
+) -> tuple[int, dict[str, Any], aiohttp.ClientResponse]:
+    return await post_token(
+        http,
+        server,
+        {**CC, "client_assertion_type": JWT_BEARER, "client_assertion": assertion, **extra},
+    )
+
+
+# ---------------------------------------------------------------------------- secrets
+
+
+async def test_basic_credentials_are_form_url_decoded_before_comparison(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    config = default_config()
+    config["clients"].append(
+        {
+            "client_id": ODD_ID,
+            "client_secret": ODD_SECRET,
+            "grant_types": ["client_credentials"],
+            "scope": "orders:read",
+        }
+    )
+    server = await start_authserver(config)
+    status, body, _ = await post_token(http, server, CC, auth=(ODD_ID, ODD_SECRET))
+    assert status == 200, body
+    assert (
+        jwt.decode(body["access_token"], options={"verify_signature": False})["client_id"] == ODD_ID
+    )
+    # The same secret sent without the encoding the RFC asks for does not match.
+    raw = "Basic " + base64.b64encode(f"{ODD_ID}:{ODD_SECRET}".encode()).decode()
+    status, body, response = await post_token(http, server, CC, headers={"Authorization": raw})
+    assert_invalid_client(status, body, response, basic=True)
+
+
+async def test_basic_with_the_right_secret_is_accepted(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, _ = await post_token(http, authserver, CC, auth=("machine", SECRET))
+    assert status == 200, body
+
+
+async def test_basic_with_a_matching_client_id_in_the_form_is_accepted(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, _ = await post_token(
+        http, authserver, {**CC, "client_id": "machine"}, auth=("machine", SECRET)
+    )
+    assert status == 200, body
+
+
+async def test_basic_with_another_client_id_in_the_form_is_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(
+        http, authserver, {**CC, "client_id": "machine-post"}, auth=("machine", SECRET)
+    )
+    assert_invalid_client(status, body, response, basic=True)
+
+
+@pytest.mark.parametrize(
+    ("client_id", "secret"),
+    [
+        ("machine", SECRET[:-1] + "X"),
+        ("machine", ""),
+        ("machine", SECRET + "0"),
+        ("nobody", SECRET),
+    ],
+)
+async def test_wrong_secret_or_unknown_client_over_basic_is_401_with_a_basic_challenge(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, client_id: str, secret: str
+) -> None:
+    status, body, response = await post_token(http, authserver, CC, auth=(client_id, secret))
+    assert_invalid_client(status, body, response, basic=True)
+
+
+@pytest.mark.parametrize(
+    "value", ["Basic !!!not-base64!!!", "Basic " + base64.b64encode(b"no-colon").decode(), "Basic "]
+)
+async def test_malformed_basic_credentials_are_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, value: str
+) -> None:
+    status, body, response = await post_token(
+        http, authserver, CC, headers={"Authorization": value}
+    )
+    assert_invalid_client(status, body, response, basic=True)
+
+
+async def test_client_secret_post_is_accepted_for_a_post_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, _ = await post_token(
+        http, authserver, {**CC, "client_id": "machine-post", "client_secret": SECRET}
+    )
+    assert status == 200, body
+
+
+async def test_wrong_secret_in_the_form_is_401_without_a_basic_challenge(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(
+        http, authserver, {**CC, "client_id": "machine-post", "client_secret": "wrong" * 8}
+    )
+    assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_a_client_must_use_the_secret_method_it_registered(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(
+        http, authserver, {**CC, "client_id": "machine", "client_secret": SECRET}
+    )
+    assert_invalid_client(status, body, response, basic=False)
+    status, body, response = await post_token(http, authserver, CC, auth=("machine-post", SECRET))
+    assert_invalid_client(status, body, response, basic=True)
+
+
+async def test_client_secret_without_client_id_is_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(http, authserver, {**CC, "client_secret": SECRET})
+    assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_no_client_authentication_at_all_is_401_with_a_challenge(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(http, authserver, CC)
+    assert_invalid_client(status, body, response, basic=True)
+
+
+@pytest.mark.parametrize(
+    ("form", "auth"),
+    [
+        ({"client_id": "machine", "client_secret": SECRET}, ("machine", SECRET)),
+        ({"client_assertion_type": JWT_BEARER, "client_assertion": "a.b.c"}, ("machine", SECRET)),
+        (
+            {
+                "client_id": "machine-post",
+                "client_secret": SECRET,
+                "client_assertion_type": JWT_BEARER,
+                "client_assertion": "a.b.c",
+            },
+            None,
+        ),
+    ],
+)
+async def test_two_authentication_methods_in_one_request_are_invalid_request(
+    authserver: RunningAuthServer,
+    http: aiohttp.ClientSession,
+    form: dict[str, str],
+    auth: tuple[str, str] | None,
+) -> None:
+    status, body, response = await post_token(http, authserver, {**CC, **form}, auth=auth)
+    assert (status, body["error"]) == (400, "invalid_request"), body
+    assert response.headers["Cache-Control"] == "no-store"
+
+
+# ---------------------------------------------------------------------------- none
+
+
+async def test_public_client_identifies_with_client_id_alone(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    result = await authorize_code(http, authserver)
+    status, body, _ = await post_token(
+        http,
+        authserver,
+        {
+            "grant_type": "authorization_code",
+            "code": result.code,
+            "redirect_uri": result.redirect_uri,
+            "code_verifier": result.verifier or "",
+            "client_id": "spa",
+        },
+    )
+    assert status == 200, body
+
+
+async def test_confidential_client_cannot_fall_back_to_none(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(http, authserver, {**CC, "client_id": "machine"})
+    assert_invalid_client(status, body, response, basic=False)
+    result = await authorize_code(http, authserver, client_id="web", scope="openid")
+    status, body, response = await post_token(
+        http,
+        authserver,
+        {
+            "grant_type": "authorization_code",
+            "code": result.code,
+            "redirect_uri": result.redirect_uri,
+            "code_verifier": result.verifier or "",
+            "client_id": "web",
+        },
+    )
+    assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_public_client_presenting_a_secret_is_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(
+        http,
+        authserver,
+        {
+            "grant_type": "refresh_token",
+            "refresh_token": "x",
+            "client_id": "spa",
+            "client_secret": SECRET,
+        },
+    )
+    assert_invalid_client(status, body, response, basic=False)
+
+
+# ---------------------------------------------------------------------------- private_key_jwt
+
+
+@pytest.mark.parametrize("audience", ["token_endpoint", "issuer"])
+async def test_private_key_jwt_with_a_valid_assertion_is_accepted(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, audience: str
+) -> None:
+    aud = (
+        authserver.endpoint("/token")
+        if audience == "token_endpoint"
+        else authserver.settings.issuer
+    )
+    status, body, _ = await token_with_assertion(http, authserver, client_assertion(aud))
+    assert status == 200, body
+    assert (
+        jwt.decode(body["access_token"], options={"verify_signature": False})["sub"]
+        == "machine-jwt"
+    )
+
+
+async def test_private_key_jwt_with_client_id_in_the_form_is_accepted(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, _ = await token_with_assertion(
+        http, authserver, client_assertion(authserver.endpoint("/token")), client_id="machine-jwt"
+    )
+    assert status == 200, body
+
+
+async def test_private_key_jwt_with_an_audience_list_naming_the_server_is_accepted(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    assertion = client_assertion("", aud=["https://other.example", authserver.endpoint("/token")])
+    status, body, _ = await token_with_assertion(http, authserver, assertion)
+    assert status == 200, body
+
+
+def _other_ec_key() -> Any:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "wrong_audience",
+        "other_endpoint_audience",
+        "expired",
+        "exp_too_far",
+        "no_exp",
+        "no_jti",
+        "iss_not_client",
+        "sub_not_client",
+        "wrong_key_same_kid",
+        "unknown_kid",
+        "rsa_key_under_ec_kid",
+        "eddsa_key_under_ec_kid",
+        "hmac_with_public_key",
+        "unsigned",
+        "not_a_jwt",
+        "client_id_mismatch",
+    ],
+)
+async def test_private_key_jwt_with_a_bad_assertion_is_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, case: str
+) -> None:
+    token_url = authserver.endpoint("/token")
+    extra: dict[str, str] = {}
+    if case == "wrong_audience":
+        assertion = client_assertion("https://someone-else.example/token")
+    elif case == "other_endpoint_audience":
+        assertion = client_assertion(authserver.endpoint("/userinfo"))
+    elif case == "expired":
+        assertion = client_assertion(token_url, now=time.time() - 600)
+    elif case == "exp_too_far":
+        assertion = client_assertion(token_url, lifetime=3600)
+    elif case == "no_exp":
+        assertion = client_assertion(token_url, exp=None)
+    elif case == "no_jti":
+        assertion = client_assertion(token_url, jti=None)
+    elif case == "iss_not_client":
+        assertion = client_assertion(token_url, iss="machine")
+    elif case == "sub_not_client":
+        assertion = client_assertion(token_url, sub="machine")
+    elif case == "wrong_key_same_kid":
+        assertion = client_assertion(token_url, key=_other_ec_key())
+    elif case == "unknown_kid":
+        assertion = client_assertion(token_url, kid="some-other-kid")
+    elif case == "rsa_key_under_ec_kid":
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        assertion = jwt.encode(
+            _claims(token_url), key, algorithm="RS256", headers={"kid": CLIENT_KID}
+        )
+    elif case == "eddsa_key_under_ec_kid":
+        key = ed25519.Ed25519PrivateKey.generate()
+        assertion = jwt.encode(
+            _claims(token_url), key, algorithm="EdDSA", headers={"kid": CLIENT_KID}
+        )
+    elif case == "hmac_with_public_key":
+        public_pem = CLIENT_KEY.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        assertion = _hs256(_claims(token_url), public_pem)
+    elif case == "unsigned":
+        assertion = _unsigned(_claims(token_url))
+    elif case == "not_a_jwt":
+        assertion = "not-a-jwt"
+    else:  # client_id_mismatch
+        assertion = client_assertion(token_url)
+        extra["client_id"] = "machine"
+    status, body, response = await token_with_assertion(http, authserver, assertion, **extra)
+    assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_private_key_jwt_assertion_cannot_be_replayed(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    assertion = client_assertion(authserver.endpoint("/token"))
+    status, body, _ = await token_with_assertion(http, authserver, assertion)
+    assert status == 200, body
+    status, body, response = await token_with_assertion(http, authserver, assertion)
+    assert_invalid_client(status, body, response, basic=False)
+    # A fresh jti from the same client works.
+    status, body, _ = await token_with_assertion(
+        http, authserver, client_assertion(authserver.endpoint("/token"))
+    )
+    assert status == 200, body
+
+
+async def test_wrong_assertion_type_is_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(
+        http,
+        authserver,
+        {
+            **CC,
+            "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:saml2-bearer",
+            "client_assertion": client_assertion(authserver.endpoint("/token")),
+        },
+    )
+    assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_private_key_jwt_client_cannot_use_a_secret_or_none(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    status, body, response = await post_token(http, authserver, {**CC, "client_id": "machine-jwt"})
+    assert_invalid_client(status, body, response, basic=False)
+    status, body, response = await post_token(http, authserver, CC, auth=("machine-jwt", SECRET))
+    assert_invalid_client(status, body, response, basic=True)
+
+
+async def test_a_secret_client_cannot_authenticate_with_an_assertion(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    assertion = client_assertion(authserver.endpoint("/token"), client_id="machine")
+    status, body, response = await token_with_assertion(http, authserver, assertion)
+    assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_a_jwk_that_names_another_algorithm_is_not_used(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    config = default_config()
+    for client in config["clients"]:
+        if client["client_id"] == "machine-jwt":
+            client["jwks"]["keys"][0]["alg"] = "ES384"
+    server = await start_authserver(config)
+    status, body, response = await token_with_assertion(
+        http, server, client_assertion(server.endpoint("/token"))
+    )
+    assert_invalid_client(status, body, response, basic=False)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _claims(audience: str) -> dict[str, Any]:
+    now = int(time.time())
+    return {
+        "iss": "machine-jwt",
+        "sub": "machine-jwt",
+        "aud": audience,
+        "jti": f"j{now}{id(audience)}",
+        "iat": now,
+        "exp": now + 60,
+    }
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unsigned(claims: dict[str, Any]) -> str:
+    header = _b64(json.dumps({"alg": "none", "kid": CLIENT_KID}).encode())
+    return f"{header}.{_b64(json.dumps(claims).encode())}."
+
+
+def _hs256(claims: dict[str, Any], secret: bytes) -> str:
+    header = {"alg": "HS256", "kid": CLIENT_KID}
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64(signature)}"

@@ -1,0 +1,572 @@
+"""authserver.settings: every key validated, every problem reported as FILE:LINE: message, the
+client rules of the Security BCP enforced at load."""
+
+from __future__ import annotations
+
+import hashlib
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from authserver import settings, users
+from authserver.settings import Address, KeySettings, Lifetimes, LoginThrottle
+from portcullis.yamlconf import ConfigError
+from tests.authserver.conftest import PASSWORD_HASH, client_public_jwks
+
+SECRET = "0123456789abcdef0123456789abcdef"
+
+FULL = f"""\
+issuer: "https://auth.example.com"
+listen: "127.0.0.1:9100"
+storage: "sqlite:///var/lib/portcullis/authserver.db"
+keys: {{dir: /var/lib/portcullis/keys, access_token_alg: EdDSA, id_token_alg: ES256}}
+default_audience: orders-api
+lifetimes:
+  authorization_code: 30s
+  access_token: 10m
+  id_token: 15m
+  refresh_token_idle: 1d
+  refresh_token_absolute: 30d
+  session: 2h
+refresh_grace: 2s
+login_throttle: {{max_failures: 7, max_failures_per_address: 50, window: 10m}}
+log_level: debug
+scopes:
+  - {{name: "orders:read", description: "Read your orders"}}
+  - {{name: "orders:write"}}
+users:
+  - username: alice
+    password_hash: "{PASSWORD_HASH}"
+    email: alice@example.com
+    email_verified: true
+    name: Alice
+  - {{username: bob, password: builder, sub: user-bob}}
+clients:
+  - client_id: webapp
+    client_name: Example Web App
+    client_secret: "${{WEBAPP_SECRET}}"
+    token_endpoint_auth_method: client_secret_basic
+    redirect_uris: ["https://app.example.com/callback"]
+    post_logout_redirect_uris: ["https://app.example.com/"]
+    grant_types: [authorization_code, refresh_token]
+    scope: "openid profile email offline_access orders:read"
+  - client_id: gateway
+    client_secret: "{SECRET}"
+    grant_types: [client_credentials]
+    scope: ""
+    introspection: true
+  - client_id: signer
+    token_endpoint_auth_method: private_key_jwt
+    grant_types: [client_credentials]
+    scope: "orders:write"
+    resources: [billing-api]
+    jwks: {{keys: [{{kty: EC, crv: P-256, x: "X_X", y: "Y_Y", kid: k1}}]}}
+  - client_id: cli
+    redirect_uris: ["http://127.0.0.1/cb", "http://[::1]/cb"]
+    skip_consent: true
+    scope: openid
+  - client_id: legacy
+    client_secret: "{SECRET}"
+    redirect_uris: ["https://legacy.example/cb"]
+    require_pkce: false
+    scope: openid
+"""
+
+
+def full_text() -> str:
+    jwk = client_public_jwks()["keys"][0]
+    return FULL.replace('x: "X_X"', f'x: "{jwk["x"]}"').replace('y: "Y_Y"', f'y: "{jwk["y"]}"')
+
+
+ENV = {"WEBAPP_SECRET": "webapp-secret-0123456789abcdef-0123456789"}
+
+BASE = """\
+issuer: "http://127.0.0.1:9000"
+storage: "sqlite:///authserver.db"
+keys: {dir: keys}
+"""  # three lines: what a test appends starts on line 4
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "authserver.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def problems(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> list[str]:
+    path = write(tmp_path, text)
+    found = settings.check(path, env or {})
+    prefix = path + ":"
+    assert all(p.startswith(prefix) for p in found), found
+    return [p[len(prefix) :] for p in found]
+
+
+def one_problem(tmp_path: Path, text: str) -> str:
+    found = problems(tmp_path, text)
+    assert len(found) == 1, found
+    return found[0]
+
+
+# ---------------------------------------------------------------------------- valid configs
+
+
+def test_minimal_config_loads_with_the_documented_defaults(tmp_path):
+    loaded = settings.load(write(tmp_path, BASE), {})
+    assert loaded.issuer == "http://127.0.0.1:9000"
+    assert loaded.listen == Address("0.0.0.0", 9000)
+    assert loaded.keys == KeySettings(dir="keys", access_token_alg="ES256", id_token_alg="RS256")
+    assert loaded.lifetimes == Lifetimes(
+        authorization_code=timedelta(seconds=60),
+        access_token=timedelta(minutes=5),
+        id_token=timedelta(minutes=5),
+        refresh_token_idle=timedelta(days=14),
+        refresh_token_absolute=timedelta(days=90),
+        session=timedelta(hours=12),
+    )
+    assert loaded.login_throttle == LoginThrottle(
+        max_failures=5, max_failures_per_address=20, window=timedelta(minutes=15)
+    )
+    assert loaded.refresh_grace == timedelta(0)
+    assert (loaded.clients, loaded.users, loaded.scopes) == ((), (), ())
+    assert loaded.secure_cookies is False
+
+
+def test_full_config_loads_every_key(tmp_path):
+    loaded = settings.load(write(tmp_path, full_text()), ENV)
+    assert loaded.listen == Address("127.0.0.1", 9100)
+    assert loaded.keys.access_token_alg == "EdDSA" and loaded.keys.id_token_alg == "ES256"
+    assert loaded.lifetimes.authorization_code == timedelta(seconds=30)
+    assert loaded.lifetimes.id_token == timedelta(minutes=15)
+    assert loaded.refresh_grace == timedelta(seconds=2)
+    assert loaded.login_throttle == LoginThrottle(7, 50, timedelta(minutes=10))
+    assert loaded.secure_cookies is True
+    assert loaded.log_level == "debug"
+
+    webapp = loaded.client("webapp")
+    assert webapp is not None
+    assert webapp.client_name == "Example Web App"
+    assert webapp.client_secret_sha256 == hashlib.sha256(ENV["WEBAPP_SECRET"].encode()).digest()
+    assert ENV["WEBAPP_SECRET"] not in repr(loaded)
+    assert webapp.redirect_uris == ("https://app.example.com/callback",)
+    assert webapp.post_logout_redirect_uris == ("https://app.example.com/",)
+    assert webapp.scope == ("openid", "profile", "email", "offline_access", "orders:read")
+    assert webapp.require_pkce and not webapp.skip_consent and not webapp.public
+
+    signer = loaded.client("signer")
+    assert signer is not None and signer.jwks is not None
+    assert signer.token_endpoint_auth_method == "private_key_jwt"
+    assert signer.client_secret_sha256 is None
+    assert signer.resources == ("billing-api",)
+
+    cli = loaded.client("cli")
+    assert cli is not None and cli.public and cli.skip_consent
+    assert cli.grant_types == ("authorization_code",)
+    assert loaded.client("gateway").introspection is True
+    assert loaded.client("legacy").require_pkce is False
+    assert loaded.client("nobody") is None
+
+    assert loaded.scope_description("orders:read") == "Read your orders"
+    assert loaded.scope_description("orders:write") == "orders:write"
+    assert loaded.scope_description("email") == "Know your email address"
+
+
+def test_users_get_stable_opaque_subjects_and_hashed_passwords(tmp_path):
+    loaded = settings.load(write(tmp_path, full_text()), ENV)
+    alice, bob = loaded.user("alice"), loaded.user("bob")
+    assert alice is not None and bob is not None
+    assert alice.subject == settings.default_subject("https://auth.example.com", "alice")
+    assert "alice" not in alice.subject and "@" not in alice.subject
+    assert settings.load(write(tmp_path, full_text()), ENV).user("alice").subject == alice.subject
+    assert alice.claims == {"email": "alice@example.com", "email_verified": True, "name": "Alice"}
+    assert loaded.user_by_subject(alice.subject) is alice
+    assert bob.subject == "user-bob"
+    assert users.is_hash(bob.password_hash)
+    assert users.verify_password("builder", bob.password_hash)
+    assert not users.verify_password("Builder", bob.password_hash)
+    assert "builder" not in repr(loaded)
+
+
+def test_plain_text_password_is_hashed_with_a_warning(tmp_path, caplog):
+    text = BASE + "users: [{username: carol, password: s3cret}]\n"
+    with caplog.at_level("WARNING", logger="portcullis.authserver.settings"):
+        loaded = settings.load(write(tmp_path, text), {})
+    assert "plain-text password" in caplog.text
+    assert "s3cret" not in caplog.text
+    assert users.verify_password("s3cret", loaded.user("carol").password_hash)
+
+
+# ---------------------------------------------------------------------------- the top level
+
+
+def test_required_keys_are_reported_at_the_top(tmp_path):
+    found = problems(tmp_path, "log_level: info\n")
+    assert found == [
+        "1: config: issuer is required",
+        "1: config: storage is required",
+        "1: keys must be a mapping, got nothing",
+    ]
+
+
+def test_unknown_keys_are_reported_with_their_line_at_every_level(tmp_path):
+    text = BASE.replace("keys: {dir: keys}", "keys: {dir: keys, algo: ES256}") + textwrap.dedent(
+        """\
+        isuer: "http://127.0.0.1:9000"
+        lifetimes:
+          acess_token: 5m
+        login_throttle: {max_failure: 3}
+        scopes:
+          - {name: "orders:read", desc: "Read"}
+        users:
+          - username: alice
+            password_hash: "PH"
+            pasword: x
+        clients:
+          - client_id: app
+            token_endpoint_auth_method: none
+            redirect_uri: "http://127.0.0.1/cb"
+            redirect_uris: ["http://127.0.0.1/cb"]
+        """
+    ).replace("PH", PASSWORD_HASH)
+    found = problems(tmp_path, text)
+    expected = [
+        (3, "keys: unknown key 'algo'"),
+        (4, "config: unknown key 'isuer'"),
+        (6, "lifetimes: unknown key 'acess_token'"),
+        (7, "login_throttle: unknown key 'max_failure'"),
+        (9, "scopes[0]: unknown key 'desc'"),
+        (13, "users[0]: unknown key 'pasword'"),
+        (17, "client 'app': unknown key 'redirect_uri'"),
+    ]
+    assert len(found) == len(expected), found
+    for problem, (line, message) in zip(found, expected, strict=True):
+        assert problem.startswith(f"{line}: {message}; known keys: "), problem
+
+
+def test_every_problem_is_reported_at_once_in_line_order(tmp_path):
+    text = textwrap.dedent(
+        """\
+        issuer: "http://auth.example.com"
+        storage: "mysql://db"
+        keys: {dir: keys, access_token_alg: HS256}
+        listen: "nowhere"
+        lifetimes: {access_token: 5}
+        """
+    )
+    found = problems(tmp_path, text)
+    assert [p.split(":")[0] for p in found] == ["1", "2", "3", "4", "5"]
+    assert "must be https" in found[0]
+    assert "sqlite:///PATH or postgresql://" in found[1]
+    assert "'HS256' is not one of ES256, RS256, EdDSA" in found[2]
+    assert "'nowhere' is not host:port" in found[3]
+    assert "5 is not a duration" in found[4]
+
+
+@pytest.mark.parametrize(
+    ("issuer", "message"),
+    [
+        ("http://auth.example.com", "must be https"),
+        ("https://auth.example.com/", "trailing slash"),
+        ("https://auth.example.com?x=1", "no query"),
+        ("https://auth.example.com#top", "no query, fragment"),
+        ("auth.example.com", "is not an https URL"),
+    ],
+)
+def test_issuer_must_be_an_https_url_without_query_fragment_or_trailing_slash(
+    tmp_path, issuer, message
+):
+    problem = one_problem(tmp_path, BASE.replace("http://127.0.0.1:9000", issuer))
+    assert problem.startswith("1: config.issuer: ")
+    assert message in problem
+
+
+@pytest.mark.parametrize(
+    "issuer", ["http://localhost:9000", "http://[::1]:9000", "https://a.example/tenant"]
+)
+def test_issuer_may_be_plain_http_on_loopback_and_may_have_a_path(tmp_path, issuer):
+    loaded = settings.load(write(tmp_path, BASE.replace("http://127.0.0.1:9000", issuer)), {})
+    assert loaded.issuer == issuer
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (
+            "lifetimes: {refresh_token_idle: 30d, refresh_token_absolute: 7d}",
+            "refresh_token_idle exceeds",
+        ),
+        ("lifetimes: {session: forever}", "lifetimes.session: 'forever' is not a duration"),
+        ("refresh_grace: 1m", "refresh_grace: at most 10s"),
+        ("login_throttle: {max_failures: 0}", "login_throttle.max_failures: must be at least 1"),
+        (
+            "login_throttle: {max_failures_per_address: 0}",
+            "max_failures_per_address: must be at least 1",
+        ),
+        ("login_throttle: {window: 0}", "login_throttle.window: must be longer than 0s"),
+        ("login_throttle: [3]", "login_throttle must be a mapping"),
+        ("log_level: loud", "'loud' is not one of debug, info, warning, error"),
+        ("default_audience: ''", "default_audience: must not be empty"),
+        ("scopes: {name: x}", "scopes must be a list"),
+    ],
+)
+def test_invalid_values_are_reported_on_their_line(tmp_path, section, message):
+    problem = one_problem(tmp_path, BASE + section + "\n")
+    assert problem.startswith("4: "), problem
+    assert message in problem
+
+
+def test_a_missing_environment_variable_is_reported_on_its_line(tmp_path):
+    text = BASE + textwrap.dedent(
+        """\
+        clients:
+          - {client_id: m, client_secret: "${NOT_SET}", grant_types: [client_credentials]}
+        """
+    )
+    found = problems(tmp_path, text)
+    assert found == ["5: environment variable NOT_SET is not set (use ${NOT_SET:-default})"]
+
+
+# ---------------------------------------------------------------------------- scopes and users
+
+
+def test_scope_names_must_be_scope_tokens_and_unique(tmp_path):
+    text = BASE + textwrap.dedent(
+        """\
+        scopes:
+          - {name: "orders read"}
+          - {name: "orders:read"}
+          - {name: "orders:read"}
+        """
+    )
+    found = problems(tmp_path, text)
+    assert found[0].startswith("5: scopes[0].name: 'orders read' is not a scope token")
+    assert found[1] == "7: scopes[2]: scope 'orders:read' is listed twice"
+    assert len(found) == 2
+
+
+@pytest.mark.parametrize(
+    ("user", "line", "message"),
+    [
+        ("{username: carol}", 5, "users[0]: give password_hash (or password for development)"),
+        (
+            '{username: carol, password_hash: "md5$abc"}',
+            5,
+            "users[0].password_hash: not a scrypt hash",
+        ),
+        (
+            '{username: carol, password: x, password_hash: "PH"}',
+            5,
+            "give password_hash or password, not both",
+        ),
+        ("{password: x}", 5, "users[0]: username is required"),
+    ],
+)
+def test_user_entries_are_checked(tmp_path, user, line, message):
+    problem = one_problem(
+        tmp_path, BASE + "users:\n  - " + user.replace("PH", PASSWORD_HASH) + "\n"
+    )
+    assert problem.startswith(f"{line}: ")
+    assert message in problem
+
+
+def test_a_username_listed_twice_is_reported(tmp_path):
+    user = f'{{username: a, password_hash: "{PASSWORD_HASH}"}}'
+    text = BASE + f"users:\n  - {user}\n  - {user}\n"
+    assert one_problem(tmp_path, text) == "6: users[1]: username 'a' is listed twice"
+
+
+# ---------------------------------------------------------------------------- clients
+
+
+def client_problem(tmp_path: Path, *lines: str) -> str:
+    """The one problem of a config whose only client is `lines` (line 5 is its first key)."""
+    text = BASE + "clients:\n  - " + "\n    ".join(lines) + "\n"
+    return one_problem(tmp_path, text)
+
+
+PUBLIC = (
+    "client_id: app",
+    "token_endpoint_auth_method: none",
+    'redirect_uris: ["http://127.0.0.1/cb"]',
+)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        (
+            (*PUBLIC, "require_pkce: false"),
+            "8: client 'app': public clients always use PKCE",
+        ),
+        (
+            (
+                "client_id: app",
+                'client_secret: "short-secret"',
+                "grant_types: [client_credentials]",
+            ),
+            "6: client 'app'.client_secret: use at least 32 random characters",
+        ),
+        (
+            (
+                "client_id: app",
+                f'client_secret: "{SECRET}"',
+                'redirect_uris: ["http://app.example.com/cb"]',
+            ),
+            "7: client 'app'.redirect_uris[0]: 'http://app.example.com/cb': plain http"
+            " redirects are for loopback only",
+        ),
+        (
+            (
+                "client_id: app",
+                f'client_secret: "{SECRET}"',
+                'redirect_uris: ["https://app.example.com/cb#x"]',
+            ),
+            "7: client 'app'.redirect_uris[0]: 'https://app.example.com/cb#x' must not contain"
+            " a fragment",
+        ),
+        (
+            ("client_id: app", f'client_secret: "{SECRET}"', 'redirect_uris: ["/cb"]'),
+            "7: client 'app'.redirect_uris[0]: '/cb' is not an absolute URI",
+        ),
+        (
+            (*PUBLIC, 'post_logout_redirect_uris: ["http://app.example.com/"]'),
+            "8: client 'app'.post_logout_redirect_uris[0]: 'http://app.example.com/': plain http",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: private_key_jwt",
+                "grant_types: [client_credentials]",
+            ),
+            "5: client 'app': private_key_jwt needs jwks",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: private_key_jwt",
+                "grant_types: [client_credentials]",
+                "jwks: {keys: []}",
+            ),
+            "8: client 'app'.jwks: must be a JWK Set",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: private_key_jwt",
+                "grant_types: [client_credentials]",
+                "jwks: {keys: [{kty: EC, crv: P-256, x: AAAA, y: AAAA}]}",
+            ),
+            "8: client 'app'.jwks: keys[0] is not a usable public key",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: private_key_jwt",
+                "grant_types: [client_credentials]",
+                "jwks: {keys: [{kty: EC, crv: P-256, x: AAAA, y: AAAA, d: AAAA}]}",
+            ),
+            "8: client 'app'.jwks: keys[0] holds private key material",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: client_secret_post",
+                "grant_types: [client_credentials]",
+            ),
+            "5: client 'app': client_secret_post needs client_secret",
+        ),
+        (
+            (*PUBLIC, f'client_secret: "{SECRET}"'),
+            "8: client 'app': none clients have no secret",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: none",
+                "grant_types: [client_credentials]",
+            ),
+            "7: client 'app': client_credentials needs a confidential client",
+        ),
+        (
+            ("client_id: app", "token_endpoint_auth_method: none"),
+            "5: client 'app': authorization_code needs redirect_uris",
+        ),
+        (
+            (*PUBLIC, "grant_types: [implicit]"),
+            "8: client 'app'.grant_types[0]: 'implicit' is not one of",
+        ),
+        (
+            (*PUBLIC, "grant_types: [password]"),
+            "8: client 'app'.grant_types[0]: 'password' is not one of",
+        ),
+        (
+            (
+                "client_id: app",
+                "token_endpoint_auth_method: client_secret_jwt",
+                f'client_secret: "{SECRET}"',
+                "grant_types: [client_credentials]",
+            ),
+            "6: client 'app'.token_endpoint_auth_method: 'client_secret_jwt' is not one of",
+        ),
+        (
+            (*PUBLIC, "scope: openid orders:delete"),
+            "8: client 'app'.scope: 'orders:delete' is not in the scopes list",
+        ),
+        (
+            (*PUBLIC, "skip_consent: yes please"),
+            "8: client 'app'.skip_consent: expected true or false",
+        ),
+        (
+            (
+                "client_id: 'app one'",
+                "token_endpoint_auth_method: none",
+                'redirect_uris: ["http://127.0.0.1/cb"]',
+            ),
+            "5: client 'app one': client_id must be printable ASCII",
+        ),
+    ],
+)
+def test_client_rules_are_enforced_with_file_and_line(tmp_path, lines, expected):
+    problem = client_problem(tmp_path, *lines)
+    assert problem.startswith(expected), problem
+
+
+def test_a_confidential_client_may_drop_pkce_for_legacy_openid_connect(tmp_path):
+    text = BASE + textwrap.dedent(
+        f"""\
+        clients:
+          - client_id: old
+            client_secret: "{SECRET}"
+            redirect_uris: ["https://old.example/cb"]
+            require_pkce: false
+            scope: openid
+        """
+    )
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.client("old").require_pkce is False
+
+
+def test_loopback_redirects_may_be_plain_http(tmp_path):
+    uris = '["http://127.0.0.1/cb", "http://[::1]:8000/cb", "http://localhost/cb"]'
+    text = BASE + f"clients:\n  - {{client_id: cli, redirect_uris: {uris}}}\n"
+    loaded = settings.load(write(tmp_path, text), {})
+    assert len(loaded.client("cli").redirect_uris) == 3
+
+
+def test_a_client_id_listed_twice_is_reported(tmp_path):
+    client = f'{{client_id: m, client_secret: "{SECRET}", grant_types: [client_credentials]}}'
+    text = BASE + f"clients:\n  - {client}\n  - {client}\n"
+    assert one_problem(tmp_path, text) == "6: client 'm': client_id is listed twice"
+
+
+def test_load_raises_config_error_with_every_problem(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        settings.load(write(tmp_path, "issuer: 5\nstorage: x\nkeys: {dir: k}\n"), {})
+    assert [p.line for p in caught.value.problems] == [1, 2]
+    assert str(caught.value).startswith(str(tmp_path / "authserver.yaml") + ":1: ")
+
+
+def test_an_unreadable_file_is_reported(tmp_path):
+    found = settings.check(str(tmp_path / "missing.yaml"), {})
+    assert found == [f"{tmp_path / 'missing.yaml'}:0: cannot read: No such file or directory"]

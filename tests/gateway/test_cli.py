@@ -1,0 +1,305 @@
+"""`python -m gateway check|explain` run as a real process, as an operator would run it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import TestIssuer
+
+
+@dataclass
+class Outcome:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PORTCULLIS_TEST_")}
+    env["PYTHONIOENCODING"] = "utf-8"
+    env.update(extra)
+    return env
+
+
+async def gateway_cli(*args: str, env: dict[str, str] | None = None) -> Outcome:
+    """Run the CLI without blocking this event loop, so a TestIssuer in it can answer."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env or child_env(),
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=30)
+    assert process.returncode is not None
+    return Outcome(process.returncode, stdout.decode(), stderr.decode())
+
+
+def write(tmp_path: Path, text: str, name: str = "gateway.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def line_of(text: str, marker: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if marker in line)
+
+
+def explain_config(issuer_url: str) -> str:
+    return f"""\
+upstream: {{url: "http://127.0.0.1:9"}}
+issuers:
+  - issuer: "{issuer_url}"
+    audiences: [orders-api]
+    algorithms: [ES256]
+jwks: {{fetch_timeout: 2s}}
+limits: {{max_body_size: 1MiB}}
+routes:
+  - {{name: health, path: /healthz, auth: none}}
+  - name: orders-write
+    path: "/orders/{{id}}"
+    methods: [PUT]
+    scopes: {{all: ["orders:write", "orders:read"]}}
+  - {{name: orders-read, path: "/orders/**", methods: [GET], scopes: {{any: ["orders:read"]}}}}
+"""
+
+
+# ---------------------------------------------------------------------------- check
+
+
+async def test_check_of_a_valid_file_exits_zero_and_says_ok(tmp_path: Path) -> None:
+    path = write(tmp_path, explain_config("https://auth.example.com"))
+    result = await gateway_cli("check", "--config", path)
+    assert (result.code, result.stdout, result.stderr) == (0, f"{path}: OK\n", "")
+
+
+async def test_check_of_a_broken_file_prints_every_problem_as_file_line_message(
+    tmp_path: Path,
+) -> None:
+    text = """\
+listen: "0.0.0.0:8080"
+admin_listen: "0.0.0.0:8080"
+upstream: {url: "${PORTCULLIS_TEST_UPSTREAM:-http://127.0.0.1:8081}", read_timeout: 30}
+issuers:
+  - issuer: "http://auth.example.com"
+    audiences: [api]
+    algorithms: [HS256]
+routes:
+  - {name: all, path: "/**"}
+  - {name: orders, path: "/orders/{id}", methods: [get]}
+  - {name: bad, path: "/a/**/b", colour: red}
+"""
+    path = write(tmp_path, text)
+    result = await gateway_cli("check", "--config", path)
+    assert result.code == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [
+        f"{path}:2",
+        f"{path}:3",
+        f"{path}:5",
+        f"{path}:7",
+        f"{path}:10",
+        f"{path}:10",
+        f"{path}:11",
+        f"{path}:11",
+    ]
+    assert lines[0] == f"{path}:2: admin_listen must differ from listen"
+    assert lines[1].startswith(f"{path}:3: upstream.read_timeout: 30 is not a duration")
+    assert "uses plain http" in lines[2]
+    assert "HS256 cannot be used" in lines[3]
+    assert "'get' is not an HTTP method in upper case" in lines[4]
+    assert "route 'orders' is shadowed by route 'all' (line 9)" in lines[5]
+    assert "** may only be the last segment" in lines[6]
+    assert "unknown key 'colour'" in lines[7]
+
+
+async def test_check_reports_an_unset_environment_variable_with_its_line(tmp_path: Path) -> None:
+    text = explain_config("${PORTCULLIS_TEST_ISSUER}")
+    path = write(tmp_path, text)
+    result = await gateway_cli("check", "--config", path)
+    assert result.code == 1
+    assert result.stderr == (
+        f"{path}:3: environment variable PORTCULLIS_TEST_ISSUER is not set "
+        "(use ${PORTCULLIS_TEST_ISSUER:-default})\n"
+    )
+    fixed = await gateway_cli(
+        "check",
+        "--config",
+        path,
+        env=child_env(PORTCULLIS_TEST_ISSUER="https://auth.example.com"),
+    )
+    assert (fixed.code, fixed.stderr) == (0, "")
+
+
+async def test_check_of_broken_yaml_reports_the_syntax_error_with_a_line(tmp_path: Path) -> None:
+    path = write(tmp_path, 'upstream: {url: "http://127.0.0.1:1"}\nissuers:\n  - issuer: [x\n')
+    result = await gateway_cli("check", "--config", path)
+    assert result.code == 1
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{path}:")
+    assert ": YAML syntax: " in line
+    assert 3 <= int(line.split(":")[1]) <= 4
+
+
+async def test_check_of_a_missing_file_fails_naming_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.yaml")
+    result = await gateway_cli("check", "--config", path)
+    assert (result.code, result.stdout) == (1, "")
+    assert result.stderr == f"{path}:0: cannot read: No such file or directory\n"
+
+
+async def test_explain_with_a_broken_config_prints_the_problems_and_fails(tmp_path: Path) -> None:
+    path = write(tmp_path, "upstream: {url: http://127.0.0.1:1}\nroutes: []\n")
+    result = await gateway_cli("explain", "--config", path, "GET", "/")
+    assert result.code == 1
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"{path}:1: config: issuers is required (a list of trusted token issuers)\n"
+    )
+
+
+# ---------------------------------------------------------------------------- explain
+
+
+@pytest.fixture
+def config_path(tmp_path: Path, issuer: TestIssuer) -> str:
+    return write(tmp_path, explain_config(issuer.url))
+
+
+async def test_explain_shows_the_matched_rule_its_params_and_needs(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    text = Path(config_path).read_text()
+    result = await gateway_cli("explain", "--config", config_path, "PUT", "/orders/42?x=1")
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout.splitlines() == [
+        f"route: orders-write ({config_path}:{line_of(text, 'orders-write')})",
+        "  path: /orders/{id}   methods: PUT",
+        "  params: id=42",
+        "  auth: required (Authorization: Bearer <token>)",
+        f"  accepts tokens from {issuer.url} with aud in: orders-api",
+        "  scopes: all of orders:read orders:write",
+        "  max body: 1048576 bytes",
+        "decision without a token: 401 (pass --token to check one)",
+    ]
+    assert issuer.jwks_fetches == 0  # no token: nothing to verify, nothing fetched
+
+
+async def test_explain_of_an_unmatched_path_decides_404(config_path: str) -> None:
+    result = await gateway_cli("explain", "--config", config_path, "DELETE", "/orders/42")
+    assert result.code == 1
+    assert result.stdout.splitlines() == [
+        "no route matches DELETE /orders/42",
+        "decision: 404 not_found (unmatched: deny)",
+    ]
+
+
+async def test_explain_of_a_public_route_forwards_without_a_token(config_path: str) -> None:
+    text = Path(config_path).read_text()
+    result = await gateway_cli("explain", "--config", config_path, "get", "/healthz")
+    assert result.code == 0
+    assert result.stdout.splitlines() == [
+        f"route: health ({config_path}:{line_of(text, 'name: health')})",
+        "  path: /healthz   methods: any",
+        "  auth: none (forwarded without a token; identity headers removed)",
+        "decision: forward",
+    ]
+
+
+async def test_explain_of_a_path_that_could_be_read_two_ways_decides_400(
+    config_path: str,
+) -> None:
+    result = await gateway_cli("explain", "--config", config_path, "GET", "/orders/%2e%2e/x")
+    assert result.code == 1
+    assert result.stdout == "decision: 400 — the path is refused: dot segments in the path\n"
+
+
+async def test_explain_with_a_valid_token_verifies_it_against_live_keys_and_forwards(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    token = issuer.token("ES256", scope="orders:read orders:write")
+    result = await gateway_cli(
+        "explain", "--config", config_path, "PUT", "/orders/42", "--token", token
+    )
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[-3:] == [
+        f"token: valid — iss {issuer.url}, sub user-123, client webapp, aud orders-api",
+        "  scopes: orders:read orders:write",
+        "decision: forward, with the identity headers of this token",
+    ]
+    assert issuer.jwks_fetches == 1
+
+
+async def test_explain_accepts_the_token_with_its_bearer_prefix(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    token = issuer.token("ES256")
+    result = await gateway_cli(
+        "explain", "--config", config_path, "GET", "/orders", "--token", f"Bearer {token}"
+    )
+    assert result.code == 0
+    assert result.stdout.splitlines()[-1] == (
+        "decision: forward, with the identity headers of this token"
+    )
+
+
+async def test_explain_with_an_expired_token_decides_401_invalid_token(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    token = issuer.token("ES256", lifetime=-120)  # past the 30 s leeway
+    result = await gateway_cli(
+        "explain", "--config", config_path, "GET", "/orders/1", "--token", token
+    )
+    assert result.code == 1
+    assert result.stdout.splitlines()[-2:] == [
+        "token: refused — the token has expired",
+        "decision: 401 invalid_token",
+    ]
+
+
+async def test_explain_with_a_token_lacking_a_scope_decides_403_insufficient_scope(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    token = issuer.token("ES256", scope="orders:read")
+    result = await gateway_cli(
+        "explain", "--config", config_path, "PUT", "/orders/42", "--token", token
+    )
+    assert result.code == 1
+    assert result.stdout.splitlines()[-3:] == [
+        f"token: valid — iss {issuer.url}, sub user-123, client webapp, aud orders-api",
+        "  scopes: orders:read",
+        "decision: 403 insufficient_scope — the token needs all of: orders:read orders:write",
+    ]
+
+
+async def test_explain_with_an_opaque_token_decides_401(config_path: str) -> None:
+    result = await gateway_cli(
+        "explain", "--config", config_path, "GET", "/orders/1", "--token", "2YotnFZFEjr1zCsi"
+    )
+    assert result.code == 1
+    assert result.stdout.splitlines()[-2:] == ["token: not a JWT", "decision: 401 invalid_token"]
+
+
+async def test_explain_when_the_issuer_keys_cannot_be_fetched_decides_503(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    issuer.jwks_status = 503
+    token = issuer.token("ES256")
+    result = await gateway_cli(
+        "explain", "--config", config_path, "GET", "/orders/1", "--token", token
+    )
+    assert result.code == 1
+    assert result.stdout.splitlines()[-1] == (
+        "decision: 503 (the gateway is not ready for this issuer)"
+    )
+    assert issuer.jwks_fetches >= 1

@@ -1,0 +1,879 @@
+"""Forwarding: what the upstream receives, and what the client gets back from it.
+
+Every test runs a real gateway between a real client and a real upstream on 127.0.0.1.
+Requests that ordinary clients would normalise or refuse to send go over raw sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import hashlib
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from tests.support import (
+    RawConnection,
+    RunningGateway,
+    TestIssuer,
+    free_port,
+    gateway_yaml,
+    header_values,
+    raw_exchange,
+    raw_request,
+    running_gateway,
+    start_site,
+)
+
+IDENTITY = ("X-Auth-Subject", "X-Auth-Client-Id", "X-Auth-Scopes", "X-Auth-Issuer")
+HOP_BY_HOP = (
+    "Connection",
+    "Keep-Alive",
+    "Proxy-Connection",
+    "Proxy-Authenticate",
+    "Proxy-Authorization",
+    "TE",
+    "Trailer",
+    "Upgrade",
+)
+
+
+@pytest.fixture
+async def issuer() -> AsyncIterator[TestIssuer]:
+    """One ES256 key is all these tests sign with; RSA key generation would only slow them."""
+    server = TestIssuer()
+    server.add_key("ES256")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def normalised_names(seen: dict[str, Any]) -> list[str]:
+    """Header names as a CGI/WSGI upstream folds them: case and `_`/`-` ignored."""
+    return [name.lower().replace("_", "-") for name, _ in seen["headers"]]
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": []}}
+
+
+@contextlib.asynccontextmanager
+async def scripted_upstream(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """An upstream that answers with whatever `handler` builds."""
+    runner, url = await start_site(web.Server(handler))
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+
+
+# ---------------------------------------------------------------------------- identity
+
+
+async def test_identity_headers_are_set_from_the_verified_token(gateway, issuer, upstream, client):
+    token = issuer.token(sub="alice", client_id="cli-7", scope="orders:read orders:admin")
+    async with client.get(gateway.url + "/orders/1", headers=bearer(token)) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    assert header_values(seen, "X-Auth-Subject") == ["alice"]
+    assert header_values(seen, "X-Auth-Client-Id") == ["cli-7"]
+    assert header_values(seen, "X-Auth-Scopes") == ["orders:admin orders:read"]
+    assert header_values(seen, "X-Auth-Issuer") == [issuer.url]
+    assert upstream.requests == [seen]
+
+
+SPOOFED_SPELLINGS = [
+    "X-Auth-Subject",
+    "x-auth-subject",
+    "X-AUTH-SUBJECT",
+    "X_Auth_Subject",
+    "x_auth_client_id",
+    "X-Auth-Client-Id",
+    "X-Auth_Scopes",
+    "X-AUTH-SCOPES",
+    "X-Auth-Issuer",
+    "x_auth_issuer",
+]
+
+
+def spoofed_headers() -> list[tuple[str, str]]:
+    return [(name, f"forged-{i}") for i, name in enumerate(SPOOFED_SPELLINGS)]
+
+
+async def test_client_sent_identity_headers_are_replaced_on_protected_routes(
+    gateway, issuer, client
+):
+    token = issuer.token(drop=("client_id",))
+    headers = CIMultiDict([*spoofed_headers(), ("Authorization", f"Bearer {token}")])
+    async with client.get(gateway.url + "/orders/1", headers=headers) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    names = normalised_names(seen)
+    assert names.count("x-auth-subject") == 1
+    assert names.count("x-auth-scopes") == 1
+    assert names.count("x-auth-issuer") == 1
+    # The token has no client_id: the forged one must not survive in its place.
+    assert "x-auth-client-id" not in names
+    assert header_values(seen, "X-Auth-Subject") == ["user-123"]
+    assert header_values(seen, "X-Auth-Scopes") == ["orders:read"]
+    assert not [v for _, v in seen["headers"] if v.startswith("forged-")]
+
+
+async def test_public_routes_forward_no_identity_header_at_all(gateway, upstream, client):
+    async with client.get(gateway.url + "/public/page", headers=spoofed_headers()) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    names = normalised_names(seen)
+    assert not [n for n in names if n in {h.lower() for h in IDENTITY}]
+    assert not [v for _, v in seen["headers"] if v.startswith("forged-")]
+    assert len(upstream.requests) == 1
+
+
+CLAIMS_YAML = """
+identity_headers:
+  claims: {X-Auth-Email: email, X-Auth-Groups: groups, X-Auth-Address: address,
+           X-Auth-Level: level, X-Auth-Name: name}
+"""
+
+
+@pytest.fixture
+async def claims_gateway(issuer, upstream) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(gateway_yaml(issuer.url, upstream.url, extra=CLAIMS_YAML)) as gw:
+        yield gw
+
+
+async def test_mapped_claims_are_forwarded_and_non_strings_are_json_encoded(
+    claims_gateway, issuer, client
+):
+    token = issuer.token(
+        email="alice@example.com",
+        groups=["staff", "ops"],
+        address={"country": "NL", "city": "Delft"},
+        level=3,
+    )
+    spoofed = [("X-Auth-Name", "forged"), ("x_auth_email", "forged")]
+    headers = CIMultiDict([*spoofed, *bearer(token).items()])
+    async with client.get(claims_gateway.url + "/orders/1", headers=headers) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    assert header_values(seen, "X-Auth-Email") == ["alice@example.com"]
+    assert json.loads(header_values(seen, "X-Auth-Groups")[0]) == ["staff", "ops"]
+    assert header_values(seen, "X-Auth-Groups") == ['["staff","ops"]']
+    assert json.loads(header_values(seen, "X-Auth-Address")[0]) == {
+        "country": "NL",
+        "city": "Delft",
+    }
+    assert header_values(seen, "X-Auth-Level") == ["3"]
+    # The token has no `name`: the client's copy is removed and nothing is put in its place.
+    assert "x-auth-name" not in normalised_names(seen)
+    assert normalised_names(seen).count("x-auth-email") == 1
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"email": "a@example.com\r\nX-Injected: 1"},
+        {"email": "a@example.com\n"},
+        {"email": "a@example.com\rX-Injected: 1"},
+        {"name": "Zoë Ünal"},
+        {"name": "名前\r\nX-Injected: 1"},
+        {"sub": "user-123\n"},
+        {"groups": ["ok", "bad\r\nX-Injected: 1"]},
+    ],
+)
+async def test_claims_with_line_breaks_or_non_ascii_cannot_inject_a_header(
+    claims_gateway, issuer, upstream, client, claims
+):
+    token = issuer.token(**claims)
+    async with client.get(claims_gateway.url + "/orders/1", headers=bearer(token)) as resp:
+        assert resp.status == 200, await resp.text()
+        seen = await resp.json()
+    assert "x-injected" not in normalised_names(seen)
+    headers = {"email": "X-Auth-Email", "name": "X-Auth-Name", "sub": "X-Auth-Subject"}
+    headers["groups"] = "X-Auth-Groups"
+    for claim, value in claims.items():
+        [sent] = header_values(seen, headers[claim])
+        assert all(0x20 <= ord(c) < 0x7F for c in sent)
+        assert json.loads(sent) == value  # nothing lost: the upstream can decode it
+    assert len(upstream.requests) == 1
+
+
+# ---------------------------------------------------------------------------- hop-by-hop
+
+
+async def test_hop_by_hop_request_headers_and_those_named_in_connection_are_removed(
+    gateway, upstream
+):
+    request = raw_request(
+        "GET",
+        "/public/x",
+        [
+            ("Connection", "keep-alive, X-Secret-Hop"),
+            ("X-Secret-Hop", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("Proxy-Connection", "keep-alive"),
+            ("TE", "trailers"),
+            ("Trailer", "X-Checksum"),
+            ("Upgrade", "h2c"),
+            ("Proxy-Authorization", "Basic Zm9vOmJhcg=="),
+            ("X-End-To-End", "kept"),
+        ],
+    )
+    answer = await raw_exchange(gateway.url, request)
+    assert answer.status == 200
+    seen = answer.json()
+    names = {n.lower() for n, _ in seen["headers"]}
+    assert names.isdisjoint({h.lower() for h in HOP_BY_HOP} | {"x-secret-hop"})
+    assert header_values(seen, "X-End-To-End") == ["kept"]
+    assert upstream.requests == [seen]
+
+
+async def test_chunked_request_body_is_reframed_not_passed_with_the_clients_coding(
+    gateway, upstream
+):
+    body = b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    request = raw_request(
+        "POST", "/public/x", [("Transfer-Encoding", "chunked"), ("Connection", "close")], body
+    )
+    answer = await raw_exchange(gateway.url, request)
+    assert answer.status == 200
+    seen = answer.json()
+    assert seen["body_size"] == len(b"hello world")
+    assert seen["body_sha256"] == hashlib.sha256(b"hello world").hexdigest()
+    # At most the gateway's own framing of the upstream request, never a second coding.
+    assert header_values(seen, "Transfer-Encoding") in ([], ["chunked"])
+
+
+async def test_hop_by_hop_response_headers_and_those_named_in_connection_are_removed(
+    issuer, client
+):
+    async def handler(request: web.BaseRequest) -> web.Response:
+        return web.Response(
+            text="ok",
+            headers={
+                "Connection": "keep-alive, X-Secret-Hop, X-Other-Hop",
+                "X-Secret-Hop": "1",
+                "X-Other-Hop": "2",
+                "Keep-Alive": "timeout=5",
+                "Proxy-Authenticate": 'Basic realm="up"',
+                "Proxy-Connection": "keep-alive",
+                "Trailer": "X-Checksum",
+                "Upgrade": "h2c",
+                "X-End-To-End": "kept",
+            },
+        )
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+        client.get(gw.url + "/public/x") as resp,
+    ):
+        assert resp.status == 200
+        assert await resp.text() == "ok"
+        names = {n.lower() for n in resp.headers}
+    removed = {h.lower() for h in HOP_BY_HOP if h != "Connection"} | {"x-secret-hop", "x-other-hop"}
+    assert names.isdisjoint(removed)
+    assert resp.headers.getall("Connection", []) in ([], ["keep-alive"])
+    assert resp.headers["X-End-To-End"] == "kept"
+
+
+async def test_echo_upstream_connection_named_header_never_reaches_the_client(gateway, client):
+    async with client.get(gateway.url + "/public/x") as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Upstream"] == "echo"  # the end-to-end header does pass
+        assert "X-Secret-Hop" not in resp.headers
+
+
+# ---------------------------------------------------------------------------- X-Forwarded-*
+
+# RFC 7239 §4: forwarded-element = [ forwarded-pair ] *( ";" [ forwarded-pair ] )
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_PAIR = re.compile(rf'({_TOKEN})=({_TOKEN}|"(?:[^"\\]|\\.)*")')
+
+
+def parse_forwarded(value: str) -> list[dict[str, str]]:
+    """Forwarded elements as dicts; fails on anything outside the RFC 7239 grammar."""
+    elements = []
+    for element in value.split(","):
+        pairs = {}
+        for pair in element.strip().split(";"):
+            match = _PAIR.fullmatch(pair)
+            assert match, f"not RFC 7239: {pair!r} in {value!r}"
+            name, raw = match.groups()
+            assert name.lower() not in pairs, f"{name} twice in one element of {value!r}"
+            pairs[name.lower()] = raw[1:-1] if raw.startswith('"') else raw
+        elements.append(pairs)
+    return elements
+
+
+async def test_forwarding_headers_are_appended_to_or_replaced(gateway, client):
+    headers = CIMultiDict(
+        [
+            ("X-Forwarded-For", "203.0.113.7"),
+            ("X-Forwarded-For", "198.51.100.2"),
+            ("X-Forwarded-Proto", "https"),
+            ("X-Forwarded-Host", "evil.example"),
+            ("Forwarded", 'for=192.0.2.60;proto=https;by="[2001:db8::1]"'),
+            ("Via", "1.0 fred"),
+        ]
+    )
+    async with client.get(gateway.url + "/public/x", headers=headers) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    host = gateway.url.split("://", 1)[1]
+    assert header_values(seen, "X-Forwarded-For") == ["203.0.113.7, 198.51.100.2, 127.0.0.1"]
+    assert header_values(seen, "X-Forwarded-Proto") == ["http"]
+    assert header_values(seen, "X-Forwarded-Host") == [host]
+    [forwarded] = header_values(seen, "Forwarded")
+    assert parse_forwarded(forwarded) == [
+        {"for": "192.0.2.60", "proto": "https", "by": "[2001:db8::1]"},
+        {"for": "127.0.0.1", "proto": "http", "host": host},
+    ]
+    assert header_values(seen, "Via") == ["1.0 fred, 1.1 portcullis"]
+
+
+async def test_forwarding_headers_are_added_when_the_client_sent_none(gateway, client):
+    async with client.get(gateway.url + "/public/x") as resp:
+        seen = await resp.json()
+    host = gateway.url.split("://", 1)[1]
+    assert header_values(seen, "X-Forwarded-For") == ["127.0.0.1"]
+    assert parse_forwarded(header_values(seen, "Forwarded")[0]) == [
+        {"for": "127.0.0.1", "proto": "http", "host": host}
+    ]
+    assert header_values(seen, "Via") == ["1.1 portcullis"]
+
+
+@pytest.mark.parametrize(
+    "host", ['a";for=6.6.6.6;by="x', "a,for=1.2.3.4", "ex\\ample", "a b", 'x"']
+)
+async def test_a_host_that_would_forge_a_forwarded_element_is_left_out(gateway, host):
+    answer = await raw_exchange(gateway.url, raw_request("GET", "/public/x", [("Host", host)]))
+    assert answer.status == 200
+    seen = answer.json()
+    [forwarded] = header_values(seen, "Forwarded")
+    assert parse_forwarded(forwarded) == [{"for": "127.0.0.1", "proto": "http"}]
+    assert header_values(seen, "X-Forwarded-Host") == []
+
+
+async def test_a_bracketed_ipv6_host_is_kept_in_forwarded(gateway):
+    answer = await raw_exchange(
+        gateway.url, raw_request("GET", "/public/x", [("Host", "[2001:db8::5]:8443")])
+    )
+    seen = answer.json()
+    assert parse_forwarded(header_values(seen, "Forwarded")[0]) == [
+        {"for": "127.0.0.1", "proto": "http", "host": "[2001:db8::5]:8443"}
+    ]
+    assert header_values(seen, "X-Forwarded-Host") == ["[2001:db8::5]:8443"]
+
+
+# ---------------------------------------------------------------------------- request id
+
+
+async def test_well_formed_request_id_is_kept_and_returned(gateway, client):
+    headers = {"X-Request-Id": "req-42.a:b@c/d+e=f"}
+    async with client.get(gateway.url + "/public/x", headers=headers) as resp:
+        seen = await resp.json()
+        assert resp.headers.getall("X-Request-Id") == ["req-42.a:b@c/d+e=f"]
+    assert header_values(seen, "X-Request-Id") == ["req-42.a:b@c/d+e=f"]
+
+
+@pytest.mark.parametrize("given", [None, "bad id", "x" * 129, "<script>", "", "a;b"])
+async def test_missing_or_malformed_request_id_is_replaced_by_a_generated_one(
+    gateway, client, given
+):
+    headers = {"X-Request-Id": given} if given is not None else {}
+    async with client.get(gateway.url + "/public/x", headers=headers) as resp:
+        seen = await resp.json()
+        returned = resp.headers.getall("X-Request-Id")
+    assert header_values(seen, "X-Request-Id") == returned
+    assert len(returned) == 1
+    assert re.fullmatch(r"[0-9a-f]{32}", returned[0])
+
+
+async def test_two_requests_without_id_get_different_ids(gateway, client):
+    ids = []
+    for _ in range(2):
+        async with client.get(gateway.url + "/public/x") as resp:
+            ids.append(resp.headers["X-Request-Id"])
+    assert ids[0] != ids[1]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "status"),
+    [("GET", "/orders/1", 401), ("GET", "/public/a/../b", 400)],
+)
+async def test_request_id_is_returned_on_error_responses(gateway, upstream, method, target, status):
+    given = raw_request(method, target, [("X-Request-Id", "trace-1")])
+    answer = await raw_exchange(gateway.url, given)
+    assert answer.status == status
+    assert answer.headers.getall("X-Request-Id") == ["trace-1"]
+    generated = await raw_exchange(gateway.url, raw_request(method, target))
+    assert re.fullmatch(r"[0-9a-f]{32}", generated.headers["X-Request-Id"])
+    assert upstream.requests == []
+
+
+async def test_request_id_is_returned_on_404(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url).replace('  - {name: other, path: "/**"}\n', "")
+    async with (
+        running_gateway(config) as gw,
+        client.get(gw.url + "/nowhere", headers={"X-Request-Id": "t-404"}) as resp,
+    ):
+        assert resp.status == 404
+        assert resp.headers["X-Request-Id"] == "t-404"
+        assert await resp.json() == error_body(
+            "not_found", "No route of this gateway serves this request."
+        )
+    assert upstream.requests == []
+
+
+# ---------------------------------------------------------------------------- Authorization
+
+
+async def test_authorization_is_forwarded_by_default(gateway, issuer, client):
+    token = issuer.token()
+    async with client.get(gateway.url + "/orders/1", headers=bearer(token)) as resp:
+        seen = await resp.json()
+    assert header_values(seen, "Authorization") == [f"Bearer {token}"]
+
+
+async def test_strip_authorization_removes_the_token_upstream(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url, extra="forward: {strip_authorization: true}")
+    async with running_gateway(config) as gw:
+        async with client.get(gw.url + "/orders/1", headers=bearer(issuer.token())) as resp:
+            assert resp.status == 200
+            seen = await resp.json()
+        # On a public route too: a token the route did not check is not passed on either.
+        async with client.get(gw.url + "/public/x", headers=bearer("opaque-token")) as resp:
+            public_seen = await resp.json()
+    assert "authorization" not in normalised_names(seen)
+    assert header_values(seen, "X-Auth-Subject") == ["user-123"]
+    assert "authorization" not in normalised_names(public_seen)
+
+
+# ---------------------------------------------------------------------------- method, path, query
+
+TARGETS = [
+    "/orders/a%20b?q=%2F&x=1&x=2&empty=&flag",
+    "/orders/a+b?q=a+b&q=c%2Bd",
+    "/orders/%E2%82%AC%20%C3%A9t%C3%A9?name=%e2%82%ac&name=%E2%82%AC",
+    "/orders/~user/(1)!$&'*,;=:@?k=%7e&k=~&&=&%3D=%26",
+    "/orders/7?a=1&a=1&a=2&A=3",
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+async def test_path_and_query_reach_the_upstream_byte_for_byte(gateway, issuer, target):
+    token = issuer.token()
+    answer = await raw_exchange(
+        gateway.url, raw_request("GET", target, [("Authorization", f"Bearer {token}")])
+    )
+    assert answer.status == 200, answer.body
+    assert answer.json()["raw_path"] == target
+    assert answer.json()["method"] == "GET"
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "POST"])
+async def test_method_reaches_the_upstream_unchanged(gateway, issuer, client, method):
+    token = issuer.token(scope="orders:read orders:write")
+    url = URL(gateway.url + "/orders/9?v=%2F", encoded=True)
+    async with client.request(method, url, headers=bearer(token)) as r:
+        assert r.status == 200
+        seen = await r.json()
+    assert seen["method"] == method
+    assert seen["raw_path"] == "/orders/9?v=%2F"
+
+
+@pytest.mark.parametrize("method", ["PATCH", "OPTIONS", "PROPFIND", "PURGE"])
+async def test_uncommon_methods_reach_the_upstream_unchanged(gateway, issuer, method):
+    token = issuer.token()
+    answer = await raw_exchange(
+        gateway.url, raw_request(method, "/anything/x?y", [("Authorization", f"Bearer {token}")])
+    )
+    assert answer.status == 200
+    assert answer.json()["method"] == method
+    assert answer.json()["raw_path"] == "/anything/x?y"
+
+
+async def test_upstream_url_path_prefix_is_prepended(issuer, upstream):
+    config = gateway_yaml(issuer.url, upstream.url + "/api/v1/")
+    async with running_gateway(config) as gw:
+        answer = await raw_exchange(gw.url, raw_request("GET", "/public/a%20b?q=%2F&q"))
+    assert answer.status == 200
+    assert answer.json()["raw_path"] == "/api/v1/public/a%20b?q=%2F&q"
+
+
+# ---------------------------------------------------------------------------- refused requests
+
+
+async def test_unmatched_path_is_404_with_error_body_and_not_forwarded(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url).replace('  - {name: other, path: "/**"}\n', "")
+    async with running_gateway(config) as gw:
+        token = issuer.token()
+        async with client.get(gw.url + "/elsewhere/1", headers=bearer(token)) as resp:
+            assert resp.status == 404
+            assert resp.content_type == "application/json"
+            assert "WWW-Authenticate" not in resp.headers
+            assert await resp.json() == error_body(
+                "not_found", "No route of this gateway serves this request."
+            )
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/public/a/../b",
+        "/public/a/./b",
+        "/public/a/%2e%2e/b",
+        "/public/a/%2E%2E/b",
+        "/public/a%2Fb",
+        "/public/a%2fb",
+        "/public/a%5Cb",
+        "/public//b",
+        "/public/..",
+        "/public/x#/../../orders/1",
+        "/public/x?q=1#frag",
+    ],
+)
+async def test_ambiguous_paths_are_refused_with_400_and_never_forwarded(gateway, upstream, target):
+    answer = await raw_exchange(gateway.url, raw_request("GET", target))
+    assert answer.status == 400
+    assert answer.headers["Content-Type"] == "application/json"
+    body = answer.json()
+    assert body["error"]["code"] == "bad_request"
+    assert body["error"]["details"] == []
+    assert body["error"]["message"].startswith("The request")
+    assert upstream.requests == []
+
+
+async def test_a_fragment_cannot_carry_a_public_request_to_a_protected_path(issuer, upstream):
+    routes = (
+        '  - {name: secret, path: "/docs/secret"}\n  - {name: docs, path: "/docs/**", auth: none}'
+    )
+    async with running_gateway(gateway_yaml(issuer.url, upstream.url, routes)) as gw:
+        public = await raw_exchange(gw.url, raw_request("GET", "/docs/readme"))
+        protected = await raw_exchange(gw.url, raw_request("GET", "/docs/secret"))
+        smuggled = await raw_exchange(gw.url, raw_request("GET", "/docs/secret#"))
+    assert public.status == 200
+    assert protected.status == 401
+    assert smuggled.status == 400
+    assert smuggled.json() == error_body("bad_request", "The request target must not contain '#'.")
+    assert [seen["raw_path"] for seen in upstream.requests] == ["/docs/readme"]
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+@pytest.mark.parametrize("size", [11, 300_000], ids=["buffered", "streamed"])
+async def test_status_reason_and_end_to_end_headers_come_back_unchanged(issuer, client, size):
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+
+    async def handler(request: web.BaseRequest) -> web.Response:
+        headers = CIMultiDict(
+            [
+                ("Set-Cookie", "a=1; Path=/; HttpOnly"),
+                ("Set-Cookie", "b=2; Path=/; Secure"),
+                ("Cache-Control", "private, max-age=60"),
+                ("ETag", '"v1"'),
+                ("X-Request-Id", "upstream-chose-this"),
+                ("X-Custom", "value"),
+            ]
+        )
+        return web.Response(
+            status=201, reason="Made It", body=body, headers=headers, content_type="text/x-test"
+        )
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+        client.post(gw.url + "/public/x", headers={"X-Request-Id": "mine"}) as resp,
+    ):
+        assert resp.status == 201
+        assert resp.reason == "Made It"
+        assert resp.headers.getall("Set-Cookie") == ["a=1; Path=/; HttpOnly", "b=2; Path=/; Secure"]
+        assert resp.headers["Cache-Control"] == "private, max-age=60"
+        assert resp.headers["ETag"] == '"v1"'
+        assert resp.headers["X-Custom"] == "value"
+        assert resp.headers["Content-Type"] == "text/x-test"
+        assert resp.headers.getall("X-Request-Id") == ["mine"]
+        assert await resp.read() == body
+
+
+@pytest.mark.parametrize("size", [2_000, 400_000], ids=["buffered", "streamed"])
+async def test_gzip_encoded_upstream_body_is_passed_through_without_decompression(
+    issuer, client, size
+):
+    plain = b"".join(b"line %d of the document\n" % i for i in range(size // 20))
+    compressed = gzip.compress(plain)
+
+    async def handler(request: web.BaseRequest) -> web.Response:
+        assert request.headers.get("Accept-Encoding") == "gzip"
+        return web.Response(
+            body=compressed,
+            headers={"Content-Encoding": "gzip", "Content-Type": "text/plain", "Vary": "Accept"},
+        )
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+        client.get(gw.url + "/public/doc", headers={"Accept-Encoding": "gzip"}) as resp,
+    ):
+        assert resp.status == 200
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert resp.headers["Vary"] == "Accept"
+        received = await resp.read()
+    assert received == compressed
+    assert gzip.decompress(received) == plain
+
+
+async def test_head_keeps_content_length_and_sends_no_body(issuer):
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = 300_000 if request.method == "HEAD" else 1000
+        await response.prepare(request)
+        if request.method != "HEAD":
+            await response.write(b"x" * 1000)
+        await response.write_eof()
+        return response
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+    ):
+        connection = await RawConnection.open(gw.url)
+        try:
+            await connection.send(raw_request("HEAD", "/public/big"))
+            head = await connection.response(head=True)
+            # The same connection must carry on at the next response: no stray body bytes.
+            await connection.send(raw_request("GET", "/public/small"))
+            after = await connection.response()
+        finally:
+            connection.close()
+    assert head.status == 200
+    assert head.headers["Content-Length"] == "300000"
+    assert head.headers["Content-Type"] == "application/octet-stream"
+    assert after.status == 200
+    assert after.body == b"x" * 1000
+
+
+async def test_head_on_an_echo_route_passes_the_upstream_length(gateway, issuer):
+    token = issuer.token()
+    same = [("Authorization", f"Bearer {token}"), ("X-Request-Id", "same-id")]
+    get = await raw_exchange(gateway.url, raw_request("GET", "/orders/1", same))
+    head = await raw_exchange(gateway.url, raw_request("HEAD", "/orders/1", same))
+    assert head.status == 200
+    assert head.body == b""
+    # The echo differs only in the method it reports: "HEAD" is one byte longer than "GET".
+    assert int(head.headers["Content-Length"]) == len(get.body) + 1
+
+
+@pytest.mark.parametrize("status", [204, 304])
+async def test_no_content_and_not_modified_pass_back_without_a_body(issuer, status):
+    async def handler(request: web.BaseRequest) -> web.Response:
+        return web.Response(status=status, headers={"ETag": '"v2"', "X-Seen": request.method})
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+    ):
+        connection = await RawConnection.open(gw.url)
+        try:
+            await connection.send(raw_request("GET", "/public/x", [("If-None-Match", '"v1"')]))
+            first = await connection.response()
+            await connection.send(raw_request("GET", "/public/y"))
+            second = await connection.response()
+        finally:
+            connection.close()
+    for answer in (first, second):
+        assert answer.status == status
+        assert answer.body == b""
+        assert answer.headers["ETag"] == '"v2"'
+        assert "Transfer-Encoding" not in answer.headers
+
+
+# ---------------------------------------------------------------------------- upstream failures
+
+
+async def test_upstream_refusing_connections_gives_502_bad_gateway(issuer, client):
+    nobody = f"http://127.0.0.1:{free_port()}"
+    async with running_gateway(gateway_yaml(issuer.url, nobody)) as gw:
+        async with client.get(gw.url + "/public/x", headers={"X-Request-Id": "r-502"}) as resp:
+            assert resp.status == 502
+            assert resp.headers["X-Request-Id"] == "r-502"
+            assert await resp.json() == error_body(
+                "bad_gateway", "The upstream service could not be reached."
+            )
+        async with client.get(gw.url + "/orders/1", headers=bearer(issuer.token())) as resp:
+            assert resp.status == 502
+
+
+async def test_slow_upstream_gives_504_gateway_timeout(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url).replace("read_timeout: 2s", "read_timeout: 1s")
+    async with running_gateway(config) as gw:
+        async with client.get(gw.url + "/_slow/5", headers=bearer(issuer.token())) as resp:
+            assert resp.status == 504
+            assert await resp.json() == error_body(
+                "gateway_timeout", "The upstream service did not answer in time."
+            )
+        async with client.get(gw.url + "/public/fine") as resp:
+            assert resp.status == 200
+
+
+async def test_upstream_failing_mid_body_cuts_the_client_connection(issuer, client):
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = 1_000_000
+        await response.prepare(request)
+        await response.write(b"y" * 100_000)
+        assert request.transport is not None
+        request.transport.abort()
+        return response
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+    ):
+        async with client.get(gw.url + "/public/x") as resp:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+        async with client.get(gw.url + "/public/x") as resp:  # and the gateway carries on
+            assert resp.status == 200
+
+
+async def test_an_early_upstream_answer_is_relayed_while_the_body_is_still_coming(issuer, client):
+    async def answer_before_reading(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 8\r\nConnection: close\r\n\r\ntoo much"
+        )
+        await writer.drain()
+        writer.close()
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(64):
+            yield b"z" * 65536
+            await asyncio.sleep(0)
+
+    server = await asyncio.start_server(answer_before_reading, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with running_gateway(gateway_yaml(issuer.url, f"http://127.0.0.1:{port}")) as gw:
+            async with client.post(gw.url + "/public/up", data=body()) as resp:
+                assert resp.status == 413
+                assert await resp.read() == b"too much"
+            async with client.post(gw.url + "/public/up", data=b"q" * 300_000) as resp:
+                assert resp.status == 413
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_client_leaving_mid_download_releases_the_upstream(issuer):
+    written = {"bytes": 0, "cut": False}
+    total = 200 * 1024 * 1024
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        if request.path != "/public/big":
+            return web.Response(text="small")
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        response.content_length = total
+        await response.prepare(request)
+        block = b"d" * 65536
+        try:
+            while written["bytes"] < total:
+                await response.write(block)
+                written["bytes"] += len(block)
+        except ConnectionError:
+            written["cut"] = True
+        return response
+
+    async with (
+        scripted_upstream(handler) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+    ):
+        connection = await RawConnection.open(gw.url)
+        await connection.send(raw_request("GET", "/public/big"))
+        await connection.reader.readexactly(256 * 1024)
+        connection.close()
+        for _ in range(500):
+            if written["cut"]:
+                break
+            await asyncio.sleep(0.01)
+        assert written["cut"], "the gateway kept pulling the body for a client that left"
+        assert written["bytes"] < total
+        follow_up = await raw_exchange(gw.url, raw_request("GET", "/public/small"))
+        assert follow_up.status == 200
+        assert follow_up.body == b"small"
+
+
+# ---------------------------------------------------------------------------- Expect
+
+
+async def test_expect_100_continue_is_answered_once_the_request_is_allowed(gateway, issuer):
+    token = issuer.token()
+    body = b"e" * 200_000
+    connection = await RawConnection.open(gateway.url)
+    try:
+        head = raw_request(
+            "POST",
+            "/upload/file",
+            [
+                ("Authorization", f"Bearer {token}"),
+                ("Content-Length", str(len(body))),
+                ("Expect", "100-continue"),
+            ],
+        )
+        await connection.send(head)
+        interim = await connection.reader.readuntil(b"\r\n\r\n")
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        await connection.send(body)
+        answer = await connection.response()
+    finally:
+        connection.close()
+    assert answer.status == 200
+    assert answer.json()["body_size"] == len(body)
+    assert "expect" not in normalised_names(answer.json())
+
+
+async def test_expect_100_continue_gets_the_final_refusal_instead_when_not_allowed(
+    gateway, upstream
+):
+    head = raw_request(
+        "POST", "/upload/file", [("Content-Length", "5000"), ("Expect", "100-continue")]
+    )
+    answer = await raw_exchange(gateway.url, head)  # no body sent: none was asked for
+    assert answer.status == 401
+    assert answer.headers["WWW-Authenticate"] == 'Bearer realm="portcullis"'
+    assert upstream.requests == []
+
+
+async def test_aiohttp_client_waiting_for_100_continue_uploads(gateway, issuer, client):
+    body = b"c" * 100_000
+    async with client.post(
+        gateway.url + "/upload/x",
+        data=body,
+        expect100=True,
+        headers=bearer(issuer.token()),
+        timeout=aiohttp.ClientTimeout(total=10),
+    ) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["body_size"] == len(body)

@@ -1,0 +1,271 @@
+"""The gateway as a process: readiness, graceful shutdown, workers, refusing a bad config.
+
+Each test starts `python -m gateway run --config FILE` as operators do; the issuer and the
+upstream run in the test process. Worker processes and their sockets are found in /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support import (
+    TCP_ESTABLISHED,
+    TCP_LISTEN,
+    CountingUpstream,
+    GatewayProcess,
+    RawConnection,
+    TestIssuer,
+    child_pids,
+    gateway_yaml,
+    raw_exchange,
+    raw_request,
+    socket_inodes,
+    tcp_sockets,
+)
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+
+
+@pytest.fixture
+async def issuer() -> AsyncIterator[TestIssuer]:
+    server = TestIssuer()
+    server.add_key("ES256")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[CountingUpstream]:
+    server = CountingUpstream()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def started() -> AsyncIterator[list[GatewayProcess]]:
+    """Processes a test starts; whatever is still running at the end is stopped."""
+    processes: list[GatewayProcess] = []
+    yield processes
+    for process in processes:
+        await process.stop()
+
+
+async def get_json(url: str) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        return resp.status, await resp.json()
+
+
+async def eventually(condition, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------- readiness
+
+
+async def test_admin_port_reports_healthy_and_ready_once_keys_are_loaded(
+    issuer, upstream, tmp_path, started
+):
+    issuer.jwks_status = 503  # the key set cannot be loaded yet
+    gateway = GatewayProcess(gateway_yaml(issuer.url, upstream.url), tmp_path)
+    started.append(gateway)
+    await eventually(lambda: issuer.jwks_fetches > 0)
+    for _ in range(100):
+        try:
+            status, body = await get_json(gateway.admin_url + "/healthz")
+            break
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    assert (status, body) == (200, {"status": "ok"})  # alive, though not ready
+    status, body = await get_json(gateway.admin_url + "/readyz")
+    assert status == 503
+    assert body["status"] == "not_ready"
+    assert list(body["reasons"]) == [issuer.url]
+
+    issuer.jwks_status = 200
+    await gateway.wait_ready()
+    assert await get_json(gateway.admin_url + "/readyz") == (200, {"status": "ready"})
+    assert await get_json(gateway.admin_url + "/healthz") == (200, {"status": "ok"})
+    # Ready means tokens verify: a request with one goes through.
+    token = issuer.token()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(gateway.url + "/orders/1", headers={"Authorization": f"Bearer {token}"}) as r,
+    ):
+        assert r.status == 200
+
+
+# ---------------------------------------------------------------------------- shutdown
+
+
+async def test_sigterm_drains_an_in_flight_request_then_exits_zero(
+    issuer, upstream, tmp_path, started
+):
+    config = gateway_yaml(issuer.url, upstream.url, extra="shutdown_grace: 5s")
+    gateway = GatewayProcess(config, tmp_path)
+    started.append(gateway)
+    await gateway.wait_ready()
+
+    async def slow_request() -> tuple[int, dict[str, object]]:
+        headers = {"Authorization": f"Bearer {issuer.token()}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(gateway.url + "/_slow/1", headers=headers) as resp,
+        ):
+            return resp.status, await resp.json()
+
+    in_flight = asyncio.create_task(slow_request())
+    await eventually(lambda: "/_slow/1" in upstream.arrived)
+    gateway.signal(signal.SIGTERM)
+
+    # The listener closes at once, while the slow request is still being served.
+    async def refused() -> bool:
+        try:
+            connection = await RawConnection.open(gateway.url)
+        except ConnectionRefusedError:
+            return True
+        connection.close()
+        return False
+
+    for _ in range(100):
+        if await refused():
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the gateway still accepts connections after SIGTERM")
+    assert not in_flight.done()
+    status, body = await get_json(gateway.admin_url + "/readyz")
+    assert status == 503
+    assert body["reasons"]["gateway"] == "shutting down"
+
+    assert await in_flight == (200, upstream.requests[0])
+    assert upstream.requests[0]["raw_path"] == "/_slow/1"
+    assert await gateway.wait_exit(timeout=gateway.grace + 2) == 0
+
+
+async def test_sigterm_with_nothing_in_flight_exits_zero_promptly(
+    issuer, upstream, tmp_path, started
+):
+    config = gateway_yaml(issuer.url, upstream.url, extra="shutdown_grace: 30s")
+    gateway = GatewayProcess(config, tmp_path)
+    started.append(gateway)
+    await gateway.wait_ready()
+    idle = await RawConnection.open(gateway.url)  # an idle keep-alive does not hold it up
+    try:
+        await idle.send(raw_request("GET", "/public/x"))
+        assert (await idle.response()).status == 200
+        gateway.signal(signal.SIGTERM)
+        assert await gateway.wait_exit(timeout=10) == 0
+    finally:
+        idle.close()
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def listening_workers(supervisor: int, port: int) -> set[int]:
+    """Children of the supervisor holding a listening socket on `port`."""
+    listening = {s.inode for s in tcp_sockets(port) if s.state == TCP_LISTEN}
+    found = set()
+    for pid in child_pids(supervisor):
+        try:
+            if socket_inodes(pid) & listening:
+                found.add(pid)
+        except OSError:
+            continue  # exited meanwhile
+    return found
+
+
+async def test_two_workers_share_the_port_serve_are_replaced_and_stop_on_sigterm(
+    issuer, upstream, tmp_path, started
+):
+    config = gateway_yaml(issuer.url, upstream.url, extra="workers: 2\nshutdown_grace: 5s")
+    gateway = GatewayProcess(config, tmp_path)
+    started.append(gateway)
+    await gateway.wait_ready()
+    await eventually(lambda: len(listening_workers(gateway.pid, gateway.port)) == 2)
+    workers = listening_workers(gateway.pid, gateway.port)
+    assert gateway.pid not in workers  # the supervisor itself does not serve
+
+    # Fresh connections, each served and kept open; the kernel spreads them over the two
+    # listening sockets, and /proc tells which worker holds each accepted connection.
+    connections = [await RawConnection.open(gateway.url) for _ in range(24)]
+    try:
+        for connection in connections:
+            await connection.send(raw_request("GET", "/public/x"))
+            assert (await connection.response()).status == 200
+        client_ports = {c.writer.get_extra_info("sockname")[1] for c in connections}
+        accepted = {
+            s.inode
+            for s in tcp_sockets(gateway.port)
+            if s.state == TCP_ESTABLISHED and s.remote_port in client_ports
+        }
+        served_by = {pid: socket_inodes(pid) & accepted for pid in workers}
+        assert all(served_by.values()), f"connections per worker: {served_by}"
+        assert sum(len(held) for held in served_by.values()) == len(connections)
+    finally:
+        for connection in connections:
+            connection.close()
+    assert len(upstream.requests) == len(connections)
+
+    # A worker that dies is replaced; the other one keeps running.
+    victim = min(workers)
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = listening_workers(gateway.pid, gateway.port)
+        return len(now) == 2 and victim not in now
+
+    await eventually(replaced, timeout=15)
+    current = listening_workers(gateway.pid, gateway.port)
+    assert workers - {victim} <= current
+    answer = await raw_exchange(gateway.url, raw_request("GET", "/public/after"))
+    assert answer.status == 200
+
+    gateway.signal(signal.SIGTERM)
+    assert await gateway.wait_exit(timeout=gateway.grace + 7) == 0
+    for pid in current:
+        assert not Path(f"/proc/{pid}").exists(), f"worker {pid} outlived the supervisor"
+
+
+# ---------------------------------------------------------------------------- bad config
+
+
+def test_run_with_a_broken_config_exits_nonzero_with_file_line_messages(tmp_path):
+    config = tmp_path / "broken.yaml"
+    config.write_text(
+        'listen: "127.0.0.1:18080"\n'
+        'admin_listen: "127.0.0.1:18081"\n'
+        'upstream: {url: "http://127.0.0.1:9", read_timeout: soon}\n'
+        "issuers:\n"
+        '  - issuer: "http://127.0.0.1:9"\n'
+        "    audiences: [orders-api]\n"
+        "colour: blue\n"
+        "routes:\n"
+        '  - {name: public, path: "/public/**", auth: none}\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [f"{config}:3", f"{config}:7"]
+    assert "read_timeout" in lines[0] and "'soon'" in lines[0]
+    assert "colour" in lines[1]
+    assert result.stdout == ""

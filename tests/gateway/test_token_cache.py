@@ -1,0 +1,137 @@
+"""The verified-token cache, seen through the running gateway: hits skip verification, entries
+end with the token's expiry, the cache is bounded, and it holds digests rather than tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import aiohttp
+
+from gateway.verifiers.cache import TokenCache
+from tests.support import (
+    Answer,
+    RunningGateway,
+    assert_invalid_token,
+    call,
+    gateway_yaml,
+    header_values,
+    issuer_entry,
+    running_gateway,
+)
+
+
+async def orders(
+    client: aiohttp.ClientSession, gateway: RunningGateway, token: str, path: str = "/orders/1"
+) -> Answer:
+    return await call(client, gateway.url + path, token)
+
+
+def cache_of(gateway: RunningGateway) -> TokenCache:
+    return gateway.gateway.token_cache
+
+
+async def test_second_request_with_the_same_token_is_not_verified_again(
+    gateway, issuer, upstream, client
+):
+    cache = cache_of(gateway)
+    token = issuer.token("ES256", sub="cached-user")
+    first = await orders(client, gateway, token)
+    assert first.status == 200
+    assert (cache.hits, cache.misses, len(cache)) == (0, 1, 1)
+
+    second = await orders(client, gateway, token)
+    assert second.status == 200
+    assert (cache.hits, cache.misses, len(cache)) == (1, 1, 1)
+    # The cached principal carries the same identity upstream.
+    assert header_values(second.body, "X-Auth-Subject") == ["cached-user"]
+    assert len(upstream.requests) == 2
+
+    other = await orders(client, gateway, issuer.token("ES256"))
+    assert other.status == 200
+    assert (cache.hits, cache.misses, len(cache)) == (1, 2, 2)
+
+
+async def test_cached_token_is_refused_once_it_expires(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url, issuers=[issuer_entry(issuer.url, leeway="0s")])
+    async with running_gateway(config) as gateway:
+        cache = cache_of(gateway)
+        expires = time.time() + 0.6
+        token = issuer.token("ES256", exp=expires)
+        assert (await orders(client, gateway, token)).status == 200
+        assert (await orders(client, gateway, token)).status == 200
+        assert cache.hits == 1
+
+        await asyncio.sleep(max(0.0, expires - time.time()) + 0.05)
+        assert_invalid_token(await orders(client, gateway, token), "the token has expired")
+        assert cache.hits == 1, "an expired entry must not be served"
+        assert len(cache) == 0
+        assert len(upstream.requests) == 2
+
+
+async def test_cache_holds_at_most_token_cache_size_entries(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 5")
+    async with running_gateway(config) as gateway:
+        cache = cache_of(gateway)
+        tokens = [issuer.token("ES256", sub=f"user-{i}") for i in range(20)]
+        for token in tokens:
+            assert (await orders(client, gateway, token)).status == 200
+        assert len(cache) == 5
+        assert cache.misses == 20
+
+        # The most recent five are held; an older one was evicted and is verified again.
+        for token in tokens[-5:]:
+            assert (await orders(client, gateway, token)).status == 200
+        assert cache.hits == 5
+        assert (await orders(client, gateway, tokens[0])).status == 200
+        assert (cache.hits, cache.misses, len(cache)) == (5, 21, 5)
+
+
+async def test_cache_is_keyed_by_sha256_digests_and_holds_no_token(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 5")
+    async with running_gateway(config) as gateway:
+        tokens = [issuer.token("RS256", sub=f"user-{i}") for i in range(8)]
+        for token in tokens:
+            assert (await orders(client, gateway, token)).status == 200
+        keys = cache_of(gateway).keys()
+        assert all(isinstance(k, bytes) and len(k) == 32 for k in keys)
+        # Least recently used first: exactly the digests of the last five tokens, in order.
+        assert keys == tuple(hashlib.sha256(t.encode()).digest() for t in tokens[-5:])
+
+
+async def test_refused_tokens_are_not_cached(gateway, issuer, upstream, client):
+    cache = cache_of(gateway)
+    token = issuer.token("ES256", aud="nobody", drop=("sub",))
+    for _ in range(3):
+        assert_invalid_token(await orders(client, gateway, token), "the token has no subject")
+    assert (cache.hits, cache.misses, len(cache)) == (0, 3, 0)
+    assert upstream.requests == []
+
+
+async def test_cached_token_is_still_held_to_each_routes_audience(issuer, upstream, client):
+    """The cache remembers that a token is genuine, not where it may be used."""
+    config = gateway_yaml(
+        issuer.url,
+        upstream.url,
+        extra_routes='  - {name: billing, path: "/billing/**", audience: billing-api}',
+    )
+    async with running_gateway(config) as gateway:
+        cache = cache_of(gateway)
+        token = issuer.token("ES256")  # aud: orders-api
+        assert (await orders(client, gateway, token)).status == 200
+        answer = await orders(client, gateway, token, "/billing/1")
+        assert_invalid_token(answer, "the token is not meant for this API (audience)")
+        assert cache.hits == 1
+        assert len(upstream.requests) == 1
+
+
+async def test_zero_token_cache_size_verifies_every_request(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 0")
+    async with running_gateway(config) as gateway:
+        cache = cache_of(gateway)
+        token = issuer.token("EdDSA")
+        for _ in range(3):
+            assert (await orders(client, gateway, token)).status == 200
+        assert (cache.hits, cache.misses, len(cache)) == (0, 3, 0)

@@ -1,0 +1,111 @@
+"""The import rules of the design: which package may import which.
+
+- portcullis (the shared kernel) imports neither gateway nor authserver;
+- gateway and authserver never import each other;
+- the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
+  through other modules of the package, so they are tested without a server.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PURE_GATEWAY_MODULES = ("gateway.rules", "gateway.policy", "gateway.bearer", "gateway.principal")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Modules imported at run time (imports under `if TYPE_CHECKING:` do not count)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = (
+        _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
+    )
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for orelse in child.orelse:
+                    visit(orelse)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    prefix = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    prefix = child.module or ""
+                found.add(prefix)
+                found.update(f"{prefix}.{alias.name}" for alias in child.names)
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for package in ("portcullis", "gateway", "authserver"):
+        for path in (ROOT / package).rglob("*.py"):
+            graph[_module_name(path)] = _runtime_imports(path)
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _closure(module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        for imported in GRAPH.get(current, ()):
+            if imported not in seen:
+                seen.add(imported)
+                todo.append(imported)
+    return seen
+
+
+def _top(names: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in names}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("portcullis")))
+def test_shared_kernel_imports_neither_service(module):
+    assert not _top(GRAPH[module]) & {"gateway", "authserver"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("gateway")))
+def test_gateway_never_imports_authserver(module):
+    assert "authserver" not in _top(GRAPH[module])
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("authserver")))
+def test_authserver_never_imports_gateway(module):
+    assert "gateway" not in _top(GRAPH[module])
+
+
+@pytest.mark.parametrize("module", PURE_GATEWAY_MODULES)
+def test_pure_gateway_modules_reach_no_aiohttp(module):
+    assert module in GRAPH
+    assert "aiohttp" not in _top(_closure(module))
+
+
+def test_the_import_scan_sees_imports_through_other_modules():
+    # gateway.app imports aiohttp itself and through forward: the scan must see both ways,
+    # or the purity checks above could pass vacuously.
+    assert "aiohttp" in _top(GRAPH["gateway.forward"])
+    assert "gateway.forward" in _closure("gateway.app")
+    assert "aiohttp" in _top(_closure("gateway.explain"))
