@@ -183,10 +183,44 @@ def keys_session() -> aiohttp.ClientSession:
     )
 
 
+class _Connection(web.RequestHandler):
+    """aiohttp's per-connection protocol, answering requests it cannot parse (a header too
+    long, too many headers, a broken request line) with the resource error body instead of a
+    text page that echoes the request, and logging them without a traceback: they are the
+    client's mistake, and a flood of them must not flood the log."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        log.info(
+            "unparsable request refused",
+            extra={"status": status, "reason": type(exc).__name__ if exc else "-"},
+        )
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already sent on this connection")
+        response = errors.bad_request(
+            "The request could not be parsed (see the limits of this API)."
+        )
+        response.set_status(status)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
+
+
 def public_server(gateway: Gateway) -> web.Server:
     """A low-level server: no router or middleware between the socket and `handle`."""
     limits = gateway.settings.limits
-    return web.Server(
+    return _Server(
         gateway.handle,
         # Bounds both an idle keep-alive connection and the time a client has to finish
         # sending a request head (the slowloris case).

@@ -38,6 +38,29 @@ SUPPORTED_ALGORITHMS = (
 DEFAULT_ALGORITHMS = ("RS256", "ES256", "EdDSA")
 HTTP_METHOD = re.compile(r"^[A-Z][A-Z0-9!#$%&'*+.^_`|~-]*$")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "authorization",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "keep-alive",
+        "proxy-authorization",
+        "cookie",
+        "expect",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "forwarded",
+        "via",
+        "x-request-id",
+    }
+)
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
 
 
@@ -408,9 +431,13 @@ def _identity_headers(reader: Reader, top: Section) -> IdentityHeaders:
         claims=tuple(claims),
     )
     sec.finish()
-    lowered = [n.lower() for n in result.names()]
+    lowered = [n.lower().replace("_", "-") for n in result.names()]
     if len(set(lowered)) != len(lowered):
         reader.problem(sec.line, "identity_headers: two identity values use the same header")
+    for name in sorted(set(lowered) & RESERVED_HEADERS):
+        # Identity headers are stripped from every request: naming one of these would strip
+        # what HTTP or the gateway itself needs.
+        reader.problem(sec.line, f"identity_headers: {name} cannot carry an identity")
     return result
 
 

@@ -312,7 +312,7 @@ class EchoUpstream:
         response.content_length = size
         await response.prepare(request)
         block = b"x" * 65536
-        sent = 0
+        sent = 0 if request.method != "HEAD" else size  # HEAD: the length, no body
         while sent < size:
             part = block[: min(len(block), size - sent)]
             await response.write(part)

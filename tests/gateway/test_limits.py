@@ -95,6 +95,21 @@ async def test_header_line_over_max_field_size_is_refused_with_400(gateway, upst
     await assert_still_serving(gateway, upstream)
 
 
+async def test_unparsable_requests_get_the_error_body_without_echoing_the_request(
+    gateway, upstream
+):
+    too_long = raw_request("GET", "/public/secret-path", [("X-Big", "c" * 2000)])
+    too_many = raw_request("GET", "/public/secret-path", [(f"X-H{i}", "v") for i in range(40)])
+    for request in (too_long, too_many):
+        answer = await raw_exchange(gateway.url, request)
+        assert answer.status == 400
+        assert answer.headers["Content-Type"].startswith("application/json")
+        assert answer.json()["error"]["code"] == "bad_request"
+        assert b"secret-path" not in answer.body and b"ccc" not in answer.body
+    assert upstream.requests == []
+    await assert_still_serving(gateway, upstream)
+
+
 async def test_a_long_header_closes_the_connection(gateway, upstream):
     connection = await RawConnection.open(gateway.url)
     try:

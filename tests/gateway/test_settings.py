@@ -448,6 +448,13 @@ def test_identity_headers_must_be_valid_and_distinct() -> None:
     ]
 
 
+@pytest.mark.parametrize("name", ["Authorization", "Host", "X-Forwarded-For", "Content_Length"])
+def test_identity_headers_cannot_take_a_header_http_or_the_gateway_needs(name: str) -> None:
+    text = config(extra=f"identity_headers:\n  subject: {name}\n")
+    lowered = name.lower().replace("_", "-")
+    assert problems(text) == [f"{FILE}:5: identity_headers: {lowered} cannot carry an identity"]
+
+
 # ---------------------------------------------------------------------------- routes
 
 
