@@ -181,7 +181,7 @@ class KeyRing:
         if not isinstance(kid, str) or kid not in self._private:
             raise jwt.InvalidTokenError("unknown key")
         info = self._infos[kid]
-        if header.get("alg") != info.alg:
+        if header.get("alg") != info.alg or info.alg not in set(algorithms):
             raise jwt.InvalidTokenError("algorithm does not match the key")
         key = self._private[kid].public_key()
         return jwt.decode(token, key, algorithms=[info.alg], **options)

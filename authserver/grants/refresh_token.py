@@ -34,6 +34,9 @@ class RefreshToken:
         record = await store.get_refresh(token_hash)
         if record is None or record.client_id != client.client_id:
             raise invalid_grant("the refresh token is unknown, expired or revoked")
+        if settings.user_by_subject(record.subject) is None:
+            # The user was removed from the configuration: their grants end with them.
+            raise invalid_grant("the refresh token is unknown, expired or revoked")
         granted = tuple(record.scope.split())
         requested = scope_rules.parse(form.get("scope"))
         scopes = scope_rules.narrow(requested, granted) if requested else granted

@@ -297,11 +297,6 @@ async def test_a_session_of_a_user_removed_from_the_config_signs_nobody_in(bob_r
         assert query_of(r.headers["Location"])["error"] == "login_required"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grants/refresh_token.py issues tokens for a subject that is no longer a configured "
-    "user (expected invalid_grant)",
-)
 async def test_a_refresh_token_of_a_user_removed_from_the_config_is_refused(bob_removed, http):
     server, tokens = bob_removed
     status, body = await refresh(http, server, tokens["refresh_token"])

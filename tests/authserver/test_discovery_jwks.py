@@ -189,11 +189,6 @@ async def test_metadata_of_an_issuer_with_a_path_names_endpoints_under_that_path
     assert (await verify_jwt(http, server, body["access_token"]))["iss"] == server.settings.issuer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RFC 8414 §3.1 puts the well-known segment before the issuer's path; the app "
-    "only serves it after the path",
-)
 async def test_oauth_metadata_of_an_issuer_with_a_path_is_at_the_rfc_8414_location(
     start_authserver: StartAuthServer, http: aiohttp.ClientSession
 ) -> None:
