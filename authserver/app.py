@@ -45,7 +45,7 @@ def build_app(settings: Settings) -> web.Application:
         store = open_store(settings.storage)
         await store.open()
         keyring = KeyRing(settings.keys.dir)
-        keyring.load([settings.keys.access_token_alg, settings.keys.id_token_alg])
+        keyring.load([settings.keys.access_token_alg, *settings.id_token_algs])
         minter = Minter(settings, keyring)
         context = GrantContext(settings, store, minter)
         registry = Registry(

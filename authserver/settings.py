@@ -129,6 +129,7 @@ class ClientSettings:
     jwks: Mapping[str, Any] | None = None  # for private_key_jwt
     require_pkce: bool = True
     skip_consent: bool = False
+    id_token_signed_response_alg: str | None = None  # None: keys.id_token_alg
     introspection: bool = False
     line: int = 0
 
@@ -152,6 +153,16 @@ class Settings:
     users: tuple[UserSettings, ...] = ()
     clients: tuple[ClientSettings, ...] = ()
     log_level: str = "info"
+
+    @property
+    def id_token_algs(self) -> list[str]:
+        """Every algorithm ID tokens may be signed with. RS256 is always among them: OpenID
+        Connect Discovery §3 requires it, and a client may register for it."""
+        algs = {"RS256", self.keys.id_token_alg}
+        algs.update(
+            c.id_token_signed_response_alg for c in self.clients if c.id_token_signed_response_alg
+        )
+        return sorted(algs)
 
     @property
     def secure_cookies(self) -> bool:
@@ -491,6 +502,9 @@ def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[Clie
             jwks=jwks if isinstance(jwks, dict) else None,
             require_pkce=require_pkce,
             skip_consent=sec.get("skip_consent", yamlconf.boolean, False),
+            id_token_signed_response_alg=sec.get(
+                "id_token_signed_response_alg", yamlconf.one_of(*SIGNING_ALGORITHMS), None
+            ),
             introspection=sec.get("introspection", yamlconf.boolean, False),
             line=line,
         )

@@ -86,7 +86,9 @@ class Minter:
         auth_time: float,
         access_token: str | None,
         now: float,
+        alg: str | None = None,
     ) -> str:
+        alg = alg or self.id_alg
         iat = int(now)
         claims: dict[str, Any] = {
             "iss": self.settings.issuer,
@@ -100,9 +102,9 @@ class Minter:
         if nonce is not None:
             claims["nonce"] = nonce
         if access_token is not None:
-            claims["at_hash"] = at_hash(access_token, self.id_alg)
+            claims["at_hash"] = at_hash(access_token, alg)
         claims.update(released(user_claims, scopes))
-        return self.keyring.sign(self.id_alg, claims, typ="JWT")
+        return self.keyring.sign(alg, claims, typ="JWT")
 
 
 def _seal_key(refresh_token: str) -> bytes:

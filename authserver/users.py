@@ -7,6 +7,7 @@ later without invalidating existing hashes.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import os
@@ -53,6 +54,8 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, expected)
 
 
-# A hash to check against when the username is unknown, so that an unknown user and a wrong
-# password take the same time and give the same answer.
-DUMMY_HASH = hash_password(_b64(os.urandom(16)))
+@functools.cache
+def dummy_hash() -> str:
+    """A hash to check against when the username is unknown, so that an unknown user and a
+    wrong password take the same time and give the same answer."""
+    return hash_password(_b64(os.urandom(16)))

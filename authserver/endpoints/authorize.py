@@ -19,6 +19,7 @@ signed in and approved back to the login page forever.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import re
@@ -445,7 +446,11 @@ async def login(request: web.Request) -> web.StreamResponse:
                 response.headers["Retry-After"] = str(int(window))
                 return response
         user = svc.settings.user(username)
-        ok = users.verify_password(password, user.password_hash if user else users.DUMMY_HASH)
+        # scrypt takes tens of milliseconds: off the event loop, so one login does not stall
+        # every other request.
+        ok = await asyncio.to_thread(
+            users.verify_password, password, user.password_hash if user else users.dummy_hash()
+        )
         if user is None or not ok:
             for key, _ in limits:
                 await svc.store.count_failure(key, now, window)

@@ -44,7 +44,7 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         "revocation_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
         "introspection_endpoint_auth_methods_supported": AUTH_METHODS[:3],
         "introspection_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
-        "id_token_signing_alg_values_supported": sorted({settings.keys.id_token_alg, "RS256"}),
+        "id_token_signing_alg_values_supported": settings.id_token_algs,
         "subject_types_supported": ["public"],
         "claims_supported": supported_claims(),
         "claims_parameter_supported": False,

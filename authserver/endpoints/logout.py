@@ -30,14 +30,15 @@ def _hint_claims(request: web.Request, hint: str | None) -> dict[str, Any] | Non
         return None
     # Only an ID token is a hint, not an access token the same key ring signed (RFC 9068 §2.1
     # gives those typ at+jwt; the algorithms may be the same).
-    if header.get("alg") != svc.settings.keys.id_token_alg or header.get("typ") == "at+jwt":
+    algorithms = svc.settings.id_token_algs
+    if header.get("alg") not in algorithms or header.get("typ") == "at+jwt":
         return None
     if not isinstance(header.get("kid"), str):
         return None
     try:
         return svc.keyring.verify(
             hint,
-            [svc.settings.keys.id_token_alg],
+            algorithms,
             issuer=svc.settings.issuer,
             options={"verify_aud": False, "verify_exp": False, "require": ["sub", "aud"]},
         )

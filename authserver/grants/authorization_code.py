@@ -97,6 +97,7 @@ class AuthorizationCode:
                 auth_time=record.auth_time,
                 access_token=minted.token,
                 now=now,
+                alg=client.id_token_signed_response_alg,
             )
         return token_response(
             minted.token, minted.expires_in, scopes, refresh_token=refresh_token, id_token=id_token

@@ -62,6 +62,7 @@ class RefreshToken:
                 auth_time=record.auth_time,
                 access_token=minted.token,
                 now=now,
+                alg=client.id_token_signed_response_alg,
             )
         response = token_response(
             minted.token,

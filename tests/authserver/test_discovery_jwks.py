@@ -20,6 +20,7 @@ from tests.authserver.conftest import (
     default_config,
     fetch_jwks,
     introspect,
+    tokens_for,
     verify_jwt,
 )
 
@@ -322,3 +323,22 @@ async def test_a_retired_key_stays_published_and_valid_until_its_tokens_expire(
     assert ring.purge(now + 301) == [old_kid]
     assert old_kid not in {info.kid for info in ring.infos()}
     assert not (server.services.keyring.dir / f"{old_kid}.pem").exists()
+
+
+async def test_a_client_may_register_for_another_id_token_algorithm_and_rs256_stays_truthful(
+    start_authserver, http
+):
+    config = default_config()
+    config["keys"] = {"id_token_alg": "ES256"}
+    spa = next(c for c in config["clients"] if c["client_id"] == "spa")
+    spa["id_token_signed_response_alg"] = "EdDSA"
+    server = await start_authserver(config)
+    meta = await get_metadata(http, server, "/.well-known/openid-configuration")
+    # RS256 is listed (OpenID Connect Discovery requires it), so a key for it is published.
+    assert meta["id_token_signing_alg_values_supported"] == ["ES256", "EdDSA", "RS256"]
+    published = {k["alg"] for k in (await fetch_jwks(http, server))["keys"]}
+    assert {"ES256", "EdDSA", "RS256"} <= published
+    body = await tokens_for(http, server, client_id="spa")
+    assert jwt.get_unverified_header(body["id_token"])["alg"] == "EdDSA"
+    claims = await verify_jwt(http, server, body["id_token"], audience="spa")
+    assert claims["sub"] == server.subject("alice")
