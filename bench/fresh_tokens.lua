@@ -4,9 +4,10 @@
 --   wrk -tT ... -s bench/fresh_tokens.lua URL -- TOKEN_FILE T
 --
 -- With T wrk threads, thread k takes lines k, k+T, k+2T, ... so no two threads share a
--- token (wrk calls init() for a thread before it sets up the next, so T is an argument). A thread that runs out starts over and counts a wrap; done() reports how many
--- requests were sent and how many tokens were reused, so a run can tell whether it was
--- really cold.
+-- token. wrk runs a thread's init() before it sets up the next thread, so T is passed as
+-- an argument. A thread that runs out of tokens starts over and counts a wrap. done()
+-- prints the requests sent, the tokens available and the wraps; wraps=0 means no token
+-- was sent twice.
 
 local threads = {}
 local thread_count = 0

@@ -20,8 +20,8 @@ import asyncio
 import ipaddress
 import json
 import logging
+import os
 import re
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,6 +59,8 @@ _VISIBLE_ASCII = re.compile(r"[\x20-\x7E]*")
 # addresses in real use, so it can be written into Forwarded without breaking its syntax.
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _NO_BODY_STATUS = frozenset({204, 304})
+_NONE: frozenset[str] = frozenset()
+_MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
 
 
 def header_value(value: Any) -> str:
@@ -76,7 +78,7 @@ def header_value(value: Any) -> str:
 def _connection_tokens(headers: Any) -> frozenset[str]:
     values = headers.getall("Connection", ())
     if not values:
-        return frozenset()
+        return _NONE
     return frozenset(t.strip().lower() for v in values for t in v.split(",") if t.strip())
 
 
@@ -84,6 +86,8 @@ def _forwarded_node(address: str | None) -> str:
     """RFC 7239 §6: IPv6 addresses are bracketed and quoted; unknown peers are `unknown`."""
     if not address:
         return "unknown"
+    if ":" not in address and address.replace(".", "").isdigit():
+        return address  # IPv4 from the socket: the common case, no parsing needed
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -127,29 +131,50 @@ class Forwarder:
             }
             | ({"authorization"} if self._strip_authorization else set())
         )
+        self._keep: dict[str, bool] = {}
+        self._hosts: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ headers
+
+    def _keeps(self, name: str) -> bool:
+        """Whether a client header may go upstream, whatever the request (remembered)."""
+        low = name.lower()
+        # X_Auth_Subject is X-Auth-Subject to a CGI/WSGI upstream.
+        kept = low not in self._drop and low.replace("_", "-") not in self._identity_names
+        if len(self._keep) < _MEMO_LIMIT:
+            self._keep[name] = kept
+        return kept
+
+    def _forwarded_host(self, host: str | None) -> str | None:
+        """The Host if it is a plain host[:port], else None (remembered)."""
+        if not host:
+            return None
+        valid = self._hosts.get(host)
+        if valid is None:
+            valid = _HOST.fullmatch(host) is not None
+            if len(self._hosts) < _MEMO_LIMIT:
+                self._hosts[host] = valid
+        return host if valid else None
 
     def request_id(self, request: web.BaseRequest) -> str:
         given = request.headers.get(self._request_id_header)
         if given is not None and _REQUEST_ID.fullmatch(given):
             return given
-        return uuid.uuid4().hex
+        return os.urandom(16).hex()
 
     def upstream_headers(
         self, request: web.BaseRequest, principal: Principal | None, request_id: str
     ) -> CIMultiDict[str]:
         incoming = request.headers
         named_in_connection = _connection_tokens(incoming)
-        drop = self._drop
+        keep = self._keep
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in incoming.items():
-            low = name.lower()
-            if low in drop or low in named_in_connection:
-                continue
-            if "_" in low and low.replace("_", "-") in self._identity_names:
-                continue  # X_Auth_Subject is X-Auth-Subject to a CGI/WSGI upstream
-            out.add(name, value)
+            kept = keep.get(name)
+            if kept is None:
+                kept = self._keeps(name)
+            if kept and (not named_in_connection or name.lower() not in named_in_connection):
+                out.add(name, value)
 
         if self._preserve_host and request.host:
             out["Host"] = request.host
@@ -159,7 +184,7 @@ class Forwarder:
         out["X-Forwarded-Proto"] = request.scheme
         # A Host such as `a";for=6.6.6.6` would add a forged element to Forwarded: a name
         # that is not a plain host[:port] is left out of both headers rather than escaped.
-        host = request.host if request.host and _HOST.fullmatch(request.host) else None
+        host = self._forwarded_host(request.host)
         if host:
             out["X-Forwarded-Host"] = host
         element = f"for={_forwarded_node(peer)};proto={request.scheme}"
@@ -168,22 +193,33 @@ class Forwarder:
         prior_fwd = ", ".join(incoming.getall("Forwarded", ()))
         out["Forwarded"] = f"{prior_fwd}, {element}" if prior_fwd else element
         prior_via = ", ".join(incoming.getall("Via", ()))
-        via = f"{request.version.major}.{request.version.minor} portcullis"
+        version = request.version
+        via = "1.1 portcullis" if version == (1, 1) else f"{version[0]}.{version[1]} portcullis"
         out["Via"] = f"{prior_via}, {via}" if prior_via else via
         out[self._request_id_header] = request_id
 
         if principal is not None:
-            ids = self.identity
-            out[ids.subject] = header_value(principal.subject)
-            if principal.client_id is not None:
-                out[ids.client_id] = header_value(principal.client_id)
-            out[ids.scopes] = " ".join(header_value(s) for s in sorted(principal.scopes))
-            out[ids.issuer] = header_value(principal.issuer)
-            for header, claim in ids.claims:
-                claim_value = principal.claims.get(claim)
-                if claim_value is not None:
-                    out[header] = header_value(claim_value)
+            # Keyed by the header settings, so a principal cached across a config change is
+            # never sent with the names of the old one.
+            identity = principal.memo.get(self.identity)
+            if identity is None:
+                identity = principal.memo[self.identity] = self.identity_headers(principal)
+            out.extend(identity)
         return out
+
+    def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
+        """The identity headers of a principal; computed once per verified token."""
+        ids = self.identity
+        headers = [(ids.subject, header_value(principal.subject))]
+        if principal.client_id is not None:
+            headers.append((ids.client_id, header_value(principal.client_id)))
+        headers.append((ids.scopes, " ".join(header_value(s) for s in sorted(principal.scopes))))
+        headers.append((ids.issuer, header_value(principal.issuer)))
+        for header, claim in ids.claims:
+            claim_value = principal.claims.get(claim)
+            if claim_value is not None:
+                headers.append((header, header_value(claim_value)))
+        return tuple(headers)
 
     def response_headers(
         self, upstream: aiohttp.ClientResponse, request_id: str
@@ -192,7 +228,7 @@ class Forwarder:
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in upstream.headers.items():
             low = name.lower()
-            if low in HOP_BY_HOP or low in named_in_connection:
+            if low in HOP_BY_HOP or (named_in_connection and low in named_in_connection):
                 continue
             out.add(name, value)
         out[self._request_id_header] = request_id

@@ -6,7 +6,7 @@ Pure: built from a claims mapping, whatever verified it (a JWT signature or intr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -19,6 +19,9 @@ class Principal:
     audiences: tuple[str, ...]
     expires_at: float  # seconds since the epoch
     claims: Mapping[str, Any]
+    # Values derived once from the principal by whoever uses it (the identity headers a
+    # cached token forwards on every request); not part of its identity.
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def normalise_scopes(claims: Mapping[str, Any]) -> frozenset[str]:

@@ -126,6 +126,11 @@ class Rule:
         return self.settings.name
 
 
+# Paths made only of these characters need no decoding and hold nothing split_path refuses,
+# except dot segments and `//`, which are looked for separately.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")
+
+
 class BadPath(ValueError):
     """A request path that could be read two ways (dot segments, encoded slashes, ...)."""
 
@@ -139,6 +144,8 @@ def split_path(raw_path: str) -> list[str]:
     """
     if not raw_path.startswith("/"):
         raise BadPath("the request target must be an absolute path")
+    if _PLAIN_PATH.fullmatch(raw_path) and "/." not in raw_path and "//" not in raw_path:
+        return raw_path[1:].split("/")  # nothing to decode and nothing to refuse
     parts = raw_path[1:].split("/")
     last = len(parts) - 1
     for i, part in enumerate(parts):

@@ -32,15 +32,18 @@ class TokenCache:
         """The digests held, least recently used first (for diagnostics and tests)."""
         return tuple(self._entries)
 
-    def get(self, key: bytes, now: float | None = None) -> Principal | None:
+    def get(
+        self, key: bytes, now: float | None = None, *, count_miss: bool = True
+    ) -> Principal | None:
+        """The cached principal; `count_miss=False` for a look that a full check will follow."""
         entry = self._entries.get(key)
         if entry is None:
-            self.misses += 1
+            self.misses += count_miss
             return None
         principal, valid_until = entry
         if (time.time() if now is None else now) >= valid_until:
             del self._entries[key]
-            self.misses += 1
+            self.misses += count_miss
             return None
         self._entries.move_to_end(key)
         self.hits += 1

@@ -74,6 +74,10 @@ class JwtVerifier:
             alg for issuer in issuers.values() for alg in issuer.algorithms
         )
 
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified before and not expired since, else None."""
+        return self._cache.get(token_key(token), count_miss=False)
+
     async def verify(self, token: str) -> Principal:
         key = token_key(token)
         cached = self._cache.get(key)

@@ -135,3 +135,28 @@ async def test_zero_token_cache_size_verifies_every_request(issuer, upstream, cl
         for _ in range(3):
             assert (await orders(client, gateway, token)).status == 200
         assert (cache.hits, cache.misses, len(cache)) == (0, 3, 0)
+
+
+async def test_a_cached_token_still_goes_through_every_header_rule(
+    gateway, issuer, upstream, client
+):
+    token = issuer.token("ES256")
+    assert (await orders(client, gateway, token)).status == 200
+    forwarded = len(upstream.requests)
+    # Twice in two headers: refused even though the token itself is cached.
+    twice = [("Authorization", f"Bearer {token}"), ("Authorization", f"Bearer {token}")]
+    async with client.get(gateway.url + "/orders/1", headers=twice) as response:
+        assert response.status == 400
+        assert 'error="invalid_request"' in response.headers["WWW-Authenticate"]
+    # Other spellings of the scheme still reach the same principal through full parsing.
+    for header in (f"bearer {token}", f"Bearer   {token}", f"BEARER {token}"):
+        async with client.get(
+            gateway.url + "/orders/1", headers={"Authorization": header}
+        ) as response:
+            assert response.status == 200
+    # Trailing junk after a cached token is not the cached token.
+    async with client.get(
+        gateway.url + "/orders/1", headers={"Authorization": f"Bearer {token} x"}
+    ) as response:
+        assert response.status == 400
+    assert len(upstream.requests) == forwarded + 3
