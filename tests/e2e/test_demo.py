@@ -1,45 +1,51 @@
-"""`make demo` end to end: the dev issuer, the orders API and the gateway as real processes.
+"""`make demo` end to end: the authorization server, the orders API, the gateway and the
+example web app as real processes.
 
-The demo script runs on free ports, in smoke mode (it runs its curl walkthrough, checks every
-answer and stops everything) and interactively (until Ctrl-C). Its gateway config is checked
-on its own, and so is the development issuer.
+The demo script runs on free ports, in smoke mode (it runs its walkthrough — curl commands,
+the machine client and a browser-less sign-in through the web app — checks every answer and
+stops everything) and interactively (until Ctrl-C). Both config files are checked on their
+own, and against each other.
 """
 
 from __future__ import annotations
 
-import base64
-import json
+import hashlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import jwt
 import pytest
 
-from examples import dev_issuer
+from authserver import settings as authserver_settings
+from authserver import users
 from gateway import rules
 from gateway import settings as gateway_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "gateway.yaml"
+AUTH_CONFIG = ROOT / "config" / "authserver.yaml"
 DEMO = ROOT / "examples" / "demo.sh"
-DEV_ISSUER = ROOT / "examples" / "dev_issuer.py"
-PORT_VARIABLES = ("DEMO_GATEWAY_PORT", "DEMO_ADMIN_PORT", "DEMO_API_PORT", "DEMO_ISSUER_PORT")
+PORT_VARIABLES = (
+    "DEMO_GATEWAY_PORT",
+    "DEMO_ADMIN_PORT",
+    "DEMO_API_PORT",
+    "DEMO_AUTH_PORT",
+    "DEMO_WEB_PORT",
+)
+DEMO_PASSWORD = "wonderland"  # alice's, as the walkthrough and README give it
 
 needs_curl = pytest.mark.skipif(
     shutil.which("curl") is None, reason="the demo walks through with curl"
 )
-slow = pytest.mark.slow  # runs the demo script: three real processes
+slow = pytest.mark.slow  # runs the demo script: four real processes
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -66,7 +72,7 @@ def _bindable(port: int) -> bool:
 
 
 def demo_ports() -> dict[str, str]:
-    """Four free ports below the ephemeral range.
+    """Free ports below the ephemeral range, one per DEMO_*_PORT variable.
 
     The demo binds them a second or two after they are chosen; a port the kernel hands out
     for outgoing connections (as `bind(0)` ports are) may be taken by then on a busy machine.
@@ -119,12 +125,29 @@ def smoke_env(tmp_path: Path, ports: dict[str, str], **extra: str) -> dict[str, 
     )
 
 
-# ---------------------------------------------------------------------------- the config
+def script_default(variable: str) -> str:
+    """The default demo.sh gives `variable` (`export VAR=${VAR:-default}`)."""
+    found = re.search(
+        rf"^export {variable}=\$\{{{variable}:-([^}}]+)\}}$", DEMO.read_text(), re.MULTILINE
+    )
+    assert found, f"demo.sh sets no default for {variable}"
+    return found.group(1)
 
 
-def test_demo_config_passes_gateway_check():
+def ok_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("ok: ")]
+
+
+# ---------------------------------------------------------------------------- the configs
+
+
+@pytest.mark.parametrize(
+    ("module", "path"),
+    [("gateway", "config/gateway.yaml"), ("authserver", "config/authserver.yaml")],
+)
+def test_demo_config_passes_its_check(module, path):
     result = subprocess.run(
-        [sys.executable, "-m", "gateway", "check", "--config", "config/gateway.yaml"],
+        [sys.executable, "-m", module, "check", "--config", path],
         cwd=ROOT,
         env=clean_env(),
         capture_output=True,
@@ -132,11 +155,11 @@ def test_demo_config_passes_gateway_check():
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "config/gateway.yaml: OK"
+    assert result.stdout.strip() == f"{path}: OK"
     assert result.stderr == ""
 
 
-def test_demo_config_defaults_to_the_documented_addresses_and_takes_port_overrides():
+def test_gateway_config_defaults_to_the_documented_addresses_and_takes_port_overrides():
     default = gateway_settings.load(str(CONFIG), env={})
     assert (default.listen.host, default.listen.port) == ("127.0.0.1", 8080)
     assert (default.admin_listen.host, default.admin_listen.port) == ("127.0.0.1", 9901)
@@ -151,7 +174,98 @@ def test_demo_config_defaults_to_the_documented_addresses_and_takes_port_overrid
     assert moved.listen.port == int(ports["DEMO_GATEWAY_PORT"])
     assert moved.admin_listen.port == int(ports["DEMO_ADMIN_PORT"])
     assert moved.upstream.url == f"http://127.0.0.1:{ports['DEMO_API_PORT']}"
-    assert moved.issuers[0].issuer == f"http://127.0.0.1:{ports['DEMO_ISSUER_PORT']}"
+    assert moved.issuers[0].issuer == f"http://127.0.0.1:{ports['DEMO_AUTH_PORT']}"
+
+
+def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overrides(tmp_path):
+    default = authserver_settings.load(str(AUTH_CONFIG), env={})
+    assert default.issuer == "http://127.0.0.1:9000"
+    assert (default.listen.host, default.listen.port) == ("127.0.0.1", 9000)
+    assert default.storage == "sqlite:///.demo/authserver.db"
+    assert default.keys.dir == ".demo/keys"
+    assert default.default_audience == "orders-api"
+    web = default.client("demo-web")
+    assert web is not None
+    assert web.redirect_uris == ("http://127.0.0.1:8082/callback",)
+    assert web.post_logout_redirect_uris == ("http://127.0.0.1:8082/signed-out",)
+
+    state = tmp_path / "state"
+    env = {**demo_ports(), "DEMO_STATE_DIR": str(state)}
+    moved = authserver_settings.load(str(AUTH_CONFIG), env=env)
+    assert moved.issuer == f"http://127.0.0.1:{env['DEMO_AUTH_PORT']}"
+    assert moved.listen.port == int(env["DEMO_AUTH_PORT"])
+    assert moved.storage == f"sqlite:///{state}/authserver.db"
+    assert moved.keys.dir == f"{state}/keys"
+    web = moved.client("demo-web")
+    assert web is not None
+    assert web.redirect_uris == (f"http://127.0.0.1:{env['DEMO_WEB_PORT']}/callback",)
+    assert web.post_logout_redirect_uris == (f"http://127.0.0.1:{env['DEMO_WEB_PORT']}/signed-out",)
+
+
+def test_authserver_config_registers_the_demo_clients_as_the_walkthrough_uses_them():
+    loaded = authserver_settings.load(str(AUTH_CONFIG), env={})
+    clients = {c.client_id: c for c in loaded.clients}
+    assert set(clients) == {"demo-machine", "demo-web", "gateway"}
+
+    machine = clients["demo-machine"]
+    assert machine.token_endpoint_auth_method == "client_secret_basic"
+    assert machine.grant_types == ("client_credentials",)
+    assert set(machine.scope) == {"orders:read", "orders:write"}
+    assert machine.resources == ("billing-api",)  # the walkthrough's token for another API
+
+    web = clients["demo-web"]
+    assert web.token_endpoint_auth_method == "client_secret_basic"
+    assert not web.public and web.require_pkce
+    assert set(web.grant_types) == {"authorization_code", "refresh_token"}
+    assert " ".join(web.scope) == "openid profile email offline_access orders:read orders:write"
+
+    gateway = clients["gateway"]
+    assert gateway.grant_types == ("client_credentials",)
+    assert gateway.scope == () and gateway.introspection
+
+
+@pytest.mark.parametrize(
+    ("client_id", "variable"),
+    [("demo-machine", "DEMO_MACHINE_SECRET"), ("demo-web", "DEMO_WEB_SECRET")],
+)
+def test_demo_script_and_authserver_config_default_to_the_same_client_secret(client_id, variable):
+    # The script passes its value on to the config; run by hand, the config's own default
+    # must be the one the walkthrough prints.
+    secret = script_default(variable)
+    assert len(secret) >= 32
+    loaded = authserver_settings.load(str(AUTH_CONFIG), env={})
+    client = loaded.client(client_id)
+    assert client is not None
+    assert client.client_secret_sha256 == hashlib.sha256(secret.encode()).digest()
+    overridden = authserver_settings.load(str(AUTH_CONFIG), env={variable: "x" * 40})
+    changed = overridden.client(client_id)
+    assert changed is not None
+    assert changed.client_secret_sha256 == hashlib.sha256(b"x" * 40).digest()
+
+
+def test_demo_user_signs_in_with_the_documented_password_only():
+    loaded = authserver_settings.load(str(AUTH_CONFIG), env={})
+    assert [u.username for u in loaded.users] == ["alice"]
+    alice = loaded.users[0]
+    # The example API's sample orders belong to "alice": the web app shows them.
+    assert alice.subject == "alice"
+    assert alice.claims["email"] == "alice@example.com"
+    assert alice.claims["name"]
+    assert users.verify_password(DEMO_PASSWORD, alice.password_hash)
+    assert not users.verify_password(DEMO_PASSWORD.upper(), alice.password_hash)
+
+
+def test_gateway_trusts_exactly_what_the_authserver_issues():
+    gateway = gateway_settings.load(str(CONFIG), env={})
+    auth = authserver_settings.load(str(AUTH_CONFIG), env={})
+    (trusted,) = gateway.issuers
+    assert trusted.issuer == auth.issuer
+    assert auth.default_audience in trusted.audiences
+    assert auth.keys.access_token_alg in trusted.algorithms
+    # Every scope a route asks for is one the authserver can grant some demo client.
+    grantable = {scope for client in auth.clients for scope in client.scope}
+    asked = {s for r in gateway.routes if r.scopes is not None for s in r.scopes.scopes}
+    assert asked and asked - {"profile"} <= grantable
 
 
 @pytest.mark.parametrize(
@@ -197,27 +311,38 @@ def test_demo_config_routes_each_request_to_the_intended_rule(method, path, expe
 def test_demo_smoke_run_answers_every_step_as_expected_and_stops_everything(tmp_path):
     ports = demo_ports()
     result = run_demo(smoke_env(tmp_path, ports))
-    assert result.returncode == 0, result.stdout
-    assert "FAILED" not in result.stdout
-    summary = result.stdout.strip().splitlines()[-1]
+    out = result.stdout
+    assert result.returncode == 0, out
+    assert "FAILED" not in out
+    summary = out.strip().splitlines()[-1]
     assert summary.startswith("demo smoke: all ") and summary.endswith(" answered as expected")
-    steps = [line for line in result.stdout.splitlines() if line.startswith("==> ")]
-    oks = [line for line in result.stdout.splitlines() if line.startswith("ok: ")]
-    assert len(steps) == len(oks) >= 10
+    steps = [line for line in out.splitlines() if line.startswith("==> ")]
+    oks = ok_lines(out)
+    assert len(steps) == len(oks) >= 15
     # Statuses the walkthrough promises, each seen at least once; the refusals come from the
     # gateway alone, checked against the API's own access log.
-    assert {line.split()[1] for line in oks} >= {"200", "201", "204", "401", "403", "404", "422"}
+    statuses = {line.split()[1] for line in oks if not line.startswith("ok: exit")}
+    assert statuses >= {"200", "201", "204", "400", "401", "403", "404", "422"}
     stopped = {line.split()[1] for line in oks if line.endswith("(API not reached)")}
     assert stopped == {"401", "403", "404"}
+    issued = {line.split()[1] for line in oks if line.endswith("(authorization server)")}
+    assert issued == {"200", "400", "401"}
+    # The token comes from the authorization server, by client_credentials with Basic.
+    assert '"token_type":"Bearer"' in out and "invalid_client" in out
+    # The machine client and the browser-less sign-in both ran, and reached the API.
+    assert oks.count("ok: exit 0") == 2
+    assert "GET /orders?limit=5 -> 200" in out
+    assert "claims: sub alice, name Alice Liddell, email alice@example.com" in out
+    assert "sign-in, API call, refresh and sign-out all worked" in out
     for port in ports.values():
         assert_closed(port)
-    assert list(tmp_path.iterdir()) == [], "a clean run removes its logs"
+    assert list(tmp_path.iterdir()) == [], "a clean run removes its logs and its state"
 
 
 @slow
 @needs_curl
-def test_demo_smoke_run_fails_when_the_gateway_lets_through_what_it_should_refuse(tmp_path):
-    # The same config, except that creating an order needs only orders:read.
+def test_demo_smoke_run_fails_on_every_step_that_does_not_answer_as_expected(tmp_path):
+    # The gateway config, except that creating an order needs only orders:read.
     text = CONFIG.read_text()
     head, marker, tail = text.partition("name: orders-create")
     assert marker
@@ -225,27 +350,54 @@ def test_demo_smoke_run_fails_when_the_gateway_lets_through_what_it_should_refus
     assert loosened != tail
     config = tmp_path / "loose.yaml"
     config.write_text(head + marker + loosened)
+    # The authserver config, except that the web app may no longer ask for orders:write,
+    # which it does ask for: its authorization request is refused and nobody signs in.
+    text = AUTH_CONFIG.read_text()
+    narrowed = text.replace(
+        'scope: "openid profile email offline_access orders:read orders:write"',
+        'scope: "openid profile email offline_access orders:read"',
+    )
+    assert narrowed != text
+    auth_config = tmp_path / "authserver.yaml"
+    auth_config.write_text(narrowed)
     logs = tmp_path / "tmp"
     logs.mkdir()
 
     ports = demo_ports()
-    result = run_demo(smoke_env(logs, ports, DEMO_CONFIG=str(config)))
-    assert result.returncode == 1, result.stdout
-    assert "FAILED: expected status 403, got 201" in result.stdout
-    assert "FAILED: the API got a request the gateway should have stopped" in result.stdout
-    assert "demo smoke: 1 of " in result.stdout
+    env = smoke_env(logs, ports, DEMO_CONFIG=str(config), DEMO_AUTH_CONFIG=str(auth_config))
+    result = run_demo(env)
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert "FAILED: expected status 403, got 201" in out
+    assert "FAILED: the API got a request the gateway should have stopped" in out
+    assert "FAILED: expected exit status 0, got 1" in out
+    assert "invalid_scope" in out  # the refusal the web app shows
+    assert "demo smoke: 2 of " in out
+    assert (
+        len(ok_lines(out))
+        == len([line for line in out.splitlines() if line.startswith("==> ")]) - 2
+    )
     for port in ports.values():
         assert_closed(port)
     kept = list(logs.iterdir())
-    assert len(kept) == 1 and f"logs kept in {kept[0]}" in result.stdout
-    assert {p.name for p in kept[0].iterdir()} >= {"issuer.log", "api.log", "gateway.log"}
+    assert len(kept) == 1 and f"logs kept in {kept[0]}" in out
+    assert {p.name for p in kept[0].iterdir()} >= {
+        "authserver.log",
+        "api.log",
+        "gateway.log",
+        "web.log",
+        "state",
+    }
 
 
 @slow
 @needs_curl
 def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(tmp_path):
     ports = demo_ports()
-    env = clean_env(DEMO_PYTHON=sys.executable, TMPDIR=str(tmp_path), **ports)
+    state = tmp_path / "state"
+    env = clean_env(
+        DEMO_PYTHON=sys.executable, TMPDIR=str(tmp_path), DEMO_STATE_DIR=str(state), **ports
+    )
     output = tmp_path / "out.txt"
     with output.open("w") as out:
         process = subprocess.Popen(
@@ -256,6 +408,7 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    web = f"http://127.0.0.1:{ports['DEMO_WEB_PORT']}"
     try:
         deadline = time.monotonic() + 60
         while "Press Ctrl-C" not in output.read_text():
@@ -266,6 +419,12 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
         # Everything is up while the demo waits.
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['DEMO_ADMIN_PORT']}/readyz") as r:
             assert r.status == 200
+        with urllib.request.urlopen(web + "/") as r:
+            assert r.status == 200
+            assert 'href="/login"' in r.read().decode()
+        auth = f"http://127.0.0.1:{ports['DEMO_AUTH_PORT']}"
+        with urllib.request.urlopen(auth + "/.well-known/openid-configuration") as r:
+            assert r.status == 200
         process.send_signal(signal.SIGINT)  # to the script alone, which must stop the rest
         assert process.wait(timeout=30) == 0, output.read_text()
         assert not stop_leftovers(process.pid), "the demo left processes running"
@@ -273,12 +432,21 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    assert f"Open {web}/ in a browser and sign in as alice, password {DEMO_PASSWORD}" in text
     assert f"GW=http://127.0.0.1:{ports['DEMO_GATEWAY_PORT']}" in text
-    assert "READ_TOKEN=$(" in text and "WRITE_TOKEN=$(" in text
+    assert f"AUTH={auth}" in text
+    assert "READ_TOKEN=$(token -d scope=orders:read)" in text
+    assert "WRITE_TOKEN=$(" in text and "OTHER_API_TOKEN=$(" in text
     assert 'curl -sS -i "$GW/orders"' in text
+    assert 'examples/machine_client.py" --issuer "$AUTH" --client-id demo-machine' in text
     for port in ports.values():
         assert_closed(port)
-    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"], "logs are removed on Ctrl-C"
+    assert {p.name for p in tmp_path.iterdir()} == {"out.txt", "state"}, (
+        "logs are removed on Ctrl-C"
+    )
+    # A state directory the caller names is kept: the database and the signing keys.
+    assert (state / "authserver.db").is_file()
+    assert any((state / "keys").iterdir())
 
 
 @slow
@@ -286,129 +454,11 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
 def test_demo_refuses_to_start_when_one_of_its_ports_is_taken(tmp_path):
     ports = demo_ports()
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", int(ports["DEMO_API_PORT"])))
+        taken.bind(("127.0.0.1", int(ports["DEMO_AUTH_PORT"])))
         taken.listen()
         result = run_demo(smoke_env(tmp_path, ports), timeout=30)
     assert result.returncode == 1
-    assert f"port {ports['DEMO_API_PORT']} is in use" in result.stdout
-    assert "DEMO_API_PORT" in result.stdout
-    for name in ("DEMO_GATEWAY_PORT", "DEMO_ISSUER_PORT"):
+    assert f"port {ports['DEMO_AUTH_PORT']} is in use" in result.stdout
+    assert "DEMO_AUTH_PORT" in result.stdout
+    for name in ("DEMO_GATEWAY_PORT", "DEMO_API_PORT", "DEMO_WEB_PORT"):
         assert_closed(ports[name])
-
-
-# ---------------------------------------------------------------------------- the dev issuer
-
-
-def mint(capsys: pytest.CaptureFixture[str], *args: str) -> str:
-    """`dev_issuer.py mint ARGS` in this process; the printed token."""
-    capsys.readouterr()
-    assert dev_issuer.main(["mint", *args]) == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return out.strip()
-
-
-def segment(part: str) -> dict[str, Any]:
-    decoded: dict[str, Any] = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
-    return decoded
-
-
-@pytest.fixture
-def served_issuer(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    keys = tmp_path / "keys"
-    port = int(demo_ports()["DEMO_ISSUER_PORT"])
-    process = subprocess.Popen(
-        [sys.executable, str(DEV_ISSUER), "serve", "--port", str(port), "--keys", str(keys)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(url + "/jwks", timeout=1).close()
-                break
-            except OSError:
-                assert process.poll() is None, process.stdout and process.stdout.read()
-                assert time.monotonic() < deadline, "the dev issuer did not start"
-                time.sleep(0.05)
-        yield url, keys
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        if process.stdout:
-            process.stdout.close()
-
-
-def fetch(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
-
-
-def test_dev_issuer_keeps_its_private_key_owner_only_and_serves_the_matching_public_key(
-    served_issuer, capsys
-):
-    url, keys = served_issuer
-    key_files = list(keys.iterdir())
-    assert len(key_files) == 1
-    assert stat.S_IMODE(key_files[0].stat().st_mode) == 0o600
-    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
-
-    metadata = fetch(url + "/.well-known/openid-configuration")
-    assert metadata["issuer"] == url
-    assert metadata["jwks_uri"] == url + "/jwks"
-    published = fetch(metadata["jwks_uri"])["keys"]
-    assert len(published) == 1
-    assert not {"d", "p", "q"} & set(published[0])
-
-    token = mint(
-        capsys, "--keys", str(keys), "--issuer", url, "--sub", "alice", "--scope", "orders:read"
-    )
-    header = segment(token.split(".")[0])
-    assert header == {"alg": "ES256", "typ": "at+jwt", "kid": published[0]["kid"]}
-    claims = jwt.decode(
-        token,
-        jwt.PyJWK(published[0]).key,
-        algorithms=["ES256"],
-        audience="orders-api",
-        issuer=url,
-    )
-    assert set(claims) == {"iss", "sub", "aud", "client_id", "scope", "iat", "exp", "jti"}
-    assert (claims["sub"], claims["scope"], claims["aud"]) == ("alice", "orders:read", "orders-api")
-    assert claims["exp"] - claims["iat"] == 300
-
-
-def test_dev_issuer_mint_takes_audiences_lifetime_and_client_id(tmp_path, capsys):
-    keys = str(tmp_path / "keys")
-    token = mint(
-        capsys,
-        "--keys", keys,
-        "--issuer", "http://127.0.0.1:9999/",
-        "--sub", "svc",
-        "--scope", "orders:read  orders:write",
-        "--aud", "orders-api",
-        "--aud", "billing-api",
-        "--lifetime", "30s",
-        "--client-id", "cli",
-    )  # fmt: skip
-    claims = segment(token.split(".")[1])
-    assert claims["iss"] == "http://127.0.0.1:9999"
-    assert claims["aud"] == ["orders-api", "billing-api"]
-    assert claims["scope"] == "orders:read orders:write"
-    assert claims["client_id"] == "cli"
-    assert claims["exp"] - claims["iat"] == 30
-    again = mint(capsys, "--keys", keys, "--sub", "svc")
-    assert segment(again.split(".")[1])["jti"] != claims["jti"]
-    # The key made on first use signs the next token too.
-    assert segment(again.split(".")[0])["kid"] == segment(token.split(".")[0])["kid"]
-
-
-def test_dev_issuer_says_it_is_for_development_only(capsys):
-    for args in ([], ["serve"], ["mint"]):
-        with pytest.raises(SystemExit) as exit_info:
-            dev_issuer.main([*args, "--help"])
-        assert exit_info.value.code == 0
-        assert "development only" in capsys.readouterr().out.lower()
-    assert "development only" in (dev_issuer.__doc__ or "").lower()

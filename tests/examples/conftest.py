@@ -1,0 +1,171 @@
+"""Fixtures for the example clients: the authorization server's own fixtures, and the rest of
+the demo's stack — the gateway in front of an echo upstream — on real sockets.
+
+`stack` starts an authorization server with the demo's clients (`demo-machine`, `demo-web`
+and a few more), a gateway trusting it, and an EchoUpstream behind the gateway. The web
+client's port is chosen first, because its redirect URI is registered with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from examples.web_client import Config, create_app
+from examples.web_client.app import STATE
+from examples.web_client.sessions import Session
+from tests.authserver.conftest import (
+    PASSWORD_HASH,
+    SECRET,
+    RunningAuthServer,
+    StartAuthServer,
+    http,
+    key_root,
+    start_authserver,
+)
+from tests.support import (
+    EchoUpstream,
+    RunningGateway,
+    free_port,
+    gateway_yaml,
+    start_gateway,
+    start_site,
+)
+
+__all__ = [
+    "RunningWebApp",
+    "Stack",
+    "demo_clients_config",
+    "http",
+    "key_root",
+    "run_web_app",
+    "stack",
+    "start_authserver",
+    "web_app",
+]
+
+# Reserved characters in both the id's and the secret's alphabet: RFC 6749 §2.3.1 has them
+# form-encoded inside HTTP Basic, and the server decodes them so.
+ODD_CLIENT_ID = "odd:client"
+ODD_SECRET = "p@ss:word+with/reserved%chars and spaces"
+WEB_SECRET = "web-client-secret:with+reserved/chars%20"
+EVIL_NAME = '<script>alert("owned")</script> & <b>friends</b>'
+
+
+def demo_clients_config(web_port: int) -> dict[str, Any]:
+    """The demo's users and clients, with a quick password hash for tests."""
+    web_base = f"http://127.0.0.1:{web_port}"
+    return {
+        "default_audience": "orders-api",
+        "scopes": [
+            {"name": "orders:read", "description": "Read your orders"},
+            {"name": "orders:write", "description": "Change your orders"},
+        ],
+        "users": [
+            {
+                "username": "alice",
+                "password_hash": PASSWORD_HASH,
+                "email": "alice@example.com",
+                "email_verified": True,
+                "name": "Alice Liddell",
+            },
+            {"username": "mallory", "password_hash": PASSWORD_HASH, "name": EVIL_NAME},
+        ],
+        "clients": [
+            {
+                "client_id": "demo-machine",
+                "client_secret": SECRET,
+                "grant_types": ["client_credentials"],
+                "scope": "orders:read orders:write",
+            },
+            {
+                "client_id": ODD_CLIENT_ID,
+                "client_secret": ODD_SECRET,
+                "grant_types": ["client_credentials"],
+                "scope": "orders:read",
+            },
+            {
+                "client_id": "demo-web",
+                "client_name": "Demo web app",
+                "client_secret": WEB_SECRET,
+                "token_endpoint_auth_method": "client_secret_basic",
+                "redirect_uris": [f"{web_base}/callback"],
+                "post_logout_redirect_uris": [f"{web_base}/signed-out"],
+                "grant_types": ["authorization_code", "refresh_token"],
+                "scope": "openid profile email offline_access orders:read orders:write",
+            },
+            {
+                "client_id": "resource-server",
+                "client_secret": SECRET,
+                "grant_types": ["client_credentials"],
+                "scope": "",
+                "introspection": True,
+            },
+        ],
+    }
+
+
+@dataclass
+class Stack:
+    auth: RunningAuthServer
+    gateway: RunningGateway
+    upstream: EchoUpstream
+    web_port: int
+
+    @property
+    def web_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+
+# A route only orders:write opens, for a GET the machine client can make.
+EXTRA_ROUTES = """
+  - {name: reports, path: "/reports/**", methods: [GET], scopes: {all: ["orders:write"]}}
+"""
+
+
+@pytest.fixture
+async def stack(start_authserver: StartAuthServer) -> AsyncIterator[Stack]:
+    web_port = free_port()
+    auth = await start_authserver(demo_clients_config(web_port))
+    upstream = await EchoUpstream().start()
+    gateway = await start_gateway(gateway_yaml(auth.url, upstream.url, EXTRA_ROUTES))
+    yield Stack(auth, gateway, upstream, web_port)
+    await gateway.stop()
+    await upstream.stop()
+
+
+@dataclass
+class RunningWebApp:
+    app: web.Application
+    url: str
+
+    def session(self, cookie: str | None) -> Session:
+        """The server-side session a cookie value names."""
+        session = self.app[STATE].sessions.get(cookie)
+        assert session is not None, "no such session"
+        return session
+
+
+async def run_web_app(config: Config, port: int) -> tuple[RunningWebApp, Any]:
+    app = create_app(config)
+    runner, url = await start_site(app, port)
+    return RunningWebApp(app, url), runner
+
+
+@pytest.fixture
+async def web_app(stack: Stack) -> AsyncIterator[RunningWebApp]:
+    """The example web app as the demo runs it: registered as demo-web, calling the gateway."""
+    config = Config(
+        issuer=stack.auth.settings.issuer,
+        client_id="demo-web",
+        client_secret=WEB_SECRET,
+        api=stack.gateway.url,
+        base_url=stack.web_url,
+    )
+    running, runner = await run_web_app(config, stack.web_port)
+    yield running
+    await runner.cleanup()
