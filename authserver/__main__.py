@@ -1,12 +1,14 @@
-"""portcullis-authserver: run · check · hash-password."""
+"""portcullis-authserver: run · check · keys rotate · keys list · hash-password."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import sys
+import time
+from dataclasses import asdict
 
-from portcullis import runtime
 from portcullis.yamlconf import ConfigError
 
 from . import settings as settings_module
@@ -22,6 +24,22 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--config", required=True)
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
+    keys = commands.add_parser("keys", help="signing keys in the configured key directory")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    rotate = key_commands.add_parser(
+        "rotate",
+        help="publish a new key for each signing algorithm; it signs after publish_ahead",
+    )
+    rotate.add_argument("--config", required=True)
+    rotate.add_argument(
+        "--alg",
+        action="append",
+        choices=settings_module.SIGNING_ALGORITHMS,
+        help="rotate only this algorithm's key (repeatable); default: every one in use",
+    )
+    listing = key_commands.add_parser("list", help="each key's kid, algorithm, state and dates")
+    listing.add_argument("--config", required=True)
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
     if args.command == "hash-password":
@@ -54,11 +72,75 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
-    runtime.configure_logging(settings.log_level)
+    if args.command == "keys":
+        return _keys(args, settings)
+    # The server's imports (aiohttp, uvloop) only when serving: the other commands start fast.
+    from portcullis import runtime
+
     from .app import serve
+
+    runtime.configure_logging(settings.log_level)
 
     runtime.run(serve(settings))
     return 0
+
+
+def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:
+    """Work on the key directory in place: a running server notices within a second."""
+    from .keys import METADATA, KeyRing, RotationPolicy
+
+    ring = KeyRing(settings.keys.dir, RotationPolicy.from_settings(settings))
+    in_use = settings.signing_algs
+    now = time.time()
+    if args.keys_command == "rotate":
+        wanted = list(dict.fromkeys(args.alg or in_use))
+        unused = [alg for alg in wanted if alg not in in_use]
+        if unused:
+            print(
+                f"the server does not sign with {', '.join(unused)} "
+                f"(it signs with {', '.join(in_use)})",
+                file=sys.stderr,
+            )
+            return 1
+        ring.load(in_use)
+        for rotation in ring.rotate(wanted, now):
+            info = rotation.info
+            what = "published now" if rotation.created else "already waiting"
+            print(f"{info.kid}  {info.alg}  next: {what}; signs from {_when(info.activate_at)}")
+        return 0
+    if not (ring.dir / METADATA).exists():
+        print(f"no keys in {ring.dir}: the server makes them when it first starts", file=sys.stderr)
+        return 1
+    ring.reload()
+    infos = ring.view(now)
+    if args.json:
+        print(json.dumps([asdict(info) for info in infos], indent=2))
+        return 0
+    header = ("KID", "ALG", "STATE", "CREATED", "SIGNS FROM", "RETIRED", "REMOVED AFTER")
+    rows = [header] + [
+        (
+            i.kid,
+            i.alg,
+            i.state,
+            _when(i.created_at),
+            _when(i.active_from),
+            _when(i.retired_at),
+            _when(i.remove_after),
+        )
+        for i in infos
+    ]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
+
+
+def _when(moment: float | None) -> str:
+    if moment is None:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(moment))
 
 
 if __name__ == "__main__":

@@ -19,13 +19,24 @@ from aiohttp import web
 from portcullis import runtime
 from portcullis.http import json_response
 
-from .endpoints import authorize, discovery, introspect, logout, revoke, token, userinfo
+from .endpoints import (
+    authorize,
+    device,
+    device_authorization,
+    discovery,
+    introspect,
+    logout,
+    revoke,
+    token,
+    userinfo,
+)
 from .endpoints.common import SERVICES, Services, page_environment
 from .grants.authorization_code import AuthorizationCode
 from .grants.base import GrantContext, Registry
 from .grants.client_credentials import ClientCredentials
+from .grants.device_code import DeviceCode
 from .grants.refresh_token import RefreshToken
-from .keys import KeyRing
+from .keys import CHECK_EVERY, Event, KeyRing, RotationPolicy, jwks_cache_control
 from .sessions import Sessions
 from .settings import Settings
 from .store import open_store
@@ -34,7 +45,7 @@ from .tokens import Minter
 
 log = logging.getLogger("portcullis.authserver")
 
-PURGE_EVERY = 300.0  # seconds
+PURGE_EVERY = timedelta(minutes=5)
 
 
 def build_app(settings: Settings) -> web.Application:
@@ -44,12 +55,17 @@ def build_app(settings: Settings) -> web.Application:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         store = open_store(settings.storage)
         await store.open()
-        keyring = KeyRing(settings.keys.dir)
-        keyring.load([settings.keys.access_token_alg, *settings.id_token_algs])
+        keyring = KeyRing(settings.keys.dir, RotationPolicy.from_settings(settings))
+        _log_key_events(keyring.load(settings.signing_algs))
         minter = Minter(settings, keyring)
         context = GrantContext(settings, store, minter)
         registry = Registry(
-            [AuthorizationCode(context), ClientCredentials(context), RefreshToken(context)]
+            [
+                AuthorizationCode(context),
+                ClientCredentials(context),
+                RefreshToken(context),
+                DeviceCode(context),
+            ]
         )
         app[SERVICES] = Services(
             settings=settings,
@@ -64,11 +80,14 @@ def build_app(settings: Settings) -> web.Application:
         app[discovery.DISCOVERY] = discovery.Document(
             discovery.metadata(settings, registry.names()), max_age=3600
         )
-        purger = asyncio.create_task(_purge(store, keyring))
+        app[discovery.JWKS_CACHE_CONTROL] = jwks_cache_control(settings)
+        tasks = [asyncio.create_task(_purge(store)), asyncio.create_task(_watch_keys(keyring))]
         yield
-        purger.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await purger
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await store.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -88,6 +107,11 @@ def build_app(settings: Settings) -> web.Application:
     r.add_route("POST", base + "/userinfo", userinfo.userinfo)
     r.add_post(base + "/introspect", introspect.introspect)
     r.add_post(base + "/revoke", revoke.revoke)
+    r.add_post(base + "/device_authorization", device_authorization.device_authorization)
+    r.add_get(base + "/device", device.device_page)
+    r.add_post(base + "/device", device.check_code)
+    r.add_post(base + "/device/login", device.login)
+    r.add_post(base + "/device/consent", device.consent)
     r.add_route("GET", base + "/logout", logout.logout)
     r.add_route("POST", base + "/logout", logout.logout)
     r.add_get(base + "/healthz", _healthz)
@@ -99,19 +123,32 @@ async def _healthz(_: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-async def _purge(store: Store, keyring: KeyRing) -> None:
-    """Delete expired rows, and retired keys once every token they signed has expired."""
+async def _purge(store: Store) -> None:
+    """Delete expired rows."""
     while True:
-        await asyncio.sleep(PURGE_EVERY)
+        await asyncio.sleep(PURGE_EVERY.total_seconds())
         try:
-            now = time.time()
-            removed = await store.purge_expired(now)
+            removed = await store.purge_expired(time.time())
             log.info("expired rows purged", extra={"rows": removed})
-            gone = keyring.purge(now)
-            if gone:
-                log.info("retired keys removed", extra={"kids": gone})
         except Exception:
             log.exception("purge failed")
+
+
+async def _watch_keys(keyring: KeyRing) -> None:
+    """Pick up keys other processes wrote (`keys rotate`) and write the transitions that are
+    due: activation, retirement, removal, automatic rotation. In a worker thread: it reads
+    files, may wait for another process's lock, and generating an RSA key takes a while."""
+    while True:
+        await asyncio.sleep(CHECK_EVERY.total_seconds())
+        try:
+            _log_key_events(await asyncio.to_thread(keyring.check, time.time()))
+        except Exception:
+            log.exception("key ring check failed")
+
+
+def _log_key_events(events: list[Event]) -> None:
+    for event in events:
+        log.info("signing key " + event.what, extra={"kid": event.kid, "alg": event.alg})
 
 
 async def serve(settings: Settings) -> None:

@@ -1,21 +1,47 @@
-"""The key ring: signing keys per algorithm, their public JWK Set, and their lifecycle.
+"""The key ring: signing keys per algorithm, their public JWK Set, and their rotation.
 
 Keys live in `keys.dir`: one PEM file per private key (mode 0600) and `keyring.json` with
-each key's algorithm and dates. On first start a key is generated for every algorithm the
-server signs with. A key goes `next` (published, not yet signing) → `active` (signing) →
-`retired` (published until every token it signed has expired) → removed.
+each key's algorithm, state and dates. On first start a key is generated for every algorithm
+the server signs with. A rotation takes a key through
+
+    next     published in the JWKS at once, not signing yet;
+    active   signing, from `activate_at` = publication + publish_ahead;
+    retired  superseded, still published until every token it signed has expired
+             (`remove_after` = when its successor took over + the longest token lifetime);
+    removed  gone from the JWKS and the disk.
+
+Which key signs is decided by the clock, not by when a state change is written: the
+newest `next` or `active` key whose `activate_at` has passed. So every server process that
+shares the directory switches at the same moment, and a late timer never makes an old key
+sign a token that would outlive the key's publication.
+
+Several processes may change the directory at once: the servers' timers, and the
+`portcullis-authserver keys rotate` command. Every change runs under an exclusive lock on
+`keyring.lock` and starts by reading the directory again; readers take the lock shared.
+A running server calls `check` every CHECK_EVERY: it reloads the ring when another process
+changed `keyring.json`, and writes the transitions that have come due. A key another
+process adds is therefore published by every server within NOTICE_WITHIN, which a rotation
+adds to `publish_ahead` before the key may sign.
+
+The in-memory ring is one immutable snapshot replaced in a single assignment, so `check`
+may run in a worker thread while the event loop signs and serves the JWKS.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
+import math
 import os
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
+from datetime import timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +51,73 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from .settings import Settings
+
 METADATA = "keyring.json"
+LOCK = "keyring.lock"
+CHECK_EVERY = timedelta(seconds=1)
+# How soon every running server has published a key another process wrote: a check every
+# CHECK_EVERY, each taking a little time. A new key waits this long on top of publish_ahead.
+NOTICE_WITHIN = 2 * CHECK_EVERY
+
+
+class KeyState(StrEnum):
+    NEXT = "next"
+    ACTIVE = "active"
+    RETIRED = "retired"
 
 
 @dataclass(frozen=True)
 class KeyInfo:
     kid: str
     alg: str
-    state: str  # next | active | retired
+    state: str  # KeyState value
     created_at: float
-    activate_at: float | None = None  # for `next`: when it starts signing
+    activate_at: float | None = None  # when it starts (or started) signing; None: at creation
     retired_at: float | None = None
     remove_after: float | None = None  # for `retired`: when the last token it signed expires
+
+    @property
+    def active_from(self) -> float:
+        return self.created_at if self.activate_at is None else self.activate_at
+
+
+@dataclass(frozen=True)
+class RotationPolicy:
+    """Seconds: how long a new key is published before it signs, how long a retired key
+    stays published, and (optionally) how long a key signs before it is replaced."""
+
+    publish_ahead: float
+    retain: float
+    rotate_every: float | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RotationPolicy:
+        lifetimes = settings.lifetimes
+        keys = settings.keys
+        # Any key may sign either kind of token (the algorithms may coincide): keep it for
+        # the longer lifetime.
+        retain = max(lifetimes.access_token, lifetimes.id_token)
+        return cls(
+            publish_ahead=keys.publish_ahead.total_seconds(),
+            retain=retain.total_seconds(),
+            rotate_every=keys.rotate_every.total_seconds() if keys.rotate_every else None,
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """A change `check` or `rotate` made, for the log."""
+
+    kid: str
+    alg: str
+    what: str  # published | activated | retired | removed
+
+
+@dataclass(frozen=True)
+class Rotation:
+    info: KeyInfo
+    created: bool  # False: a rotation was already pending for this algorithm
 
 
 def _generate(alg: str) -> Any:
@@ -69,129 +150,371 @@ def _write_private(path: Path, key: Any) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(pem)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_private(path: Path) -> Any:
+    # The keys are this server's own, written by `_add` into a directory only it can read;
+    # the RSA consistency check (over 100 ms a key) would only slow every start.
+    return serialization.load_pem_private_key(
+        path.read_bytes(), None, unsafe_skip_rsa_key_validation=True
+    )
+
+
+Stamp = tuple[int, int, int]  # inode, mtime in ns, size of keyring.json
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    infos: Mapping[str, KeyInfo]
+    private: Mapping[str, Any]
+    stamp: Stamp | None
+    jwks_body: bytes
+    jwks_etag: str
+
+
+def _snapshot(
+    infos: Mapping[str, KeyInfo], private: Mapping[str, Any], stamp: Stamp | None
+) -> _Snapshot:
+    ordered = sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
+    body = orjson.dumps({"keys": [public_jwk(private[i.kid], i.kid, i.alg) for i in ordered]})
+    etag = '"' + base64.urlsafe_b64encode(hashlib.sha256(body).digest()[:12]).decode() + '"'
+    return _Snapshot(dict(infos), dict(private), stamp, body, etag)
+
+
+def transitions(
+    infos: Mapping[str, KeyInfo], now: float, policy: RotationPolicy
+) -> tuple[dict[str, KeyInfo], list[Event]]:
+    """The ring after the state changes due at `now`: activations (with the retirement of
+    the key each one replaces) and removals. Pure: the caller writes the result."""
+    result = dict(infos)
+    events: list[Event] = []
+    due = sorted(
+        (i for i in result.values() if i.state == KeyState.NEXT and i.active_from <= now),
+        key=lambda i: i.active_from,
+    )
+    for successor in due:
+        for old in list(result.values()):
+            if (
+                old.alg == successor.alg
+                and old.state == KeyState.ACTIVE
+                and old.active_from <= successor.active_from
+            ):
+                # It signed until its successor took over; its last token expires `retain`
+                # after that.
+                took_over = successor.active_from
+                result[old.kid] = replace(
+                    old,
+                    state=KeyState.RETIRED.value,
+                    retired_at=took_over,
+                    remove_after=took_over + policy.retain,
+                )
+                events.append(Event(old.kid, old.alg, "retired"))
+        result[successor.kid] = replace(successor, state=KeyState.ACTIVE.value)
+        events.append(Event(successor.kid, successor.alg, "activated"))
+    for info in list(result.values()):
+        if (
+            info.state == KeyState.RETIRED
+            and info.remove_after is not None
+            and info.remove_after <= now
+        ):
+            del result[info.kid]
+            events.append(Event(info.kid, info.alg, "removed"))
+    return result, events
+
+
+def _rotation_due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPolicy) -> list[str]:
+    """Algorithms whose active key has signed long enough that its successor must be
+    published now to take over `rotate_every` after it started."""
+    if policy.rotate_every is None:
+        return []
+    pending = {i.alg for i in infos.values() if i.state == KeyState.NEXT}
+    # One CHECK_EVERY more: the check that finds it due may come that much late.
+    lead = policy.publish_ahead + (NOTICE_WITHIN + CHECK_EVERY).total_seconds()
+    return sorted(
+        {
+            i.alg
+            for i in infos.values()
+            if i.state == KeyState.ACTIVE
+            and i.alg not in pending
+            and now >= i.active_from + policy.rotate_every - lead
+        }
+    )
 
 
 class KeyRing:
-    def __init__(self, directory: str) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], policy: RotationPolicy | None = None
+    ) -> None:
         self.dir = Path(directory)
-        self._infos: dict[str, KeyInfo] = {}
-        self._private: dict[str, Any] = {}
-        self._jwks_body = b""
-        self.jwks_etag = ""
+        self.policy = policy
+        self._snap = _snapshot({}, {}, None)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def jwks_body(self) -> bytes:
+        return self._snap.jwks_body
+
+    @property
+    def jwks_etag(self) -> str:
+        return self._snap.jwks_etag
+
+    def infos(self) -> list[KeyInfo]:
+        return sorted(self._snap.infos.values(), key=lambda i: (i.created_at, i.kid))
+
+    def view(self, now: float) -> list[KeyInfo]:
+        """The keys as they are at `now`, transitions due but not yet written included."""
+        infos = self._snap.infos
+        if self.policy is not None:
+            infos, _ = transitions(infos, now, self.policy)
+        return sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
 
     # ------------------------------------------------------------------ persistence
 
-    def load(self, algorithms: Iterable[str]) -> None:
-        """Read the ring, generating an active key for any algorithm that has none."""
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.reload()
-        now = time.time()
-        changed = False
-        for alg in dict.fromkeys(algorithms):
-            if not any(i.alg == alg and i.state == "active" for i in self._infos.values()):
-                self._add(alg, "active", now)
-                changed = True
-        if changed:
-            self._save()
-        self._publish()
+    @contextlib.contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        fd = os.open(self.dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
-    def reload(self) -> None:
-        path = self.dir / METADATA
+    def _stamp(self) -> Stamp | None:
+        try:
+            st = os.stat(self.dir / METADATA)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self) -> tuple[dict[str, KeyInfo], dict[str, Any], Stamp | None]:
+        """The ring on disk (call under the lock); private keys already in memory are kept."""
+        stamp = self._stamp()
         infos: dict[str, KeyInfo] = {}
-        if path.exists():
-            for entry in json.loads(path.read_text()):
+        if stamp is not None:
+            for entry in json.loads((self.dir / METADATA).read_text()):
                 info = KeyInfo(**entry)
                 infos[info.kid] = info
-        self._infos = infos
-        # The keys are this server's own, written by `_add` into a directory only it can
-        # read; the RSA consistency check (over 100 ms a key) would only slow every start.
-        self._private = {
-            kid: serialization.load_pem_private_key(
-                (self.dir / f"{kid}.pem").read_bytes(), None, unsafe_skip_rsa_key_validation=True
-            )
+        known = self._snap.private
+        private = {
+            kid: known[kid] if kid in known else _read_private(self.dir / f"{kid}.pem")
             for kid in infos
         }
-        self._publish()
+        return infos, private, stamp
 
-    def _add(self, alg: str, state: str, now: float, activate_at: float | None = None) -> KeyInfo:
+    def _write(self, infos: Mapping[str, KeyInfo], private: Mapping[str, Any]) -> None:
+        """Write the metadata atomically, delete the PEM files of keys no longer in it, and
+        make the result the in-memory ring (call under the exclusive lock)."""
+        tmp = self.dir / (METADATA + ".tmp")
+        ordered = sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
+        with open(tmp, "w") as f:
+            f.write(json.dumps([asdict(i) for i in ordered], indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / METADATA)
+        for kid in set(private) - set(infos):
+            (self.dir / f"{kid}.pem").unlink(missing_ok=True)
+        kept = {kid: key for kid, key in private.items() if kid in infos}
+        self._snap = _snapshot(infos, kept, self._stamp())
+
+    def _add(
+        self,
+        infos: dict[str, KeyInfo],
+        private: dict[str, Any],
+        alg: str,
+        state: KeyState,
+        now: float,
+        activate_at: float | None = None,
+    ) -> KeyInfo:
         kid = f"{alg.lower()}-{time.strftime('%Y%m%d', time.gmtime(now))}-{secrets.token_hex(4)}"
         key = _generate(alg)
         _write_private(self.dir / f"{kid}.pem", key)
-        info = KeyInfo(kid=kid, alg=alg, state=state, created_at=now, activate_at=activate_at)
-        self._infos[kid] = info
-        self._private[kid] = key
+        info = KeyInfo(kid=kid, alg=alg, state=state.value, created_at=now, activate_at=activate_at)
+        infos[kid] = info
+        private[kid] = key
         return info
 
-    def _save(self) -> None:
-        tmp = self.dir / (METADATA + ".tmp")
-        tmp.write_text(json.dumps([asdict(i) for i in self._infos.values()], indent=2))
-        os.replace(tmp, self.dir / METADATA)
+    def load(self, algorithms: Iterable[str]) -> list[Event]:
+        """Read the ring, generating an active key for any algorithm that has none, and
+        writing the transitions that are due."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        now = time.time()
+        with self._locked(exclusive=True):
+            infos, private, stamp = self._read()
+            events = self._advance(infos, private, now)
+            for alg in dict.fromkeys(algorithms):
+                if not any(i.alg == alg and i.state == KeyState.ACTIVE for i in infos.values()):
+                    info = self._add(infos, private, alg, KeyState.ACTIVE, now)
+                    events.append(Event(info.kid, alg, "activated"))
+            if events or stamp is None:
+                self._write(infos, private)
+            else:
+                self._snap = _snapshot(infos, private, stamp)
+        return events
+
+    def reload(self) -> None:
+        with self._locked(exclusive=False):
+            self._snap = _snapshot(*self._read())
+
+    def check(self, now: float) -> list[Event]:
+        """What a running server does every CHECK_EVERY: write the transitions that are due
+        (and an automatic rotation), else reload the ring if another process changed it."""
+        snap = self._snap
+        if self.policy is not None and self._due(snap.infos, now, self.policy):
+            with self._locked(exclusive=True):
+                infos, private, _ = self._read()
+                events = self._advance(infos, private, now)
+                if events:
+                    self._write(infos, private)
+                else:
+                    self._snap = _snapshot(infos, private, self._stamp())
+                return events
+        if self._stamp() != snap.stamp:
+            self.reload()
+        return []
+
+    @staticmethod
+    def _due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPolicy) -> bool:
+        for info in infos.values():
+            if info.state == KeyState.NEXT and info.active_from <= now:
+                return True
+            if (
+                info.state == KeyState.RETIRED
+                and info.remove_after is not None
+                and info.remove_after <= now
+            ):
+                return True
+        return bool(_rotation_due(infos, now, policy))
+
+    def _advance(
+        self, infos: dict[str, KeyInfo], private: dict[str, Any], now: float
+    ) -> list[Event]:
+        """Apply the due transitions and the automatic rotation to `infos` in place."""
+        policy = self.policy
+        if policy is None:
+            return []
+        changed, events = transitions(infos, now, policy)
+        infos.clear()
+        infos.update(changed)
+        for alg in _rotation_due(infos, now, policy):
+            assert policy.rotate_every is not None
+            current = max(
+                (i for i in infos.values() if i.alg == alg and i.state == KeyState.ACTIVE),
+                key=lambda i: i.active_from,
+            )
+            # Take over exactly `rotate_every` after the current key did, unless that is
+            # sooner than a new key can safely be published.
+            activate_at = max(
+                self._earliest_activation(now), current.active_from + policy.rotate_every
+            )
+            info = self._add(infos, private, alg, KeyState.NEXT, now, activate_at)
+            events.append(Event(info.kid, alg, "published"))
+        return events
+
+    def _earliest_activation(self, now: float) -> float:
+        assert self.policy is not None
+        return now + self.policy.publish_ahead + NOTICE_WITHIN.total_seconds()
 
     # ------------------------------------------------------------------ lifecycle
 
+    def rotate(self, algorithms: Iterable[str], now: float) -> list[Rotation]:
+        """Publish a successor for each algorithm's active key; it signs from publish_ahead
+        (plus the time every server needs to notice it) on. An algorithm that already has
+        a successor waiting keeps it."""
+        if self.policy is None:
+            raise RuntimeError("rotation needs a rotation policy")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self._locked(exclusive=True):
+            infos, private, _ = self._read()
+            self._advance(infos, private, now)
+            result = []
+            for alg in dict.fromkeys(algorithms):
+                waiting = [i for i in infos.values() if i.alg == alg and i.state == KeyState.NEXT]
+                if waiting:
+                    result.append(Rotation(max(waiting, key=lambda i: i.active_from), False))
+                    continue
+                info = self._add(
+                    infos, private, alg, KeyState.NEXT, now, self._earliest_activation(now)
+                )
+                result.append(Rotation(info, True))
+            self._write(infos, private)
+        return result
+
     def retire(self, kid: str, now: float, last_token_expiry: float) -> None:
         """Stop signing with `kid`; keep it published until `last_token_expiry`."""
-        info = self._infos[kid]
-        self._infos[kid] = replace(
-            info, state="retired", retired_at=now, remove_after=last_token_expiry
-        )
-        self._save()
-        self._publish()
+        with self._locked(exclusive=True):
+            infos, private, _ = self._read()
+            info = infos[kid]
+            infos[kid] = replace(
+                info,
+                state=KeyState.RETIRED.value,
+                retired_at=now,
+                remove_after=last_token_expiry,
+            )
+            self._write(infos, private)
 
     def purge(self, now: float) -> list[str]:
         """Remove retired keys whose every token has expired."""
-        gone = [
-            i.kid
-            for i in self._infos.values()
-            if i.state == "retired" and i.remove_after is not None and i.remove_after <= now
-        ]
-        for kid in gone:
-            del self._infos[kid]
-            self._private.pop(kid, None)
-            (self.dir / f"{kid}.pem").unlink(missing_ok=True)
-        if gone:
-            self._save()
-            self._publish()
+        with self._locked(exclusive=True):
+            infos, private, _ = self._read()
+            gone = [
+                i.kid
+                for i in infos.values()
+                if i.state == KeyState.RETIRED
+                and i.remove_after is not None
+                and i.remove_after <= now
+            ]
+            if gone:
+                for kid in gone:
+                    del infos[kid]
+                self._write(infos, private)
+            else:
+                self._snap = _snapshot(infos, private, self._stamp())
         return gone
-
-    def infos(self) -> list[KeyInfo]:
-        return sorted(self._infos.values(), key=lambda i: i.created_at)
 
     # ------------------------------------------------------------------ use
 
-    def active(self, alg: str) -> KeyInfo:
-        for info in self._infos.values():
-            if info.alg == alg and info.state == "active":
-                return info
-        raise LookupError(f"no active {alg} key")
+    def active(self, alg: str, now: float | None = None) -> KeyInfo:
+        """The key that signs `alg` at `now`: the newest one whose activation has come."""
+        return _signing_key(self._snap, alg, time.time() if now is None else now)
 
     def sign(self, alg: str, claims: Mapping[str, Any], typ: str = "JWT") -> str:
-        info = self.active(alg)
+        snap = self._snap
+        info = _signing_key(snap, alg, time.time())
         return jwt.encode(
             dict(claims),
-            self._private[info.kid],
+            snap.private[info.kid],
             algorithm=alg,
             headers={"kid": info.kid, "typ": typ},
         )
 
     def verify(self, token: str, algorithms: Iterable[str], **options: Any) -> dict[str, Any]:
         """Decode a token this server signed, with any published key (for introspection)."""
+        snap = self._snap
         header = jwt.get_unverified_header(token)
         kid = header.get("kid")
-        if not isinstance(kid, str) or kid not in self._private:
+        if not isinstance(kid, str) or kid not in snap.private:
             raise jwt.InvalidTokenError("unknown key")
-        info = self._infos[kid]
+        info = snap.infos[kid]
         if header.get("alg") != info.alg or info.alg not in set(algorithms):
             raise jwt.InvalidTokenError("algorithm does not match the key")
-        key = self._private[kid].public_key()
+        key = snap.private[kid].public_key()
         return jwt.decode(token, key, algorithms=[info.alg], **options)
 
-    def _publish(self) -> None:
-        keys = [public_jwk(self._private[i.kid], i.kid, i.alg) for i in self.infos()]
-        self._jwks_body = orjson.dumps({"keys": keys})
-        digest = hashlib.sha256(self._jwks_body).digest()
-        self.jwks_etag = '"' + base64.urlsafe_b64encode(digest[:12]).decode() + '"'
 
-    @property
-    def jwks_body(self) -> bytes:
-        return self._jwks_body
+def _signing_key(snap: _Snapshot, alg: str, now: float) -> KeyInfo:
+    candidates = [
+        i
+        for i in snap.infos.values()
+        if i.alg == alg and i.state in (KeyState.ACTIVE, KeyState.NEXT) and i.active_from <= now
+    ]
+    if not candidates:
+        raise LookupError(f"no active {alg} key")
+    return max(candidates, key=lambda i: (i.active_from, i.created_at))
+
+
+def jwks_cache_control(settings: Settings) -> str:
+    """The JWKS response's Cache-Control: what publish_ahead is measured against."""
+    return f"public, max-age={math.ceil(settings.keys.jwks_max_age.total_seconds())}"

@@ -80,11 +80,18 @@ class KeySettings:
     dir: str
     access_token_alg: str = "ES256"  # noqa: S105 - an algorithm name, not a secret
     id_token_alg: str = "RS256"  # noqa: S105
+    # How long the JWKS response may be cached (its Cache-Control max-age): whole seconds.
+    jwks_max_age: timedelta = timedelta(minutes=5)
+    # How long a new key is published before it signs. A verifier that fetched the key set
+    # just before the key appeared keeps that copy for jwks_max_age, so this is never less.
+    publish_ahead: timedelta = timedelta(minutes=5)
+    rotate_every: timedelta | None = None  # automatic rotation; None: only by command
 
 
 @dataclass(frozen=True)
 class Lifetimes:
     authorization_code: timedelta = timedelta(seconds=60)
+    device_code: timedelta = timedelta(minutes=10)  # RFC 8628 §3.2 expires_in
     access_token: timedelta = timedelta(minutes=5)
     id_token: timedelta = timedelta(minutes=5)
     refresh_token_idle: timedelta = timedelta(days=14)
@@ -96,6 +103,18 @@ class Lifetimes:
 class LoginThrottle:
     max_failures: int = 5  # per username
     # Per client address: higher, since many people may share one address (NAT, offices).
+    max_failures_per_address: int = 20
+    window: timedelta = timedelta(minutes=15)
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """The device authorization grant (RFC 8628): polling and the user-code page's throttle."""
+
+    interval: timedelta = timedelta(seconds=5)  # the least time between two polls
+    # Wrong user codes per browser session, and per client address (higher: many people
+    # may share one address), within `window`.
+    max_failures: int = 5
     max_failures_per_address: int = 20
     window: timedelta = timedelta(minutes=15)
 
@@ -149,6 +168,7 @@ class Settings:
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     refresh_grace: timedelta = timedelta(0)
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    device: DeviceSettings = field(default_factory=DeviceSettings)
     scopes: tuple[ScopeSettings, ...] = ()
     users: tuple[UserSettings, ...] = ()
     clients: tuple[ClientSettings, ...] = ()
@@ -163,6 +183,11 @@ class Settings:
             c.id_token_signed_response_alg for c in self.clients if c.id_token_signed_response_alg
         )
         return sorted(algs)
+
+    @property
+    def signing_algs(self) -> list[str]:
+        """Every algorithm the server signs with: access tokens', then ID tokens'."""
+        return list(dict.fromkeys([self.keys.access_token_alg, *self.id_token_algs]))
 
     @property
     def secure_cookies(self) -> bool:
@@ -234,6 +259,7 @@ def parse(data: LocatedMap, file: str) -> Settings:
         lifetimes=_lifetimes(reader, top),
         refresh_grace=top.get("refresh_grace", _grace, timedelta(0)),
         login_throttle=_throttle(reader, top),
+        device=_device(reader, top),
         scopes=scopes,
         users=_users(reader, top, issuer or ""),
         clients=_clients(reader, top, known_scopes),
@@ -296,11 +322,66 @@ def _keys(reader: Reader, top: Section) -> KeySettings:
     if sec is None:
         return KeySettings(dir="")
     alg = yamlconf.one_of(*SIGNING_ALGORITHMS)
+    d = KeySettings(dir="")
+    max_age = sec.get("jwks_max_age", _whole_seconds, d.jwks_max_age)
+    publish_ahead = sec.get("publish_ahead", yamlconf.duration, max_age)
+    rotate_every = sec.get("rotate_every", yamlconf.duration, None)
     result = KeySettings(
         dir=sec.get("dir", yamlconf.non_empty_string) or "",
         access_token_alg=sec.get("access_token_alg", alg, "ES256"),
         id_token_alg=sec.get("id_token_alg", alg, "RS256"),
+        jwks_max_age=max_age,
+        publish_ahead=publish_ahead,
+        rotate_every=rotate_every,
     )
+    sec.finish()
+    if publish_ahead < max_age:
+        reader.problem(
+            sec.line_of("publish_ahead"),
+            "keys.publish_ahead: must be at least keys.jwks_max_age "
+            f"({_seconds_text(max_age)}): verifiers may keep the key set that long, and a key "
+            "published for less could sign tokens they cannot verify yet",
+        )
+    if rotate_every is not None and rotate_every < max(publish_ahead, timedelta(seconds=1)):
+        reader.problem(
+            sec.line_of("rotate_every"),
+            "keys.rotate_every: must be at least keys.publish_ahead "
+            f"({_seconds_text(publish_ahead)}) and at least 1s",
+        )
+    return result
+
+
+def _whole_seconds(value: Any) -> timedelta:
+    """A duration of at least one second, in whole seconds (HTTP and RFC 8628 count so)."""
+    result = yamlconf.duration(value)
+    seconds = result.total_seconds()
+    if seconds < 1 or seconds != int(seconds):
+        raise ValueError(f"{value!r} must be a whole number of seconds, at least 1s")
+    return result
+
+
+def _seconds_text(value: timedelta) -> str:
+    return f"{value.total_seconds():g}s"
+
+
+def _device(reader: Reader, top: Section) -> DeviceSettings:
+    if not top.has("device"):
+        top.raw("device")
+        return DeviceSettings()
+    sec = reader.section(top.raw("device"), "device", top.line_of("device"))
+    if sec is None:
+        return DeviceSettings()
+    d = DeviceSettings()
+    result = DeviceSettings(
+        interval=sec.get("interval", _whole_seconds, d.interval),
+        max_failures=sec.get("max_failures", yamlconf.integer(1, 1000), d.max_failures),
+        max_failures_per_address=sec.get(
+            "max_failures_per_address", yamlconf.integer(1, 100_000), d.max_failures_per_address
+        ),
+        window=sec.get("window", yamlconf.duration, d.window),
+    )
+    if result.window <= timedelta(0):
+        reader.problem(sec.line_of("window"), "device.window: must be longer than 0s")
     sec.finish()
     return result
 
@@ -318,6 +399,7 @@ def _lifetimes(reader: Reader, top: Section) -> Lifetimes:
             name: sec.get(name, yamlconf.duration, getattr(d, name))
             for name in (
                 "authorization_code",
+                "device_code",
                 "access_token",
                 "id_token",
                 "refresh_token_idle",
@@ -327,6 +409,8 @@ def _lifetimes(reader: Reader, top: Section) -> Lifetimes:
         }
     )
     sec.finish()
+    if result.device_code <= timedelta(0):
+        reader.problem(sec.line_of("device_code"), "lifetimes.device_code: must be longer than 0s")
     if result.refresh_token_idle > result.refresh_token_absolute:
         reader.problem(sec.line, "lifetimes: refresh_token_idle exceeds refresh_token_absolute")
     return result

@@ -19,9 +19,7 @@ signed in and approved back to the login page forever.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
-import logging
 import re
 import time
 from collections.abc import Iterable
@@ -30,7 +28,6 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .. import users
 from ..grants.base import audience_for
 from ..protocol import pkce
 from ..protocol import scopes as scope_rules
@@ -39,9 +36,8 @@ from ..sessions import Session, Sessions
 from ..settings import ClientSettings
 from ..store.base import CodeRecord
 from ..tokens import digest, random_token
+from . import signin
 from .common import error_page, form_items, page, services, with_query
-
-log = logging.getLogger("portcullis.authserver.authorize")
 
 CARRIED = (
     "response_type",
@@ -409,7 +405,6 @@ async def authorize(request: web.Request) -> web.StreamResponse:
 async def login(request: web.Request) -> web.StreamResponse:
     """POST /login: check the password (throttled), start a session, continue the flow."""
     svc = services(request)
-    throttle = svc.settings.login_throttle
     try:
         given = await _params(request)
         form = given.values
@@ -424,47 +419,20 @@ async def login(request: web.Request) -> web.StreamResponse:
                 "csrf",
             )
         username = form.get("username", "")
-        password = form.get("password", "")
-        now = time.time()
-        window = throttle.window.total_seconds()
-        user_key = f"login:user:{username.lower()}"
-        address_key = f"login:ip:{request.remote or '-'}"
-        limits = (
-            (user_key, throttle.max_failures),
-            (address_key, throttle.max_failures_per_address),
-        )
-        for key, limit in limits:
-            if await svc.store.failures(key, now, window) >= limit:
-                log.warning("login throttled", extra={"key_kind": key.split(":")[1]})
-                response = await login_page(
-                    request,
-                    auth,
-                    error="Too many failed attempts. Please wait a few minutes and try again.",
-                    status=429,
-                    username=username,
-                )
-                response.headers["Retry-After"] = str(int(window))
-                return response
-        user = svc.settings.user(username)
-        # scrypt takes tens of milliseconds: off the event loop, so one login does not stall
-        # every other request.
-        ok = await asyncio.to_thread(
-            users.verify_password, password, user.password_hash if user else users.dummy_hash()
-        )
-        if user is None or not ok:
-            for key, _ in limits:
-                await svc.store.count_failure(key, now, window)
-            # One answer for an unknown user and a wrong password. Not 401: that status
-            # promises an HTTP authentication challenge (RFC 9110 §15.5.2), a form is not one.
-            return await login_page(
-                request,
-                auth,
-                error="The username or password is not correct.",
-                status=400,
-                username=username,
+        outcome = await signin.check_password(svc, request, username, form.get("password", ""))
+        if isinstance(outcome, signin.Throttled):
+            response = await login_page(
+                request, auth, error=signin.THROTTLED, status=429, username=username
             )
-        await svc.store.clear_failures(user_key)
-        new_session = await svc.sessions.login(request, user.subject)
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            # Not 401: that status promises an HTTP authentication challenge
+            # (RFC 9110 §15.5.2), a form is not one.
+            return await login_page(
+                request, auth, error=signin.WRONG, status=400, username=username
+            )
+        new_session = await svc.sessions.login(request, outcome.subject)
         return await proceed(request, auth, new_session, login_done=True)
     except PageError as exc:
         return error_page(request, 400, "This sign-in request cannot be handled", exc.message)

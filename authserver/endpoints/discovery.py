@@ -17,6 +17,7 @@ from ..protocol.claims import supported_claims
 from ..settings import STANDARD_SCOPES, Settings
 from .common import services
 
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
 ASSERTION_ALGS = ["RS256", "PS256", "ES256", "EdDSA"]
 
@@ -24,7 +25,7 @@ ASSERTION_ALGS = ["RS256", "PS256", "ES256", "EdDSA"]
 def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
     issuer = settings.issuer
     scopes = list(dict.fromkeys([*STANDARD_SCOPES, *(s.name for s in settings.scopes)]))
-    return {
+    document: dict[str, Any] = {
         "issuer": issuer,
         "authorization_endpoint": f"{issuer}/authorize",
         "token_endpoint": f"{issuer}/token",
@@ -56,6 +57,9 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         "backchannel_logout_supported": False,
         "frontchannel_logout_supported": False,
     }
+    if DEVICE_GRANT in grant_types:
+        document["device_authorization_endpoint"] = f"{issuer}/device_authorization"  # RFC 8628 §4
+    return document
 
 
 class Document:
@@ -89,6 +93,9 @@ def not_modified(request: web.Request, etag: str) -> bool:
 
 
 DISCOVERY = web.AppKey("discovery", Document)
+# The JWKS response's Cache-Control, from keys.jwks_max_age: the time keys.publish_ahead is
+# measured against.
+JWKS_CACHE_CONTROL = web.AppKey("jwks_cache_control", str)
 
 
 async def discovery(request: web.Request) -> web.Response:
@@ -97,7 +104,7 @@ async def discovery(request: web.Request) -> web.Response:
 
 async def jwks(request: web.Request) -> web.Response:
     ring = services(request).keyring
-    headers = {"ETag": ring.jwks_etag, "Cache-Control": "public, max-age=300"}
+    headers = {"ETag": ring.jwks_etag, "Cache-Control": request.app[JWKS_CACHE_CONTROL]}
     if not_modified(request, ring.jwks_etag):
         return web.Response(status=304, headers=headers)
     return web.Response(body=ring.jwks_body, content_type="application/json", headers=headers)

@@ -17,6 +17,7 @@ class Effect(Enum):
     REPEAT_SUCCESSOR = "repeat_successor"  # refresh retry within refresh_grace
     REVOKE_ISSUED = "revoke_issued"  # code replay: revoke every token issued from the code
     REVOKE_FAMILY = "revoke_family"  # refresh reuse or revocation
+    RAISE_INTERVAL = "raise_interval"  # device polled too fast: its interval grows by 5 s
     REJECT = "reject"
     NONE = "none"
 
@@ -73,14 +74,27 @@ REFRESH: dict[tuple[str, str], Transition] = {
 }
 
 # Device codes (RFC 8628 §3.5): pending until the user decides, tokens exactly once.
+# `poll_too_fast` is a poll sooner than the code's interval after the previous one. It only
+# matters while the code is pending: slow_down is a variant of authorization_pending, and
+# once the user has decided, the answer is the decision. A code redeemed twice is treated
+# like a replayed authorization code: the tokens issued from it are revoked, since the
+# device code may have leaked and the first redeemer may not be the device.
 DEVICE: dict[tuple[str, str], Transition] = {
     (Device.PENDING, "poll"): Transition(Device.PENDING, Effect.REJECT, "authorization_pending"),
+    (Device.PENDING, "poll_too_fast"): Transition(
+        Device.PENDING, Effect.RAISE_INTERVAL, "slow_down"
+    ),
     (Device.PENDING, "approve"): Transition(Device.APPROVED, Effect.NONE),
     (Device.PENDING, "deny"): Transition(Device.DENIED, Effect.NONE),
     (Device.APPROVED, "poll"): Transition(Device.REDEEMED, Effect.ISSUE_TOKENS),
     (Device.DENIED, "poll"): Transition(Device.DENIED, Effect.REJECT, "access_denied"),
-    (Device.REDEEMED, "poll"): Transition(Device.REDEEMED, Effect.REJECT, "invalid_grant"),
+    (Device.REDEEMED, "poll"): Transition(Device.REDEEMED, Effect.REVOKE_ISSUED, "invalid_grant"),
 }
+
+
+def device_poll_event(state: str, too_fast: bool) -> str:
+    """The event a poll is, given the code's state before it and the time since the last."""
+    return "poll_too_fast" if too_fast and (state, "poll_too_fast") in DEVICE else "poll"
 
 
 def step(table: dict[tuple[str, str], Transition], state: str, event: str) -> Transition:

@@ -90,6 +90,7 @@ class DeviceRecord:
     last_poll: float | None
     expires_at: float
     created_at: float
+    auth_time: float | None = None  # when the deciding user signed in
 
 
 class Store(Protocol):
@@ -182,8 +183,16 @@ class Store(Protocol):
 
     async def device_by_user_code(self, user_code: str, now: float) -> DeviceRecord | None: ...
 
-    async def decide_device(self, user_code: str, subject: str, approve: bool, now: float) -> bool:
-        """Approve or deny a pending code; False when it is not pending any more."""
+    async def decide_device(
+        self,
+        user_code: str,
+        subject: str,
+        approve: bool,
+        now: float,
+        auth_time: float | None = None,
+    ) -> bool:
+        """Approve or deny a pending, unexpired code, recording who decided and when they
+        signed in; False when it is not pending any more."""
 
     async def poll_device(self, device_code_hash: bytes, now: float) -> DeviceRecord | None:
         """Record a poll and return the record as it was before; a approved code becomes

@@ -232,8 +232,17 @@ class SQLiteStore:
     async def device_by_user_code(self, user_code: str, now: float) -> DeviceRecord | None:
         return await self._call(lambda conn: _device_by_user_code(conn, user_code, now))
 
-    async def decide_device(self, user_code: str, subject: str, approve: bool, now: float) -> bool:
-        return await self._call(lambda conn: _decide_device(conn, user_code, subject, approve, now))
+    async def decide_device(
+        self,
+        user_code: str,
+        subject: str,
+        approve: bool,
+        now: float,
+        auth_time: float | None = None,
+    ) -> bool:
+        return await self._call(
+            lambda conn: _decide_device(conn, user_code, subject, approve, now, auth_time)
+        )
 
     async def poll_device(self, device_code_hash: bytes, now: float) -> DeviceRecord | None:
         return await self._call(lambda conn: _poll_device(conn, device_code_hash, now))
@@ -714,8 +723,8 @@ def _save_device(conn: sqlite3.Connection, r: DeviceRecord) -> None:
         with _unique("this device code or user code"):
             conn.execute(
                 "INSERT INTO device_codes (device_code_hash, user_code, client_id, scope,"
-                " audience, state, subject, interval, last_poll, expires_at, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " audience, state, subject, interval, last_poll, expires_at, created_at,"
+                " auth_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     r.device_code_hash,
                     r.user_code,
@@ -728,6 +737,7 @@ def _save_device(conn: sqlite3.Connection, r: DeviceRecord) -> None:
                     r.last_poll,
                     r.expires_at,
                     r.created_at,
+                    r.auth_time,
                 ),
             )
 
@@ -737,7 +747,7 @@ def _device_by_user_code(
 ) -> DeviceRecord | None:
     row = conn.execute(
         "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
-        " interval, last_poll, expires_at, created_at"
+        " interval, last_poll, expires_at, created_at, auth_time"
         " FROM device_codes WHERE user_code = ? AND expires_at > ?",
         (user_code, now),
     ).fetchone()
@@ -745,14 +755,26 @@ def _device_by_user_code(
 
 
 def _decide_device(
-    conn: sqlite3.Connection, user_code: str, subject: str, approve: bool, now: float
+    conn: sqlite3.Connection,
+    user_code: str,
+    subject: str,
+    approve: bool,
+    now: float,
+    auth_time: float | None,
 ) -> bool:
     transition = step(DEVICE, Device.PENDING, "approve" if approve else "deny")
     with _transaction(conn):
         cursor = conn.execute(
-            "UPDATE device_codes SET state = ?, subject = ?"
+            "UPDATE device_codes SET state = ?, subject = ?, auth_time = ?"
             " WHERE user_code = ? AND state = ? AND expires_at > ?",
-            (Device(transition.next_state).value, subject, user_code, Device.PENDING.value, now),
+            (
+                Device(transition.next_state).value,
+                subject,
+                auth_time,
+                user_code,
+                Device.PENDING.value,
+                now,
+            ),
         )
         return cursor.rowcount == 1
 
@@ -763,7 +785,7 @@ def _poll_device(
     with _transaction(conn):
         row = conn.execute(
             "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
-            " interval, last_poll, expires_at, created_at"
+            " interval, last_poll, expires_at, created_at, auth_time"
             " FROM device_codes WHERE device_code_hash = ?",
             (device_code_hash,),
         ).fetchone()

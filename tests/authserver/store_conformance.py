@@ -709,6 +709,18 @@ class StoreConformance:
         third = await store.poll_device(device.device_code_hash, T0 + 40)
         assert third is not None and third.state == Device.REDEEMED and third.last_poll == T0 + 30
 
+    async def test_deciding_a_device_code_records_when_the_decider_signed_in(
+        self, store: Store
+    ) -> None:
+        device = a_device()
+        await store.save_device(device)
+        assert await store.decide_device("WDJBMJHT", "alice", True, T0 + 10, auth_time=T0 - HOUR)
+        approved = replace(
+            device, state=Device.APPROVED.value, subject="alice", auth_time=T0 - HOUR
+        )
+        assert await store.device_by_user_code("WDJBMJHT", T0 + 11) == approved
+        assert await store.poll_device(device.device_code_hash, T0 + 20) == approved
+
     async def test_denied_device_code_stays_denied(self, store: Store) -> None:
         device = a_device()
         await store.save_device(device)

@@ -81,7 +81,9 @@ async def test_metadata_at_each_well_known_path_has_every_required_field(
         "authorization_code",
         "client_credentials",
         "refresh_token",
+        "urn:ietf:params:oauth:grant-type:device_code",
     }
+    assert meta["device_authorization_endpoint"] == f"{issuer}/device_authorization"
     assert "password" not in meta["grant_types_supported"]
     assert "implicit" not in meta["grant_types_supported"]
     assert set(meta["token_endpoint_auth_methods_supported"]) == {

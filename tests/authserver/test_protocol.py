@@ -193,7 +193,9 @@ def test_a_revoked_refresh_token_never_becomes_usable_again() -> None:
         (Device.PENDING, "deny", Device.DENIED, Effect.NONE, None),
         (Device.APPROVED, "poll", Device.REDEEMED, Effect.ISSUE_TOKENS, None),
         (Device.DENIED, "poll", Device.DENIED, Effect.REJECT, "access_denied"),
-        (Device.REDEEMED, "poll", Device.REDEEMED, Effect.REJECT, "invalid_grant"),
+        (Device.PENDING, "poll_too_fast", Device.PENDING, Effect.RAISE_INTERVAL, "slow_down"),
+        # A second redemption revokes what the first issued, as a replayed code does.
+        (Device.REDEEMED, "poll", Device.REDEEMED, Effect.REVOKE_ISSUED, "invalid_grant"),
     ],
 )
 def test_device_lifecycle_rows(

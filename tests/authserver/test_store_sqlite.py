@@ -15,7 +15,7 @@ import pytest
 
 from authserver.store import open_store
 from authserver.store.base import RefreshOutcome
-from authserver.store.sqlite import SQLiteStore
+from authserver.store.sqlite import MIGRATIONS, SQLiteStore, load_migrations
 from tests.authserver.store_conformance import (
     T0,
     StoreConformance,
@@ -70,7 +70,9 @@ async def test_reopening_the_database_does_not_apply_migrations_again(tmp_path: 
     path = tmp_path / "authserver.db"
     await open_and_close(SQLiteStore(path))
     first = applied_migrations(path)
-    assert [(version, name) for version, name, _ in first] == [(1, "001_initial.sql")]
+    shipped = [(m.version, m.name) for m in load_migrations(MIGRATIONS)]
+    assert shipped[:2] == [(1, "001_initial.sql"), (2, "002_device_auth_time.sql")]
+    assert [(version, name) for version, name, _ in first] == shipped
 
     await open_and_close(SQLiteStore(path))
     await open_and_close(SQLiteStore(path))
@@ -185,7 +187,8 @@ async def test_stores_opening_a_new_database_at_once_apply_each_migration_once(
     stores = [SQLiteStore(path) for _ in range(4)]
     await asyncio.gather(*(store.open() for store in stores))
     await asyncio.gather(*(store.close() for store in stores))
-    assert [version for version, _, _ in applied_migrations(path)] == [1]
+    shipped = [m.version for m in load_migrations(MIGRATIONS)]
+    assert [version for version, _, _ in applied_migrations(path)] == shipped
 
 
 # -- connection settings and lifecycle -----------------------------------------------------

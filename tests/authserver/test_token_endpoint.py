@@ -110,7 +110,6 @@ async def test_missing_grant_type_is_invalid_request(
         "implicit",
         "token",
         "urn:ietf:params:oauth:grant-type:jwt-bearer",
-        "urn:ietf:params:oauth:grant-type:device_code",
         "CLIENT_CREDENTIALS",
     ],
 )

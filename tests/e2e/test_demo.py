@@ -205,7 +205,7 @@ def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overri
 def test_authserver_config_registers_the_demo_clients_as_the_walkthrough_uses_them():
     loaded = authserver_settings.load(str(AUTH_CONFIG), env={})
     clients = {c.client_id: c for c in loaded.clients}
-    assert set(clients) == {"demo-machine", "demo-web", "gateway"}
+    assert set(clients) == {"demo-machine", "demo-web", "demo-cli", "gateway"}
 
     machine = clients["demo-machine"]
     assert machine.token_endpoint_auth_method == "client_secret_basic"
@@ -218,6 +218,11 @@ def test_authserver_config_registers_the_demo_clients_as_the_walkthrough_uses_th
     assert not web.public and web.require_pkce
     assert set(web.grant_types) == {"authorization_code", "refresh_token"}
     assert " ".join(web.scope) == "openid profile email offline_access orders:read orders:write"
+
+    cli = clients["demo-cli"]  # examples/device_cli.py, as the README runs it
+    assert cli.public
+    assert "urn:ietf:params:oauth:grant-type:device_code" in cli.grant_types
+    assert {"openid", "offline_access", "orders:read"} <= set(cli.scope)
 
     gateway = clients["gateway"]
     assert gateway.grant_types == ("client_credentials",)

@@ -1,0 +1,100 @@
+"""POST /device_authorization (RFC 8628 §3.1, §3.2): a device starts the flow.
+
+1. parse the url-encoded form once; a parameter given twice is invalid_request;
+2. authenticate the client as at the token endpoint (public clients by client_id);
+3. the client must be registered for the device grant, else unauthorized_client;
+4. scope checked as at the authorization endpoint (required, within the client's), and
+   `resource` (RFC 8707) names the audience;
+5. a device code (high entropy, stored as its digest) and a user code (RFC 8628 §6.1) are
+   drawn and stored pending; a user code still in use is drawn again;
+6. JSON with Cache-Control: no-store. One `except OAuthError` renders every error.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from .. import clients
+from ..grants.base import audience_for
+from ..grants.device_code import GRANT_TYPE
+from ..protocol import scopes as scope_rules
+from ..protocol import user_codes
+from ..protocol.errors import ErrorCode, OAuthError
+from ..protocol.lifecycle import Device
+from ..store.base import AlreadyExists, DeviceRecord
+from ..tokens import digest, random_token
+from .common import json_no_store, oauth_json_error, read_form, services
+
+# A clash needs another live code with the same user code: with 20**8 codes, even a
+# hundred thousand pending codes make one draw clash once in 256 000, so three draws in a
+# row never fail but through a bug.
+USER_CODE_DRAWS = 3
+
+
+async def device_authorization(request: web.Request) -> web.Response:
+    svc = services(request)
+    settings = svc.settings
+    try:
+        form = await read_form(request)  # 1
+        client = await clients.authenticate(  # 2
+            form,
+            request.headers.get("Authorization"),
+            settings,
+            svc.store,
+            svc.url("/device_authorization"),
+        )
+        if GRANT_TYPE not in client.grant_types:  # 3
+            raise OAuthError(
+                ErrorCode.UNAUTHORIZED_CLIENT, "this client may not use the device grant"
+            )
+        scopes = scope_rules.parse(form.get("scope"))  # 4
+        if not scopes:
+            raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
+        scope_rules.require_allowed(scopes, client.scope)
+        audience = audience_for(settings, client, form.get("resource"))
+
+        now = time.time()  # 5
+        lifetime = settings.lifetimes.device_code.total_seconds()
+        interval = settings.device.interval.total_seconds()
+        device_code = random_token()
+        for draw in range(USER_CODE_DRAWS):
+            user_code = user_codes.generate()
+            try:
+                await svc.store.save_device(
+                    DeviceRecord(
+                        device_code_hash=digest(device_code),
+                        user_code=user_code,
+                        client_id=client.client_id,
+                        scope=scope_rules.render(scopes),
+                        audience=audience,
+                        state=Device.PENDING.value,
+                        subject=None,
+                        interval=interval,
+                        last_poll=None,
+                        expires_at=now + lifetime,
+                        created_at=now,
+                    )
+                )
+                break
+            except AlreadyExists:
+                if draw == USER_CODE_DRAWS - 1:
+                    raise
+        shown = user_codes.display(user_code)
+        verification_uri = svc.url("/device")
+        return json_no_store(  # 6
+            {
+                "device_code": device_code,
+                "user_code": shown,
+                "verification_uri": verification_uri,
+                "verification_uri_complete": verification_uri
+                + "?"
+                + urlencode({"user_code": shown}),
+                "expires_in": int(lifetime),
+                "interval": int(interval),
+            }
+        )
+    except OAuthError as error:
+        return oauth_json_error(error)
