@@ -47,8 +47,9 @@ from typing import Any
 
 import jwt
 import orjson
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from .settings import Settings
@@ -250,6 +251,8 @@ class KeyRing:
         self.dir = Path(directory)
         self.policy = policy
         self._snap = _snapshot({}, {}, None)
+        # Encoded protected headers by (kid, typ); a few per key, kept for the process.
+        self._headers: dict[tuple[str, str], bytes] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -481,14 +484,18 @@ class KeyRing:
         return _signing_key(self._snap, alg, time.time() if now is None else now)
 
     def sign(self, alg: str, claims: Mapping[str, Any], typ: str = "JWT") -> str:
+        """A JWS compact serialisation (RFC 7515 §7.1) of `claims`, signed by the key that
+        signs for `alg` now. On the token endpoint's hot path: the protected header of a
+        (kid, typ) is encoded once, and the signature is made with cryptography directly."""
         snap = self._snap
         info = _signing_key(snap, alg, time.time())
-        return jwt.encode(
-            dict(claims),
-            snap.private[info.kid],
-            algorithm=alg,
-            headers={"kid": info.kid, "typ": typ},
-        )
+        header = self._headers.get((info.kid, typ))
+        if header is None:
+            header = _b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
+            self._headers[(info.kid, typ)] = header
+        signing_input = header + b"." + _b64url(orjson.dumps(dict(claims)))
+        signature = _jws_signature(alg, snap.private[info.kid], signing_input)
+        return (signing_input + b"." + _b64url(signature)).decode("ascii")
 
     def verify(self, token: str, algorithms: Iterable[str], **options: Any) -> dict[str, Any]:
         """Decode a token this server signed, with any published key (for introspection)."""
@@ -502,6 +509,23 @@ class KeyRing:
             raise jwt.InvalidTokenError("algorithm does not match the key")
         key = snap.private[kid].public_key()
         return jwt.decode(token, key, algorithms=[info.alg], **options)
+
+
+def _b64url(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
+def _jws_signature(alg: str, key: Any, signing_input: bytes) -> bytes:
+    """RFC 7518 §3.3 (RS256), §3.4 (ES256: r and s as fixed-size big-endian integers, not
+    DER), RFC 8037 §3.1 (EdDSA)."""
+    if alg == "ES256":
+        r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
+        return r.to_bytes(32, "big") + s.to_bytes(32, "big")
+    if alg == "RS256":
+        return bytes(key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256()))
+    if alg == "EdDSA":
+        return bytes(key.sign(signing_input))
+    raise ValueError(f"unsupported signing algorithm {alg}")
 
 
 def _signing_key(snap: _Snapshot, alg: str, now: float) -> KeyInfo:
