@@ -511,6 +511,11 @@ class KeyRing:
         return jwt.decode(token, key, algorithms=[info.alg], **options)
 
 
+_ECDSA_SHA256 = ec.ECDSA(hashes.SHA256())
+_SHA256 = hashes.SHA256()
+_PKCS1V15 = padding.PKCS1v15()
+
+
 def _b64url(data: bytes) -> bytes:
     return base64.urlsafe_b64encode(data).rstrip(b"=")
 
@@ -519,10 +524,10 @@ def _jws_signature(alg: str, key: Any, signing_input: bytes) -> bytes:
     """RFC 7518 §3.3 (RS256), §3.4 (ES256: r and s as fixed-size big-endian integers, not
     DER), RFC 8037 §3.1 (EdDSA)."""
     if alg == "ES256":
-        r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
+        r, s = decode_dss_signature(key.sign(signing_input, _ECDSA_SHA256))
         return r.to_bytes(32, "big") + s.to_bytes(32, "big")
     if alg == "RS256":
-        return bytes(key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256()))
+        return bytes(key.sign(signing_input, _PKCS1V15, _SHA256))
     if alg == "EdDSA":
         return bytes(key.sign(signing_input))
     raise ValueError(f"unsupported signing algorithm {alg}")

@@ -5,6 +5,11 @@
 Prints the functions with the most self time (the sample's innermost frame), the most total
 time (any frame of the sample, counted once per sample), and self time per package. Each
 line of FILE is `frame;frame;...;frame COUNT` with frames like `name (path:line)`.
+
+Samples whose innermost frame is a thread pool's `_worker` loop are left out (and counted):
+such a worker waits in `queue.get` for work, which py-spy reports as active although the
+thread uses no CPU (its utime in /proc/PID/task/TID/stat stays put). The authserver's SQLite
+store keeps one such thread.
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
+OUR_PACKAGES = ("gateway/", "authserver/", "portcullis/")
+IDLE_FRAMES = (
+    "_worker (stdlib/concurrent/futures/thread.py",
+    "_worker (concurrent/futures/thread.py",
+)
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<path>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -30,7 +40,7 @@ def short_frame(frame: str) -> str:
                 path = "stdlib/" + path.split("/", 1)[1]
             break
     else:
-        for root in ("/gateway/", "/portcullis/", "/bench/"):
+        for root in ("/gateway/", "/authserver/", "/portcullis/", "/bench/"):
             if root in path:
                 path = root[1:] + path.split(root, 1)[1]
                 break
@@ -72,6 +82,8 @@ def main() -> None:
     args = parser.parse_args()
 
     stacks = read_stacks(args.file)
+    idle = sum(count for frames, count in stacks if frames[-1].startswith(IDLE_FRAMES))
+    stacks = [(frames, count) for frames, count in stacks if not frames[-1].startswith(IDLE_FRAMES)]
     total = sum(count for _, count in stacks)
     if not total:
         raise SystemExit(f"{args.file}: no samples")
@@ -90,17 +102,15 @@ def main() -> None:
             print(f"  {count / total:6.1%}  {frame}")
 
     print(f"{total} samples (on-CPU only; time waiting in the event loop is not sampled)")
+    if idle:
+        print(f"({idle} samples of idle thread-pool workers left out)")
     table("Self time by package", packages)
     table("Self time by function", own)
     table("Total time by function", inclusive)
     ours = Counter(
-        {
-            f: c
-            for f, c in inclusive.items()
-            if f.split(" (")[-1].startswith(("gateway/", "portcullis/"))
-        }
+        {f: c for f, c in inclusive.items() if f.split(" (")[-1].startswith(OUR_PACKAGES)}
     )
-    table("Total time, gateway and portcullis functions", ours)
+    table("Total time, functions of " + ", ".join(p.rstrip("/") for p in OUR_PACKAGES), ours)
 
 
 if __name__ == "__main__":

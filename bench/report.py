@@ -7,6 +7,9 @@ DIR holds `<scenario>.txt`, wrk's output with `--latency`, for the scenarios bel
 holds `key=value` lines describing the run (durations, versions, machine). The report is
 printed and, with --out, written there too. A scenario with non-2xx answers or socket
 errors is flagged: its throughput would not be a measure of the work it claims to do.
+
+There is one table for each group of scenarios (the gateway, the token endpoint) of which at
+least one scenario ran, each followed by its ratios.
 """
 
 from __future__ import annotations
@@ -17,19 +20,48 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-SCENARIOS = (
+GATEWAY_SCENARIOS = (
     ("direct", "1. nginx direct (upstream alone)"),
     ("none", "2. gateway, `auth: none` route"),
     ("warm", "3. gateway, one ES256 JWT (warm verified-token cache)"),
     ("cold", "4. gateway, fresh ES256 JWT per request (token cache off)"),
     ("haproxy", "5. HAProxy, ES256 `jwt_verify` on every request"),
 )
-RATIOS = (
-    ("warm", "none", "gateway warm JWT / gateway auth none", "target >= 0.90"),
-    ("warm", "haproxy", "gateway warm JWT / HAProxy ES256", ""),
-    ("cold", "haproxy", "gateway cold JWT / HAProxy ES256", ""),
-    ("cold", "warm", "gateway cold JWT / gateway warm JWT", ""),
-    ("none", "direct", "gateway auth none / nginx direct", ""),
+TOKEN_SCENARIOS = (
+    ("token-es256", "6. authserver token endpoint, ES256"),
+    ("oidc-es256", "7. oidc-provider token endpoint, ES256"),
+    ("sign-baseline", "8. baseline: bare aiohttp handler, one PyJWT ES256 signature"),
+    ("token-rs256", "9. authserver token endpoint, RS256"),
+    ("oidc-rs256", "10. oidc-provider token endpoint, RS256"),
+)
+SCENARIOS = GATEWAY_SCENARIOS + TOKEN_SCENARIOS
+
+
+@dataclass(frozen=True)
+class Ratio:
+    top: str
+    bottom: str
+    label: str
+    target: float | None = None
+
+
+GATEWAY_RATIOS = (
+    Ratio("warm", "none", "gateway warm JWT / gateway auth none", 0.90),
+    Ratio("warm", "haproxy", "gateway warm JWT / HAProxy ES256"),
+    Ratio("cold", "haproxy", "gateway cold JWT / HAProxy ES256"),
+    Ratio("cold", "warm", "gateway cold JWT / gateway warm JWT"),
+    Ratio("none", "direct", "gateway auth none / nginx direct"),
+)
+TOKEN_RATIOS = (
+    Ratio("token-es256", "oidc-es256", "authserver ES256 / oidc-provider ES256", 2.0),
+    Ratio("token-rs256", "oidc-rs256", "authserver RS256 / oidc-provider RS256"),
+    Ratio("token-es256", "sign-baseline", "authserver ES256 / signing baseline"),
+    Ratio("token-rs256", "token-es256", "authserver RS256 / authserver ES256"),
+    Ratio("oidc-rs256", "oidc-es256", "oidc-provider RS256 / oidc-provider ES256"),
+)
+GROUPS = (
+    ("Gateway", GATEWAY_SCENARIOS, GATEWAY_RATIOS),
+    ("Token endpoint", TOKEN_SCENARIOS, TOKEN_RATIOS),
 )
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
@@ -127,36 +159,17 @@ def read_meta(path: Path) -> dict[str, str]:
     return meta
 
 
-def render(
+def _scenario_table(
+    scenarios: tuple[tuple[str, str], ...],
     results: dict[str, WrkResult],
-    meta: dict[str, str],
     cpu: dict[str, CpuUse],
-    background: CpuUse | None = None,
-) -> str:
+) -> list[str]:
     lines = [
-        f"# Portcullis gateway bench — {meta.get('date', '')}",
-        "",
-        f"Machine: {meta.get('nproc', '?')} cores, {meta.get('cpu', '?')}; "
-        f"server under test pinned to core 0, wrk to core 1.",
-        f"Load: wrk {meta.get('wrk_args', '')} for {meta.get('duration', '?')} s per scenario "
-        f"(after a {meta.get('warmup', '?')} s warm-up).",
-        f"Software: {meta.get('versions', '')}.",
-    ]
-    if background is not None:
-        idle_load = " / ".join(f"{v:.0%}" for _, v in sorted(background.busy.items()))
-        lines.append(f"Load from other processes before the run (core 0 / core 1): {idle_load}.")
-        if max(background.busy.values(), default=0.0) > 0.10:
-            lines.append(
-                "**Warning: the machine was busy before the run; the figures below are skewed "
-                "by whatever else was running. Run again on an idle machine.**"
-            )
-    lines += [
-        "",
         "| scenario | requests/s | p50 | p99 | server CPU per request "
         "| core 0: server process / rest | core 1 | non-2xx / socket errors |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for key, label in SCENARIOS:
+    for key, label in scenarios:
         r = results.get(key)
         if r is None:
             lines.append(f"| {label} | not run | | | | | | |")
@@ -177,14 +190,68 @@ def render(
             f"| {label} | {r.requests_per_s:,.0f} | {_ms(r.p50_ms)} | {_ms(r.p99_ms)} "
             f"| {per_request} | {core0} | {core1} | {flag} |"
         )
-    lines += ["", "| ratio (requests/s) | value | note |", "| --- | ---: | --- |"]
-    for top, bottom, label, note in RATIOS:
-        a, b = results.get(top), results.get(bottom)
-        value = f"{a.requests_per_s / b.requests_per_s:.2f}" if a and b else "n/a"
-        if note and a and b:
-            met = a.requests_per_s / b.requests_per_s >= 0.90
-            note = f"{note}: {'met' if met else 'NOT met'}"
-        lines.append(f"| {label} | {value} | {note} |")
+    return lines
+
+
+def _ratio_table(
+    ratios: tuple[Ratio, ...], results: dict[str, WrkResult], cpu: dict[str, CpuUse]
+) -> list[str]:
+    """Requests/s of one scenario over another's, and the same comparison by server CPU per
+    request (the bottom's CPU per request over the top's: above 1 means the top is cheaper),
+    which other work on the machine moves less."""
+    lines = [
+        "| ratio | requests/s | by server CPU per request | note |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for ratio in ratios:
+        a, b = results.get(ratio.top), results.get(ratio.bottom)
+        value = by_cpu = "n/a"
+        note = ""
+        if a and b:
+            rps = a.requests_per_s / b.requests_per_s
+            value = f"{rps:.2f}"
+            if ratio.target is not None:
+                met = "met" if rps >= ratio.target else "NOT met"
+                note = f"target >= {ratio.target:.2f}: {met}"
+        ca, cb = cpu.get(ratio.top), cpu.get(ratio.bottom)
+        if ca and cb and ca.server_us_per_request and cb.server_us_per_request:
+            by_cpu = f"{cb.server_us_per_request / ca.server_us_per_request:.2f}"
+        lines.append(f"| {ratio.label} | {value} | {by_cpu} | {note} |")
+    return lines
+
+
+def render(
+    results: dict[str, WrkResult],
+    meta: dict[str, str],
+    cpu: dict[str, CpuUse],
+    background: CpuUse | None = None,
+) -> str:
+    lines = [
+        f"# Portcullis bench — {meta.get('date', '')}",
+        "",
+        f"Machine: {meta.get('nproc', '?')} cores, {meta.get('cpu', '?')}; "
+        f"server under test pinned to core 0, wrk to core 1.",
+        f"Load: wrk {meta.get('wrk_args', '')} for {meta.get('duration', '?')} s per scenario "
+        f"(after a {meta.get('warmup', '?')} s warm-up).",
+        f"Software: {meta.get('versions', '')}.",
+    ]
+    if any(key in results for key, _ in TOKEN_SCENARIOS) and meta.get("token_versions"):
+        lines.append(f"Token endpoint: {meta['token_versions']}.")
+    if background is not None:
+        idle_load = " / ".join(f"{v:.0%}" for _, v in sorted(background.busy.items()))
+        lines.append(f"Load from other processes before the run (core 0 / core 1): {idle_load}.")
+        if max(background.busy.values(), default=0.0) > 0.10:
+            lines.append(
+                "**Warning: the machine was busy before the run; the figures below are skewed "
+                "by whatever else was running. Run again on an idle machine.**"
+            )
+    for title, scenarios, ratios in GROUPS:
+        if not any(key in results for key, _ in scenarios):
+            continue
+        lines += ["", f"## {title}", ""]
+        lines += _scenario_table(scenarios, results, cpu)
+        lines.append("")
+        lines += _ratio_table(ratios, results, cpu)
     cold = results.get("cold")
     lines += [""]
     if cold is not None and cold.fresh_tokens:
@@ -197,6 +264,19 @@ def render(
                 if reused
                 else "(wraps=0: no token was sent twice); gateway token_cache_size: 0."
             )
+        )
+    busy = [
+        key
+        for key, _ in SCENARIOS
+        if (use := cpu.get(key)) is not None
+        and use.server_share is not None
+        and use.busy.get("cpu0", 0) - use.server_share > 0.10
+    ]
+    if busy:
+        lines.append(
+            "Warning: in " + ", ".join(f"`{key}`" for key in busy) + ", other work took more "
+            "than 10% of core 0 (column `rest`): those figures are skewed; compare them by "
+            "server CPU per request, or run again on an idle machine."
         )
     for key, _ in SCENARIOS:
         r = results.get(key)

@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# Load test of the Portcullis gateway against a fast upstream and a reference peer.
+# Load test of the Portcullis gateway and of the authorization server's token endpoint,
+# each against a reference peer measured in the same run.
 #
 #   make bench                     (or: bash bench/run.sh)
 #
-# Installs wrk, nginx and HAProxy with apt-get when they are missing, starts its own nginx,
-# token issuer, gateway and HAProxy on free 127.0.0.1 ports, runs five scenarios with wrk,
-# and writes a markdown table to stdout and bench/out/latest.md. Every process it starts is
-# stopped on exit; nothing is left running.
+# Installs wrk, nginx and HAProxy with apt-get when they are missing (and Node.js with npm
+# for the oidc-provider scenarios), starts its own nginx, token issuer, gateway, HAProxy,
+# authserver, oidc-provider and signing baseline on free 127.0.0.1 ports, runs the scenarios
+# with wrk, and writes markdown tables to stdout and bench/out/latest.md. Every process it
+# starts is stopped on exit; nothing is left running.
 #
 # Environment:
 #   BENCH_DURATION=10      seconds of measured load per scenario
 #   BENCH_WARMUP=2         seconds of unmeasured load before each scenario
 #   BENCH_CONNECTIONS=64   wrk connections (one wrk thread)
 #   BENCH_TOKENS=200000    distinct tokens for the fresh-token scenario
-#   BENCH_SCENARIOS="direct none warm cold haproxy"   the scenarios to run
+#   BENCH_SCENARIOS="direct none warm cold haproxy token-es256 oidc-es256 sign-baseline
+#                    token-rs256 oidc-rs256"   the scenarios to run
+#   BENCH_OIDC_PROVIDER=   npm spec of oidc-provider; default oidc-provider@^9 on Node 22 or
+#                          later, oidc-provider@^8 on Node 18 and 20 (installed once into
+#                          bench/out/node/, which git ignores)
 #   BENCH_PROFILE=0        1 (or warm): afterwards, profile the gateway under py-spy during
 #                          the warm-JWT load and write bench/out/profile-warm*.txt;
-#                          cold: the same with the token cache off (every request verified)
+#                          cold: the same with the token cache off (every request verified);
+#                          token: the authserver during ES256 token requests
 #                          (BENCH_SCENARIOS= BENCH_PROFILE=1 profiles only)
 #   BENCH_PYSPY_ARGS=--function   py-spy flags (e.g. "--native", or "" for line numbers)
 #   BENCH_KEEP=0           1: keep the temporary directory (configs, logs) after the run
@@ -30,13 +37,22 @@ WARMUP=${BENCH_WARMUP:-2}
 CONNECTIONS=${BENCH_CONNECTIONS:-64}
 TOKENS=${BENCH_TOKENS:-200000}
 PROFILE=${BENCH_PROFILE:-0}
-SCENARIOS=" ${BENCH_SCENARIOS-direct none warm cold haproxy} "
+SCENARIOS=" ${BENCH_SCENARIOS-direct none warm cold haproxy token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256} "
 OUT=$ROOT/bench/out
 SERVER_CPU=0
 CLIENT_CPU=1
 WRK_ARGS="-t1 -c$CONNECTIONS --latency"
 
 wanted() { [[ $SCENARIOS == *" $1 "* ]]; }
+[ "$PROFILE" = 1 ] && PROFILE=warm
+[ "$PROFILE" = token-es256 ] && PROFILE=token
+case $PROFILE in 0 | warm | cold | token) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm, cold or token" >&2; exit 2 ;; esac
+# The gateway part (nginx, issuer, tokens) is set up only when one of its scenarios runs.
+GATEWAY_BENCH=0
+for key in direct none warm cold haproxy; do wanted "$key" && GATEWAY_BENCH=1; done
+[ "$PROFILE" = warm ] || [ "$PROFILE" = cold ] && GATEWAY_BENCH=1
+OIDC_BENCH=0
+wanted oidc-es256 || wanted oidc-rs256 && OIDC_BENCH=1
 log() { printf '[bench] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
@@ -45,10 +61,16 @@ die() { log "error: $*"; exit 1; }
 ensure_tools() {
     local missing=()
     command -v wrk >/dev/null || missing+=(wrk)
-    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
-    command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+    if [ "$GATEWAY_BENCH" = 1 ]; then
+        command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+        command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+    fi
     command -v taskset >/dev/null || missing+=(util-linux)
     command -v curl >/dev/null || missing+=(curl)
+    if [ "$OIDC_BENCH" = 1 ]; then
+        command -v node >/dev/null || missing+=(nodejs)
+        command -v npm >/dev/null || missing+=(npm)
+    fi
     [ ${#missing[@]} -eq 0 ] && return
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; install them or run as root"
     log "installing ${missing[*]}"
@@ -159,10 +181,10 @@ stop_started() {
     PIDS=("${kept[@]}")
 }
 
-read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY < <(
+read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN < <(
     "$PY" -c '
 import socket
-socks = [socket.socket() for _ in range(5)]
+socks = [socket.socket() for _ in range(8)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -174,6 +196,9 @@ NGINX=http://127.0.0.1:$P_NGINX
 ISSUER=http://127.0.0.1:$P_ISSUER
 GATEWAY=http://127.0.0.1:$P_GW
 HAPROXY=http://127.0.0.1:$P_HAPROXY
+AUTHSERVER=http://127.0.0.1:$P_AS
+OIDC=http://127.0.0.1:$P_OIDC
+SIGN=http://127.0.0.1:$P_SIGN
 
 # ---------------------------------------------------------------------------- wrk
 
@@ -219,10 +244,11 @@ measure() {
 WARM_ARGS=()
 SERVER_PIDS=()
 
-# ---------------------------------------------------------------------------- 1. nginx
+# ---------------------------------------------------------------------------- gateway: 1. nginx
 
-mkdir -p "$TMP/nginx"
-cat >"$TMP/nginx.conf" <<EOF
+if [ "$GATEWAY_BENCH" = 1 ]; then
+    mkdir -p "$TMP/nginx"
+    cat >"$TMP/nginx.conf" <<EOF
 worker_processes 1;
 pid $TMP/nginx.pid;
 error_log $TMP/nginx-error.log warn;
@@ -245,46 +271,46 @@ http {
     }
 }
 EOF
-start nginx "$SERVER_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" \
-    -g 'daemon off;'
-NGINX_PID=$LAST_PID
-wait_status "$NGINX/" 200 "$NGINX_PID" nginx
-# shellcheck disable=SC2207 # pids are words
-SERVER_PIDS=("$NGINX_PID" $(pgrep -P "$NGINX_PID" || true))
-expect "nginx direct" 200 ok "$NGINX/items"
-if wanted direct; then
-    measure direct "$NGINX/items"
-fi
+    start nginx "$SERVER_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" \
+        -g 'daemon off;'
+    NGINX_PID=$LAST_PID
+    wait_status "$NGINX/" 200 "$NGINX_PID" nginx
+    # shellcheck disable=SC2207 # pids are words
+    SERVER_PIDS=("$NGINX_PID" $(pgrep -P "$NGINX_PID" || true))
+    expect "nginx direct" 200 ok "$NGINX/items"
+    if wanted direct; then
+        measure direct "$NGINX/items"
+    fi
 
-# From here nginx is the upstream, not the server under test: core 0 belongs to the proxy.
-for pid in "${SERVER_PIDS[@]}"; do
-    taskset -a -p -c "$CLIENT_CPU" "$pid" >/dev/null
-done
+    # From here nginx is the upstream, not the server under test: core 0 belongs to the proxy.
+    for pid in "${SERVER_PIDS[@]}"; do
+        taskset -a -p -c "$CLIENT_CPU" "$pid" >/dev/null
+    done
 
-# ---------------------------------------------------------------------------- issuer, tokens
+    # ------------------------------------------------------------------------ issuer, tokens
 
-start issuer "$CLIENT_CPU" "$PY" bench/issuer.py --port "$P_ISSUER" --kid bench-es256 \
-    --private-key "$TMP/issuer-private.pem" --public-key "$TMP/issuer-public.pem"
-ISSUER_PID=$LAST_PID
-wait_status "$ISSUER/.well-known/openid-configuration" 200 "$ISSUER_PID" issuer
-MKTOKEN=("$PY" bench/mktoken.py --key "$TMP/issuer-private.pem" --kid bench-es256
-    --issuer "$ISSUER" --audience bench-api --scope "bench:read")
-TOKEN=$("${MKTOKEN[@]}")
-TAMPERED=$("${MKTOKEN[@]}" --tamper)
-EXPIRED=$("${MKTOKEN[@]}" --lifetime -3600)
-OTHER_AUDIENCE=$("${MKTOKEN[@]}" --audience other-api)
-OTHER_SCOPE=$("${MKTOKEN[@]}" --scope "bench:write")
-if wanted cold; then
-    log "signing $TOKENS fresh tokens"
-    "${MKTOKEN[@]}" --count "$TOKENS" --out "$TMP/tokens.txt"
-    [ "$(sort -u "$TMP/tokens.txt" | wc -l)" -eq "$TOKENS" ] || die "tokens are not all distinct"
-fi
+    start issuer "$CLIENT_CPU" "$PY" bench/issuer.py --port "$P_ISSUER" --kid bench-es256 \
+        --private-key "$TMP/issuer-private.pem" --public-key "$TMP/issuer-public.pem"
+    ISSUER_PID=$LAST_PID
+    wait_status "$ISSUER/.well-known/openid-configuration" 200 "$ISSUER_PID" issuer
+    MKTOKEN=("$PY" bench/mktoken.py --key "$TMP/issuer-private.pem" --kid bench-es256
+        --issuer "$ISSUER" --audience bench-api --scope "bench:read")
+    TOKEN=$("${MKTOKEN[@]}")
+    TAMPERED=$("${MKTOKEN[@]}" --tamper)
+    EXPIRED=$("${MKTOKEN[@]}" --lifetime -3600)
+    OTHER_AUDIENCE=$("${MKTOKEN[@]}" --audience other-api)
+    OTHER_SCOPE=$("${MKTOKEN[@]}" --scope "bench:write")
+    if wanted cold; then
+        log "signing $TOKENS fresh tokens"
+        "${MKTOKEN[@]}" --count "$TOKENS" --out "$TMP/tokens.txt"
+        [ "$(sort -u "$TMP/tokens.txt" | wc -l)" -eq "$TOKENS" ] || die "tokens are not all distinct"
+    fi
 
-# ---------------------------------------------------------------------------- gateway
+    # ------------------------------------------------------------------------ gateway
 
-# gateway_config FILE CACHE-SIZE
-gateway_config() {
-    cat >"$1" <<EOF
+    # gateway_config FILE CACHE-SIZE
+    gateway_config() {
+        cat >"$1" <<EOF
 listen: "127.0.0.1:$P_GW"
 admin_listen: "127.0.0.1:$P_GW_ADMIN"
 upstream: {url: "$NGINX", connect_timeout: 2s, read_timeout: 10s}
@@ -299,65 +325,65 @@ token_cache_size: $2
 shutdown_grace: 1s
 log_level: warning
 EOF
-    .venv/bin/portcullis-gateway check --config "$1" >/dev/null
-}
+        .venv/bin/portcullis-gateway check --config "$1" >/dev/null
+    }
 
-# start_gateway CONFIG: runs the gateway on core 0 and waits for /readyz.
-start_gateway() {
-    start gateway "$SERVER_CPU" .venv/bin/portcullis-gateway run --config "$1"
-    GATEWAY_PID=$LAST_PID
-    wait_status "http://127.0.0.1:$P_GW_ADMIN/readyz" 200 "$GATEWAY_PID" gateway
-    SERVER_PIDS=("$GATEWAY_PID")
-}
+    # start_gateway CONFIG: runs the gateway on core 0 and waits for /readyz.
+    start_gateway() {
+        start gateway "$SERVER_CPU" .venv/bin/portcullis-gateway run --config "$1"
+        GATEWAY_PID=$LAST_PID
+        wait_status "http://127.0.0.1:$P_GW_ADMIN/readyz" 200 "$GATEWAY_PID" gateway
+        SERVER_PIDS=("$GATEWAY_PID")
+    }
 
-# check_proxy NAME URL: the proxy lets the valid token through with the identity it carries,
-# and refuses what it must, so that its throughput measures real checks.
-check_proxy() {
-    local name=$1 url=$2
-    expect "$name: valid token" 200 ok "$url/api/items" -H "Authorization: Bearer $TOKEN"
-    expect "$name: identity sent upstream" 200 "user-0 bench:read" "$url/api/whoami" \
-        -H "Authorization: Bearer $TOKEN" -H "X-Auth-Subject: spoofed"
-    expect "$name: no token" 401 "" "$url/api/items"
-    expect "$name: tampered signature" 401 "" "$url/api/items" -H "Authorization: Bearer $TAMPERED"
-    expect "$name: expired token" 401 "" "$url/api/items" -H "Authorization: Bearer $EXPIRED"
-    expect "$name: other audience" 401 "" "$url/api/items" \
-        -H "Authorization: Bearer $OTHER_AUDIENCE"
-    expect "$name: scope missing" 403 "" "$url/api/items" -H "Authorization: Bearer $OTHER_SCOPE"
-}
+    # check_proxy NAME URL: the proxy lets the valid token through with the identity it carries,
+    # and refuses what it must, so that its throughput measures real checks.
+    check_proxy() {
+        local name=$1 url=$2
+        expect "$name: valid token" 200 ok "$url/api/items" -H "Authorization: Bearer $TOKEN"
+        expect "$name: identity sent upstream" 200 "user-0 bench:read" "$url/api/whoami" \
+            -H "Authorization: Bearer $TOKEN" -H "X-Auth-Subject: spoofed"
+        expect "$name: no token" 401 "" "$url/api/items"
+        expect "$name: tampered signature" 401 "" "$url/api/items" -H "Authorization: Bearer $TAMPERED"
+        expect "$name: expired token" 401 "" "$url/api/items" -H "Authorization: Bearer $EXPIRED"
+        expect "$name: other audience" 401 "" "$url/api/items" \
+            -H "Authorization: Bearer $OTHER_AUDIENCE"
+        expect "$name: scope missing" 403 "" "$url/api/items" -H "Authorization: Bearer $OTHER_SCOPE"
+    }
 
-gateway_config "$TMP/gateway-warm.yaml" 100000
-gateway_config "$TMP/gateway-cold.yaml" 0
+    gateway_config "$TMP/gateway-warm.yaml" 100000
+    gateway_config "$TMP/gateway-cold.yaml" 0
 
-if wanted none || wanted warm; then
-    start_gateway "$TMP/gateway-warm.yaml"
-    expect "gateway: auth none" 200 ok "$GATEWAY/public/items"
-    check_proxy gateway "$GATEWAY"
-    if wanted none; then
-        measure none "$GATEWAY/public/items"
+    if wanted none || wanted warm; then
+        start_gateway "$TMP/gateway-warm.yaml"
+        expect "gateway: auth none" 200 ok "$GATEWAY/public/items"
+        check_proxy gateway "$GATEWAY"
+        if wanted none; then
+            measure none "$GATEWAY/public/items"
+        fi
+        if wanted warm; then
+            measure warm "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+        fi
+        stop_started "$GATEWAY_PID"
     fi
-    if wanted warm; then
-        measure warm "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+
+    if wanted cold; then
+        start_gateway "$TMP/gateway-cold.yaml"
+        check_proxy "gateway (token cache off)" "$GATEWAY"
+        # Warm-up with the one token: with the cache off it takes the same path as a fresh
+        # token, and the token file stays unused until the measured run.
+        WARM_ARGS=(-H "Authorization: Bearer $TOKEN")
+        measure cold "$GATEWAY/api/items" -s bench/fresh_tokens.lua -- "$TMP/tokens.txt" 1
+        WARM_ARGS=()
+        stop_started "$GATEWAY_PID"
     fi
-    stop_started "$GATEWAY_PID"
-fi
 
-if wanted cold; then
-    start_gateway "$TMP/gateway-cold.yaml"
-    check_proxy "gateway (token cache off)" "$GATEWAY"
-    # Warm-up with the one token: with the cache off it takes the same path as a fresh
-    # token, and the token file stays unused until the measured run.
-    WARM_ARGS=(-H "Authorization: Bearer $TOKEN")
-    measure cold "$GATEWAY/api/items" -s bench/fresh_tokens.lua -- "$TMP/tokens.txt" 1
-    WARM_ARGS=()
-    stop_started "$GATEWAY_PID"
-fi
+    # ------------------------------------------------------------------------ HAProxy
 
-# ---------------------------------------------------------------------------- HAProxy
-
-if wanted haproxy; then
-    # Checks what the gateway's route needs: signature and alg, iss, aud, exp, scope. Client
-    # copies of identity headers are dropped; the subject and scopes are sent upstream.
-    cat >"$TMP/haproxy.cfg" <<EOF
+    if wanted haproxy; then
+        # Checks what the gateway's route needs: signature and alg, iss, aud, exp, scope. Client
+        # copies of identity headers are dropped; the subject and scopes are sent upstream.
+        cat >"$TMP/haproxy.cfg" <<EOF
 global
     nbthread 1
     maxconn 4096
@@ -392,18 +418,149 @@ backend upstream
     http-reuse always
     server nginx 127.0.0.1:$P_NGINX
 EOF
-    haproxy -c -q -f "$TMP/haproxy.cfg" || die "haproxy rejected its config"
-    start haproxy "$SERVER_CPU" haproxy -db -f "$TMP/haproxy.cfg"
-    HAPROXY_PID=$LAST_PID
-    wait_status "$HAPROXY/api/items" 401 "$HAPROXY_PID" haproxy
-    SERVER_PIDS=("$HAPROXY_PID")
-    check_proxy haproxy "$HAPROXY"
-    measure haproxy "$HAPROXY/api/items" -H "Authorization: Bearer $TOKEN"
-    stop_started "$HAPROXY_PID"
+        haproxy -c -q -f "$TMP/haproxy.cfg" || die "haproxy rejected its config"
+        start haproxy "$SERVER_CPU" haproxy -db -f "$TMP/haproxy.cfg"
+        HAPROXY_PID=$LAST_PID
+        wait_status "$HAPROXY/api/items" 401 "$HAPROXY_PID" haproxy
+        SERVER_PIDS=("$HAPROXY_PID")
+        check_proxy haproxy "$HAPROXY"
+        measure haproxy "$HAPROXY/api/items" -H "Authorization: Bearer $TOKEN"
+        stop_started "$HAPROXY_PID"
+    fi
 fi
+
+# ---------------------------------------------------------------------------- token endpoint
+
+# One client_credentials client, the same for every server: client_secret_basic with a
+# 40-character secret, scope bench:read, tokens for the audience bench-api.
+CLIENT_ID=bench
+CLIENT_SECRET=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(30))')
+WRONG_SECRET=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(30))')
+BASIC=$(printf '%s:%s' "$CLIENT_ID" "$CLIENT_SECRET" | base64 -w0)
+WRONG_BASIC=$(printf '%s:%s' "$CLIENT_ID" "$WRONG_SECRET" | base64 -w0)
+TOKEN_FORM="grant_type=client_credentials&scope=bench:read"
+TOKEN_LOAD=(-s bench/token_post.lua -H "Authorization: Basic $BASIC")
+
+# check_token_endpoint NAME BASE-URL ISSUER ALG [unauthenticated]: a token request gives 200
+# and a Bearer JWT access token (alg ALG, typ at+jwt, signed by a key of BASE-URL/jwks, with
+# the expected iss, aud, client_id and scope: check_token.py), and a wrong client secret gives
+# 401, so that every server does the same work under load. The signing baseline does not
+# authenticate clients: it is called with "unauthenticated" and skips the last check.
+check_token_endpoint() {
+    local name=$1 url=$2 issuer=$3 alg=$4 auth=${5:-}
+    local got info
+    got=$(curl -s -o "$TMP/token.json" -w '%{http_code}' -H "Authorization: Basic $BASIC" \
+        --data-raw "$TOKEN_FORM" "$url/token" || true)
+    [ "$got" = 200 ] ||
+        die "check failed: $name: token request: expected 200, got $got \"$(head -c 300 "$TMP/token.json")\""
+    info=$("$PY" bench/check_token.py --body "$TMP/token.json" --jwks "$url/jwks" --alg "$alg" \
+        --issuer "$issuer" --audience bench-api --scope bench:read --client-id "$CLIENT_ID") ||
+        die "check failed: $name: the token does not match"
+    log "ok: $name: token request -> 200, $info"
+    if [ "$auth" != unauthenticated ]; then
+        expect "$name: wrong client secret" 401 "" "$url/token" \
+            -H "Authorization: Basic $WRONG_BASIC" --data-raw "$TOKEN_FORM"
+    fi
+}
+
+# authserver_config ALG: writes the authserver's config for tokens signed with ALG (its own
+# sqlite file and key directory in the temporary directory); sets AUTHSERVER_CONFIG.
+authserver_config() {
+    local dir=$TMP/authserver-$1
+    mkdir -p "$dir"
+    AUTHSERVER_CONFIG=$dir/authserver.yaml
+    cat >"$AUTHSERVER_CONFIG" <<EOF
+issuer: "$AUTHSERVER"
+listen: "127.0.0.1:$P_AS"
+storage: "sqlite://$dir/authserver.db"
+keys: {dir: "$dir/keys", access_token_alg: $1}
+lifetimes: {access_token: 5m}
+default_audience: bench-api
+scopes: [{name: "bench:read", description: "Read the bench API"}]
+clients:
+  - client_id: $CLIENT_ID
+    client_secret: "$CLIENT_SECRET"
+    token_endpoint_auth_method: client_secret_basic
+    grant_types: [client_credentials]
+    scope: "bench:read"
+log_level: warning
+EOF
+    .venv/bin/portcullis-authserver check --config "$AUTHSERVER_CONFIG" >/dev/null
+}
+
+# start_authserver ALG: runs `portcullis-authserver run` on core 0 and waits for /healthz.
+start_authserver() {
+    authserver_config "$1"
+    start "authserver-$1" "$SERVER_CPU" .venv/bin/portcullis-authserver run \
+        --config "$AUTHSERVER_CONFIG"
+    AUTHSERVER_PID=$LAST_PID
+    wait_status "$AUTHSERVER/healthz" 200 "$AUTHSERVER_PID" "authserver-$1"
+    SERVER_PIDS=("$AUTHSERVER_PID")
+}
+
+# ensure_oidc_provider: installs oidc-provider with npm into bench/out/node/ once; sets
+# OIDC_MODULES (the npm prefix) and OIDC_VERSION.
+ensure_oidc_provider() {
+    local major spec
+    major=$(node -p 'process.versions.node.split(".")[0]')
+    [ "$major" -ge 18 ] || die "Node.js $(node -v) is too old for oidc-provider (18 or later)"
+    spec=${BENCH_OIDC_PROVIDER:-}
+    if [ -z "$spec" ]; then
+        # oidc-provider 9 supports Node 22 LTS and later (it warns on 20); 8 runs on 18 and 20.
+        if [ "$major" -ge 22 ]; then spec='oidc-provider@^9'; else spec='oidc-provider@^8'; fi
+    fi
+    OIDC_MODULES=$OUT/node/$(printf '%s' "$spec" | tr -c 'A-Za-z0-9.@_-' '_')
+    if [ ! -f "$OIDC_MODULES/node_modules/oidc-provider/package.json" ]; then
+        log "installing $spec with npm into ${OIDC_MODULES#"$ROOT"/}"
+        mkdir -p "$OIDC_MODULES"
+        npm install --prefix "$OIDC_MODULES" --no-audit --no-fund --loglevel=error "$spec" \
+            >"$TMP/npm.log" 2>&1 || { cat "$TMP/npm.log" >&2; die "npm install $spec failed"; }
+    fi
+    OIDC_VERSION=$(node -p 'require(process.argv[1]).version' \
+        "$OIDC_MODULES/node_modules/oidc-provider/package.json")
+}
+
+# start_oidc ALG: runs oidc-provider (one Node.js process, NODE_ENV=production) on core 0.
+start_oidc() {
+    start "oidc-provider-$1" "$SERVER_CPU" env NODE_ENV=production \
+        BENCH_CLIENT_SECRET="$CLIENT_SECRET" node bench/oidc_server.mjs \
+        --modules "$OIDC_MODULES" --port "$P_OIDC" --alg "$1" --client-id "$CLIENT_ID"
+    OIDC_PID=$LAST_PID
+    wait_status "$OIDC/.well-known/openid-configuration" 200 "$OIDC_PID" "oidc-provider-$1"
+    SERVER_PIDS=("$OIDC_PID")
+}
+
+[ "$OIDC_BENCH" = 1 ] && ensure_oidc_provider
+
+# ES256 first, the two servers and the baseline back to back, then RS256.
+for alg in ES256 RS256; do
+    key=${alg,,}
+    if wanted "token-$key"; then
+        start_authserver "$alg"
+        check_token_endpoint "authserver $alg" "$AUTHSERVER" "$AUTHSERVER" "$alg"
+        measure "token-$key" "$AUTHSERVER/token" "${TOKEN_LOAD[@]}"
+        stop_started "$AUTHSERVER_PID"
+    fi
+    if wanted "oidc-$key"; then
+        start_oidc "$alg"
+        check_token_endpoint "oidc-provider $alg" "$OIDC" "$OIDC" "$alg"
+        measure "oidc-$key" "$OIDC/token" "${TOKEN_LOAD[@]}"
+        stop_started "$OIDC_PID"
+    fi
+    if [ "$alg" = ES256 ] && wanted sign-baseline; then
+        start sign-baseline "$SERVER_CPU" "$PY" bench/sign_baseline.py --port "$P_SIGN"
+        SIGN_PID=$LAST_PID
+        wait_status "$SIGN/jwks" 200 "$SIGN_PID" sign-baseline
+        SERVER_PIDS=("$SIGN_PID")
+        check_token_endpoint "signing baseline" "$SIGN" "$SIGN" ES256 unauthenticated
+        measure sign-baseline "$SIGN/token" "${TOKEN_LOAD[@]}"
+        stop_started "$SIGN_PID"
+    fi
+done
 
 # ---------------------------------------------------------------------------- report
 
+tool_version() { "$@" 2>&1 | head -1 || true; }
 {
     echo "date=$(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "nproc=$(nproc)"
@@ -413,51 +570,72 @@ fi
     echo "wrk_args=$WRK_ARGS"
     echo "tokens=$TOKENS"
     echo "clk_tck=$(getconf CLK_TCK)"
-    echo "versions=$("$PY" -c 'import sys, aiohttp; print(f"Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")'), $(nginx -v 2>&1 | sed 's/.*: //'), $(haproxy -v | head -1 | cut -d' ' -f1-3), $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
+    versions="$("$PY" -c 'import sys, aiohttp; print(f"Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")')"
+    if [ "$GATEWAY_BENCH" = 1 ]; then
+        versions+=", $(tool_version nginx -v | sed 's/.*: //'), $(tool_version haproxy -v | cut -d' ' -f1-3)"
+    fi
+    echo "versions=$versions, $(tool_version wrk -v | cut -d' ' -f1-2)"
+    echo "token_versions=$("$PY" -c 'import cryptography, jwt, uvloop
+from cryptography.hazmat.backends.openssl import backend
+print(f"PyJWT {jwt.__version__}, cryptography {cryptography.__version__} ({backend.openssl_version_text()}), uvloop {uvloop.__version__}")')${OIDC_VERSION:+, oidc-provider $OIDC_VERSION on Node.js $(node -v) (OpenSSL $(node -p process.versions.openssl))}"
 } >"$RAW/meta"
 status=0
 [ "$SCENARIOS" = "  " ] || "$PY" bench/report.py --raw "$RAW" --meta "$RAW/meta" --out "$OUT/latest.md" || status=$?
 
 # ---------------------------------------------------------------------------- profile
 
-# Attaches py-spy to the running gateway; when it cannot attach (or BENCH_PROFILE_LAUNCH=1),
-# py-spy launches the gateway itself instead.
-[ "$PROFILE" = 1 ] && PROFILE=warm
-if [ "$PROFILE" = warm ] || [ "$PROFILE" = cold ]; then
+# Attaches py-spy to the running server (the gateway for warm and cold, the authserver for
+# token); when it cannot attach (or BENCH_PROFILE_LAUNCH=1), py-spy launches the server itself.
+if [ "$PROFILE" != 0 ]; then
     SPY=$ROOT/.venv/bin/py-spy
     [ -x "$SPY" ] || "$PY" -m pip install --quiet py-spy
     # shellcheck disable=SC2206 # extra flags are words
     SPY_ARGS=(record --duration "$DURATION" --rate 250 --format raw
         --output "$OUT/profile-$PROFILE.txt" ${BENCH_PYSPY_ARGS---function})
-    start_gateway "$TMP/gateway-$PROFILE.yaml"
+    if [ "$PROFILE" = token ]; then
+        start_authserver ES256
+        PROFILED=authserver
+        PROFILED_PID=$AUTHSERVER_PID
+        READY_URL=$AUTHSERVER/healthz
+        LOAD=("$AUTHSERVER/token" "${TOKEN_LOAD[@]}")
+        LAUNCH=("$PY" -m authserver run --config "$AUTHSERVER_CONFIG")
+        WHAT="ES256 token requests"
+    else
+        start_gateway "$TMP/gateway-$PROFILE.yaml"
+        PROFILED=gateway
+        PROFILED_PID=$GATEWAY_PID
+        READY_URL=http://127.0.0.1:$P_GW_ADMIN/readyz
+        LOAD=("$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN")
+        LAUNCH=("$PY" -m gateway run --config "$TMP/gateway-$PROFILE.yaml")
+        WHAT="$PROFILE-JWT load"
+    fi
     spy_load() {
-        taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNECTIONS" -d"$((DURATION + 4))s" \
-            -H "Authorization: Bearer $TOKEN" "$GATEWAY/api/items" >"$OUT/profile-$PROFILE-wrk.txt" &
+        taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNECTIONS" -d"$((DURATION + 4))s" "${LOAD[@]}" \
+            >"$OUT/profile-$PROFILE-wrk.txt" &
         WRK_PID=$!
         PIDS+=("$WRK_PID")
         sleep 2
     }
     spy_load
-    log "profiling the gateway under $PROFILE-JWT load for ${DURATION}s"
+    log "profiling the $PROFILED under $WHAT for ${DURATION}s"
     if [ "${BENCH_PROFILE_LAUNCH:-0}" = 1 ] ||
-        ! taskset -c "$CLIENT_CPU" "$SPY" "${SPY_ARGS[@]}" --pid "$GATEWAY_PID" \
+        ! taskset -c "$CLIENT_CPU" "$SPY" "${SPY_ARGS[@]}" --pid "$PROFILED_PID" \
             >"$TMP/py-spy.log" 2>&1; then
         cat "$TMP/py-spy.log" >&2 2>/dev/null || true
-        log "py-spy launches the gateway instead of attaching"
+        log "py-spy launches the $PROFILED instead of attaching"
         wait "$WRK_PID" || true
-        stop_started "$GATEWAY_PID"
-        start py-spy "$SERVER_CPU" "$SPY" "${SPY_ARGS[@]}" -- \
-            "$PY" -m gateway run --config "$TMP/gateway-$PROFILE.yaml"
+        stop_started "$PROFILED_PID"
+        start py-spy "$SERVER_CPU" "$SPY" "${SPY_ARGS[@]}" -- "${LAUNCH[@]}"
         SPY_PID=$LAST_PID
-        wait_status "http://127.0.0.1:$P_GW_ADMIN/readyz" 200 "$SPY_PID" py-spy
-        GATEWAY_PID=$(pgrep -P "$SPY_PID" | head -1)
-        PIDS+=("$GATEWAY_PID")
+        wait_status "$READY_URL" 200 "$SPY_PID" py-spy
+        PROFILED_PID=$(pgrep -P "$SPY_PID" | head -1)
+        PIDS+=("$PROFILED_PID")
         spy_load
-        # py-spy stops after --duration and writes the profile; the gateway may outlive it.
+        # py-spy stops after --duration and writes the profile; the server may outlive it.
         wait "$SPY_PID" || die "py-spy failed: $(tail -5 "$TMP/py-spy.log")"
     fi
     wait "$WRK_PID" || true
-    stop_started "$GATEWAY_PID"
+    stop_started "$PROFILED_PID"
     "$PY" bench/profile_summary.py "$OUT/profile-$PROFILE.txt" |
         tee "$OUT/profile-$PROFILE-summary.txt"
 fi
