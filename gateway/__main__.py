@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("method")
     explain.add_argument("path")
     explain.add_argument("--token", help="an access token to verify against the live key sets")
+    explain.add_argument("--origin", help="a browser Origin: would it get CORS headers?")
     args = parser.parse_args(argv)
 
     if args.command == "check":
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "explain":
         from .explain import explain as run_explain
 
-        return run_explain(settings, args.method, args.path, args.token)
+        return run_explain(settings, args.method, args.path, args.token, args.origin)
 
     runtime.configure_logging(settings.log_level)
     if settings.workers == 1:
@@ -76,7 +77,7 @@ def supervise(config: str, workers: int, grace: timedelta) -> int:
     """N worker processes sharing the listening port (SO_REUSEPORT); each has its own caches.
 
     A worker that dies is replaced (at most once a second); SIGTERM/SIGINT are passed on
-    and the workers drain before the supervisor exits.
+    and the workers drain before the supervisor exits; SIGHUP is passed on as a reload.
     """
     context = multiprocessing.get_context("spawn")
     stopping = False
@@ -98,9 +99,16 @@ def supervise(config: str, workers: int, grace: timedelta) -> int:
 
     # Handlers first: a SIGTERM that came while workers were starting would otherwise kill
     # the supervisor alone and leave its workers running.
+    def reload(signum: int, _frame: object) -> None:
+        # Each worker reloads its own copy of the configuration.
+        for process in processes:
+            if process.is_alive() and process.pid:
+                os.kill(process.pid, signal.SIGHUP)
+
     processes: list[multiprocessing.process.BaseProcess] = []
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
     for _ in range(workers):
         if not stopping:
             processes.append(start())

@@ -1,100 +1,140 @@
 """Composition root of the gateway: everything built once from settings, and the one handler.
 
-`Gateway.handle` is the whole request path, read top to bottom:
- 1. route = match(method, path)           unmatched → 404
+`Pipeline.handle` is the whole request path of one configuration, read top to bottom:
+ 1. route = match(method, path)           unmatched → 404; CORS preflights answered here
  2. token = bearer.extract(headers)       unless the route is public
- 3. principal = verifier.verify(token)    cache, then keys already in memory
+ 3. principal = verifier.verify(token)    cache, then keys in memory or introspection
  4. policy.decide(route, principal)       401 audience/issuer, 403 insufficient_scope
- 5. forward.send(request, principal)      identity headers replaced, bodies streamed
+ 5. limiter.take(policy, key)             429 with Retry-After and the RateLimit fields
+ 6. forward.send(request, principal)      identity headers replaced, bodies streamed
+In monitor mode (global or per route) a refusal at any step is recorded as would_deny with
+its reason and the request goes on; identity headers still come only from a token valid for
+the route.
+
+`Gateway` holds what lives as long as the process: connection pools, metrics, the access log,
+and per issuer the key set and introspection cache, which a reload keeps while that issuer's
+settings stay the same. A reload builds a new Pipeline and swaps it in whole: a request
+keeps the pipeline it started with, and what only the old one used is closed once its last
+request is done.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import logging
-from collections.abc import Mapping
+import os
+import time
+import weakref
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from portcullis import runtime
 from portcullis.http import json_response
+from portcullis.yamlconf import ConfigError
 
-from . import bearer, errors, policy, rules
+from . import bearer, errors, policy, rules, tracecontext
+from . import settings as settings_module
+from .accesslog import AccessLog
+from .addresses import ClientAddresses
+from .cors import CorsPolicy, CorsRefused
+from .exchange import PREFLIGHT, Exchange
 from .forward import Forwarder
 from .jwks import KeySet
-from .settings import Settings
+from .metrics import CONTENT_TYPE, IssuerCounts, Metrics, StateCounts
+from .principal import Principal
+from .ratelimit import Buckets, Limiter, Policy, buckets_for
+from .settings import IssuerSettings, RouteSettings, Settings, WebSocketSettings
+from .verifiers import dispatch
 from .verifiers.base import InvalidToken, VerifierUnavailable
 from .verifiers.cache import TokenCache
-from .verifiers.jwt import JwtVerifier, TrustedIssuer
+from .verifiers.dispatch import TokenVerifier
+from .verifiers.introspection import Introspector
 
 log = logging.getLogger("portcullis.gateway")
 
 USER_AGENT = "portcullis-gateway"
 _MAX_LINGERING = timedelta(seconds=10)
+_VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
 
 
-class Gateway:
-    """The gateway's state for one process: routes, key sets, token cache, upstream pool."""
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    """What a rule needs beyond matching, compiled once per configuration."""
+
+    monitor: bool
+    cors: CorsPolicy | None
+    limit: Policy | None
+    websocket: WebSocketSettings | None
+    max_body: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a step refused, and the answer enforce mode gives."""
+
+    reason: str  # a short code: the metrics label and the access log's reason
+    response: web.Response
+    principal: Principal | None = None  # a token valid for the route (for monitor mode)
+
+
+class Pipeline:
+    """The request path for one configuration, with everything it reads built up front."""
 
     def __init__(
         self,
         settings: Settings,
-        upstream_session: aiohttp.ClientSession,
-        keys_session: aiohttp.ClientSession,
+        *,
+        verifier: TokenVerifier,
+        limiter: Limiter,
+        forwarder: Forwarder,
+        metrics: Metrics,
     ) -> None:
         self.settings = settings
         self.realm = settings.realm
         self.router = rules.compile_rules(settings.routes, settings.issuers)
-        self.keysets: Mapping[str, KeySet] = {
-            issuer.issuer: KeySet(issuer, settings.jwks, keys_session)
-            for issuer in settings.issuers
-        }
-        self.token_cache = TokenCache(settings.token_cache_size)
-        self.verifier = JwtVerifier(
-            {
-                issuer.issuer: TrustedIssuer(
-                    settings=issuer,
-                    keys=self.keysets[issuer.issuer],
-                    algorithms=frozenset(issuer.algorithms),
-                    leeway=issuer.leeway.total_seconds(),
-                )
-                for issuer in settings.issuers
-            },
-            self.token_cache,
+        self.verifier = verifier
+        self.limiter = limiter
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.monitor = settings.mode == "monitor"
+        self.traceparent = settings.forward.traceparent
+        self.addresses = ClientAddresses(settings.trusted_proxies)
+        limits = settings.rate_limits
+        self._limit_headers = limits.headers
+        self._pre_auth = (
+            Policy("pre_auth", limits.pre_auth, self.addresses) if limits.pre_auth else None
         )
-        self.forwarder = Forwarder(settings, upstream_session)
         self._max_body = settings.limits.max_body_size
-        self._request_id_header = settings.forward.request_id_header
-        self.draining = False
+        self._plans = tuple(self._plan(route) for route in settings.routes)
+        self._preflights = any(plan.cors is not None for plan in self._plans)
+        self.inflight = 0
+        self.drained: asyncio.Event | None = None  # set when retired and the last request ends
+        # Resources of this pipeline alone (a key set of an issuer it dropped, ...), closed
+        # by the gateway once the last request on this pipeline is done.
+        self.retired: list[KeySet | Introspector | Buckets | aiohttp.ClientSession] = []
 
-    def start(self) -> None:
-        for keyset in self.keysets.values():
-            keyset.start()
+    def _plan(self, route: RouteSettings) -> RoutePlan:
+        settings = self.settings
+        cors = settings.cors if route.cors is None else route.cors
+        limit_rule = settings.rate_limits.default if route.rate_limit is None else route.rate_limit
+        mode = route.mode or settings.mode
+        max_body = route.max_body_size if route.max_body_size is not None else self._max_body
+        return RoutePlan(
+            monitor=mode == "monitor",
+            cors=CorsPolicy(cors) if cors else None,
+            limit=Policy(route.name, limit_rule, self.addresses) if limit_rule else None,
+            websocket=route.websocket,
+            max_body=max_body,
+        )
 
-    async def close(self) -> None:
-        for keyset in self.keysets.values():
-            await keyset.close()
-
-    def not_ready(self) -> dict[str, str]:
-        """Why this process should not get traffic yet; empty when ready."""
-        reasons = {
-            url: keyset.last_error or "keys not loaded yet"
-            for url, keyset in self.keysets.items()
-            if not keyset.loaded
-        }
-        if self.draining:
-            reasons["gateway"] = "shutting down"
-        return reasons
-
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        request_id = self.forwarder.request_id(request)
-        response = await self._handle(request, request_id)
-        if not response.prepared:
-            response.headers[self._request_id_header] = request_id
-        return response
-
-    async def _handle(self, request: web.BaseRequest, request_id: str) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
         target = request.raw_path
         # RFC 9112 §3.2: a request target carries no fragment, yet the parser lets `#` through.
         # The upstream would be sent the URL without it while the rules saw it, so a public
@@ -106,48 +146,548 @@ class Gateway:
             segments = rules.split_path(path)
         except rules.BadPath as exc:
             return errors.bad_request(f"The request path is refused: {exc}.")
+
+        # 1. route (a CORS preflight is matched by the method it asks about)
+        headers = request.headers
+        if (
+            self._preflights
+            and request.method == "OPTIONS"
+            and "Access-Control-Request-Method" in headers
+            and "Origin" in headers
+        ):
+            answer = self._preflight(request, segments, exchange)
+            if answer is not None:
+                return answer
         rule = self.router.match(request.method, segments)
         if rule is None:
-            return errors.not_found()
+            exchange.deny("no_route", self.monitor)
+            if not self.monitor:
+                return errors.not_found()
+            return await self.forwarder.send(request, None, exchange, self._max_body)
+        exchange.route = rule.name
+        plan = self._plans[rule.index]
+        monitor = plan.monitor
+        extra = plan.cors.actual(headers.get("Origin")) if plan.cors is not None else ()
 
+        # 2-4. token, verify, policy
         principal = None
         if not rule.public:
-            authorization = request.headers.getall("Authorization", ())
+            authorization = headers.getall("Authorization", ())
             # The common case first: one `Bearer <token>` header whose token was verified
             # before. A hit means this exact string passed every check below already.
             if len(authorization) == 1 and authorization[0].startswith("Bearer "):
                 principal = self.verifier.cached(authorization[0][7:])
+            refusal: Refusal | None = None
             if principal is None:
-                try:
-                    token = bearer.extract(authorization)
-                except bearer.MalformedAuthorization as exc:
-                    return errors.invalid_request(self.realm, str(exc))
-                if token is None:
-                    return errors.unauthorized(self.realm)
-                try:
-                    principal = await self.verifier.verify(token)
-                except InvalidToken as exc:
-                    return errors.invalid_token(self.realm, exc.description)
-                except VerifierUnavailable:
-                    return errors.unavailable(
-                        5, "The gateway cannot verify tokens right now; try again shortly."
-                    )
-            decision = policy.decide(rule, principal)
-            if isinstance(decision, policy.Deny):
-                if decision.code == "insufficient_scope":
-                    return errors.insufficient_scope(
-                        self.realm, decision.reason, decision.scope or ""
-                    )
-                return errors.invalid_token(self.realm, decision.reason)
+                verified = await self._verify(request, authorization, rule)
+                if isinstance(verified, Refusal):
+                    refusal = verified
+                else:
+                    principal = verified
+            if principal is not None:
+                refusal = self._decide(rule, principal)
+            if refusal is not None:
+                exchange.deny(refusal.reason, monitor)
+                if not monitor:
+                    return _with_headers(refusal.response, extra)
+                principal = refusal.principal
+            exchange.principal = principal
 
-        max_body = rule.settings.max_body_size
-        if max_body is None:
-            max_body = self._max_body
-        if max_body is not None:
+        # 5. limit
+        limit = plan.limit
+        if limit is not None:
+            key = limit.key(principal, headers, request.remote)
+            take_now = self.limiter.take_now
+            verdict = take_now(limit, key) if take_now else await self.limiter.take(limit, key)
+            limit_headers = limit.headers(verdict) if self._limit_headers else []
+            if not verdict.allowed:
+                exchange.deny("rate_limited", monitor)
+                self.metrics.rate_limit_rejected(rule.name, limit.name)
+                if not monitor:
+                    refused = (
+                        errors.too_many_requests(verdict.retry_after, limit_headers)
+                        if verdict.known
+                        else errors.rate_limit_unavailable()
+                    )
+                    return _with_headers(refused, extra)
+            extra = (*extra, *limit_headers)
+
+        # 6. forward
+        if plan.max_body is not None:
             length = request.content_length
-            if length is not None and length > max_body:
-                return errors.payload_too_large(max_body)
-        return await self.forwarder.send(request, principal, request_id, max_body)
+            if length is not None and length > plan.max_body:
+                return _with_headers(errors.payload_too_large(plan.max_body), extra)
+        if plan.websocket is not None and self.forwarder.is_websocket_upgrade(request):
+            return await self.forwarder.websocket(
+                request, principal, exchange, plan.websocket, extra
+            )
+        return await self.forwarder.send(
+            request, principal, exchange, plan.max_body, extra, plan.cors is not None
+        )
+
+    async def _verify(
+        self, request: web.BaseRequest, authorization: Sequence[str], rule: rules.Rule
+    ) -> Principal | Refusal:
+        """Steps 2 and 3 for a token not in the cache: its principal, or why not."""
+        try:
+            token = bearer.extract(authorization)
+        except bearer.MalformedAuthorization as exc:
+            return Refusal("malformed_authorization", errors.invalid_request(self.realm, str(exc)))
+        if token is None:
+            return Refusal("no_token", errors.unauthorized(self.realm))
+        pre_auth = self._pre_auth
+        if pre_auth is not None:
+            # Only tokens that must be verified are counted: floods of made-up tokens are
+            # what this protects the verifier (and the issuer) from.
+            verdict = await self.limiter.take(
+                pre_auth, pre_auth.key(None, request.headers, request.remote)
+            )
+            if not verdict.allowed:
+                self.metrics.rate_limit_rejected(rule.name, pre_auth.name)
+                return Refusal(
+                    "pre_auth_rate_limited",
+                    errors.too_many_requests(verdict.retry_after, pre_auth.headers(verdict))
+                    if verdict.known
+                    else errors.rate_limit_unavailable(),
+                )
+        try:
+            return await self.verifier.verify(token)
+        except InvalidToken as exc:
+            return Refusal("invalid_token", errors.invalid_token(self.realm, exc.description))
+        except VerifierUnavailable:
+            return Refusal(
+                "verifier_unavailable",
+                errors.unavailable(
+                    _VERIFIER_RETRY_AFTER,
+                    "The gateway cannot verify tokens right now; try again shortly.",
+                ),
+            )
+
+    def _decide(self, rule: rules.Rule, principal: Principal) -> Refusal | None:
+        """Step 4: whether the verified principal may use the route."""
+        decision = policy.decide(rule, principal)
+        if isinstance(decision, policy.Allow):
+            return None
+        if decision.code == "insufficient_scope":
+            # The token is valid for this API; only the scope is missing.
+            return Refusal(
+                "insufficient_scope",
+                errors.insufficient_scope(self.realm, decision.reason, decision.scope or ""),
+                principal,
+            )
+        return Refusal("invalid_token", errors.invalid_token(self.realm, decision.reason))
+
+    def _preflight(
+        self, request: web.BaseRequest, segments: list[str], exchange: Exchange
+    ) -> web.StreamResponse | None:
+        """The answer to a CORS preflight, or None when the route it asks about has no CORS
+        policy (then it is an ordinary OPTIONS request)."""
+        headers = request.headers
+        asked = headers["Access-Control-Request-Method"].strip()
+        rule = self.router.match(asked, segments)
+        if rule is None:
+            return None
+        plan = self._plans[rule.index]
+        if plan.cors is None:
+            return None
+        exchange.route = rule.name
+        try:
+            allowed = plan.cors.preflight(
+                headers["Origin"], asked, headers.get("Access-Control-Request-Headers")
+            )
+        except CorsRefused as exc:
+            exchange.deny("cors_refused", plan.monitor)
+            if plan.monitor:
+                return None
+            return errors.cors_refused(str(exc))
+        exchange.decision = PREFLIGHT
+        return web.Response(status=204, headers=allowed)
+
+
+def _with_headers(
+    response: web.StreamResponse, extra: Iterable[tuple[str, str]]
+) -> web.StreamResponse:
+    response.headers.extend(extra)
+    return response
+
+
+# ---------------------------------------------------------------------------- the process
+
+
+def _verification_identity(issuer: IssuerSettings) -> IssuerSettings:
+    """The issuer settings a verified token depends on (not audiences: policy checks those
+    on every request; not the line it is written on)."""
+    return replace(issuer, audiences=(), line=0)
+
+
+def _bucket_store(settings: Settings) -> tuple[object, ...]:
+    """What the rate-limit buckets depend on: the same values keep their state on reload."""
+    limits = settings.rate_limits
+    return (
+        limits.backend,
+        limits.max_keys,
+        limits.timeout,
+        limits.key_prefix,
+        limits.max_connections,
+    )
+
+
+def _upstream_pool(settings: Settings) -> tuple[object, ...]:
+    up = settings.upstream
+    return (up.max_connections, up.connect_timeout, up.read_timeout, settings.forward.buffer_size)
+
+
+# Settings the running sockets were made with: a change is reported and waits for a restart.
+_RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
+    "listen": lambda s: s.listen,
+    "admin_listen": lambda s: s.admin_listen,
+    "workers": lambda s: s.workers,
+    "shutdown_grace": lambda s: s.shutdown_grace,
+    "limits (header sizes and timeouts)": lambda s: replace(s.limits, max_body_size=None),
+}
+
+
+class Gateway:
+    """One gateway process: pools, caches, metrics, access log, and the current pipeline."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        upstream_session: aiohttp.ClientSession,
+        keys_session: aiohttp.ClientSession,
+    ) -> None:
+        self.settings = settings
+        self._keys_session = keys_session
+        self._upstream_session = upstream_session
+        self._owned_sessions: list[aiohttp.ClientSession] = []
+        self.metrics = Metrics(self._counts)
+        self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
+        self.token_cache = TokenCache(settings.token_cache_size)
+        self._keysets: dict[tuple[object, ...], KeySet] = {}
+        self._introspectors: dict[tuple[object, ...], Introspector] = {}
+        self._buckets: Buckets = buckets_for(settings.rate_limits)
+        self._retired_backend_errors = 0  # counted by bucket stores replaced on reload
+        self._forwarders: weakref.WeakSet[Forwarder] = weakref.WeakSet()  # for open WebSockets
+        self.pipeline = self._build(settings)
+        self.draining = False
+        self._reload_lock = asyncio.Lock()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+        self._file_state = _file_state(settings.file)
+
+    # ------------------------------------------------------------------ building
+
+    def _build(self, settings: Settings) -> Pipeline:
+        verification = dispatch.build(
+            settings.issuers, settings.jwks, self._keys_session, self.token_cache
+        )
+        self._keysets, self._introspectors = verification.keysets, verification.introspectors
+        pipeline = Pipeline(
+            settings,
+            verifier=verification.verifier,
+            limiter=Limiter(settings.rate_limits, self._buckets),
+            forwarder=Forwarder(settings, self._upstream_session),
+            metrics=self.metrics,
+        )
+        self._forwarders.add(pipeline.forwarder)
+        return pipeline
+
+    @property
+    def keysets(self) -> Mapping[str, KeySet]:
+        """The key set of each issuer whose JWTs are verified here, by issuer URL."""
+        return {keyset.issuer.issuer: keyset for keyset in self._keysets.values()}
+
+    @property
+    def rate_limit_buckets(self) -> Buckets:
+        return self._buckets
+
+    @property
+    def introspectors(self) -> Mapping[str, Introspector]:
+        return {i.issuer.issuer: i for i in self._introspectors.values()}
+
+    def start(self) -> None:
+        self._buckets.start()
+        for keyset in self._keysets.values():
+            keyset.start()
+        for introspector in self._introspectors.values():
+            introspector.start()
+        if self.settings.reload.watch and self._file_state is not None:
+            self._watcher = asyncio.create_task(self._watch(), name="config watcher")
+
+    async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        for task in list(self._background):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for keyset in self._keysets.values():
+            await keyset.close()
+        for introspector in self._introspectors.values():
+            await introspector.close()
+        await self._buckets.close()
+        for session in self._owned_sessions:
+            await session.close()
+        if self.access_log is not None:
+            self.access_log.close()
+
+    def not_ready(self) -> dict[str, str]:
+        """Why this process should not get traffic yet; empty when ready."""
+        reasons = {
+            keyset.issuer.issuer: keyset.last_error or "keys not loaded yet"
+            for keyset in self._keysets.values()
+            if not keyset.loaded
+        }
+        for introspector in self._introspectors.values():
+            if not introspector.ready:
+                reasons[introspector.issuer.issuer] = (
+                    introspector.last_error or "introspection endpoint not known yet"
+                )
+        if self.draining:
+            reasons["gateway"] = "shutting down"
+        return reasons
+
+    # ------------------------------------------------------------------ requests
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        started = time.perf_counter()
+        pipeline = self.pipeline  # this request's configuration, whatever reloads happen
+        forwarder = pipeline.forwarder
+        if pipeline.traceparent:
+            trace_id, traceparent, restarted = tracecontext.outgoing(
+                request.headers.get("traceparent")
+            )
+            # A new trace's id is as random as a request id: one serves as both.
+            exchange = Exchange(
+                started,
+                forwarder.request_id(request, trace_id if restarted else None),
+                request.method,
+                request.raw_path,
+            )
+            exchange.trace_id = trace_id
+            exchange.traceparent = traceparent
+            exchange.trace_restarted = restarted
+        else:
+            exchange = Exchange(
+                started, forwarder.request_id(request), request.method, request.raw_path
+            )
+        pipeline.inflight += 1
+        status = 500
+        try:
+            response = await pipeline.handle(request, exchange)
+            status = response.status
+            if not response.prepared:
+                response.headers[forwarder.request_id_header] = exchange.request_id
+            return response
+        except asyncio.CancelledError:
+            status = 499  # the client went away before the answer
+            raise
+        finally:
+            pipeline.inflight -= 1
+            if not pipeline.inflight and pipeline.drained is not None:
+                pipeline.drained.set()
+            finished = time.perf_counter()
+            self.metrics.observe(exchange, status, finished)
+            access_log = self.access_log
+            if access_log is not None:
+                addresses = pipeline.addresses
+                exchange.client = (
+                    addresses.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
+                    if addresses.uses_forwarded_for
+                    else request.remote
+                )
+                access_log.record(exchange, status, finished)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _counts(self) -> StateCounts:
+        issuers: dict[str, IssuerCounts] = {}
+        for keyset in self._keysets.values():
+            counts = issuers.setdefault(keyset.issuer.issuer, IssuerCounts(keyset.issuer.issuer))
+            counts.jwks_fetches = keyset.fetches
+            counts.jwks_failures = keyset.failures
+        for introspector in self._introspectors.values():
+            url = introspector.issuer.issuer
+            counts = issuers.setdefault(url, IssuerCounts(url))
+            counts.introspection_active = introspector.active
+            counts.introspection_inactive = introspector.inactive_answers
+            counts.introspection_errors = introspector.failures
+            counts.introspection_cache_hits = introspector.cache.hits + introspector.inactive.hits
+        return StateCounts(
+            issuers=list(issuers.values()),
+            token_cache_hits=self.token_cache.hits,
+            token_cache_misses=self.token_cache.misses,
+            token_cache_entries=len(self.token_cache),
+            rate_limit_backend=self._buckets.name,
+            rate_limit_backend_errors=self._retired_backend_errors + self._buckets.errors,
+            websockets_open=sum(f.websockets_open for f in self._forwarders),
+        )
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload(self) -> bool:
+        """Validate the file again and, when it is valid, swap in a pipeline built from it.
+
+        An invalid file changes nothing: each problem is logged as FILE:LINE: message and
+        the current configuration keeps serving.
+        """
+        async with self._reload_lock:
+            path = self.settings.file
+            try:
+                new = await asyncio.to_thread(settings_module.load, path)
+            except ConfigError as exc:
+                for problem in exc.problems:
+                    log.error(str(problem), extra={"event": "config_problem"})
+                log.error(
+                    "config reload rejected; the previous configuration keeps serving",
+                    extra={"file": path, "problems": len(exc.problems)},
+                )
+                self.metrics.reloaded(False)
+                self._file_state = _file_state(path)
+                return False
+            await self._apply(new)
+            self._file_state = _file_state(path)
+            self.metrics.reloaded(True)
+            log.info("config reloaded", extra={"file": path})
+            return True
+
+    async def _apply(self, new: Settings) -> None:
+        """Build everything the new settings need, let new issuers load their keys, then
+        swap: from the swap on, every new request takes the new pipeline."""
+        old_settings, old = self.settings, self.pipeline
+        for what, read in _RESTART_ONLY.items():
+            if read(old_settings) != read(new):
+                log.warning(
+                    "a changed setting takes effect only after a restart",
+                    extra={"setting": what},
+                )
+        retired: list[KeySet | Introspector | Buckets | aiohttp.ClientSession] = []
+        upstream = self._upstream_session
+        if _upstream_pool(new) != _upstream_pool(old_settings):
+            retired.append(upstream)
+            upstream = upstream_session(new)
+            self._owned_sessions.append(upstream)
+        buckets = self._buckets
+        if _bucket_store(new) != _bucket_store(old_settings):
+            retired.append(buckets)
+            buckets = buckets_for(new.rate_limits)
+            buckets.start()
+        verification = dispatch.build(
+            new.issuers,
+            new.jwks,
+            self._keys_session,
+            self.token_cache,
+            self._keysets,
+            self._introspectors,
+        )
+        fresh_keysets = [
+            keyset for key, keyset in verification.keysets.items() if key not in self._keysets
+        ]
+        fresh_introspectors = [
+            introspector
+            for key, introspector in verification.introspectors.items()
+            if key not in self._introspectors
+        ]
+        for keyset in fresh_keysets:
+            keyset.start()
+        for introspector in fresh_introspectors:
+            introspector.start()
+        # An issuer new to this config gets its keys (or endpoint) before it gets requests;
+        # an issuer that cannot be reached in that time is not waited for longer.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(new.jwks.fetch_timeout.total_seconds() + 1):
+                await asyncio.gather(
+                    *(keyset.refresh() for keyset in fresh_keysets if not keyset.loaded),
+                    *(introspector.wait_ready() for introspector in fresh_introspectors),
+                    return_exceptions=True,
+                )
+        pipeline = Pipeline(
+            new,
+            verifier=verification.verifier,
+            limiter=Limiter(new.rate_limits, buckets),
+            forwarder=Forwarder(new, upstream),
+            metrics=self.metrics,
+        )
+
+        # The swap, with no await in it.
+        for key, keyset in self._keysets.items():
+            if key not in verification.keysets:
+                retired.append(keyset)
+        for key, introspector in self._introspectors.items():
+            if key not in verification.introspectors:
+                retired.append(introspector)
+        self._keysets, self._introspectors = verification.keysets, verification.introspectors
+        if buckets is not self._buckets:
+            self._retired_backend_errors += self._buckets.errors
+        self._upstream_session, self._buckets = upstream, buckets
+        # Verified tokens stay trusted only while their issuer is verified the same way.
+        kept = {
+            issuer.issuer
+            for issuer in new.issuers
+            if (before := old_settings.issuer(issuer.issuer)) is not None
+            and _verification_identity(before) == _verification_identity(issuer)
+        }
+        self.token_cache.retain(lambda principal: principal.issuer in kept)
+        self.token_cache.max_entries = new.token_cache_size
+        if new.access_log != old_settings.access_log:
+            if self.access_log is not None:
+                self.access_log.close()
+            self.access_log = AccessLog(new.access_log) if new.access_log.enabled else None
+        if new.log_level != old_settings.log_level:
+            logging.getLogger().setLevel(new.log_level.upper())
+        self.settings, self.pipeline = new, pipeline
+        self._forwarders.add(pipeline.forwarder)
+        old.retired.extend(retired)
+        self._in_background(self._retire(old, new.shutdown_grace))
+
+    async def _retire(self, old: Pipeline, grace: timedelta) -> None:
+        """Close what only `old` used, once its in-flight requests are done (or after a
+        grace period, for a stream that never ends; or at once when the gateway closes)."""
+        try:
+            if old.inflight:
+                old.drained = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(grace.total_seconds(), 1.0)):
+                        await old.drained.wait()
+        finally:
+            for resource in old.retired:
+                with contextlib.suppress(Exception):
+                    await resource.close()
+
+    async def _watch(self) -> None:
+        """Reload when the file changes (its size, modification time or inode)."""
+        while True:
+            await asyncio.sleep(self.settings.reload.interval.total_seconds())
+            if not self.settings.reload.watch:
+                continue
+            state = _file_state(self.settings.file)
+            if state is not None and state != self._file_state:
+                self._file_state = state
+                try:
+                    await self.reload()
+                except Exception:
+                    log.exception("config reload failed")
+
+    def request_reload(self) -> None:
+        """For SIGHUP: start a reload without waiting for it."""
+        self._in_background(self.reload())
+
+    def _in_background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _file_state(path: str) -> tuple[int, int, int, str] | None:
+    try:
+        stat = os.stat(path)
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, digest)
 
 
 def admin_app(gateway: Gateway) -> web.Application:
@@ -160,9 +700,14 @@ def admin_app(gateway: Gateway) -> web.Application:
             return json_response({"status": "not_ready", "reasons": reasons}, status=503)
         return json_response({"status": "ready"})
 
+    async def metrics(_: web.Request) -> web.Response:
+        body = gateway.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     return app
 
 
@@ -247,7 +792,7 @@ async def _settle() -> None:
 
 
 async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
-    """Run one gateway process until SIGTERM, then drain."""
+    """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config."""
     async with upstream_session(settings) as up, keys_session() as keys:
         gateway = Gateway(settings, up, keys)
         gateway.start()
@@ -270,6 +815,7 @@ async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
                 grace=settings.shutdown_grace,
                 reuse_port=reuse_port,
                 on_draining=lambda: setattr(gateway, "draining", True),
+                on_reload=gateway.request_reload,
                 started=_settle,
             )
         finally:

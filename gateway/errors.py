@@ -5,6 +5,7 @@ Messages are fixed texts chosen here: they never echo keys, claims or internals.
 
 from __future__ import annotations
 
+import math
 import re
 
 from aiohttp import web
@@ -112,3 +113,32 @@ def gateway_timeout() -> web.Response:
 
 def unavailable(retry_after: int, message: str) -> web.Response:
     return error_response(503, "unavailable", message, headers={"Retry-After": str(retry_after)})
+
+
+def too_many_requests(retry_after: float, headers: list[tuple[str, str]]) -> web.Response:
+    """429 (RFC 6585 §4) with Retry-After in whole seconds, never 0 (RFC 9110 §10.2.3), and
+    the rate-limit fields of the policy that refused."""
+    seconds = max(1, math.ceil(retry_after))
+    response = error_response(
+        429,
+        "rate_limited",
+        f"Too many requests; try again in {seconds} second{'s' if seconds != 1 else ''}.",
+        headers={"Retry-After": str(seconds)},
+    )
+    response.headers.extend(headers)
+    return response
+
+
+def rate_limit_unavailable() -> web.Response:
+    return unavailable(1, "The gateway cannot check rate limits right now; try again shortly.")
+
+
+def cors_refused(reason: str) -> web.Response:
+    """A preflight the route's CORS policy does not allow: no CORS header, so the browser
+    stops the actual request; the body says why for whoever reads it."""
+    return error_response(
+        403,
+        "cors_refused",
+        f"This cross-origin request is not allowed: {reason}.",
+        headers={"Vary": "Origin"},
+    )

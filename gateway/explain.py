@@ -1,7 +1,12 @@
 """`portcullis-gateway explain`: which rule a request meets, what it needs, and the decision.
 
+The route's needs are listed with everything else that applies to it: the mode (enforce or
+monitor), the rate limit and its key, the pre-authentication limit, CORS (and, with
+`--origin`, whether that origin would get CORS headers), and WebSocket proxying.
+
 With `--token`, the token is verified exactly as the running gateway would, fetching the
-issuer's keys live; the output says what was decided and why.
+issuer's keys or asking its introspection endpoint live; the output says what was decided
+and why. Rate limits are not charged: explain shows which one applies, not its state.
 """
 
 from __future__ import annotations
@@ -10,15 +15,31 @@ import asyncio
 
 from . import bearer, policy, rules
 from .app import keys_session
-from .jwks import KeySet
+from .cors import CorsPolicy
 from .principal import Principal
-from .settings import Settings
+from .settings import CorsSettings, LimitRule, Settings
+from .verifiers import dispatch
 from .verifiers.base import InvalidToken, VerifierUnavailable
 from .verifiers.cache import TokenCache
-from .verifiers.jwt import JwtVerifier, TrustedIssuer
 
 
-def describe(rule: rules.Rule, segments: list[str], settings: Settings) -> list[str]:
+def _limit(rule: LimitRule, what: str) -> str:
+    key = "client address" if rule.key == "ip" else rule.key
+    return f"{rule.rate} (burst {rule.burst}) per {key}{what}"
+
+
+def _cors(cors: CorsSettings) -> str:
+    return (
+        f"origins {', '.join(cors.allow_origins)}; methods {', '.join(cors.allow_methods)}; "
+        f"headers {', '.join(cors.allow_headers) or '(none)'}; "
+        f"credentials {'yes' if cors.allow_credentials else 'no'}; "
+        f"max-age {int(cors.max_age.total_seconds())}s"
+    )
+
+
+def describe(
+    rule: rules.Rule, segments: list[str], settings: Settings, origin: str | None = None
+) -> list[str]:
     route = rule.settings
     methods = ", ".join(sorted(route.methods)) if route.methods else "any"
     lines = [
@@ -30,41 +51,102 @@ def describe(rule: rules.Rule, segments: list[str], settings: Settings) -> list[
         lines.append("  params: " + ", ".join(f"{k}={v}" for k, v in params.items()))
     if rule.public:
         lines.append("  auth: none (forwarded without a token; identity headers removed)")
-        return lines
-    lines.append("  auth: required (Authorization: Bearer <token>)")
-    for issuer, audiences in rule.audiences_by_issuer.items():
-        lines.append(f"  accepts tokens from {issuer} with aud in: {', '.join(sorted(audiences))}")
-    if route.scopes is not None:
-        what = "all of" if route.scopes.mode == "all" else "any of"
-        lines.append(f"  scopes: {what} {' '.join(sorted(route.scopes.scopes))}")
     else:
-        lines.append("  scopes: none required")
+        lines.append("  auth: required (Authorization: Bearer <token>)")
+        for issuer, audiences in rule.audiences_by_issuer.items():
+            lines.append(
+                f"  accepts tokens from {issuer} with aud in: {', '.join(sorted(audiences))}"
+            )
+            trusted = settings.issuer(issuer)
+            if trusted is not None and trusted.mode != "jwt":
+                how = (
+                    "JWTs verified locally, other tokens by introspection"
+                    if trusted.mode == "auto"
+                    else "every token by introspection"
+                )
+                lines.append(f"    {issuer}: {how}")
+        if route.scopes is not None:
+            what = "all of" if route.scopes.mode == "all" else "any of"
+            lines.append(f"  scopes: {what} {' '.join(sorted(route.scopes.scopes))}")
+        else:
+            lines.append("  scopes: none required")
     max_body = route.max_body_size or settings.limits.max_body_size
     if max_body is not None:
         lines.append(f"  max body: {max_body} bytes")
+    lines.extend(_extras(rule, settings, origin))
+    return lines
+
+
+def _extras(rule: rules.Rule, settings: Settings, origin: str | None) -> list[str]:
+    route = rule.settings
+    lines = []
+    mode = route.mode or settings.mode
+    if mode == "monitor":
+        lines.append(
+            "  mode: monitor (refusals are logged as would_deny; the request is forwarded)"
+        )
+    else:
+        lines.append("  mode: enforce")
+    limit = settings.rate_limits.default if route.rate_limit is None else route.rate_limit
+    if limit:
+        source = "route" if route.rate_limit else "default"
+        lines.append("  rate limit: " + _limit(limit, f" ({source} policy, {route.name!r})"))
+    else:
+        lines.append("  rate limit: none")
+    pre_auth = settings.rate_limits.pre_auth
+    if pre_auth is not None and not rule.public:
+        lines.append(
+            "  pre-auth limit: " + _limit(pre_auth, " (counted when a token must be verified)")
+        )
+    cors = settings.cors if route.cors is None else route.cors
+    if cors:
+        lines.append(f"  cors: {_cors(cors)}")
+        if origin is not None:
+            allowed = CorsPolicy(cors).allows(origin)
+            lines.append(
+                f"  origin {origin}: "
+                + (
+                    "allowed (Access-Control-Allow-Origin is sent)"
+                    if allowed
+                    else "not allowed (no CORS headers; preflights get 403)"
+                )
+            )
+    else:
+        lines.append("  cors: none (preflights are forwarded like any OPTIONS request)")
+    if route.websocket is not None:
+        expiry = "yes" if route.websocket.close_on_token_expiry else "no"
+        lines.append(f"  websocket: proxied (closed when the token expires: {expiry})")
     return lines
 
 
 async def _verify(settings: Settings, token: str) -> Principal:
     async with keys_session() as session:
-        keysets = {i.issuer: KeySet(i, settings.jwks, session) for i in settings.issuers}
-        verifier = JwtVerifier(
-            {
-                i.issuer: TrustedIssuer(
-                    i, keysets[i.issuer], frozenset(i.algorithms), i.leeway.total_seconds()
-                )
-                for i in settings.issuers
-            },
-            TokenCache(0),
-        )
+        verification = dispatch.build(settings.issuers, settings.jwks, session, TokenCache(0))
         try:
-            return await verifier.verify(token)
+            return await verification.verifier.verify(token)
         finally:
-            for keyset in keysets.values():
+            for keyset in verification.keysets.values():
                 await keyset.close()
+            for introspector in verification.introspectors.values():
+                await introspector.close()
 
 
-def explain(settings: Settings, method: str, target: str, token: str | None) -> int:
+def _decided(deny: str, monitor: bool) -> int:
+    """Print a refusal; in monitor mode it is only noted and the request goes on."""
+    if monitor:
+        print(f"decision: would deny ({deny}); monitor mode forwards the request")
+        return 0
+    print(f"decision: {deny}")
+    return 1
+
+
+def explain(
+    settings: Settings,
+    method: str,
+    target: str,
+    token: str | None,
+    origin: str | None = None,
+) -> int:
     path = target.partition("?")[0]
     try:
         segments = rules.split_path(path)
@@ -75,10 +157,10 @@ def explain(settings: Settings, method: str, target: str, token: str | None) -> 
     rule = router.match(method.upper(), segments)
     if rule is None:
         print(f"no route matches {method.upper()} {path}")
-        print("decision: 404 not_found (unmatched: deny)")
-        return 1
-    for line in describe(rule, segments, settings):
+        return _decided("404 not_found (unmatched: deny)", settings.mode == "monitor")
+    for line in describe(rule, segments, settings, origin):
         print(line)
+    monitor = (rule.settings.mode or settings.mode) == "monitor"
     if rule.public:
         print("decision: forward")
         return 0
@@ -87,20 +169,18 @@ def explain(settings: Settings, method: str, target: str, token: str | None) -> 
         return 0
     if token.lower().startswith("bearer "):
         token = token[7:].strip()
-    if not bearer.looks_like_jwt(token):
+    takes_opaque = any(i.takes_opaque_tokens for i in settings.issuers)
+    if not bearer.looks_like_jwt(token) and not takes_opaque:
         print("token: not a JWT")
-        print("decision: 401 invalid_token")
-        return 1
+        return _decided("401 invalid_token", monitor)
     try:
         principal = asyncio.run(_verify(settings, token))
     except InvalidToken as exc:
         print(f"token: refused — {exc.description}")
-        print("decision: 401 invalid_token")
-        return 1
+        return _decided("401 invalid_token", monitor)
     except VerifierUnavailable as exc:
         print(f"token: cannot be verified now — {exc}")
-        print("decision: 503 (the gateway is not ready for this issuer)")
-        return 1
+        return _decided("503 (the gateway is not ready for this issuer)", monitor)
     print(
         f"token: valid — iss {principal.issuer}, sub {principal.subject}, "
         f"client {principal.client_id or '-'}, aud {', '.join(principal.audiences)}"
@@ -108,7 +188,6 @@ def explain(settings: Settings, method: str, target: str, token: str | None) -> 
     print(f"  scopes: {' '.join(sorted(principal.scopes)) or '(none)'}")
     decision = policy.decide(rule, principal)
     if isinstance(decision, policy.Deny):
-        print(f"decision: {decision.status} {decision.code} — {decision.reason}")
-        return 1
+        return _decided(f"{decision.status} {decision.code} — {decision.reason}", monitor)
     print("decision: forward, with the identity headers of this token")
     return 0

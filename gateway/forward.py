@@ -11,18 +11,26 @@
   kept when well-formed or generated.
 - Bodies stream both ways in constant memory; small bodies with a known length (up to
   `forward.buffer_size`) are moved in one piece, which is faster.
+- A W3C `traceparent` is sent upstream: the client's, continued, or a new one.
 - Upstream refused or broken → 502; no answer in time → 504.
+- WebSocket upgrades (on routes that allow them) are made to the upstream by the gateway,
+  then the client's upgrade is accepted with the subprotocol the upstream chose, and
+  messages flow both ways until either side closes; the other side is closed with the same
+  code. With `close_on_token_expiry` the session is closed (1008, policy violation) when the
+  token that opened it expires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,8 +40,9 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from . import errors
+from .exchange import Exchange
 from .principal import Principal
-from .settings import Settings
+from .settings import Settings, WebSocketSettings
 
 log = logging.getLogger("portcullis.gateway.forward")
 
@@ -60,6 +69,19 @@ _VISIBLE_ASCII = re.compile(r"[\x20-\x7E]*")
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _NO_BODY_STATUS = frozenset({204, 304})
 _NONE: frozenset[str] = frozenset()
+# The handshake headers of the client's upgrade: the gateway makes its own upstream.
+_WEBSOCKET_HANDSHAKE = frozenset(
+    {
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-protocol",
+        "sec-websocket-accept",
+    }
+)
+_EXPIRED_CLOSE = 1008  # RFC 6455 §7.4.1: policy violation
+_WS_GOING_AWAY = 1001
+_WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
 
 
@@ -75,11 +97,22 @@ def header_value(value: Any) -> str:
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
 
 
+_CONNECTION_MEMO: dict[str, frozenset[str]] = {}
+
+
 def _connection_tokens(headers: Any) -> frozenset[str]:
+    """The lower-cased names a `Connection` header lists (remembered: the same few values,
+    `keep-alive` above all, come on nearly every message)."""
     values = headers.getall("Connection", ())
     if not values:
         return _NONE
-    return frozenset(t.strip().lower() for v in values for t in v.split(",") if t.strip())
+    value = values[0] if len(values) == 1 else ", ".join(values)
+    tokens = _CONNECTION_MEMO.get(value)
+    if tokens is None:
+        tokens = frozenset(t.strip().lower() for t in value.split(",") if t.strip())
+        if len(_CONNECTION_MEMO) < _MEMO_LIMIT:
+            _CONNECTION_MEMO[value] = tokens
+    return tokens
 
 
 def _forwarded_node(address: str | None) -> str:
@@ -114,6 +147,8 @@ class Forwarder:
         self._buffer_size = settings.forward.buffer_size
         self._body_timeout = settings.limits.body_timeout.total_seconds()
         self._request_id_header = settings.forward.request_id_header
+        self.request_id_header = self._request_id_header
+        self._traceparent = settings.forward.traceparent
         self.identity = settings.identity_headers
         self._identity_names = frozenset(
             name.lower().replace("_", "-") for name in self.identity.names()
@@ -130,7 +165,9 @@ class Forwarder:
                 self._request_id_header.lower(),
             }
             | ({"authorization"} if self._strip_authorization else set())
+            | ({"traceparent"} if self._traceparent else set())
         )
+        self.websockets_open = 0
         self._keep: dict[str, bool] = {}
         self._hosts: dict[str, bool] = {}
 
@@ -156,14 +193,15 @@ class Forwarder:
                 self._hosts[host] = valid
         return host if valid else None
 
-    def request_id(self, request: web.BaseRequest) -> str:
+    def request_id(self, request: web.BaseRequest, fresh: str | None = None) -> str:
+        """The client's request id when well-formed, else `fresh` or a random one."""
         given = request.headers.get(self._request_id_header)
         if given is not None and _REQUEST_ID.fullmatch(given):
             return given
-        return os.urandom(16).hex()
+        return fresh or os.urandom(16).hex()
 
     def upstream_headers(
-        self, request: web.BaseRequest, principal: Principal | None, request_id: str
+        self, request: web.BaseRequest, principal: Principal | None, exchange: Exchange
     ) -> CIMultiDict[str]:
         incoming = request.headers
         named_in_connection = _connection_tokens(incoming)
@@ -176,27 +214,36 @@ class Forwarder:
             if kept and (not named_in_connection or name.lower() not in named_in_connection):
                 out.add(name, value)
 
-        if self._preserve_host and request.host:
-            out["Host"] = request.host
+        # Every header set below was dropped from the client's copy above (`_drop`), so it
+        # is added, not replaced: no search through the headers already there.
+        add = out.add
+        request_host = request.host
+        scheme = request.scheme
+        if self._preserve_host and request_host:
+            add("Host", request_host)
         peer = request.remote
         prior = ", ".join(incoming.getall("X-Forwarded-For", ()))
-        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else (peer or "unknown")
-        out["X-Forwarded-Proto"] = request.scheme
+        add("X-Forwarded-For", f"{prior}, {peer}" if prior else (peer or "unknown"))
+        add("X-Forwarded-Proto", scheme)
         # A Host such as `a";for=6.6.6.6` would add a forged element to Forwarded: a name
         # that is not a plain host[:port] is left out of both headers rather than escaped.
-        host = self._forwarded_host(request.host)
+        host = self._forwarded_host(request_host)
         if host:
-            out["X-Forwarded-Host"] = host
-        element = f"for={_forwarded_node(peer)};proto={request.scheme}"
+            add("X-Forwarded-Host", host)
+        element = f"for={_forwarded_node(peer)};proto={scheme}"
         if host:
             element += f';host="{host}"'
         prior_fwd = ", ".join(incoming.getall("Forwarded", ()))
-        out["Forwarded"] = f"{prior_fwd}, {element}" if prior_fwd else element
+        add("Forwarded", f"{prior_fwd}, {element}" if prior_fwd else element)
         prior_via = ", ".join(incoming.getall("Via", ()))
         version = request.version
         via = "1.1 portcullis" if version == (1, 1) else f"{version[0]}.{version[1]} portcullis"
-        out["Via"] = f"{prior_via}, {via}" if prior_via else via
-        out[self._request_id_header] = request_id
+        add("Via", f"{prior_via}, {via}" if prior_via else via)
+        add(self._request_id_header, exchange.request_id)
+        if self._traceparent and exchange.traceparent is not None:
+            add("traceparent", exchange.traceparent)
+            if exchange.trace_restarted and "tracestate" in out:
+                del out["tracestate"]
 
         if principal is not None:
             # Keyed by the header settings, so a principal cached across a config change is
@@ -222,16 +269,27 @@ class Forwarder:
         return tuple(headers)
 
     def response_headers(
-        self, upstream: aiohttp.ClientResponse, request_id: str
+        self,
+        upstream: aiohttp.ClientResponse,
+        request_id: str,
+        extra: Sequence[tuple[str, str]] = (),
+        own_cors: bool = False,
     ) -> CIMultiDict[str]:
+        """The upstream's headers minus hop-by-hop ones, plus the gateway's `extra` (rate
+        limit, CORS). When the gateway answers CORS for the route, the upstream's own
+        Access-Control-* headers are dropped: two answers would contradict each other."""
         named_in_connection = _connection_tokens(upstream.headers)
         out: CIMultiDict[str] = CIMultiDict()
         for name, value in upstream.headers.items():
             low = name.lower()
             if low in HOP_BY_HOP or (named_in_connection and low in named_in_connection):
                 continue
+            if own_cors and low.startswith("access-control-"):
+                continue
             out.add(name, value)
         out[self._request_id_header] = request_id
+        if extra:
+            out.extend(extra)
         return out
 
     # ------------------------------------------------------------------ bodies
@@ -275,11 +333,17 @@ class Forwarder:
         self,
         request: web.BaseRequest,
         principal: Principal | None,
-        request_id: str,
+        exchange: Exchange,
         max_body: int | None,
+        extra: Sequence[tuple[str, str]] = (),
+        own_cors: bool = False,
     ) -> web.StreamResponse:
+        """Forward the request and relay the answer; `extra` headers go on the answer.
+        The time from sending upstream to the end of the answer is the exchange's
+        upstream time."""
+        request_id = exchange.request_id
         url = URL(self._base + self._prefix + request.raw_path, encoded=True)
-        headers = self.upstream_headers(request, principal, request_id)
+        headers = self.upstream_headers(request, principal, exchange)
         failure: list[BodyFailure] = []
         data: bytes | AsyncIterator[bytes] | None = None
         length = request.content_length
@@ -292,17 +356,19 @@ class Forwarder:
                 data = self._stream_body(request, max_body, failure)
         except BodyFailure as exc:
             return self._body_failure(exc, max_body)
+        started = time.perf_counter()
         try:
             async with self._session.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
             ) as upstream:
-                return await self._relay(request, upstream, request_id)
+                return await self._relay(request, upstream, exchange, extra, own_cors)
         except BodyFailure as exc:
             return self._body_failure(exc, max_body)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             if failure:
                 return self._body_failure(failure[0], max_body)
             log.warning("upstream timed out", extra={"request_id": request_id})
+            exchange.upstream_error = "timeout"
             return errors.gateway_timeout()
         except aiohttp.ClientError as exc:
             if failure:
@@ -311,7 +377,12 @@ class Forwarder:
                 "upstream failed",
                 extra={"request_id": request_id, "reason": type(exc).__name__},
             )
+            exchange.upstream_error = (
+                "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
+            )
             return errors.bad_gateway()
+        finally:
+            exchange.upstream_seconds = time.perf_counter() - started
 
     @staticmethod
     async def _continue(request: web.BaseRequest) -> None:
@@ -336,9 +407,15 @@ class Forwarder:
         return errors.bad_request("The request body was cut short.")
 
     async def _relay(
-        self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, request_id: str
+        self,
+        request: web.BaseRequest,
+        upstream: aiohttp.ClientResponse,
+        exchange: Exchange,
+        extra: Sequence[tuple[str, str]],
+        own_cors: bool,
     ) -> web.StreamResponse:
-        headers = self.response_headers(upstream, request_id)
+        request_id = exchange.request_id
+        headers = self.response_headers(upstream, request_id, extra, own_cors)
         status = upstream.status
         length = upstream.content_length
         no_body = request.method == "HEAD" or status in _NO_BODY_STATUS or status < 200
@@ -364,6 +441,7 @@ class Forwarder:
                     "upstream failed mid-body",
                     extra={"request_id": request_id, "reason": type(exc).__name__},
                 )
+                exchange.upstream_error = "broken"
                 if request.transport is not None:
                     request.transport.abort()
                 return response
@@ -378,3 +456,154 @@ class Forwarder:
                 return response
         await response.write_eof()
         return response
+
+    # ------------------------------------------------------------------ WebSockets
+
+    @staticmethod
+    def is_websocket_upgrade(request: web.BaseRequest) -> bool:
+        """RFC 6455 §4.1: a GET with `Upgrade: websocket` and `Connection: upgrade`."""
+        upgrade = request.headers.get("Upgrade")
+        return (
+            upgrade is not None
+            and upgrade.strip().lower() == "websocket"
+            and "upgrade" in _connection_tokens(request.headers)
+        )
+
+    async def websocket(
+        self,
+        request: web.BaseRequest,
+        principal: Principal | None,
+        exchange: Exchange,
+        settings: WebSocketSettings,
+        extra: Sequence[tuple[str, str]] = (),
+    ) -> web.StreamResponse:
+        """Open the upstream WebSocket, then accept the client's and relay messages."""
+        client = web.WebSocketResponse(
+            max_msg_size=settings.max_message_size,
+            heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
+        )
+        if not client.can_prepare(request).ok:
+            return errors.bad_request("The WebSocket upgrade request is not valid (RFC 6455).")
+        headers = self.upstream_headers(request, principal, exchange)
+        for name in [n for n in headers if n.lower() in _WEBSOCKET_HANDSHAKE]:
+            headers.popall(name, None)
+        protocols = tuple(
+            p.strip()
+            for value in request.headers.getall("Sec-WebSocket-Protocol", ())
+            for p in value.split(",")
+            if p.strip()
+        )
+        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
+        started = time.perf_counter()
+        try:
+            upstream = await self._session.ws_connect(
+                url,
+                method="GET",
+                headers=headers,
+                protocols=protocols,
+                max_msg_size=settings.max_message_size,
+                heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            log.warning(
+                "upstream refused the websocket upgrade",
+                extra={"request_id": exchange.request_id, "status": exc.status},
+            )
+            exchange.upstream_error = "broken"
+            return errors.bad_gateway()
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            exchange.upstream_error = "timeout"
+            return errors.gateway_timeout()
+        except aiohttp.ClientError as exc:
+            log.warning(
+                "upstream websocket failed",
+                extra={"request_id": exchange.request_id, "reason": type(exc).__name__},
+            )
+            exchange.upstream_error = (
+                "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
+            )
+            return errors.bad_gateway()
+        try:
+            client._protocols = (upstream.protocol,) if upstream.protocol else ()
+            client.headers[self._request_id_header] = exchange.request_id
+            client.headers.extend(extra)
+            await client.prepare(request)
+            self.websockets_open += 1
+            try:
+                await self._relay_websocket(client, upstream, principal, settings, exchange)
+            finally:
+                self.websockets_open -= 1
+        finally:
+            await upstream.close()
+            exchange.upstream_seconds = time.perf_counter() - started
+        return client
+
+    async def _relay_websocket(
+        self,
+        client: web.WebSocketResponse,
+        upstream: aiohttp.ClientWebSocketResponse,
+        principal: Principal | None,
+        settings: WebSocketSettings,
+        exchange: Exchange,
+    ) -> None:
+        tasks: dict[asyncio.Task[Any], str] = {
+            asyncio.create_task(_pump(client, upstream)): "client",
+            asyncio.create_task(_pump(upstream, client)): "upstream",
+        }
+        if settings.close_on_token_expiry and principal is not None:
+            left = principal.expires_at - time.time()
+            if left < float("inf"):
+                tasks[asyncio.create_task(asyncio.sleep(max(0.0, left)))] = "expiry"
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+        first = next(iter(done))
+        ended_by = tasks[first]
+        if ended_by == "expiry":
+            code, reason = _EXPIRED_CLOSE, b"token expired"
+            log.info("websocket closed: token expired", extra={"request_id": exchange.request_id})
+        else:
+            code, reason = first.result() if not first.cancelled() else (_WS_GOING_AWAY, b"")
+        with contextlib.suppress(Exception):
+            await asyncio.gather(
+                client.close(code=code, message=reason),
+                upstream.close(code=code, message=reason),
+                return_exceptions=True,
+            )
+
+
+async def _pump(
+    source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+) -> tuple[int, bytes]:
+    """Messages from `source` to `sink` until `source` closes; its close code and reason."""
+    while True:
+        message = await source.receive()
+        kind = message.type
+        try:
+            if kind is aiohttp.WSMsgType.TEXT:
+                await sink.send_str(message.data)
+                continue
+            if kind is aiohttp.WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+                continue
+        except ConnectionError:
+            return _WS_GOING_AWAY, b""
+        if kind is aiohttp.WSMsgType.CLOSE:
+            return _sendable_close(message.data), (message.extra or "").encode()
+        if kind is aiohttp.WSMsgType.ERROR:
+            return _WS_INTERNAL_ERROR, b""
+        if kind in (aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED):
+            return _sendable_close(source.close_code), b""
+
+
+def _sendable_close(code: int | None) -> int:
+    """A code that may be sent in a close frame (RFC 6455 §7.4.1: 1005, 1006 and 1015 are
+    never sent); the relay passes on what one side said to the other."""
+    if code is None or code == 1005:
+        return 1000
+    if code in (1006, 1015) or not (1000 <= code < 5000):
+        return _WS_GOING_AWAY
+    return code

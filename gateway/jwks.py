@@ -160,7 +160,7 @@ async def fetch_json(
         ) as resp:
             if resp.status != 200:
                 raise FetchError(f"{url} answered {resp.status}")
-            body = await _read_bounded(resp, MAX_DOCUMENT_BYTES)
+            body = await read_bounded(resp, MAX_DOCUMENT_BYTES)
             if body is None:
                 raise FetchError(f"{url} answered more than {MAX_DOCUMENT_BYTES} bytes")
             try:
@@ -173,7 +173,7 @@ async def fetch_json(
         raise FetchError(f"{url} unreachable: {type(exc).__name__}") from None
 
 
-async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The whole body, or None as soon as it exceeds `limit` bytes.
 
     `StreamReader.read(n)` returns what has arrived so far, not n bytes: a body spanning

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from portcullis import yamlconf
-from portcullis.yamlconf import ConfigError, LocatedMap, Reader, Section
+from portcullis.yamlconf import ConfigError, LocatedMap, Rate, Reader, Section
 
 from . import rules
 
@@ -62,6 +63,7 @@ RESERVED_HEADERS = frozenset(
     }
 )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,20 @@ class UpstreamSettings:
 
 
 @dataclass(frozen=True)
+class IntrospectionSettings:
+    """How the gateway asks an issuer about a token (RFC 7662), with its own credentials."""
+
+    client_id: str
+    client_secret: str = field(repr=False)
+    url: str | None = None  # None: the introspection_endpoint of the discovery document
+    cache_ttl: timedelta = timedelta(seconds=10)  # active answers, never beyond the token's exp
+    inactive_cache_ttl: timedelta = timedelta(seconds=2)
+    cache_size: int = 10_000
+    timeout: timedelta = timedelta(seconds=2)
+    max_connections: int = 32
+
+
+@dataclass(frozen=True)
 class IssuerSettings:
     issuer: str
     audiences: tuple[str, ...]
@@ -92,6 +108,18 @@ class IssuerSettings:
     require_typ: bool = True
     allow_http: bool = False
     line: int = 0
+    # jwt: JWTs verified locally; introspection: every token asked about at the issuer;
+    # auto: JWTs locally, any other token by introspection.
+    mode: str = "jwt"
+    introspection: IntrospectionSettings | None = None
+
+    @property
+    def uses_keys(self) -> bool:
+        return self.mode in ("jwt", "auto")
+
+    @property
+    def takes_opaque_tokens(self) -> bool:
+        return self.mode in ("introspection", "auto")
 
 
 @dataclass(frozen=True)
@@ -126,6 +154,7 @@ class ForwardSettings:
     strip_authorization: bool = False
     request_id_header: str = "X-Request-Id"
     buffer_size: int = 64 * 1024  # bodies with a Content-Length up to this are sent in one piece
+    traceparent: bool = True  # W3C Trace Context: propagated upstream, created when absent
 
 
 @dataclass(frozen=True)
@@ -144,6 +173,78 @@ class ScopeRule:
     scopes: frozenset[str]
 
 
+LIMIT_KEYS = ("subject", "client_id", "ip", "route")
+LIMIT_KEY_PREFIXES = ("header:", "claim:")
+IDENTITY_LIMIT_KEYS = ("subject", "client_id")  # and claim:NAME: they need a verified token
+
+
+@dataclass(frozen=True)
+class LimitRule:
+    """A token bucket: `burst` requests at once, refilled at `rate`, one bucket per key."""
+
+    rate: Rate
+    burst: int
+    key: str  # subject | client_id | ip | route | header:NAME | claim:NAME
+    line: int = 0
+
+    @property
+    def needs_token(self) -> bool:
+        return self.key in IDENTITY_LIMIT_KEYS or self.key.startswith("claim:")
+
+
+@dataclass(frozen=True)
+class RateLimitSettings:
+    backend: str = "memory"  # or redis://host:port/db, rediss://..., unix:///path
+    default: LimitRule | None = None
+    pre_auth: LimitRule | None = None  # per client address, charged before verifying a token
+    on_backend_error: str = "allow"  # allow | deny, when the shared backend cannot answer
+    timeout: timedelta = timedelta(milliseconds=100)
+    max_keys: int = 100_000  # buckets the memory backend holds at most
+    max_connections: int = 32  # to Redis, per gateway process
+    key_prefix: str = "portcullis:rl:"
+    headers: bool = True  # RateLimit-Policy / RateLimit on answers
+
+    @property
+    def redis(self) -> bool:
+        return self.backend != "memory"
+
+
+@dataclass(frozen=True)
+class CorsSettings:
+    allow_origins: tuple[str, ...]  # exact origins, or ("*",)
+    allow_methods: tuple[str, ...] = ("GET", "HEAD", "POST")
+    allow_headers: tuple[str, ...] = ("Authorization", "Content-Type")
+    expose_headers: tuple[str, ...] = ()
+    allow_credentials: bool = False
+    max_age: timedelta = timedelta(minutes=10)
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class WebSocketSettings:
+    close_on_token_expiry: bool = False
+    max_message_size: int = 4 * 1024 * 1024
+    heartbeat: timedelta | None = None  # ping both peers this often when set
+
+
+@dataclass(frozen=True)
+class AccessLogSettings:
+    # Off without an access_log section: a line per request costs a few percent of the
+    # gateway's throughput, so it is asked for, not imposed. A section turns it on.
+    enabled: bool = False
+    output: str = "stderr"  # stderr | stdout | a file path (appended to)
+    include_query: bool = False
+    subject: str = "plain"  # plain | hashed | omitted
+    subject_hash_key: str = field(default="", repr=False)
+    flush_interval: timedelta = timedelta(milliseconds=200)
+
+
+@dataclass(frozen=True)
+class ReloadSettings:
+    watch: bool = True  # reload when the file changes, besides on SIGHUP
+    interval: timedelta = timedelta(seconds=1)
+
+
 @dataclass(frozen=True)
 class RouteSettings:
     name: str
@@ -155,6 +256,10 @@ class RouteSettings:
     scopes: ScopeRule | None = None
     max_body_size: int | None = None
     line: int = 0
+    mode: str | None = None  # enforce | monitor; None: the global mode
+    rate_limit: LimitRule | Literal[False] | None = None  # None: the default; False: none
+    cors: CorsSettings | Literal[False] | None = None  # None: the global cors; False: none
+    websocket: WebSocketSettings | None = None  # None: upgrades are not proxied
 
 
 @dataclass(frozen=True)
@@ -175,6 +280,13 @@ class Settings:
     workers: int = 1
     shutdown_grace: timedelta = timedelta(seconds=20)
     log_level: str = "info"
+    mode: str = "enforce"  # enforce | monitor
+    rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
+    trusted_proxies: tuple[IPNetwork, ...] = ()
+    cors: CorsSettings | None = None
+    websocket: WebSocketSettings = field(default_factory=WebSocketSettings)
+    access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
+    reload: ReloadSettings = field(default_factory=ReloadSettings)
 
     def issuer(self, url: str) -> IssuerSettings | None:
         return next((i for i in self.issuers if i.issuer == url), None)
@@ -197,11 +309,12 @@ def parse(data: LocatedMap, file: str) -> Settings:
     top = Section(reader, data, "config")
     upstream = _upstream(reader, top)
     issuers = _issuers(reader, top)
+    websocket = _websocket(reader, top)
     settings = Settings(
         file=file,
         upstream=upstream or UpstreamSettings(url="http://invalid"),
         issuers=issuers,
-        routes=_routes(reader, top, issuers),
+        routes=_routes(reader, top, issuers, websocket),
         listen=top.get("listen", _address, Settings.listen),
         admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
         realm=top.get("realm", _realm, Settings.realm),
@@ -216,6 +329,13 @@ def parse(data: LocatedMap, file: str) -> Settings:
         log_level=top.get(
             "log_level", yamlconf.one_of("debug", "info", "warning", "error"), "info"
         ),
+        mode=top.get("mode", yamlconf.one_of("enforce", "monitor"), "enforce"),
+        rate_limits=_rate_limits(reader, top),
+        trusted_proxies=top.list_of("trusted_proxies", _network),
+        cors=_global_cors(reader, top),
+        websocket=websocket,
+        access_log=_access_log(reader, top),
+        reload=_reload(reader, top),
     )
     top.finish()
     if _overlap(settings.listen, settings.admin_listen):
@@ -345,8 +465,27 @@ def _issuers(reader: Reader, top: Section) -> tuple[IssuerSettings, ...]:
         algorithms = sec.list_of("algorithms", _algorithm, DEFAULT_ALGORITHMS)
         if _empty_list(sec.raw("algorithms")):
             reader.problem(sec.line_of("algorithms"), f"issuers[{index}].algorithms: empty")
-        mode = sec.get("mode", yamlconf.one_of("jwt"), "jwt")
-        del mode  # only local JWT validation exists in this release
+        mode = sec.get("mode", yamlconf.one_of("jwt", "introspection", "auto"), "jwt")
+        introspection = None
+        if sec.has("introspection"):
+            introspection = _introspection(
+                reader,
+                sec.raw("introspection"),
+                f"issuers[{index}].introspection",
+                sec.line_of("introspection"),
+                allow_http,
+            )
+            if mode == "jwt":
+                reader.problem(
+                    sec.line_of("introspection"),
+                    f"issuers[{index}].introspection: only used with mode introspection or auto",
+                )
+        elif mode in ("introspection", "auto"):
+            reader.problem(
+                sec.line_of("mode"),
+                f"issuers[{index}]: mode {mode} needs an introspection section "
+                "(client_id and client_secret of the gateway)",
+            )
         entry = IssuerSettings(
             issuer=issuer or "",
             audiences=audiences,
@@ -356,6 +495,8 @@ def _issuers(reader: Reader, top: Section) -> tuple[IssuerSettings, ...]:
             require_typ=sec.get("require_typ", yamlconf.boolean, True),
             allow_http=allow_http,
             line=line,
+            mode=mode or "jwt",
+            introspection=introspection,
         )
         sec.finish()
         if issuer:
@@ -367,7 +508,46 @@ def _issuers(reader: Reader, top: Section) -> tuple[IssuerSettings, ...]:
         result.append(entry)
     if isinstance(raw, list) and not raw:
         reader.problem(top.line_of("issuers"), "config: issuers must list at least one issuer")
+    opaque = [i for i in result if i.takes_opaque_tokens]
+    for later in opaque[1:]:
+        # A token that is not a JWT names no issuer: it could only be sent to one of them,
+        # and sending it to an issuer that did not make it would hand the token over.
+        reader.problem(
+            later.line,
+            f"issuers: only one issuer may use mode introspection or auto "
+            f"(already {opaque[0].issuer} on line {opaque[0].line})",
+        )
     return tuple(result)
+
+
+def _secret(value: Any) -> str:
+    """A secret: its value never appears in a message."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string (quote it; the value is not shown)")
+    return value
+
+
+def _introspection(
+    reader: Reader, raw: Any, where: str, line: int, allow_http: bool
+) -> IntrospectionSettings | None:
+    sec = reader.section(raw, where, line)
+    if sec is None:
+        return None
+    d = IntrospectionSettings("", "")
+    result = IntrospectionSettings(
+        client_id=sec.get("client_id", yamlconf.non_empty_string),
+        client_secret=sec.get("client_secret", _secret),
+        url=sec.get("url", functools.partial(_url, allow_http=allow_http), None),
+        cache_ttl=sec.get("cache_ttl", yamlconf.duration, d.cache_ttl),
+        inactive_cache_ttl=sec.get("inactive_cache_ttl", yamlconf.duration, d.inactive_cache_ttl),
+        cache_size=sec.get("cache_size", yamlconf.integer(0, 10_000_000), d.cache_size),
+        timeout=sec.get("timeout", yamlconf.duration, d.timeout),
+        max_connections=sec.get("max_connections", yamlconf.integer(1, 10_000), d.max_connections),
+    )
+    sec.finish()
+    if result.timeout <= timedelta(0):
+        reader.problem(sec.line_of("timeout"), f"{where}.timeout: must be more than 0s")
+    return result
 
 
 def _jwks(reader: Reader, top: Section) -> JwksSettings:
@@ -453,6 +633,7 @@ def _forward(reader: Reader, top: Section) -> ForwardSettings:
         strip_authorization=sec.get("strip_authorization", yamlconf.boolean, d.strip_authorization),
         request_id_header=sec.get("request_id_header", _header_name, d.request_id_header),
         buffer_size=sec.get("buffer_size", yamlconf.size, d.buffer_size),
+        traceparent=sec.get("traceparent", yamlconf.boolean, d.traceparent),
     )
     sec.finish()
     return result
@@ -517,7 +698,10 @@ def _scope_token(value: Any) -> str:
 
 
 def _routes(
-    reader: Reader, top: Section, issuers: tuple[IssuerSettings, ...]
+    reader: Reader,
+    top: Section,
+    issuers: tuple[IssuerSettings, ...],
+    websocket: WebSocketSettings,
 ) -> tuple[RouteSettings, ...]:
     raw = top.raw("routes")
     if raw is None:
@@ -573,6 +757,38 @@ def _routes(
                     reader.problem(
                         sec.line_of(key), f"{where}.{key}: means nothing with auth: none"
                     )
+        rate_limit: LimitRule | Literal[False] | None = None
+        if sec.has("rate_limit"):
+            raw_limit = sec.raw("rate_limit")
+            if raw_limit is False:
+                rate_limit = False
+            else:
+                rate_limit = _limit_rule(
+                    reader, raw_limit, f"{where}.rate_limit", sec.line_of("rate_limit")
+                )
+                if rate_limit is not None and auth == "none" and rate_limit.needs_token:
+                    reader.problem(
+                        sec.line_of("rate_limit"),
+                        f"{where}.rate_limit.key: {rate_limit.key} needs a token, and this "
+                        "route has auth: none (use ip, route or header:NAME)",
+                    )
+        cors: CorsSettings | Literal[False] | None = None
+        if sec.has("cors"):
+            raw_cors = sec.raw("cors")
+            cors = (
+                False
+                if raw_cors is False
+                else _cors(reader, raw_cors, f"{where}.cors", sec.line_of("cors"))
+            )
+        route_websocket = None
+        if sec.has("websocket"):
+            route_websocket = _route_websocket(
+                reader,
+                sec.raw("websocket"),
+                f"{where}.websocket",
+                sec.line_of("websocket"),
+                websocket,
+            )
         route = RouteSettings(
             name=name or f"#{index}",
             path=path or "/",
@@ -583,11 +799,278 @@ def _routes(
             scopes=scopes,
             max_body_size=sec.get("max_body_size", yamlconf.size, None),
             line=line,
+            mode=sec.get("mode", yamlconf.one_of("enforce", "monitor"), None),
+            rate_limit=rate_limit,
+            cors=cors,
+            websocket=route_websocket,
         )
         sec.finish()
         if path is not None:
             result.append(route)
     return tuple(result)
+
+
+# ---------------------------------------------------------------------------- rate limits
+
+
+def _limit_key(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text in LIMIT_KEYS:
+        return text
+    kind, _, name = text.partition(":")
+    if kind == "header":
+        _header_name(name)
+        return f"header:{name.lower()}"
+    if kind == "claim":
+        if not name.strip():
+            raise ValueError("claim: needs a claim name, like claim:tenant")
+        return text
+    raise ValueError(f"{text!r} is not one of {', '.join(LIMIT_KEYS)}, header:NAME, claim:NAME")
+
+
+def _limit_rule(
+    reader: Reader, raw: Any, where: str, line: int, *, fixed_key: str | None = None
+) -> LimitRule | None:
+    sec = reader.section(raw, where, line)
+    if sec is None:
+        return None
+    rate = sec.get("rate", yamlconf.rate)
+    burst = sec.get("burst", yamlconf.integer(1, 1_000_000_000), None)
+    if fixed_key is None:
+        key = sec.get("key", _limit_key, "subject")
+    else:
+        key = sec.get("key", yamlconf.one_of(fixed_key), fixed_key)
+    sec.finish()
+    if rate is None:
+        return None
+    if burst is None:
+        burst = max(1, math.ceil(rate.count))
+    return LimitRule(rate=rate, burst=burst, key=key or "subject", line=sec.line)
+
+
+def _redis_url(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text == "memory":
+        return text
+    parts = urlsplit(text)
+    if parts.scheme in ("redis", "rediss") and parts.hostname:
+        return text
+    if parts.scheme == "unix" and parts.path:
+        return text
+    raise ValueError(f"{text!r} is neither memory nor a redis://, rediss:// or unix:// URL")
+
+
+def _rate_limits(reader: Reader, top: Section) -> RateLimitSettings:
+    if not top.has("rate_limits"):
+        top.raw("rate_limits")
+        return RateLimitSettings()
+    sec = reader.section(top.raw("rate_limits"), "rate_limits", top.line_of("rate_limits"))
+    if sec is None:
+        return RateLimitSettings()
+    d = RateLimitSettings()
+    default = (
+        _limit_rule(reader, sec.raw("default"), "rate_limits.default", sec.line_of("default"))
+        if sec.has("default")
+        else None
+    )
+    pre_auth = (
+        _limit_rule(
+            reader,
+            sec.raw("pre_auth"),
+            "rate_limits.pre_auth",
+            sec.line_of("pre_auth"),
+            fixed_key="ip",
+        )
+        if sec.has("pre_auth")
+        else None
+    )
+    result = RateLimitSettings(
+        backend=sec.get("backend", _redis_url, d.backend),
+        default=default,
+        pre_auth=pre_auth,
+        on_backend_error=sec.get(
+            "on_backend_error", yamlconf.one_of("allow", "deny"), d.on_backend_error
+        ),
+        timeout=sec.get("timeout", yamlconf.duration, d.timeout),
+        max_keys=sec.get("max_keys", yamlconf.integer(1, 100_000_000), d.max_keys),
+        max_connections=sec.get("max_connections", yamlconf.integer(1, 10_000), d.max_connections),
+        key_prefix=sec.get("key_prefix", yamlconf.string, d.key_prefix),
+        headers=sec.get("headers", yamlconf.boolean, d.headers),
+    )
+    for key in ("default", "pre_auth"):
+        sec.raw(key)
+    sec.finish()
+    if result.timeout <= timedelta(0):
+        reader.problem(sec.line_of("timeout"), "rate_limits.timeout: must be more than 0s")
+    return result
+
+
+def _network(value: Any) -> IPNetwork:
+    text = yamlconf.non_empty_string(value)
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address or network (10.0.0.0/8)") from None
+
+
+# ---------------------------------------------------------------------------- CORS
+
+
+def _origin(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text == "*":
+        return text
+    parts = urlsplit(text)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.path
+        or parts.query
+        or parts.fragment
+        or parts.username
+    ):
+        raise ValueError(
+            f"{text!r} is not an origin (scheme://host[:port], no path or trailing slash)"
+        )
+    # Browsers send scheme and host in lower case (RFC 6454 §6.2).
+    return text.lower()
+
+
+def _header_or_star(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    return text if text == "*" else _header_name(text)
+
+
+def _cors(reader: Reader, raw: Any, where: str, line: int) -> CorsSettings | None:
+    sec = reader.section(raw, where, line)
+    if sec is None:
+        return None
+    d = CorsSettings(())
+    if not sec.has("allow_origins"):
+        reader.problem(sec.line, f"{where}: allow_origins is required")
+    elif _empty_list(sec.raw("allow_origins")):
+        reader.problem(sec.line_of("allow_origins"), f"{where}.allow_origins: list at least one")
+    origins = sec.list_of("allow_origins", _origin)
+    result = CorsSettings(
+        allow_origins=origins,
+        allow_methods=sec.list_of("allow_methods", _method, d.allow_methods),
+        allow_headers=sec.list_of("allow_headers", _header_or_star, d.allow_headers),
+        expose_headers=sec.list_of("expose_headers", _header_name, d.expose_headers),
+        allow_credentials=sec.get("allow_credentials", yamlconf.boolean, d.allow_credentials),
+        max_age=sec.get("max_age", yamlconf.duration, d.max_age),
+        line=sec.line,
+    )
+    sec.finish()
+    if "*" in result.allow_origins:
+        if len(result.allow_origins) > 1:
+            reader.problem(sec.line_of("allow_origins"), f"{where}.allow_origins: * stands alone")
+        if result.allow_credentials:
+            # Fetch §3.2.5: browsers refuse a credentialed answer with a wildcard origin.
+            reader.problem(
+                sec.line_of("allow_credentials"),
+                f"{where}: allow_credentials cannot be used with allow_origins: [*]; "
+                "list the origins",
+            )
+    return result
+
+
+def _global_cors(reader: Reader, top: Section) -> CorsSettings | None:
+    if not top.has("cors"):
+        top.raw("cors")
+        return None
+    return _cors(reader, top.raw("cors"), "cors", top.line_of("cors"))
+
+
+# ---------------------------------------------------------------------------- WebSockets
+
+
+def _websocket_section(
+    reader: Reader, raw: Any, where: str, line: int, base: WebSocketSettings
+) -> WebSocketSettings:
+    sec = reader.section(raw, where, line)
+    if sec is None:
+        return base
+    result = WebSocketSettings(
+        close_on_token_expiry=sec.get(
+            "close_on_token_expiry", yamlconf.boolean, base.close_on_token_expiry
+        ),
+        max_message_size=sec.get("max_message_size", yamlconf.size, base.max_message_size),
+        heartbeat=sec.get("heartbeat", yamlconf.duration, base.heartbeat),
+    )
+    sec.finish()
+    if result.heartbeat is not None and result.heartbeat <= timedelta(0):
+        reader.problem(sec.line_of("heartbeat"), f"{where}.heartbeat: must be more than 0s")
+    return result
+
+
+def _websocket(reader: Reader, top: Section) -> WebSocketSettings:
+    if not top.has("websocket"):
+        top.raw("websocket")
+        return WebSocketSettings()
+    return _websocket_section(
+        reader, top.raw("websocket"), "websocket", top.line_of("websocket"), WebSocketSettings()
+    )
+
+
+def _route_websocket(
+    reader: Reader, raw: Any, where: str, line: int, base: WebSocketSettings
+) -> WebSocketSettings | None:
+    """`true` takes the global settings, a mapping changes some of them, `false` is off."""
+    if raw is True:
+        return base
+    if raw is False:
+        return None
+    return _websocket_section(reader, raw, where, line, base)
+
+
+# ---------------------------------------------------------------------------- logs, reload
+
+
+def _access_log(reader: Reader, top: Section) -> AccessLogSettings:
+    if not top.has("access_log"):
+        top.raw("access_log")
+        return AccessLogSettings()
+    raw = top.raw("access_log")
+    if isinstance(raw, bool):
+        return AccessLogSettings(enabled=raw)  # `access_log: true` for the defaults
+    sec = reader.section(raw, "access_log", top.line_of("access_log"))
+    if sec is None:
+        return AccessLogSettings()
+    d = AccessLogSettings()
+    result = AccessLogSettings(
+        enabled=sec.get("enabled", yamlconf.boolean, True),
+        output=sec.get("output", yamlconf.non_empty_string, d.output),
+        include_query=sec.get("include_query", yamlconf.boolean, d.include_query),
+        subject=sec.get("subject", yamlconf.one_of("plain", "hashed", "omitted"), d.subject),
+        subject_hash_key=sec.get("subject_hash_key", _secret, d.subject_hash_key),
+        flush_interval=sec.get("flush_interval", yamlconf.duration, d.flush_interval),
+    )
+    sec.finish()
+    if result.subject == "hashed" and not result.subject_hash_key:
+        reader.problem(
+            sec.line_of("subject"),
+            "access_log: subject: hashed needs subject_hash_key (a secret, so that subjects "
+            "cannot be recovered by hashing guesses)",
+        )
+    return result
+
+
+def _reload(reader: Reader, top: Section) -> ReloadSettings:
+    if not top.has("reload"):
+        top.raw("reload")
+        return ReloadSettings()
+    sec = reader.section(top.raw("reload"), "reload", top.line_of("reload"))
+    if sec is None:
+        return ReloadSettings()
+    d = ReloadSettings()
+    result = ReloadSettings(
+        watch=sec.get("watch", yamlconf.boolean, d.watch),
+        interval=sec.get("interval", yamlconf.duration, d.interval),
+    )
+    sec.finish()
+    if result.interval < timedelta(milliseconds=10):
+        reader.problem(sec.line_of("interval"), "reload.interval: must be at least 10ms")
+    return result
 
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:

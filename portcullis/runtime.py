@@ -95,13 +95,19 @@ async def serve(
     grace: timedelta,
     reuse_port: bool = False,
     on_draining: Callable[[], None] | None = None,
+    on_reload: Callable[[], None] | None = None,
     started: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain: stop accepting, wait up to `grace`, close."""
+    """Serve until SIGTERM/SIGINT, then drain: stop accepting, wait up to `grace`, close.
+
+    With `on_reload`, SIGHUP calls it (the conventional signal to re-read configuration).
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if on_reload is not None:
+        loop.add_signal_handler(signal.SIGHUP, on_reload)
     runners: list[web.BaseRunner] = []
     try:
         for listener in listeners:
@@ -124,7 +130,7 @@ async def serve(
         if on_draining is not None:
             on_draining()
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         # The first runner is the public one: it stops accepting and drains in-flight
         # requests; admin listeners close after it so /readyz reports the drain.

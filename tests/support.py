@@ -396,9 +396,19 @@ class RunningGateway:
             await session.close()
 
 
-async def start_gateway(config_text: str, *, wait_ready: bool = True) -> RunningGateway:
-    """The gateway in this process and event loop, on real sockets."""
-    settings = gateway_settings.load_text(config_text, "test.yaml")
+async def start_gateway(
+    config_text: str, *, wait_ready: bool = True, config_file: Path | None = None
+) -> RunningGateway:
+    """The gateway in this process and event loop, on real sockets.
+
+    With `config_file`, the text is written there and loaded from it, as `run --config`
+    does: the gateway then reloads it when it changes.
+    """
+    if config_file is not None:
+        config_file.write_text(config_text)
+        settings = gateway_settings.load(str(config_file))
+    else:
+        settings = gateway_settings.load_text(config_text, "test.yaml")
     up, keys = upstream_session(settings), keys_session()
     gateway = Gateway(settings, up, keys)
     gateway.start()
@@ -416,10 +426,10 @@ async def start_gateway(config_text: str, *, wait_ready: bool = True) -> Running
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    config_text: str, *, wait_ready: bool = True
+    config_text: str, *, wait_ready: bool = True, config_file: Path | None = None
 ) -> AsyncIterator[RunningGateway]:
     """`start_gateway` for one `async with` block; stopped however the block ends."""
-    running = await start_gateway(config_text, wait_ready=wait_ready)
+    running = await start_gateway(config_text, wait_ready=wait_ready, config_file=config_file)
     try:
         yield running
     finally:
@@ -747,3 +757,180 @@ class GatewayProcess:
             if await self.wait_exit(self.grace + 5) is None:
                 self.process.kill()
                 self.process.wait()
+
+
+# ---------------------------------------------------------------------------- introspection
+
+
+def basic_credentials(header: str | None) -> tuple[str, str] | None:
+    """(client_id, secret) of an HTTP Basic header, each part form-urldecoded (RFC 6749
+    §2.3.1), or None."""
+    from urllib.parse import unquote_plus
+
+    if not header or not header.startswith("Basic "):
+        return None
+    try:
+        raw = base64.b64decode(header[6:], validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    client_id, sep, secret = raw.partition(":")
+    return (unquote_plus(client_id), unquote_plus(secret)) if sep else None
+
+
+@dataclass
+class IntrospectionServer:
+    """An RFC 7662 introspection endpoint a test controls, with a discovery document naming it.
+
+    `answers[token]` is the JSON object returned for a token (default `{"active": false}`);
+    `delay` holds every answer back; `status` other than 200 answers with that status;
+    `garbage` answers that body instead. Each call is recorded in `calls` (the form and the
+    client credentials it carried), and `in_flight` counts calls not answered yet.
+    """
+
+    __test__ = False
+
+    client_id: str = "gateway"
+    client_secret: str = "gateway-secret"
+    url: str = ""
+    answers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    delay: float = 0.0
+    status: int = 200
+    garbage: bytes | None = None
+    cache_control: str | None = "no-store"
+    advertise: bool = True  # False: discovery has no introspection_endpoint
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    runner: Any = None
+
+    async def start(self, port: int = 0) -> IntrospectionServer:
+        app = web.Application()
+        app.router.add_get("/.well-known/openid-configuration", self._metadata)
+        app.router.add_get("/.well-known/oauth-authorization-server", self._metadata)
+        app.router.add_post("/introspect", self._introspect)
+        self.runner, self.url = await start_site(app, port)
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/introspect"
+
+    def active(self, token: str, **claims: Any) -> dict[str, Any]:
+        """Make `token` active with typical claims, changed by `claims`; returns the answer."""
+        now = int(time.time())
+        answer: dict[str, Any] = {
+            "active": True,
+            "iss": self.url,
+            "sub": "user-123",
+            "aud": "orders-api",
+            "client_id": "webapp",
+            "scope": "orders:read",
+            "token_type": "Bearer",
+            "iat": now,
+            "exp": now + 300,
+        }
+        answer.update(claims)
+        answer = {k: v for k, v in answer.items() if v is not None}
+        self.answers[token] = answer
+        return answer
+
+    async def _metadata(self, _: web.Request) -> web.Response:
+        document: dict[str, Any] = {"issuer": self.url, "jwks_uri": f"{self.url}/jwks"}
+        if self.advertise:
+            document["introspection_endpoint"] = self.endpoint
+        return web.json_response(document)
+
+    async def _introspect(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        self.calls.append(
+            {
+                "form": {k: str(v) for k, v in form.items()},
+                "credentials": basic_credentials(request.headers.get("Authorization")),
+            }
+        )
+        self.in_flight += 1
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if basic_credentials(request.headers.get("Authorization")) != (
+                self.client_id,
+                self.client_secret,
+            ):
+                return web.json_response(
+                    {"error": "invalid_client"},
+                    status=401,
+                    headers={"WWW-Authenticate": 'Basic realm="introspection"'},
+                )
+            if self.status != 200:
+                return web.Response(status=self.status, text="unavailable")
+            headers = {"Cache-Control": self.cache_control} if self.cache_control else {}
+            if self.garbage is not None:
+                return web.Response(
+                    body=self.garbage, content_type="application/json", headers=headers
+                )
+            answer = self.answers.get(str(form.get("token", "")), {"active": False})
+            return web.json_response(answer, headers=headers)
+        finally:
+            self.in_flight -= 1
+
+
+# ---------------------------------------------------------------------------- Redis
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+async def redis_or_skip() -> Any:
+    """A client of the machine's Redis at 127.0.0.1:6379. When it is not reachable the test
+    is skipped with the reason, except under CI=true, where that is a failure."""
+    import pytest
+    import redis.asyncio as redis_asyncio
+
+    client = redis_asyncio.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        reason = f"Redis is not reachable at {REDIS_URL} ({type(exc).__name__})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + "; CI=true requires it")
+        pytest.skip(reason)
+    return client
+
+
+# ---------------------------------------------------------------------------- metrics, logs
+
+
+async def scrape(admin_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics and parse it: {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as session, session.get(admin_url + "/metrics") as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.content_type == "text/plain"
+        text = await resp.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def sample(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    """The value of one sample, 0 when absent (a counter nothing has touched yet)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def read_json_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from ..principal import Principal
 
@@ -56,3 +57,9 @@ class TokenCache:
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    def retain(self, keep: Callable[[Principal], bool]) -> None:
+        """Drop every entry whose principal `keep` refuses (on reload, for issuers whose
+        verification changed)."""
+        for key in [k for k, (principal, _) in self._entries.items() if not keep(principal)]:
+            del self._entries[key]

@@ -74,6 +74,10 @@ class JwtVerifier:
             alg for issuer in issuers.values() for alg in issuer.algorithms
         )
 
+    def trusts(self, iss: str | None) -> bool:
+        """Whether `iss` is an issuer whose JWTs this verifier checks itself."""
+        return iss in self._issuers
+
     def cached(self, token: str) -> Principal | None:
         """The principal of a token verified before and not expired since, else None."""
         return self._cache.get(token_key(token), count_miss=False)

@@ -190,6 +190,9 @@ async def test_explain_shows_the_matched_rule_its_params_and_needs(
         f"  accepts tokens from {issuer.url} with aud in: orders-api",
         "  scopes: all of orders:read orders:write",
         "  max body: 1048576 bytes",
+        "  mode: enforce",
+        "  rate limit: none",
+        "  cors: none (preflights are forwarded like any OPTIONS request)",
         "decision without a token: 401 (pass --token to check one)",
     ]
     assert issuer.jwks_fetches == 0  # no token: nothing to verify, nothing fetched
@@ -212,6 +215,10 @@ async def test_explain_of_a_public_route_forwards_without_a_token(config_path: s
         f"route: health ({config_path}:{line_of(text, 'name: health')})",
         "  path: /healthz   methods: any",
         "  auth: none (forwarded without a token; identity headers removed)",
+        "  max body: 1048576 bytes",
+        "  mode: enforce",
+        "  rate limit: none",
+        "  cors: none (preflights are forwarded like any OPTIONS request)",
         "decision: forward",
     ]
 

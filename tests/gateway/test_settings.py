@@ -261,8 +261,8 @@ def test_unknown_keys_at_every_level_are_reported_on_their_own_line() -> None:
 def test_unknown_key_message_names_the_keys_that_are_known() -> None:
     found = problems(config(routes="  - {name: r, path: /**, scope: {any: [a]}}\n"))
     assert found == [
-        f"{FILE}:5: route 'r': unknown key 'scope'; known keys: audience, auth, issuers, "
-        "max_body_size, methods, name, path, scopes"
+        f"{FILE}:5: route 'r': unknown key 'scope'; known keys: audience, auth, cors, issuers, "
+        "max_body_size, methods, mode, name, path, rate_limit, scopes, websocket"
     ]
 
 
@@ -609,6 +609,6 @@ def test_check_lists_every_problem_as_file_line_message(tmp_path: Path) -> None:
     path.write_text(config(routes="  - {name: r, path: /a, colour: red}\n", extra="workers: x\n"))
     assert settings.check(str(path), {}) == [
         f"{path}:4: config.workers: expected an integer, got str 'x'",
-        f"{path}:6: route 'r': unknown key 'colour'; known keys: audience, auth, issuers, "
-        "max_body_size, methods, name, path, scopes",
+        f"{path}:6: route 'r': unknown key 'colour'; known keys: audience, auth, cors, issuers, "
+        "max_body_size, methods, mode, name, path, rate_limit, scopes, websocket",
     ]

@@ -1,0 +1,155 @@
+"""Which verifier a token goes to, from the modes of the trusted issuers.
+
+- mode `jwt`: JWTs naming the issuer in `iss` are verified locally against its keys.
+- mode `auto`: the same, and every token that is not a JWT is introspected at this issuer.
+- mode `introspection`: JWTs naming the issuer are introspected at it, and so is every token
+  no other issuer claims (not a JWT, or a JWT whose `iss` is not a configured issuer).
+At most one issuer takes the tokens nobody claims (settings enforce it): a token is never
+sent to an issuer that could not have made it.
+
+The `iss` of a JWT is read before any signature check only to choose the verifier; the
+verifier then checks everything as if it had not been read.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from ..bearer import looks_like_jwt
+from ..jwks import KeySet
+from ..principal import Principal
+from ..settings import IssuerSettings, JwksSettings
+from .cache import TokenCache, token_key
+from .introspection import Introspector
+from .jwt import JwtVerifier, TrustedIssuer, b64url_decode
+
+
+def unverified_issuer(token: str) -> str | None:
+    """The `iss` a JWT claims, or None when it cannot be read (nothing is trusted from it)."""
+    try:
+        claims = orjson.loads(b64url_decode(token.split(".")[1]))
+    except (binascii.Error, ValueError, IndexError):
+        return None
+    iss = claims.get("iss") if isinstance(claims, dict) else None
+    return iss if isinstance(iss, str) else None
+
+
+class TokenVerifier:
+    """The verified-token cache in front of local JWT verification and introspection."""
+
+    def __init__(
+        self,
+        jwt: JwtVerifier,
+        jwt_cache: TokenCache,
+        introspectors: Mapping[str, Introspector],
+        unclaimed: Introspector | None,
+        unclaimed_jwts: bool,
+    ) -> None:
+        self._jwt = jwt
+        self._jwt_cache = jwt_cache
+        self._introspectors = dict(introspectors)  # issuer -> introspector, modes auto too
+        self._introspected_jwts = {
+            url: i for url, i in introspectors.items() if i.issuer.mode == "introspection"
+        }
+        self._caches: Sequence[Introspector] = tuple(introspectors.values())
+        self._unclaimed = unclaimed
+        self._unclaimed_jwts = unclaimed_jwts  # unknown-iss JWTs go to `unclaimed` too
+        if not self._caches:
+            self.cached = jwt.cached  # type: ignore[method-assign]
+
+    @property
+    def introspectors(self) -> Mapping[str, Introspector]:
+        return self._introspectors
+
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified (or found active) before and still valid."""
+        key = token_key(token)
+        principal = self._jwt_cache.get(key, count_miss=False)
+        if principal is None:
+            for introspector in self._caches:
+                principal = introspector.cached(key)
+                if principal is not None:
+                    break
+        return principal
+
+    async def verify(self, token: str) -> Principal:
+        if not self._caches:
+            return await self._jwt.verify(token)
+        if looks_like_jwt(token):
+            iss = unverified_issuer(token)
+            introspector = self._introspected_jwts.get(iss) if iss is not None else None
+            if introspector is None and self._unclaimed_jwts and not self._jwt.trusts(iss):
+                introspector = self._unclaimed
+            if introspector is None:
+                return await self._jwt.verify(token)
+            return await introspector.verify(token, token_key(token))
+        if self._unclaimed is not None:
+            return await self._unclaimed.verify(token, token_key(token))
+        return await self._jwt.verify(token)
+
+
+def keyset_identity(issuer: IssuerSettings, jwks: JwksSettings) -> tuple[object, ...]:
+    """What a key set depends on: the same values mean the same keys (kept on reload)."""
+    return (issuer.issuer, issuer.jwks_uri, issuer.allow_http, jwks)
+
+
+def introspector_identity(issuer: IssuerSettings) -> tuple[object, ...]:
+    return (issuer.issuer, issuer.allow_http, issuer.leeway, issuer.introspection)
+
+
+@dataclass
+class Verification:
+    """A verifier and the per-issuer state it reads, by identity."""
+
+    verifier: TokenVerifier
+    keysets: dict[tuple[object, ...], KeySet]
+    introspectors: dict[tuple[object, ...], Introspector]
+
+
+def build(
+    issuers: Sequence[IssuerSettings],
+    jwks: JwksSettings,
+    keys_session: aiohttp.ClientSession,
+    cache: TokenCache,
+    keysets: Mapping[tuple[object, ...], KeySet] | None = None,
+    introspectors: Mapping[tuple[object, ...], Introspector] | None = None,
+) -> Verification:
+    """The verifier for these issuers, reusing the key sets and introspectors given whose
+    settings are the same (new ones are not started)."""
+    keysets = keysets or {}
+    introspectors = introspectors or {}
+    used_keysets: dict[tuple[object, ...], KeySet] = {}
+    used_introspectors: dict[tuple[object, ...], Introspector] = {}
+    trusted: dict[str, TrustedIssuer] = {}
+    by_issuer: dict[str, Introspector] = {}
+    unclaimed: Introspector | None = None
+    for issuer in issuers:
+        if issuer.uses_keys:
+            identity = keyset_identity(issuer, jwks)
+            keyset = keysets.get(identity) or KeySet(issuer, jwks, keys_session)
+            used_keysets[identity] = keyset
+            trusted[issuer.issuer] = TrustedIssuer(
+                settings=issuer,
+                keys=keyset,
+                algorithms=frozenset(issuer.algorithms),
+                leeway=issuer.leeway.total_seconds(),
+            )
+        if issuer.introspection is not None and issuer.takes_opaque_tokens:
+            identity = introspector_identity(issuer)
+            introspector = introspectors.get(identity) or Introspector(issuer, issuer.introspection)
+            used_introspectors[identity] = introspector
+            by_issuer[issuer.issuer] = introspector
+            unclaimed = introspector
+    verifier = TokenVerifier(
+        JwtVerifier(trusted, cache),
+        cache,
+        by_issuer,
+        unclaimed,
+        unclaimed_jwts=unclaimed is not None and unclaimed.issuer.mode == "introspection",
+    )
+    return Verification(verifier, used_keysets, used_introspectors)
