@@ -365,10 +365,7 @@ def _seconds_text(value: timedelta) -> str:
 
 
 def _device(reader: Reader, top: Section) -> DeviceSettings:
-    if not top.has("device"):
-        top.raw("device")
-        return DeviceSettings()
-    sec = reader.section(top.raw("device"), "device", top.line_of("device"))
+    sec = top.subsection("device")
     if sec is None:
         return DeviceSettings()
     d = DeviceSettings()
@@ -387,10 +384,7 @@ def _device(reader: Reader, top: Section) -> DeviceSettings:
 
 
 def _lifetimes(reader: Reader, top: Section) -> Lifetimes:
-    if not top.has("lifetimes"):
-        top.raw("lifetimes")
-        return Lifetimes()
-    sec = reader.section(top.raw("lifetimes"), "lifetimes", top.line_of("lifetimes"))
+    sec = top.subsection("lifetimes")
     if sec is None:
         return Lifetimes()
     d = Lifetimes()
@@ -417,10 +411,7 @@ def _lifetimes(reader: Reader, top: Section) -> Lifetimes:
 
 
 def _throttle(reader: Reader, top: Section) -> LoginThrottle:
-    if not top.has("login_throttle"):
-        top.raw("login_throttle")
-        return LoginThrottle()
-    sec = reader.section(top.raw("login_throttle"), "login_throttle", top.line_of("login_throttle"))
+    sec = top.subsection("login_throttle")
     if sec is None:
         return LoginThrottle()
     d = LoginThrottle()

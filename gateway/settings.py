@@ -551,10 +551,7 @@ def _introspection(
 
 
 def _jwks(reader: Reader, top: Section) -> JwksSettings:
-    if not top.has("jwks"):
-        top.raw("jwks")
-        return JwksSettings()
-    sec = reader.section(top.raw("jwks"), "jwks", top.line_of("jwks"))
+    sec = top.subsection("jwks")
     if sec is None:
         return JwksSettings()
     d = JwksSettings()
@@ -622,10 +619,7 @@ def _identity_headers(reader: Reader, top: Section) -> IdentityHeaders:
 
 
 def _forward(reader: Reader, top: Section) -> ForwardSettings:
-    if not top.has("forward"):
-        top.raw("forward")
-        return ForwardSettings()
-    sec = reader.section(top.raw("forward"), "forward", top.line_of("forward"))
+    sec = top.subsection("forward")
     if sec is None:
         return ForwardSettings()
     d = ForwardSettings()
@@ -640,10 +634,7 @@ def _forward(reader: Reader, top: Section) -> ForwardSettings:
 
 
 def _limits(reader: Reader, top: Section) -> Limits:
-    if not top.has("limits"):
-        top.raw("limits")
-        return Limits()
-    sec = reader.section(top.raw("limits"), "limits", top.line_of("limits"))
+    sec = top.subsection("limits")
     if sec is None:
         return Limits()
     d = Limits()
@@ -861,10 +852,7 @@ def _redis_url(value: Any) -> str:
 
 
 def _rate_limits(reader: Reader, top: Section) -> RateLimitSettings:
-    if not top.has("rate_limits"):
-        top.raw("rate_limits")
-        return RateLimitSettings()
-    sec = reader.section(top.raw("rate_limits"), "rate_limits", top.line_of("rate_limits"))
+    sec = top.subsection("rate_limits")
     if sec is None:
         return RateLimitSettings()
     d = RateLimitSettings()
@@ -1056,10 +1044,7 @@ def _access_log(reader: Reader, top: Section) -> AccessLogSettings:
 
 
 def _reload(reader: Reader, top: Section) -> ReloadSettings:
-    if not top.has("reload"):
-        top.raw("reload")
-        return ReloadSettings()
-    sec = reader.section(top.raw("reload"), "reload", top.line_of("reload"))
+    sec = top.subsection("reload")
     if sec is None:
         return ReloadSettings()
     d = ReloadSettings()

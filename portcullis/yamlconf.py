@@ -425,6 +425,18 @@ class Section:
             self.reader.problem(self.line_of(key), f"{self.where}.{key}: {exc}")
             return default if default is not _MISSING else None  # type: ignore[return-value]
 
+    def subsection(self, key: str) -> Section | None:
+        """An optional mapping under `key`: None when the key is absent (the caller's
+        defaults apply) or, with a problem reported, when it is not a mapping."""
+        if key not in self.data:
+            self._seen.add(key)
+            return None
+        return self.reader.section(
+            self.raw(key),
+            f"{self.where}.{key}" if self.where != "config" else key,
+            self.line_of(key),
+        )
+
     def list_of(
         self, key: str, parse: Callable[[Any], T], default: tuple[T, ...] = ()
     ) -> tuple[T, ...]:
