@@ -115,7 +115,7 @@ class SQLiteStore:
             raise
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            mode = _enter_wal(conn, timeout)
             if mode != "wal" and self.path != ":memory:":
                 raise RuntimeError(
                     f"SQLite refused WAL mode for {self.path!r} (journal_mode is {mode}); "
@@ -283,6 +283,28 @@ def load_migrations(directory: Traversable) -> list[Migration]:
             )
         found[version] = Migration(version, entry.name, entry.read_text(encoding="utf-8"))
     return [found[version] for version in sorted(found)]
+
+
+def _enter_wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """Switch a connection to WAL, retrying while another process holds the database.
+
+    Turning a new database to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at
+    once, without its busy handler, when another connection (a second replica, the CLI)
+    opens the same new file at that moment. Retry with a short pause until `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def migrate(conn: sqlite3.Connection, migrations: list[Migration]) -> list[int]:

@@ -396,3 +396,36 @@ async def test_refresh_token_saved_before_a_kill_9_is_there_after_reopening(
             ), n
     finally:
         await store.close()
+
+
+OPENER = """
+import asyncio, sqlite3, sys
+from authserver.store.sqlite import SQLiteStore
+
+async def main(path):
+    sys.stdin.readline()
+    store = SQLiteStore(path)
+    await store.open()
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        print(conn.execute("PRAGMA journal_mode").fetchone()[0], flush=True)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_processes_opening_one_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    # Replicas (or the CLI beside a server) starting together: switching the new file to WAL
+    # needs an exclusive lock, and SQLite does not wait for it by itself.
+    for attempt in range(5):
+        path = tmp_path / f"authserver-{attempt}.db"
+        openers = [await python(OPENER, str(path)) for _ in range(6)]
+        for opener in openers:
+            assert opener.stdin is not None
+            opener.stdin.write(b"go\n")
+            await opener.stdin.drain()
+        outputs = [await asyncio.wait_for(opener.communicate(), 20) for opener in openers]
+        assert [opener.returncode for opener in openers] == [0] * 6
+        assert [out for out, _ in outputs] == [b"wal\n"] * 6
+        shipped = [m.version for m in load_migrations(MIGRATIONS)]
+        assert [version for version, _, _ in applied_migrations(path)] == shipped
