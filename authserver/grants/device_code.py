@@ -6,6 +6,8 @@ slow_down (and the code's interval raised by 5 s for good) for a poll that comes
 the interval after the previous one, access_denied after a denial, expired_token once the
 code's lifetime is over, and the tokens exactly once after approval. A code redeemed again
 answers invalid_grant and revokes what it issued, like a replayed authorization code.
+A poll by a client other than the one the code was issued to answers invalid_grant and
+changes nothing: it neither redeems the code nor makes the device's next poll too fast.
 Refresh and ID tokens follow the code flow's rules.
 """
 
@@ -47,8 +49,10 @@ class DeviceCode:
         if not device_code:
             raise invalid_request("device_code is required")
         code_hash = digest(device_code)
-        before = await store.poll_device(code_hash, now)
-        if before is None or before.client_id != client.client_id:
+        # The store checks the client before it records anything: a poll by another client
+        # neither redeems the code nor counts towards the device's slow_down.
+        before = await store.poll_device(code_hash, client.client_id, now)
+        if before is None:
             raise invalid_grant("the device code is unknown or was issued to another client")
         if before.expires_at <= now:
             raise OAuthError(ErrorCode.EXPIRED_TOKEN, "the device code has expired")

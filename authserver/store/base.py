@@ -194,9 +194,12 @@ class Store(Protocol):
         """Approve or deny a pending, unexpired code, recording who decided and when they
         signed in; False when it is not pending any more."""
 
-    async def poll_device(self, device_code_hash: bytes, now: float) -> DeviceRecord | None:
-        """Record a poll and return the record as it was before; a approved code becomes
-        redeemed atomically (one poll gets it). Expiry is checked by the caller."""
+    async def poll_device(
+        self, device_code_hash: bytes, client_id: str, now: float
+    ) -> DeviceRecord | None:
+        """Record a poll by `client_id` and return the record as it was before; an approved
+        code becomes redeemed atomically (one poll gets it). None, with nothing changed, when
+        the code is unknown or was issued to another client. Expiry is checked by the caller."""
 
     async def slow_down_device(self, device_code_hash: bytes, interval: float) -> None: ...
 

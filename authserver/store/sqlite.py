@@ -244,8 +244,10 @@ class SQLiteStore:
             lambda conn: _decide_device(conn, user_code, subject, approve, now, auth_time)
         )
 
-    async def poll_device(self, device_code_hash: bytes, now: float) -> DeviceRecord | None:
-        return await self._call(lambda conn: _poll_device(conn, device_code_hash, now))
+    async def poll_device(
+        self, device_code_hash: bytes, client_id: str, now: float
+    ) -> DeviceRecord | None:
+        return await self._call(lambda conn: _poll_device(conn, device_code_hash, client_id, now))
 
     async def slow_down_device(self, device_code_hash: bytes, interval: float) -> None:
         await self._call(lambda conn: _slow_down_device(conn, device_code_hash, interval))
@@ -802,14 +804,16 @@ def _decide_device(
 
 
 def _poll_device(
-    conn: sqlite3.Connection, device_code_hash: bytes, now: float
+    conn: sqlite3.Connection, device_code_hash: bytes, client_id: str, now: float
 ) -> DeviceRecord | None:
     with _transaction(conn):
+        # Another client's poll must not redeem the code or move its last poll (RFC 8628
+        # §3.4: the code is bound to the client it was issued to), so it matches no row.
         row = conn.execute(
             "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
             " interval, last_poll, expires_at, created_at, auth_time"
-            " FROM device_codes WHERE device_code_hash = ?",
-            (device_code_hash,),
+            " FROM device_codes WHERE device_code_hash = ? AND client_id = ?",
+            (device_code_hash, client_id),
         ).fetchone()
         if row is None:
             return None

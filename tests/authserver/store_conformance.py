@@ -677,7 +677,7 @@ class StoreConformance:
         with pytest.raises(AlreadyExists):
             await store.save_device(a_device("dc-1", "BCDFGHJK"))
         assert await store.device_by_user_code("BCDFGHJK", T0) is None
-        assert await store.poll_device(digest("dc-2"), T0) is None
+        assert await store.poll_device(digest("dc-2"), "tv-app", T0) is None
 
     async def test_user_code_of_an_expired_device_code_can_be_given_out_again(
         self, store: Store
@@ -689,7 +689,7 @@ class StoreConformance:
         )
         await store.save_device(new)
         assert await store.device_by_user_code("WDJBMJHT", new.created_at) == new
-        assert await store.poll_device(digest("dc-old"), new.created_at) is None
+        assert await store.poll_device(digest("dc-old"), "tv-app", new.created_at) is None
 
     async def test_device_code_is_approved_once_and_then_redeemed_by_one_poll(
         self, store: Store
@@ -703,10 +703,10 @@ class StoreConformance:
         approved = replace(device, state=Device.APPROVED.value, subject="alice")
         assert await store.device_by_user_code("WDJBMJHT", T0 + 13) == approved
 
-        assert await store.poll_device(device.device_code_hash, T0 + 20) == approved
-        again = await store.poll_device(device.device_code_hash, T0 + 30)
+        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 20) == approved
+        again = await store.poll_device(device.device_code_hash, "tv-app", T0 + 30)
         assert again == replace(approved, state=Device.REDEEMED.value, last_poll=T0 + 20)
-        third = await store.poll_device(device.device_code_hash, T0 + 40)
+        third = await store.poll_device(device.device_code_hash, "tv-app", T0 + 40)
         assert third is not None and third.state == Device.REDEEMED and third.last_poll == T0 + 30
 
     async def test_deciding_a_device_code_records_when_the_decider_signed_in(
@@ -719,7 +719,7 @@ class StoreConformance:
             device, state=Device.APPROVED.value, subject="alice", auth_time=T0 - HOUR
         )
         assert await store.device_by_user_code("WDJBMJHT", T0 + 11) == approved
-        assert await store.poll_device(device.device_code_hash, T0 + 20) == approved
+        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 20) == approved
 
     async def test_denied_device_code_stays_denied(self, store: Store) -> None:
         device = a_device()
@@ -727,8 +727,8 @@ class StoreConformance:
         assert await store.decide_device("WDJBMJHT", "alice", False, T0 + 10)
         assert not await store.decide_device("WDJBMJHT", "alice", True, T0 + 11)
         denied = replace(device, state=Device.DENIED.value, subject="alice")
-        assert await store.poll_device(device.device_code_hash, T0 + 20) == denied
-        after = await store.poll_device(device.device_code_hash, T0 + 30)
+        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 20) == denied
+        after = await store.poll_device(device.device_code_hash, "tv-app", T0 + 30)
         assert after == replace(denied, last_poll=T0 + 20)
 
     async def test_expired_or_unknown_device_code_cannot_be_decided(self, store: Store) -> None:
@@ -736,7 +736,7 @@ class StoreConformance:
         await store.save_device(device)
         assert not await store.decide_device("WDJBMJHT", "alice", True, device.expires_at)
         assert not await store.decide_device("XXXXXXXX", "alice", True, T0)
-        polled = await store.poll_device(device.device_code_hash, T0 + 1)
+        polled = await store.poll_device(device.device_code_hash, "tv-app", T0 + 1)
         assert polled == device
 
     async def test_pending_poll_records_its_time_and_returns_the_record_before_it(
@@ -744,11 +744,26 @@ class StoreConformance:
     ) -> None:
         device = a_device()
         await store.save_device(device)
-        assert await store.poll_device(device.device_code_hash, T0 + 5) == device
-        assert await store.poll_device(device.device_code_hash, T0 + 10) == replace(
+        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 5) == device
+        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 10) == replace(
             device, last_poll=T0 + 5
         )
-        assert await store.poll_device(digest("unknown"), T0 + 10) is None
+        assert await store.poll_device(digest("unknown"), "tv-app", T0 + 10) is None
+
+    async def test_a_poll_by_another_client_finds_nothing_and_changes_nothing(
+        self, store: Store
+    ) -> None:
+        pending = a_device("dc-pending", "WDJBMJHT")
+        approved = a_device("dc-approved", "BCDFGHJK")
+        await store.save_device(pending)
+        await store.save_device(approved)
+        assert await store.decide_device("BCDFGHJK", "alice", True, T0 + 1)
+        for device in (pending, approved):
+            assert await store.poll_device(device.device_code_hash, "intruder", T0 + 5) is None
+        assert await store.device_by_user_code("WDJBMJHT", T0 + 6) == pending
+        assert await store.poll_device(approved.device_code_hash, "tv-app", T0 + 10) == replace(
+            approved, state=Device.APPROVED.value, subject="alice"
+        )
 
     async def test_slow_down_lengthens_the_interval(self, store: Store) -> None:
         device = a_device(interval=5.0)
@@ -782,7 +797,7 @@ class StoreConformance:
         await store.decide_device("WDJBMJHT", "alice", True, T0 + 1)
         polls = await asyncio.gather(
             *(
-                (store, other)[i % 2].poll_device(device.device_code_hash, T0 + 10)
+                (store, other)[i % 2].poll_device(device.device_code_hash, "tv-app", T0 + 10)
                 for i in range(RACERS)
             )
         )
@@ -914,7 +929,7 @@ class StoreConformance:
             assert await second.get_session(digest("sid"), T0) == a_session()
             assert await second.count_failure("login:alice", T0 + 2, 60.0) == 3
             assert not await second.use_jti("client-a", "jti-1", T0 + 300, T0 + 3)
-            polled = await second.poll_device(digest("dc"), T0 + 10)
+            polled = await second.poll_device(digest("dc"), "tv-app", T0 + 10)
             assert polled is not None and polled.state == Device.APPROVED
         finally:
             await second.close()

@@ -430,6 +430,44 @@ async def test_a_device_code_is_bound_to_its_client_and_must_be_known(server, ht
     assert_oauth_error(status, polled, 400, "invalid_request")
 
 
+async def test_another_clients_poll_of_an_approved_code_leaves_it_to_the_device(
+    server, http, browser
+) -> None:
+    body = await started(http, server)
+    await approve_on_pages(browser, server, body["verification_uri_complete"])
+    for _ in range(2):
+        status, polled = await poll(http, server, body["device_code"], auth=("tv-secret", SECRET))
+        assert_oauth_error(status, polled, 400, "invalid_grant")
+
+    # The refused polls changed nothing: the device redeems its code once, and what it got
+    # stays valid (no "redeemed twice" revocation).
+    status, tokens = await poll(http, server, body["device_code"])
+    assert status == 200, tokens
+    assert (await introspect(http, server, tokens["access_token"]))["active"] is True
+    status, refreshed, _ = await post_token(
+        http,
+        server,
+        {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"], "client_id": "tv"},
+    )
+    assert status == 200, refreshed
+
+
+async def test_another_clients_polls_of_a_pending_code_do_not_slow_the_device_down(
+    server, http
+) -> None:
+    body = await started(http, server)
+    for _ in range(3):
+        status, polled = await poll(http, server, body["device_code"], auth=("tv-secret", SECRET))
+        assert_oauth_error(status, polled, 400, "invalid_grant")
+    # The device's first poll comes right after the other client's: still not too fast.
+    status, polled = await poll(http, server, body["device_code"])
+    assert_oauth_error(status, polled, 400, "authorization_pending")
+    record = await server.services.store.device_by_user_code(
+        body["user_code"].replace("-", ""), time.time()
+    )
+    assert record is not None and record.interval == 1.0
+
+
 async def test_a_client_not_registered_for_the_grant_cannot_poll(server, http) -> None:
     body = await started(http, server)
     status, polled, _ = await post_token(
