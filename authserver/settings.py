@@ -30,6 +30,7 @@ log = logging.getLogger("portcullis.authserver.settings")
 
 SIGNING_ALGORITHMS = ("ES256", "RS256", "EdDSA")
 AUTH_METHODS = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
+APPLICATION_TYPES = ("web", "native")  # OIDC Dynamic Client Registration §2; web by default
 GRANT_TYPES = (
     "authorization_code",
     "client_credentials",
@@ -150,11 +151,20 @@ class ClientSettings:
     skip_consent: bool = False
     id_token_signed_response_alg: str | None = None  # None: keys.id_token_alg
     introspection: bool = False
+    application_type: str = "web"  # OIDC Dynamic Client Registration §2: web | native
     line: int = 0
 
     @property
     def public(self) -> bool:
         return self.token_endpoint_auth_method == "none"  # noqa: S105 - a method name
+
+    @property
+    def loopback_any_port(self) -> bool:
+        """Whether a loopback IP redirect URI matches on any port. RFC 8252 §7.3 gives that
+        to native apps, which are public clients (§8.4): the port is picked when the app
+        runs. A native app registered with a secret or keys is held to exact matching like
+        every other client (RFC 9700 §2.1)."""
+        return self.application_type == "native" and self.public
 
 
 @dataclass(frozen=True)
@@ -581,6 +591,9 @@ def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[Clie
                 "id_token_signed_response_alg", yamlconf.one_of(*SIGNING_ALGORITHMS), None
             ),
             introspection=sec.get("introspection", yamlconf.boolean, False),
+            application_type=sec.get(
+                "application_type", yamlconf.one_of(*APPLICATION_TYPES), "web"
+            ),
             line=line,
         )
         sec.finish()

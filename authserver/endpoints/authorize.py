@@ -2,9 +2,9 @@
 pages.
 
 Order of checks:
- 1. client_id known and redirect_uri registered (exactly, or by the loopback rule of
-    RFC 8252 §7.3), neither given twice — else a 400 page, never a redirect to an unverified
-    URI (RFC 6749 §4.1.2.1);
+ 1. client_id known and redirect_uri registered (exactly, or for a public native client by
+    the loopback rule of RFC 8252 §7.3), neither given twice — else a 400 page, never a
+    redirect to an unverified URI (RFC 6749 §4.1.2.1);
  2. everything else — errors now redirect to the client with `error`, `error_description`,
     `state` and `iss` (RFC 9207): repeated parameters, request objects, response_type,
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
@@ -130,9 +130,12 @@ def _loopback_ip(host: str | None) -> bool:
 
 
 def redirect_uri_registered(client: ClientSettings, uri: str) -> bool:
-    """Exact string match, or for http loopback IP literals any port (RFC 8252 §7.3)."""
+    """Exact string match (RFC 9700 §2.1), or, for a public native client only, an http
+    loopback IP literal on any port (RFC 8252 §7.3)."""
     if uri in client.redirect_uris:
         return True
+    if not client.loopback_any_port:
+        return False
     requested = urlsplit(uri)
     if requested.scheme != "http" or not _loopback_ip(requested.hostname):
         return False

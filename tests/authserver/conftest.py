@@ -120,6 +120,17 @@ def default_config() -> dict[str, Any]:
                     "scope": "openid profile email offline_access orders:read orders:write",
                 },
                 {
+                    # A desktop or command-line app receiving the redirect on a loopback
+                    # port of its own: the only kind of client given any port there.
+                    "client_id": "desktop",
+                    "client_name": "Desktop App",
+                    "application_type": "native",
+                    "token_endpoint_auth_method": "none",
+                    "redirect_uris": [REDIRECT],
+                    "grant_types": ["authorization_code", "refresh_token"],
+                    "scope": "openid profile email offline_access orders:read orders:write",
+                },
+                {
                     "client_id": "web",
                     "client_name": "Web App",
                     "client_secret": SECRET,

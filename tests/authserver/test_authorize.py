@@ -239,20 +239,26 @@ async def test_missing_redirect_uri_gets_a_400_page(authserver, http):
     ],
 )
 async def test_redirect_uri_not_registered_gets_a_400_page(authserver, http, redirect_uri):
-    reply = await send(http, authserver, auth_params(redirect_uri=redirect_uri))
+    # The native client, whose loopback redirects match on any port: the most lenient.
+    reply = await send(
+        http, authserver, auth_params(client_id="desktop", redirect_uri=redirect_uri)
+    )
     assert_error_page(reply, "redirect address is not registered")
 
 
 async def test_localhost_is_not_treated_as_loopback_when_the_ip_literal_is_registered(
     authserver, http
 ):
-    reply = await send(http, authserver, auth_params(redirect_uri="http://localhost:54321/cb"))
+    reply = await send(
+        http, authserver, auth_params(client_id="desktop", redirect_uri="http://localhost:54321/cb")
+    )
     assert_error_page(reply, "redirect address is not registered")
 
 
 async def test_a_registered_localhost_redirect_matches_only_exactly(start, http):
     named = {
         "client_id": "named-loopback",
+        "application_type": "native",
         "token_endpoint_auth_method": "none",
         "redirect_uris": ["http://localhost/cb"],
         "scope": "openid",
@@ -265,23 +271,30 @@ async def test_a_registered_localhost_redirect_matches_only_exactly(start, http)
     assert exact.status == 200 and form_action(exact) == "/login"
 
 
-async def test_loopback_ip_redirect_matches_on_any_port_and_receives_the_code(authserver, http):
+async def test_a_native_apps_loopback_ip_redirect_matches_on_any_port_and_receives_the_code(
+    authserver, http
+):
     redirect_uri = "http://127.0.0.1:54321/cb"
-    result = await authorize_code(http, authserver, redirect_uri=redirect_uri)
+    result = await authorize_code(http, authserver, client_id="desktop", redirect_uri=redirect_uri)
     assert result.location.startswith(redirect_uri + "?")
-    status, body = await exchange_code(http, authserver, result)
+    status, body = await exchange_code(http, authserver, result, client_id="desktop")
     assert status == 200, body
     assert body["token_type"] == "Bearer"
 
 
 async def test_loopback_port_rule_does_not_relax_the_path(authserver, http):
-    reply = await send(http, authserver, auth_params(redirect_uri="http://127.0.0.1:54321/other"))
+    reply = await send(
+        http,
+        authserver,
+        auth_params(client_id="desktop", redirect_uri="http://127.0.0.1:54321/other"),
+    )
     assert_error_page(reply, "redirect address is not registered")
 
 
 async def test_ipv6_loopback_registered_without_port_matches_any_port(start, http):
     native = {
         "client_id": "native6",
+        "application_type": "native",
         "token_endpoint_auth_method": "none",
         "redirect_uris": ["http://[::1]/cb"],
         "grant_types": ["authorization_code"],
@@ -300,6 +313,34 @@ async def test_ipv6_loopback_registered_without_port_matches_any_port(start, htt
         http, server, auth_params(client_id="native6", redirect_uri="http://127.0.0.1:1234/cb")
     )
     assert_error_page(v4, "redirect address is not registered")
+
+
+@pytest.mark.parametrize("client_id", ["spa", "web"])
+async def test_a_web_clients_loopback_redirect_matches_exactly(authserver, http, client_id):
+    """RFC 9700 §2.1: exact matching; the any-port rule of RFC 8252 §7.3 is for native apps."""
+    params = auth_params(client_id=client_id)
+    other_port = await send(
+        http, authserver, {**params, "redirect_uri": "http://127.0.0.1:54321/cb"}
+    )
+    assert_error_page(other_port, "redirect address is not registered")
+    exact = await send(http, authserver, params)
+    assert exact.status == 200 and form_action(exact) == "/login"
+
+
+async def test_a_native_app_holding_a_secret_gets_exact_redirect_matching(start, http):
+    kiosk = {
+        "client_id": "kiosk",
+        "application_type": "native",
+        "client_secret": SECRET,
+        "redirect_uris": [REDIRECT],
+        "scope": "openid",
+    }
+    server = await start(config_with(kiosk))
+    params = auth_params(client_id="kiosk", scope="openid")
+    other_port = await send(http, server, {**params, "redirect_uri": "http://127.0.0.1:54321/cb"})
+    assert_error_page(other_port, "redirect address is not registered")
+    exact = await send(http, server, params)
+    assert exact.status == 200 and form_action(exact) == "/login"
 
 
 @pytest.mark.parametrize("name", ["client_id", "redirect_uri"])
@@ -702,7 +743,9 @@ async def test_redirect_uri_with_a_query_keeps_it(start, http):
 
 
 async def test_code_sent_to_one_loopback_port_is_refused_for_another_port(authserver, http):
-    result = await authorize_code(http, authserver, redirect_uri="http://127.0.0.1:40000/cb")
+    result = await authorize_code(
+        http, authserver, client_id="desktop", redirect_uri="http://127.0.0.1:40000/cb"
+    )
     result.redirect_uri = "http://127.0.0.1:40001/cb"
-    status, body = await exchange_code(http, authserver, result)
+    status, body = await exchange_code(http, authserver, result, client_id="desktop")
     assert (status, body["error"]) == (400, "invalid_grant")

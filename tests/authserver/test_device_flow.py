@@ -447,7 +447,11 @@ async def test_another_clients_poll_of_an_approved_code_leaves_it_to_the_device(
     status, refreshed, _ = await post_token(
         http,
         server,
-        {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"], "client_id": "tv"},
+        {
+            "grant_type": "refresh_token",
+            "refresh_token": tokens["refresh_token"],
+            "client_id": "tv",
+        },
     )
     assert status == 200, refreshed
 

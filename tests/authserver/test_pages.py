@@ -178,7 +178,9 @@ async def test_every_page_carries_the_security_headers(authserver, http, make, s
 
 
 async def test_form_action_allows_the_client_redirect_origin_and_nothing_else(authserver, http):
-    reply = await send(http, authserver, auth_params(redirect_uri="http://127.0.0.1:54321/cb"))
+    reply = await send(
+        http, authserver, auth_params(client_id="desktop", redirect_uri="http://127.0.0.1:54321/cb")
+    )
     csp = [d.strip() for d in reply.headers["Content-Security-Policy"].split(";")]
     assert "form-action 'self' http://127.0.0.1:54321" in csp
     assert "base-uri 'none'" in csp

@@ -514,6 +514,10 @@ PUBLIC = (
             "8: client 'app'.scope: 'orders:delete' is not in the scopes list",
         ),
         (
+            (*PUBLIC, "application_type: mobile"),
+            "8: client 'app'.application_type: 'mobile' is not one of web, native",
+        ),
+        (
             (*PUBLIC, "skip_consent: yes please"),
             "8: client 'app'.skip_consent: expected true or false",
         ),
@@ -552,6 +556,36 @@ def test_loopback_redirects_may_be_plain_http(tmp_path):
     text = BASE + f"clients:\n  - {{client_id: cli, redirect_uris: {uris}}}\n"
     loaded = settings.load(write(tmp_path, text), {})
     assert len(loaded.client("cli").redirect_uris) == 3
+
+
+def test_application_type_is_web_unless_native_and_only_public_native_apps_get_any_port(
+    tmp_path,
+):
+    uris = '["http://127.0.0.1/cb"]'
+    text = BASE + textwrap.dedent(
+        f"""\
+        clients:
+          - {{client_id: site, token_endpoint_auth_method: none, redirect_uris: {uris}}}
+          - {{client_id: cli, application_type: native, redirect_uris: {uris}}}
+          - client_id: kiosk
+            application_type: native
+            client_secret: "{SECRET}"
+            redirect_uris: {uris}
+          - {{client_id: portal, application_type: web, client_secret: "{SECRET}",
+              redirect_uris: {uris}}}
+        """
+    )
+    loaded = settings.load(write(tmp_path, text), {})
+    kinds = {
+        c.client_id: (c.application_type, c.public, c.loopback_any_port) for c in loaded.clients
+    }
+    assert kinds == {
+        "site": ("web", True, False),
+        "cli": ("native", True, True),
+        # A native app holding a secret is allowed, but its redirects match exactly.
+        "kiosk": ("native", False, False),
+        "portal": ("web", False, False),
+    }
 
 
 def test_a_client_id_listed_twice_is_reported(tmp_path):

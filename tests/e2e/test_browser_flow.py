@@ -1,9 +1,10 @@
 """The authorization code flow in a real browser (Chromium driven by Playwright), through the
 authorization server's own login and consent pages, into a small real client application.
 
-The client application is started here: it sends the browser to /authorize with state, nonce
-and a PKCE challenge, receives the redirect on a loopback port of its own (the registered
-`http://127.0.0.1/cb` matches by the RFC 8252 loopback rule), checks `state` and `iss`,
+The client application is started here, a native app in the sense of RFC 8252: it sends the
+browser to /authorize with state, nonce and a PKCE challenge, receives the redirect on a
+loopback port of its own (the registered `http://127.0.0.1/cb` matches by the loopback rule
+of RFC 8252 §7.3, which only public native clients get), checks `state` and `iss`,
 redeems the code, verifies the ID token against the published keys, calls /userinfo and
 shows the result. The browser is Debian's Chromium; Playwright never downloads one.
 """
@@ -61,10 +62,10 @@ def browser_missing(reason: str) -> None:
 
 @dataclass
 class ClientApp:
-    """A confidential-less web client (the public client `spa`) with a server-side flow store."""
+    """A public native client (`desktop`, `application_type: native`) with a flow store."""
 
     issuer: str
-    client_id: str = "spa"
+    client_id: str = "desktop"
     url: str = ""
     pending: dict[str, dict[str, str]] = field(default_factory=dict)
     runner: Any = None
@@ -258,7 +259,7 @@ async def test_code_flow_through_the_login_and_consent_pages_signs_the_user_in(
 ):
     await sign_in(page, client_app, authserver)
     consent = page.locator("main")
-    await consent.get_by_text("Single Page App").wait_for()
+    await consent.get_by_text("Desktop App").wait_for()
     for description in (
         "Sign you in",
         "Know your name",
