@@ -37,7 +37,7 @@ from ..settings import ClientSettings
 from ..store.base import CodeRecord
 from ..tokens import digest, random_token
 from . import signin
-from .common import error_page, form_items, page, services, with_query
+from .common import error_page, form_items, given_more_than_once, page, services, with_query
 
 CARRIED = (
     "response_type",
@@ -73,7 +73,7 @@ class Parameters:
         repeated: set[str] = set()
         for key, value in items:
             if not isinstance(value, str):
-                raise invalid_request(f"{key} must be text")
+                raise invalid_request("parameters must be text")
             if key in values:
                 repeated.add(key)
             else:
@@ -184,7 +184,7 @@ def validate(request: web.Request, given: Parameters) -> AuthorizationRequest:
 
     try:
         if given.repeated:
-            raise invalid_request(f"{' '.join(sorted(given.repeated))}: given more than once")
+            raise given_more_than_once(given.repeated)
         if "request" in params:
             raise OAuthError(ErrorCode.REQUEST_NOT_SUPPORTED, "request objects are not supported")
         if "request_uri" in params:

@@ -27,6 +27,59 @@ FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 64 * 1024
 MAX_FORM_FIELDS = 200
 
+# The parameter names some endpoint reads. An error may name one of these; any other name
+# came from the request alone, and error_description never quotes the request (RFC 6749
+# §4.1.2.1 limits its characters, and the client may show it to its user).
+KNOWN_PARAMETERS = frozenset(
+    {
+        "access_token",
+        "client_assertion",
+        "client_assertion_type",
+        "client_id",
+        "client_secret",
+        "code",
+        "code_challenge",
+        "code_challenge_method",
+        "code_verifier",
+        "confirm",
+        "csrf_token",
+        "decision",
+        "device_code",
+        "grant_type",
+        "id_token_hint",
+        "login_checked",
+        "login_hint",
+        "max_age",
+        "nonce",
+        "password",
+        "post_logout_redirect_uri",
+        "prompt",
+        "redirect_uri",
+        "refresh_token",
+        "request",
+        "request_uri",
+        "resource",
+        "response_mode",
+        "response_type",
+        "scope",
+        "state",
+        "token",
+        "token_type_hint",
+        "user_code",
+        "username",
+    }
+)
+
+
+def given_more_than_once(names: Iterable[str]) -> OAuthError:
+    """invalid_request for repeated parameters (RFC 6749 §3.1), naming only known ones."""
+    unique = set(names)
+    parts = sorted(unique & KNOWN_PARAMETERS)
+    if unique - KNOWN_PARAMETERS:
+        parts.append("another parameter" if parts else "a parameter")
+    verb = "is" if len(parts) == 1 else "are"
+    return invalid_request(f"{' and '.join(parts)} {verb} given more than once")
+
 
 @dataclass
 class Services:
@@ -67,7 +120,7 @@ def _single_valued(items: Iterable[tuple[str, object]], where: str) -> dict[str,
     result: dict[str, str] = {}
     for key, value in items:
         if key in result:
-            raise invalid_request(f"{key} is given more than once")
+            raise given_more_than_once([key])
         if not isinstance(value, str):
             raise invalid_request(f"{where} parameters must be text")
         result[key] = value

@@ -7,6 +7,7 @@ errors once the redirect URI is trusted, an HTML page before that.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
@@ -46,8 +47,25 @@ _STATUS = {
 }
 
 
+# RFC 6749 §4.1.2.1, §5.2: error_description holds %x20-21 / %x23-5B / %x5D-7E only. `<`
+# and `>` are in that set but out of ours too: a client may put the text into a page as it
+# is, and none of our texts needs them.
+_NOT_IN_DESCRIPTION = re.compile(r"[^\x20\x21\x23-\x3B\x3D\x3F-\x5B\x5D-\x7E]")
+
+
+def safe_description(text: str) -> str:
+    """`text` with every character error_description may not hold replaced by `?`.
+
+    Descriptions are the server's own fixed texts and never quote the request; this is the
+    one place that makes sure no endpoint can send a quote, markup or non-ASCII to a client
+    (in a redirect, a JSON body or a WWW-Authenticate quoted-string) whatever it was given.
+    """
+    return _NOT_IN_DESCRIPTION.sub("?", text)
+
+
 class OAuthError(Exception):
     def __init__(self, code: ErrorCode, description: str, *, status: int | None = None) -> None:
+        description = safe_description(description)
         super().__init__(f"{code.value}: {description}")
         self.code = code
         self.description = description

@@ -33,7 +33,8 @@ def require_allowed(requested: Iterable[str], allowed: Iterable[str]) -> None:
     allowed_set = set(allowed)
     refused = [s for s in requested if s not in allowed_set]
     if refused:
-        raise invalid_scope(f"scope not allowed for this client: {' '.join(refused)}")
+        # Not named: error_description never quotes what the request sent.
+        raise invalid_scope("a requested scope is not allowed for this client")
 
 
 def narrow(requested: Iterable[str], granted: Iterable[str]) -> tuple[str, ...]:
@@ -42,5 +43,5 @@ def narrow(requested: Iterable[str], granted: Iterable[str]) -> tuple[str, ...]:
     wanted = tuple(requested)
     extra = [s for s in wanted if s not in granted_set]
     if extra:
-        raise invalid_scope(f"scope exceeds the original grant: {' '.join(extra)}")
+        raise invalid_scope("a requested scope is not in the original grant")
     return wanted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -121,10 +122,10 @@ def test_requested_subset_of_allowed_scopes_passes() -> None:
     scopes.require_allowed(("a",), ("a", "b"))
 
 
-def test_scope_outside_the_allowed_set_is_invalid_scope_and_named() -> None:
-    error = error_of(scopes.require_allowed, ("a", "x"), ("a", "b"))
+def test_scope_outside_the_allowed_set_is_invalid_scope_and_not_quoted_back() -> None:
+    error = error_of(scopes.require_allowed, ("a", "xyzzy"), ("a", "b"))
     assert error.code is ErrorCode.INVALID_SCOPE
-    assert "x" in error.description
+    assert "xyzzy" not in error.description
 
 
 def test_narrowing_keeps_the_requested_subset() -> None:
@@ -295,3 +296,20 @@ def test_at_hash_uses_the_hash_of_the_signing_algorithm(
     token = "an-access-token"
     expected = _left_half_b64(hash_fn(token.encode()).digest())
     assert claims.at_hash(token, alg) == expected
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+@given(st.text())
+def test_an_error_description_holds_only_the_characters_rfc_6749_allows(text: str) -> None:
+    error = OAuthError(ErrorCode.INVALID_REQUEST, text)
+    assert re.fullmatch(r"[\x20\x21\x23-\x5B\x5D-\x7E]*", error.description)
+    assert "<" not in error.description and ">" not in error.description
+    assert error.body()["error_description"] == error.description
+    assert len(error.description) == len(text)
+
+
+def test_an_error_description_keeps_plain_characters_and_replaces_the_rest() -> None:
+    description = OAuthError(ErrorCode.INVALID_REQUEST, 'a "b" <c> \\ d\u00e9\n').description
+    assert description == "a ?b? ?c? ? d??"
