@@ -139,6 +139,9 @@ def public_jwk(private_key: Any, kid: str, alg: str) -> dict[str, Any]:
         jwk = ECAlgorithm.to_jwk(public, as_dict=True)
     else:
         jwk = OKPAlgorithm.to_jwk(public, as_dict=True)
+    # PyJWT adds key_ops; RFC 7517 §4.3 says not to give it beside `use`, which is the
+    # member verifiers read, so `use` alone is published.
+    jwk.pop("key_ops", None)
     return {**jwk, "kid": kid, "use": "sig", "alg": alg}
 
 

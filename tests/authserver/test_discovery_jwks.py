@@ -222,6 +222,18 @@ async def test_jwks_holds_public_keys_only_each_with_kid_use_and_alg(
     assert len({k["kid"] for k in jwks["keys"]}) == len(jwks["keys"])
 
 
+async def test_jwks_keys_carry_use_and_not_key_ops(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    """RFC 7517 §4.3: `use` and `key_ops` should not be used together; `use` is the one
+    every verifier reads."""
+    jwks = await fetch_jwks(http, authserver)
+    assert jwks["keys"]
+    for key in jwks["keys"]:
+        assert key["use"] == "sig"
+        assert "key_ops" not in key, key
+
+
 async def test_jwks_is_cacheable_and_revalidates_with_304(
     authserver: RunningAuthServer, http: aiohttp.ClientSession
 ) -> None:
