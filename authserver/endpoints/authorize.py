@@ -37,7 +37,15 @@ from ..settings import ClientSettings
 from ..store.base import CodeRecord
 from ..tokens import digest, random_token
 from . import signin
-from .common import error_page, form_items, given_more_than_once, page, services, with_query
+from .common import (
+    error_page,
+    form_items,
+    given_more_than_once,
+    page,
+    query_items,
+    services,
+    with_query,
+)
 
 CARRIED = (
     "response_type",
@@ -386,7 +394,7 @@ def consent_page(
 async def _params(request: web.Request) -> Parameters:
     if request.method == "POST":
         return Parameters.collect(await form_items(request))
-    return Parameters.collect(request.query.items())
+    return Parameters.collect(query_items(request))
 
 
 async def authorize(request: web.Request) -> web.StreamResponse:

@@ -141,16 +141,29 @@ async def form_items(request: web.Request) -> list[tuple[str, object]]:
             raise invalid_request("the request body is too large")
         # parse_qsl is what request.post() does for this content type, without building a
         # multidict and a multipart reader on every token request.
-        return list(
-            parse_qsl(
-                body.decode("utf-8"),
-                keep_blank_values=True,
-                max_num_fields=MAX_FORM_FIELDS,
-                errors="strict",
-            )
-        )
+        return _pairs(body.decode("utf-8"))
     except (ValueError, web.HTTPRequestEntityTooLarge):
         raise invalid_request("the request body is not a valid form") from None
+
+
+def query_items(request: web.Request) -> list[tuple[str, object]]:
+    """The (name, value) pairs of the query string, repeats kept, decoded as strictly as a
+    form body. `request.query` would turn bytes that are not UTF-8 into U+FFFD, and so hand
+    the client back a `state` other than the one it sent; such a query is refused."""
+    _, _, query = request.raw_path.partition("?")
+    try:
+        if not query.isascii():  # a request target is ASCII (RFC 3986 §2)
+            raise ValueError(query)
+        return _pairs(query)
+    except ValueError:
+        raise invalid_request("the query is not valid UTF-8 form encoding") from None
+
+
+def _pairs(text: str) -> list[tuple[str, object]]:
+    """Url-encoded pairs; a percent-escape that is not UTF-8 raises ValueError."""
+    return list(
+        parse_qsl(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, errors="strict")
+    )
 
 
 async def read_form(request: web.Request) -> dict[str, str]:

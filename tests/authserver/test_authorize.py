@@ -315,6 +315,34 @@ async def test_ipv6_loopback_registered_without_port_matches_any_port(start, htt
     assert_error_page(v4, "redirect address is not registered")
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize(
+    "extra",
+    ["state=%FF%FE", "state=ok%C3", "%FF=1", "redirect_uri=http%3A%2F%2F127.0.0.1%2Fc%E9"],
+    ids=["state", "truncated-state", "name", "redirect_uri"],
+)
+async def test_a_parameter_that_is_not_utf8_is_refused_not_replaced(
+    authserver, http, method, extra
+):
+    """Bytes that are not UTF-8 are not turned into U+FFFD: the request is refused with a
+    page (its redirect_uri cannot be trusted to be the one the client sent)."""
+    name = extra.partition("=")[0]
+    query = urlencode(auth_params(**{"state": None, name: None})) + "&" + extra
+    if method == "GET":
+        url = yarl.URL(authserver.endpoint("/authorize") + "?" + query, encoded=True)
+        response = await http.get(url, allow_redirects=False)
+    else:
+        response = await http.post(
+            authserver.endpoint("/authorize"),
+            data=query.encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+            allow_redirects=False,
+        )
+    async with response:
+        reply = Reply(response.status, response.headers, await response.text())
+    assert_error_page(reply, "The request is malformed")
+
+
 @pytest.mark.parametrize("client_id", ["spa", "web"])
 async def test_a_web_clients_loopback_redirect_matches_exactly(authserver, http, client_id):
     """RFC 9700 §2.1: exact matching; the any-port rule of RFC 8252 §7.3 is for native apps."""
