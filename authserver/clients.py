@@ -32,7 +32,10 @@ from .settings import ClientSettings, Settings
 from .store.base import Store
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
-ASSERTION_ALGORITHMS = [
+# The algorithms a client assertion may be signed with, and so the ones discovery advertises
+# (RFC 8414 §2 token_endpoint_auth_signing_alg_values_supported): asymmetric only, never
+# `none` or a MAC (RFC 7523 §3; a MAC would be keyed with the client's public key).
+ASSERTION_ALGORITHMS = (
     "RS256",
     "RS384",
     "RS512",
@@ -42,7 +45,7 @@ ASSERTION_ALGORITHMS = [
     "ES256",
     "ES384",
     "EdDSA",
-]
+)
 MAX_ASSERTION_LIFETIME = 300.0  # seconds
 
 

@@ -13,13 +13,15 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..clients import ASSERTION_ALGORITHMS
 from ..protocol.claims import supported_claims
 from ..settings import STANDARD_SCOPES, Settings
 from .common import services
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
-ASSERTION_ALGS = ["RS256", "PS256", "ES256", "EdDSA"]
+# One list with client authentication, so what is advertised is what is accepted.
+ASSERTION_ALGS = list(ASSERTION_ALGORITHMS)
 
 
 def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from tests.authserver.conftest import (
     CLIENT_KEY,
@@ -441,6 +442,69 @@ async def test_a_jwk_that_names_another_algorithm_is_not_used(
     assert_invalid_client(status, body, response, basic=False)
 
 
+# Every algorithm a client might try: all those of RFC 7518 for its key types, and HMAC.
+TRIED_ALGORITHMS = (
+    "RS256",
+    "RS384",
+    "RS512",
+    "PS256",
+    "PS384",
+    "PS512",
+    "ES256",
+    "ES384",
+    "ES512",
+    "EdDSA",
+    "HS256",
+)
+
+
+async def test_the_assertion_algorithms_discovery_advertises_are_exactly_those_accepted(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    keys: dict[str, Any] = {
+        "rsa": rsa.generate_private_key(public_exponent=65537, key_size=2048),
+        "p256": ec.generate_private_key(ec.SECP256R1()),
+        "p384": ec.generate_private_key(ec.SECP384R1()),
+        "p521": ec.generate_private_key(ec.SECP521R1()),
+        "ed": ed25519.Ed25519PrivateKey.generate(),
+    }
+    # Public halves without `alg`: each key may sign with any algorithm of its type.
+    jwks = [{**_public_jwk(key), "kid": kid, "use": "sig"} for kid, key in keys.items()]
+    config = default_config()
+    config["clients"].append(
+        {
+            "client_id": "multi-alg",
+            "token_endpoint_auth_method": "private_key_jwt",
+            "jwks": {"keys": jwks},
+            "grant_types": ["client_credentials"],
+            "scope": "orders:read",
+        }
+    )
+    server = await start_authserver(config)
+    async with http.get(server.endpoint("/.well-known/openid-configuration")) as response:
+        meta = await response.json()
+    advertised = meta["token_endpoint_auth_signing_alg_values_supported"]
+    assert meta["revocation_endpoint_auth_signing_alg_values_supported"] == advertised
+    assert meta["introspection_endpoint_auth_signing_alg_values_supported"] == advertised
+    assert "none" not in advertised and "HS256" not in advertised
+
+    kid_for = {"ES256": "p256", "ES384": "p384", "ES512": "p521", "EdDSA": "ed"}
+    accepted = []
+    for alg in TRIED_ALGORITHMS:
+        kid = kid_for.get(alg, "rsa")
+        claims = {**_claims(server.endpoint("/token")), "iss": "multi-alg", "sub": "multi-alg"}
+        claims["jti"] = f"{alg}-{claims['jti']}"
+        if alg == "HS256":
+            assertion = _hs256(claims, b"a secret the server cannot know", kid)
+        else:
+            assertion = jwt.encode(claims, keys[kid], algorithm=alg, headers={"kid": kid})
+        status, body, _ = await token_with_assertion(http, server, assertion)
+        assert status in (200, 401), body
+        if status == 200:
+            accepted.append(alg)
+    assert accepted == advertised
+
+
 # ---------------------------------------------------------------------------- helpers
 
 
@@ -465,8 +529,19 @@ def _unsigned(claims: dict[str, Any]) -> str:
     return f"{header}.{_b64(json.dumps(claims).encode())}."
 
 
-def _hs256(claims: dict[str, Any], secret: bytes) -> str:
-    header = {"alg": "HS256", "kid": CLIENT_KID}
+def _hs256(claims: dict[str, Any], secret: bytes, kid: str = CLIENT_KID) -> str:
+    header = {"alg": "HS256", "kid": kid}
     signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
     signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
     return f"{signing_input}.{_b64(signature)}"
+
+
+def _public_jwk(private_key: Any) -> dict[str, Any]:
+    public = private_key.public_key()
+    if isinstance(public, rsa.RSAPublicKey):
+        jwk: dict[str, Any] = RSAAlgorithm.to_jwk(public, as_dict=True)
+    elif isinstance(public, ec.EllipticCurvePublicKey):
+        jwk = ECAlgorithm.to_jwk(public, as_dict=True)
+    else:
+        jwk = OKPAlgorithm.to_jwk(public, as_dict=True)
+    return jwk
