@@ -12,7 +12,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import jinja2
 import orjson
 from aiohttp import web
-from multidict import MultiDictProxy
 
 from ..clients import ClientAuthError
 from ..grants.base import Registry
@@ -111,12 +110,9 @@ def page_environment() -> jinja2.Environment:
     )
 
 
-def single_valued(params: MultiDictProxy[str] | Mapping[str, str], where: str) -> dict[str, str]:
-    """Parameters as a dict; a parameter given twice is invalid (RFC 6749 §3.1, §3.2)."""
-    return _single_valued(params.items(), where)
-
-
-def _single_valued(items: Iterable[tuple[str, object]], where: str) -> dict[str, str]:
+def single_valued(items: Iterable[tuple[str, object]], where: str) -> dict[str, str]:
+    """Pairs from `form_items` or `query_items` as a dict; a parameter given twice is invalid
+    (RFC 6749 §3.1, §3.2)."""
     result: dict[str, str] = {}
     for key, value in items:
         if key in result:
@@ -168,7 +164,7 @@ def _pairs(text: str) -> list[tuple[str, object]]:
 
 async def read_form(request: web.Request) -> dict[str, str]:
     """The url-encoded body of a POST; other content types are refused."""
-    return _single_valued(await form_items(request), "form")
+    return single_valued(await form_items(request), "form")
 
 
 def oauth_json_error(error: OAuthError) -> web.Response:

@@ -15,7 +15,15 @@ from aiohttp import web
 
 from ..protocol.errors import OAuthError
 from ..sessions import Sessions
-from .common import error_page, page, read_form, services, single_valued, with_query
+from .common import (
+    error_page,
+    page,
+    query_items,
+    read_form,
+    services,
+    single_valued,
+    with_query,
+)
 
 CARRIED = ("id_token_hint", "post_logout_redirect_uri", "state", "client_id")
 
@@ -52,7 +60,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
         params = (
             await read_form(request)
             if request.method == "POST"
-            else single_valued(request.query, "query")
+            else single_valued(query_items(request), "query")
         )
     except OAuthError as exc:
         return error_page(request, 400, "Sign-out request malformed", exc.description)

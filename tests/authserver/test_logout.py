@@ -10,6 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
+import yarl
 
 from tests.authserver.conftest import (
     REDIRECT,
@@ -264,3 +265,13 @@ async def test_logout_ends_only_this_browsers_session(authserver, http):
         assert reply.status == 302
         await assert_signed_out(http, authserver)
         await assert_signed_in(other, authserver)
+
+
+async def test_a_logout_query_that_is_not_utf8_is_refused_not_replaced(authserver, http):
+    # A state patched with U+FFFD would be handed to the client as if it had sent it.
+    await id_token(http, authserver)
+    url = yarl.URL(authserver.endpoint("/logout") + "?client_id=web&state=%FF%FE", encoded=True)
+    async with http.get(url, allow_redirects=False) as response:
+        reply = Reply(response.status, response.headers, await response.text())
+    assert_error_page(reply, "malformed")
+    await assert_signed_in(http, authserver)
