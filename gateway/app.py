@@ -36,13 +36,13 @@ import aiohttp
 from aiohttp import web
 
 from portcullis import runtime
+from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
 from . import bearer, errors, policy, rules, tracecontext
 from . import settings as settings_module
 from .accesslog import AccessLog
-from .addresses import ClientAddresses
 from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
 from .forward import Forwarder

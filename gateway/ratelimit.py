@@ -36,7 +36,8 @@ from typing import Any, Protocol
 import orjson
 from multidict import MultiMapping
 
-from .addresses import ClientAddresses
+from portcullis.addresses import ClientAddresses
+
 from .principal import Principal
 from .settings import LimitRule, RateLimitSettings
 

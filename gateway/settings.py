@@ -18,6 +18,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from portcullis import yamlconf
+from portcullis.addresses import IPNetwork, network
 from portcullis.yamlconf import ConfigError, LocatedMap, Rate, Reader, Section
 
 from . import rules
@@ -63,7 +64,6 @@ RESERVED_HEADERS = frozenset(
     }
 )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -331,7 +331,7 @@ def parse(data: LocatedMap, file: str) -> Settings:
         ),
         mode=top.get("mode", yamlconf.one_of("enforce", "monitor"), "enforce"),
         rate_limits=_rate_limits(reader, top),
-        trusted_proxies=top.list_of("trusted_proxies", _network),
+        trusted_proxies=top.list_of("trusted_proxies", network),
         cors=_global_cors(reader, top),
         websocket=websocket,
         access_log=_access_log(reader, top),
@@ -891,14 +891,6 @@ def _rate_limits(reader: Reader, top: Section) -> RateLimitSettings:
     if result.timeout <= timedelta(0):
         reader.problem(sec.line_of("timeout"), "rate_limits.timeout: must be more than 0s")
     return result
-
-
-def _network(value: Any) -> IPNetwork:
-    text = yamlconf.non_empty_string(value)
-    try:
-        return ipaddress.ip_network(text.strip(), strict=False)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an IP address or network (10.0.0.0/8)") from None
 
 
 # ---------------------------------------------------------------------------- CORS

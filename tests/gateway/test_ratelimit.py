@@ -12,9 +12,9 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.addresses import ClientAddresses
 from gateway.ratelimit import MemoryBuckets, Policy
 from gateway.settings import LimitRule
+from portcullis.addresses import ClientAddresses
 from portcullis.yamlconf import rate
 from tests.support import (
     Answer,

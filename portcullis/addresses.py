@@ -5,15 +5,19 @@ the proxies that appended to it are trusted: walking the list from the right (th
 nearest to us), each address is the client of the hop after it, and the first one that is
 not a trusted proxy is the client. With no trusted proxies the header is never read.
 
-Pure: no aiohttp, no I/O.
+Shared by the gateway (rate-limit keys, access log) and the authorization server (its
+throttles on guessing). Pure: no aiohttp, no I/O.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
+from typing import Any
 
-from .settings import IPNetwork
+from . import yamlconf
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _MEMO_LIMIT = 4096  # peers remembered as trusted or not; the set of proxies is small
 
@@ -63,3 +67,12 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def network(value: Any) -> IPNetwork:
+    """A `trusted_proxies` entry of a configuration file: an address or a CIDR network."""
+    text = yamlconf.non_empty_string(value)
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address or network (10.0.0.0/8)") from None
