@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from portcullis import runtime
+from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
 
 from .endpoints import (
@@ -76,6 +77,7 @@ def build_app(settings: Settings) -> web.Application:
             sessions=Sessions(settings, store),
             pages=page_environment(),
             base_path=base,
+            addresses=ClientAddresses(settings.trusted_proxies),
         )
         app[discovery.DISCOVERY] = discovery.Document(
             discovery.metadata(settings, registry.names()), max_age=3600

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import jwt
 
 from portcullis import yamlconf
+from portcullis.addresses import IPNetwork, network
 from portcullis.yamlconf import ConfigError, LocatedMap, Reader, Section
 
 from . import users as users_module
@@ -102,10 +103,21 @@ class Lifetimes:
 
 @dataclass(frozen=True)
 class LoginThrottle:
-    max_failures: int = 5  # per username
-    # Per client address: higher, since many people may share one address (NAT, offices).
+    """Wrong passwords, counted when tried (endpoints/signin.py has the policy and its bounds)."""
+
+    # Per username at one client address: a hard limit that only that address runs into.
+    max_failures: int = 5
+    # Per client address, any username: higher, since many people may share one address.
     max_failures_per_address: int = 20
     window: timedelta = timedelta(minutes=15)
+    # Per username from every address: after this many, each attempt for the username waits
+    # after the previous one a delay doubling from BACKOFF_FIRST_DELAY up to backoff_max.
+    # Delays, not a lock: anyone can send wrong passwords for a username.
+    backoff_after: int = 10
+    backoff_max: timedelta = timedelta(minutes=1)
+
+
+BACKOFF_FIRST_DELAY = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,8 @@ class Settings:
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
     refresh_grace: timedelta = timedelta(0)
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    # Peers whose X-Forwarded-For names the client (for the throttles' per-address counts).
+    trusted_proxies: tuple[IPNetwork, ...] = ()
     device: DeviceSettings = field(default_factory=DeviceSettings)
     scopes: tuple[ScopeSettings, ...] = ()
     users: tuple[UserSettings, ...] = ()
@@ -269,6 +283,7 @@ def parse(data: LocatedMap, file: str) -> Settings:
         lifetimes=_lifetimes(reader, top),
         refresh_grace=top.get("refresh_grace", _grace, timedelta(0)),
         login_throttle=_throttle(reader, top),
+        trusted_proxies=top.list_of("trusted_proxies", network),
         device=_device(reader, top),
         scopes=scopes,
         users=_users(reader, top, issuer or ""),
@@ -431,9 +446,16 @@ def _throttle(reader: Reader, top: Section) -> LoginThrottle:
             "max_failures_per_address", yamlconf.integer(1, 100_000), d.max_failures_per_address
         ),
         window=sec.get("window", yamlconf.duration, d.window),
+        backoff_after=sec.get("backoff_after", yamlconf.integer(1, 1000), d.backoff_after),
+        backoff_max=sec.get("backoff_max", yamlconf.duration, d.backoff_max),
     )
     if result.window <= timedelta(0):
         reader.problem(sec.line_of("window"), "login_throttle.window: must be longer than 0s")
+    if result.backoff_max < BACKOFF_FIRST_DELAY:
+        reader.problem(
+            sec.line_of("backoff_max"),
+            f"login_throttle.backoff_max: must be at least {_seconds_text(BACKOFF_FIRST_DELAY)}",
+        )
     sec.finish()
     return result
 

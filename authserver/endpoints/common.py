@@ -13,6 +13,8 @@ import jinja2
 import orjson
 from aiohttp import web
 
+from portcullis.addresses import ClientAddresses
+
 from ..clients import ClientAuthError
 from ..grants.base import Registry
 from ..keys import KeyRing
@@ -90,6 +92,12 @@ class Services:
     sessions: Sessions
     pages: jinja2.Environment
     base_path: str  # the issuer's path, prefix of every endpoint
+    addresses: ClientAddresses  # who the client is, behind the trusted proxies
+
+    def client_address(self, request: web.Request) -> str:
+        """The address the throttles count a request under: the socket peer, or the client
+        a trusted proxy names in X-Forwarded-For."""
+        return self.addresses.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
 
     def url(self, path: str) -> str:
         return self.settings.issuer + path

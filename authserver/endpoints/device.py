@@ -4,8 +4,8 @@ needed, and approves or denies the device.
 Steps, each a form posted back with the session's CSRF token:
  1. GET /device: the code field, prefilled from `verification_uri_complete` — the person
     still confirms it (§3.3.1), and a GET never looks a code up;
- 2. POST /device: the code is checked. Wrong codes are throttled per session and per
-    client address (below);
+ 2. POST /device: the code is checked. Guesses are throttled per session and per client
+    address (below), each charged before its code is looked up and kept when it is wrong;
  3. POST /device/login: the login form, when the session is not signed in, with the
     password checks and throttle of every login form;
  4. POST /device/consent: the client's name, the scopes, and a warning to approve only a
@@ -18,8 +18,10 @@ in front of them is the one asking.
 
 The bound on guessing. A user code is one of 20**8 ≈ 2.56e10 (protocol/user_codes.py) and
 lives `lifetimes.device_code` (10 minutes by default). A client address gets at most
-`device.max_failures_per_address` (20) wrong codes per `device.window` (15 minutes), so
-within one code's lifetime at most 20 * ceil(10 / 15) = 20 guesses: the chance that they
+`device.max_failures_per_address` (20) wrong codes in any `device.window` (15 minutes: a run
+of guesses ends only after a whole window without one, protocol/throttle.py `Cap`), so
+within one code's lifetime at most 20 * ceil(10 / 15) = 20 guesses, however many are sent
+at once (each is charged before its code is looked up): the chance that they
 hit one given code is 20 / 2.56e10 ≈ 7.8e-10, and that they hit any of N codes pending at
 once N * 7.8e-10 (7.8e-6 for ten thousand). A session gets at most `device.max_failures`
 (5) before that.
@@ -35,6 +37,7 @@ from aiohttp import web
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import Device
+from ..protocol.throttle import Cap
 from ..sessions import Session, Sessions
 from ..settings import ClientSettings
 from ..store.base import DeviceRecord
@@ -196,27 +199,29 @@ async def check_code(request: web.Request) -> web.Response:
     if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
         return _expired_session(request)
     typed = form.get("user_code", "")
-    now = time.time()
-    window = settings.window.total_seconds()
-    limits = (
-        (f"device:session:{session.record.session_hash.hex()}", settings.max_failures),
-        (f"device:ip:{request.remote or '-'}", settings.max_failures_per_address),
-    )
-    for key, limit in limits:
-        if await svc.store.failures(key, now, window) >= limit:
-            log.warning("device code entry throttled", extra={"key_kind": key.split(":")[1]})
-            response = _code_page(request, session, user_code=typed, error=TOO_MANY, status=429)
-            response.headers["Retry-After"] = str(int(window))
-            return response
     code = user_codes.normalise(typed)
     if code is None:
         # Not a possible code, so not a guess: not counted.
         return _code_page(request, session, user_code=typed, error=BAD_FORMAT, status=400)
+    now = time.time()
+    window = settings.window.total_seconds()
+    limits = (
+        Cap(f"device:session:{session.record.session_hash.hex()}", settings.max_failures, window),
+        Cap(f"device:ip:{svc.client_address(request)}", settings.max_failures_per_address, window),
+    )
+    # The guess is charged before the code is looked up, in the same step as the check of
+    # the limits: guesses sent at once cannot all be looked up before any is counted.
+    refused = await svc.store.reserve_attempt(limits, now)
+    if refused is not None:
+        log.warning("device code entry throttled", extra={"key_kind": refused.key.split(":")[1]})
+        response = _code_page(request, session, user_code=typed, error=TOO_MANY, status=429)
+        response.headers["Retry-After"] = str(max(1, int(refused.retry_after)))
+        return response
     found = await _pending(svc, code, now)
     if found is None:
-        for key, _ in limits:
-            await svc.store.count_failure(key, now, window)
         return _code_page(request, session, user_code=typed, error=UNKNOWN, status=400)
+    # A right code is not a guess: its charge is given back.
+    await svc.store.release_attempt([limit.key for limit in limits], now)
     record, client = found
     if not session.logged_in:
         return _login_page(request, session, client, code)

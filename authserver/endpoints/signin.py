@@ -1,6 +1,22 @@
-"""Checking the password typed into a login form, behind the throttle every login form
-shares: failures are counted per username and per client address (`login_throttle`), and
-over either limit nothing is checked until the window has passed.
+"""Checking the password typed into a login form, behind the throttle every login form shares.
+
+An attempt is charged before its password is checked, in the one store call that checks
+every limit (`Store.reserve_attempt`): passwords sent at once are counted as they arrive,
+not after their checks (scrypt, tens of milliseconds each). Three counts (`login_throttle`):
+ 1. the username at the client address: `max_failures` in any `window` of time, a hard
+    limit that only that address runs into, so failures sent from elsewhere never lock a
+    user out of their own address;
+ 2. the client address, whatever the username: `max_failures_per_address` in any `window`;
+ 3. the username from every address: after `backoff_after` attempts, each one waits after the
+    previous a delay that doubles from 1s up to `backoff_max`. A delay, never a lock; the
+    count starts over after `window` (or `backoff_max`, if longer) without an attempt.
+Over a limit nothing is checked. A wrong password keeps its charge; a right one gives its
+charge back to counts 2 and 3 (a success is not a guess to bound) and clears count 1.
+(protocol/throttle.py has the rules, `Cap` for 1 and 2 and `Backoff` for 3.)
+
+The bounds, with the defaults: 5 guesses per username and 20 in all per address in any 15
+minutes; for one username from any number of addresses, 74 in any hour (10 at once, 6 more
+within the next minute, then one a minute).
 
 Used by the authorization endpoint's login page and the device page's.
 """
@@ -15,7 +31,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from .. import users
-from ..settings import UserSettings
+from ..protocol.throttle import Backoff, Cap
+from ..settings import BACKOFF_FIRST_DELAY, LoginThrottle, UserSettings
 from .common import Services
 
 log = logging.getLogger("portcullis.authserver.signin")
@@ -30,23 +47,45 @@ class Throttled:
     retry_after: int  # seconds
 
 
+@dataclass(frozen=True)
+class LoginLimits:
+    """The three counts of one attempt, in the order of the module's description."""
+
+    at_address: Cap
+    address: Cap
+    username: Backoff
+
+    @classmethod
+    def of(cls, throttle: LoginThrottle, username: str, address: str) -> LoginLimits:
+        window = throttle.window.total_seconds()
+        name = username.lower()
+        return cls(
+            # An address holds no space, so the first space ends it.
+            at_address=Cap(f"login:user-at-ip:{address} {name}", throttle.max_failures, window),
+            address=Cap(f"login:ip:{address}", throttle.max_failures_per_address, window),
+            username=Backoff(
+                f"login:user:{name}",
+                free=throttle.backoff_after,
+                first_delay=BACKOFF_FIRST_DELAY.total_seconds(),
+                max_delay=throttle.backoff_max.total_seconds(),
+                # Never shorter than a delay: a wait must not also wipe the count.
+                idle=max(window, throttle.backoff_max.total_seconds()),
+            ),
+        )
+
+
 async def check_password(
     svc: Services, request: web.Request, username: str, password: str
 ) -> UserSettings | Throttled | None:
     """The user, Throttled, or None when the username or password is wrong."""
-    throttle = svc.settings.login_throttle
     now = time.time()
-    window = throttle.window.total_seconds()
-    user_key = f"login:user:{username.lower()}"
-    address_key = f"login:ip:{request.remote or '-'}"
-    limits = (
-        (user_key, throttle.max_failures),
-        (address_key, throttle.max_failures_per_address),
+    limits = LoginLimits.of(svc.settings.login_throttle, username, svc.client_address(request))
+    refused = await svc.store.reserve_attempt(
+        (limits.at_address, limits.address, limits.username), now
     )
-    for key, limit in limits:
-        if await svc.store.failures(key, now, window) >= limit:
-            log.warning("login throttled", extra={"key_kind": key.split(":")[1]})
-            return Throttled(int(window))
+    if refused is not None:
+        log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
+        return Throttled(max(1, int(refused.retry_after)))
     user = svc.settings.user(username)
     # scrypt takes tens of milliseconds: off the event loop, so one login does not stall
     # every other request.
@@ -54,8 +93,7 @@ async def check_password(
         users.verify_password, password, user.password_hash if user else users.dummy_hash()
     )
     if user is None or not ok:
-        for key, _ in limits:
-            await svc.store.count_failure(key, now, window)
-        return None
-    await svc.store.clear_failures(user_key)
+        return None  # the attempt stays charged: it was a failure
+    await svc.store.clear_failures(limits.at_address.key)
+    await svc.store.release_attempt((limits.address.key, limits.username.key), now)
     return user

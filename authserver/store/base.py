@@ -3,7 +3,8 @@
 Secrets never reach the store in clear: authorization codes, refresh tokens, device codes and
 login session ids are stored as SHA-256 digests (`bytes`, 32 long). Times are seconds since
 the epoch (float). Every method that changes state is atomic: two concurrent callers of
-`consume_code` or `use_refresh` with the same value see exactly one success. The `save_*`
+`consume_code` or `use_refresh` with the same value see exactly one success, and callers of
+`reserve_attempt` racing on one key are never admitted beyond its limit. The `save_*`
 methods raise `AlreadyExists` rather than overwrite a stored key (a clash of random secrets
 means a bug, and a clash of device user codes means the caller should draw another one).
 
@@ -13,9 +14,12 @@ tests/authserver/store_conformance.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
+
+from authserver.protocol.throttle import Refuse, Rule
 
 
 class AlreadyExists(Exception):
@@ -163,13 +167,30 @@ class Store(Protocol):
 
     async def delete_session(self, session_hash: bytes) -> None: ...
 
-    # -- throttling of failed logins and wrong device codes
-    async def count_failure(self, key: str, now: float, window: float) -> int:
-        """Record one failure under `key`; the number of failures within the window."""
+    # -- throttles on guessing: passwords and device user codes (protocol/throttle.py)
+    async def reserve_attempt(self, rules: Sequence[Rule], now: float) -> Refuse | None:
+        """Charge one attempt at `now` to the key of every rule, or to none of them.
 
-    async def failures(self, key: str, now: float, window: float) -> int: ...
+        In one atomic step the counters of the keys are read, every rule decides
+        (`Rule.admit`) and, when all admit, every counter is written, before any other
+        caller reads one of them; None then: the attempt may go ahead. When any rule
+        refuses, nothing changes and the refusal asking the longest wait is returned.
 
-    async def clear_failures(self, key: str) -> None: ...
+        Invariant: for every key, the attempts charged and not released never exceed what
+        its rule admits, under any concurrency: many callers of one store, and several
+        stores (processes) on one database. Callers reserve before they check the guess,
+        so guesses sent at once cannot all pass a check that saw none of them counted. A
+        backend must serialise the callers of a key even while it has no counter yet
+        (SQLite: BEGIN IMMEDIATE; PostgreSQL: insert the missing rows, then lock the rows
+        in key order). The keys of one call are distinct."""
+
+    async def release_attempt(self, keys: Sequence[str], reserved_at: float) -> None:
+        """Give back, under each key, one attempt charged at `reserved_at` (the guess was
+        right, so not a failure), as `protocol.throttle.released` says: never to a run of
+        attempts that began after it."""
+
+    async def clear_failures(self, key: str) -> None:
+        """Forget the key's counter."""
 
     # -- replay cache for client assertions (RFC 7523 §3: jti single use)
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:

@@ -34,7 +34,7 @@ import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +44,7 @@ from importlib.resources.abc import Traversable
 from typing import TypeVar
 
 from authserver.protocol.lifecycle import CODE, DEVICE, REFRESH, Code, Device, Effect, Refresh, step
+from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
     AlreadyExists,
     CodeRecord,
@@ -208,13 +209,13 @@ class SQLiteStore:
     async def delete_session(self, session_hash: bytes) -> None:
         await self._call(lambda conn: _delete_session(conn, session_hash))
 
-    # -- failure counting
+    # -- throttles on guessing
 
-    async def count_failure(self, key: str, now: float, window: float) -> int:
-        return await self._call(lambda conn: _count_failure(conn, key, now, window))
+    async def reserve_attempt(self, rules: Sequence[Rule], now: float) -> Refuse | None:
+        return await self._call(lambda conn: _reserve_attempt(conn, rules, now))
 
-    async def failures(self, key: str, now: float, window: float) -> int:
-        return await self._call(lambda conn: _failures(conn, key, now, window))
+    async def release_attempt(self, keys: Sequence[str], reserved_at: float) -> None:
+        await self._call(lambda conn: _release_attempt(conn, keys, reserved_at))
 
     async def clear_failures(self, key: str) -> None:
         await self._call(lambda conn: _clear_failures(conn, key))
@@ -684,33 +685,50 @@ def _delete_session(conn: sqlite3.Connection, session_hash: bytes) -> None:
         conn.execute("DELETE FROM sessions WHERE session_hash = ?", (session_hash,))
 
 
-# -- failure counting: fixed windows that open at the first failure of a key, so a key
-# costs one row however many failures it collects.
+# -- throttles on guessing: one row per key, whatever the number of attempts it counts.
+# The rules of protocol/throttle.py decide; the write lock BEGIN IMMEDIATE takes before the
+# first read makes reading, deciding and charging one step for every connection.
 
 
-def _count_failure(conn: sqlite3.Connection, key: str, now: float, window: float) -> int:
+def _counter(conn: sqlite3.Connection, key: str) -> Counter | None:
+    row = conn.execute(
+        "SELECT window_start, count, last_attempt FROM failures WHERE key = ?", (key,)
+    ).fetchone()
+    return None if row is None else Counter(row[0], int(row[1]), row[2])
+
+
+def _reserve_attempt(conn: sqlite3.Connection, rules: Sequence[Rule], now: float) -> Refuse | None:
+    if len({rule.key for rule in rules}) != len(rules):
+        raise ValueError("the keys of one reservation must be distinct")
     with _transaction(conn):
-        row = conn.execute(
-            "SELECT window_start, count FROM failures WHERE key = ?", (key,)
-        ).fetchone()
-        if row is None or row[0] + window <= now:
-            conn.execute(
-                "INSERT INTO failures (key, window_start, count, expires_at) VALUES (?, ?, 1, ?)"
-                " ON CONFLICT (key) DO UPDATE SET window_start = excluded.window_start,"
-                " count = 1, expires_at = excluded.expires_at",
-                (key, now, now + window),
-            )
-            return 1
-        count = int(row[1]) + 1
-        conn.execute("UPDATE failures SET count = ? WHERE key = ?", (count, key))
-        return count
+        decisions = [(rule.key, rule.admit(_counter(conn, rule.key), now)) for rule in rules]
+        refusals = [d for _, d in decisions if isinstance(d, Refuse)]
+        if refusals:
+            return max(refusals, key=lambda refusal: refusal.retry_after)
+        conn.executemany(
+            "INSERT INTO failures (key, window_start, count, last_attempt, expires_at)"
+            " VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (key) DO UPDATE SET window_start = excluded.window_start,"
+            " count = excluded.count, last_attempt = excluded.last_attempt,"
+            " expires_at = excluded.expires_at",
+            [
+                (key, d.counter.window_start, d.counter.count, d.counter.last_attempt, d.expires_at)
+                for key, d in decisions
+                if isinstance(d, Admit)
+            ],
+        )
+        return None
 
 
-def _failures(conn: sqlite3.Connection, key: str, now: float, window: float) -> int:
-    row = conn.execute("SELECT window_start, count FROM failures WHERE key = ?", (key,)).fetchone()
-    if row is None or row[0] + window <= now:
-        return 0
-    return int(row[1])
+def _release_attempt(conn: sqlite3.Connection, keys: Sequence[str], reserved_at: float) -> None:
+    with _transaction(conn):
+        for key in keys:
+            counter = _counter(conn, key)
+            if counter is None:
+                continue
+            after = released(counter, reserved_at)
+            if after != counter:
+                conn.execute("UPDATE failures SET count = ? WHERE key = ?", (after.count, key))
 
 
 def _clear_failures(conn: sqlite3.Connection, key: str) -> None:
@@ -841,7 +859,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
     """Each table in its own short transaction, so writers wait for one table at most.
 
     The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
-    device codes, failure keys, access tokens); families and grant revocations are
+    device codes, throttle keys, access tokens); families and grant revocations are
     bookkeeping and not counted.
     """
     deleted = 0

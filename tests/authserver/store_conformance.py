@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from authserver.protocol.lifecycle import Device, Refresh
+from authserver.protocol.throttle import Backoff, Cap, Refuse
 from authserver.store.base import (
     AlreadyExists,
     CodeRecord,
@@ -605,36 +606,124 @@ class StoreConformance:
             await store.save_session(a_session(subject="mallory"))
         assert await store.get_session(digest("sid"), T0) == a_session()
 
-    # -- failure counting ---------------------------------------------------------------
+    # -- throttles on guessing ----------------------------------------------------------
 
-    async def test_failures_are_counted_per_key_within_the_window(self, store: Store) -> None:
-        counts = [await store.count_failure("login:alice", T0 + i, 60.0) for i in range(3)]
-        assert counts == [1, 2, 3]
-        assert await store.failures("login:alice", T0 + 3, 60.0) == 3
-        assert await store.failures("login:bob", T0 + 3, 60.0) == 0
+    async def test_a_cap_admits_its_limit_then_refuses_for_the_window(self, store: Store) -> None:
+        cap = Cap("login:ip:192.0.2.1", limit=3, window=MINUTE)
+        assert [await store.reserve_attempt([cap], T0 + i) for i in range(3)] == [None] * 3
+        assert await store.reserve_attempt([cap], T0 + 3) == Refuse(cap.key, MINUTE)
+        assert await store.reserve_attempt([cap], T0 + 3) == Refuse(cap.key, MINUTE)
+        other = Cap("login:ip:192.0.2.2", limit=3, window=MINUTE)
+        assert await store.reserve_attempt([other], T0 + 3) is None
 
-    async def test_failures_older_than_the_window_no_longer_count(self, store: Store) -> None:
+    async def test_a_cap_admits_again_once_a_window_passed_without_an_attempt(
+        self, store: Store
+    ) -> None:
+        cap = Cap("device:ip:192.0.2.1", limit=2, window=MINUTE)
+        await store.reserve_attempt([cap], T0)
+        await store.reserve_attempt([cap], T0 + 30)
+        # A refused attempt is not charged, so it does not keep the run going.
+        assert await store.reserve_attempt([cap], T0 + 89) is not None
+        assert await store.reserve_attempt([cap], T0 + 90) is None
+        assert await store.reserve_attempt([cap], T0 + 91) is None
+        assert await store.reserve_attempt([cap], T0 + 92) is not None
+
+    async def test_an_attempt_is_charged_to_every_key_or_to_none(self, store: Store) -> None:
+        address = Cap("device:ip:192.0.2.1", limit=3, window=MINUTE)
+        first = Cap("device:session:a", limit=5, window=MINUTE)
+        second = Cap("device:session:b", limit=2, window=MINUTE)
         for i in range(3):
-            await store.count_failure("login:alice", T0 + i, 60.0)
-        assert await store.failures("login:alice", T0 + 61, 60.0) == 0
-        assert await store.count_failure("login:alice", T0 + 62, 60.0) == 1
-        assert await store.failures("login:alice", T0 + 63, 60.0) == 1
-
-    async def test_cleared_failures_start_again_from_zero(self, store: Store) -> None:
-        await store.count_failure("login:alice", T0, 60.0)
-        await store.count_failure("login:bob", T0, 60.0)
-        await store.clear_failures("login:alice")
-        await store.clear_failures("login:nobody")
-        assert await store.failures("login:alice", T0 + 1, 60.0) == 0
-        assert await store.failures("login:bob", T0 + 1, 60.0) == 1
-        assert await store.count_failure("login:alice", T0 + 2, 60.0) == 1
-
-    async def test_concurrent_failures_are_all_counted(self, store: Store, other: Store) -> None:
-        counts = await asyncio.gather(
-            *((store, other)[i % 2].count_failure("login:alice", T0, 60.0) for i in range(RACERS))
+            assert await store.reserve_attempt([first, address], T0 + i) is None
+        assert await store.reserve_attempt([second, address], T0 + 3) == Refuse(address.key, MINUTE)
+        # The refused attempt charged nothing to the second session: both of its attempts
+        # are still there, from another address.
+        elsewhere = Cap("device:ip:192.0.2.2", limit=10, window=MINUTE)
+        assert await store.reserve_attempt([second, elsewhere], T0 + 4) is None
+        assert await store.reserve_attempt([second, elsewhere], T0 + 5) is None
+        assert await store.reserve_attempt([second, elsewhere], T0 + 6) == Refuse(
+            second.key, MINUTE
         )
-        assert sorted(counts) == list(range(1, RACERS + 1))
-        assert await store.failures("login:alice", T0 + 1, 60.0) == RACERS
+
+    async def test_the_refusal_asking_the_longest_wait_is_returned(self, store: Store) -> None:
+        cap = Cap("login:ip:192.0.2.1", limit=1, window=HOUR)
+        backoff = Backoff("login:user:alice", free=1, first_delay=1.0, max_delay=8.0, idle=HOUR)
+        assert await store.reserve_attempt([backoff, cap], T0) is None
+        assert await store.reserve_attempt([backoff, cap], T0) == Refuse(cap.key, HOUR)
+        assert await store.reserve_attempt([backoff], T0 + 0.25) == Refuse(backoff.key, 0.75)
+
+    async def test_a_backoff_admits_its_free_attempts_then_doubles_the_delay_up_to_its_cap(
+        self, store: Store
+    ) -> None:
+        backoff = Backoff("login:user:alice", free=2, first_delay=1.0, max_delay=4.0, idle=HOUR)
+        assert await store.reserve_attempt([backoff], T0) is None
+        assert await store.reserve_attempt([backoff], T0) is None
+        assert await store.reserve_attempt([backoff], T0) == Refuse(backoff.key, 1.0)
+        # Waits of 1, 2, 4, then 4 again: the delay stops growing at max_delay.
+        for at in (T0 + 1, T0 + 3, T0 + 7, T0 + 11):
+            assert await store.reserve_attempt([backoff], at - 0.5) == Refuse(backoff.key, 0.5)
+            assert await store.reserve_attempt([backoff], at) is None
+        # After `idle` without an attempt, the run starts over with its free attempts.
+        later = T0 + 11 + HOUR
+        assert await store.reserve_attempt([backoff], later) is None
+        assert await store.reserve_attempt([backoff], later) is None
+        assert await store.reserve_attempt([backoff], later) is not None
+
+    async def test_a_released_attempt_is_given_back_to_its_own_run_only(self, store: Store) -> None:
+        cap = Cap("login:ip:192.0.2.1", limit=2, window=MINUTE)
+        await store.reserve_attempt([cap], T0)
+        await store.reserve_attempt([cap], T0 + 1)
+        await store.release_attempt([cap.key, "login:ip:never-seen"], T0 + 1)
+        assert await store.reserve_attempt([cap], T0 + 2) is None
+        assert await store.reserve_attempt([cap], T0 + 3) is not None
+        # A new run: an attempt of the old one, released now, gives nothing back to it.
+        run = T0 + 3 + MINUTE
+        await store.reserve_attempt([cap], run)
+        await store.reserve_attempt([cap], run + 1)
+        await store.release_attempt([cap.key], T0 + 2)
+        assert await store.reserve_attempt([cap], run + 2) is not None
+
+    async def test_a_cleared_counter_starts_again_from_zero(self, store: Store) -> None:
+        alice = Cap("login:user-at-ip:192.0.2.1 alice", limit=1, window=MINUTE)
+        bob = Cap("login:user-at-ip:192.0.2.1 bob", limit=1, window=MINUTE)
+        await store.reserve_attempt([alice], T0)
+        await store.reserve_attempt([bob], T0)
+        await store.clear_failures(alice.key)
+        await store.clear_failures("login:nobody")
+        assert await store.reserve_attempt([alice], T0 + 1) is None
+        assert await store.reserve_attempt([bob], T0 + 1) is not None
+
+    async def test_concurrent_reservations_admit_exactly_the_limit(self, store: Store) -> None:
+        cap = Cap("device:ip:192.0.2.1", limit=7, window=MINUTE)
+        results = await asyncio.gather(
+            *(store.reserve_attempt([cap], T0) for _ in range(3 * RACERS))
+        )
+        assert results.count(None) == 7
+        assert all(result == Refuse(cap.key, MINUTE) for result in results if result)
+
+    async def test_two_stores_on_one_database_admit_exactly_the_limit_of_a_shared_key(
+        self, store: Store, other: Store
+    ) -> None:
+        # Every caller its own session, all of them one address: the address decides.
+        address = Cap("device:ip:192.0.2.1", limit=7, window=MINUTE)
+        results = await asyncio.gather(
+            *(
+                (store, other)[i % 2].reserve_attempt(
+                    [Cap(f"device:session:{i}", limit=5, window=MINUTE), address], T0
+                )
+                for i in range(3 * RACERS)
+            )
+        )
+        assert results.count(None) == 7
+        assert await other.reserve_attempt([address], T0 + 1) is not None
+
+    async def test_two_stores_on_one_database_admit_exactly_the_free_attempts_of_a_backoff(
+        self, store: Store, other: Store
+    ) -> None:
+        backoff = Backoff("login:user:alice", free=5, first_delay=1.0, max_delay=60.0, idle=HOUR)
+        results = await asyncio.gather(
+            *((store, other)[i % 2].reserve_attempt([backoff], T0) for i in range(3 * RACERS))
+        )
+        assert results.count(None) == 5
 
     # -- client assertion replay cache --------------------------------------------------
 
@@ -820,8 +909,8 @@ class StoreConformance:
         await store.use_jti("client-a", "jti-live", at + 300, T0)
         await store.save_device(a_device("dc-old", "OLDOLDOL", expires_at=T0 + 600))
         await store.save_device(a_device("dc-live", "LIVELIVE", expires_at=at + 600))
-        await store.count_failure("login:old", T0, 60.0)
-        await store.count_failure("login:live", at - 10, 60.0)
+        await store.reserve_attempt([Cap("login:old", limit=1, window=MINUTE)], T0)
+        await store.reserve_attempt([Cap("login:live", limit=1, window=MINUTE)], at - 10)
         await store.record_access_token("at-old", "grant-1", "webapp", T0 + 300)
         await store.revoke_access_token("at-revoked-old", T0 + 300)
         await store.record_access_token("at-live", "grant-2", "webapp", at + 300)
@@ -831,7 +920,7 @@ class StoreConformance:
         await store.save_refresh(a_refresh("rt-b0", family="fam-b"))
         await store.grant_scopes("alice", "webapp", frozenset({"openid"}))
 
-        # code, session, jti, device code, failure key: one each; two access token
+        # code, session, jti, device code, throttle key: one each; two access token
         # records; the two tokens of the family past its absolute lifetime.
         assert await store.purge_expired(at) == 9
         assert await store.purge_expired(at) == 0
@@ -847,8 +936,9 @@ class StoreConformance:
         assert not await store.use_jti("client-a", "jti-live", at + 300, at)
         assert await store.device_by_user_code("OLDOLDOL", T0) is None
         assert await store.device_by_user_code("LIVELIVE", at) is not None
-        assert await store.failures("login:old", T0, 60.0) == 0
-        assert await store.failures("login:live", at, 60.0) == 1
+        assert await store.reserve_attempt([Cap("login:old", limit=1, window=MINUTE)], T0) is None
+        live = Cap("login:live", limit=1, window=MINUTE)
+        assert await store.reserve_attempt([live], at) == Refuse(live.key, MINUTE)
         assert not await store.access_token_active("at-live")
         assert await store.get_refresh(digest("rt-a0")) is None
         assert await store.get_refresh(digest("rt-a1")) is None
@@ -901,8 +991,9 @@ class StoreConformance:
         await first.revoke_access_token("at-revoked", T0 + HOUR + 300)
         await first.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}))
         await first.save_session(a_session())
-        await first.count_failure("login:alice", T0, 60.0)
-        await first.count_failure("login:alice", T0 + 1, 60.0)
+        throttle = Cap("login:ip:192.0.2.1", limit=2, window=MINUTE)
+        await first.reserve_attempt([throttle], T0)
+        await first.reserve_attempt([throttle], T0 + 1)
         await first.use_jti("client-a", "jti-1", T0 + 300, T0)
         await first.save_device(a_device())
         await first.decide_device("WDJBMJHT", "alice", True, T0 + 2)
@@ -927,7 +1018,7 @@ class StoreConformance:
             assert not await second.access_token_active("at-revoked")
             assert await second.granted_scopes("alice", "webapp") == {"openid", "orders:read"}
             assert await second.get_session(digest("sid"), T0) == a_session()
-            assert await second.count_failure("login:alice", T0 + 2, 60.0) == 3
+            assert await second.reserve_attempt([throttle], T0 + 2) is not None
             assert not await second.use_jti("client-a", "jti-1", T0 + 300, T0 + 3)
             polled = await second.poll_device(digest("dc"), "tv-app", T0 + 10)
             assert polled is not None and polled.state == Device.APPROVED

@@ -4,6 +4,7 @@ client rules of the Security BCP enforced at load."""
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -305,6 +306,10 @@ def test_issuer_may_be_plain_http_on_loopback_and_may_have_a_path(tmp_path, issu
         ),
         ("login_throttle: {window: 0}", "login_throttle.window: must be longer than 0s"),
         ("login_throttle: [3]", "login_throttle must be a mapping"),
+        ("login_throttle: {backoff_after: 0}", "login_throttle.backoff_after: must be at least 1"),
+        ("login_throttle: {backoff_max: 500ms}", "login_throttle.backoff_max: must be at least 1s"),
+        ("trusted_proxies: [10.0.0.0/8, proxy]", "'proxy' is not an IP address or network"),
+        ("trusted_proxies: 10.0.0.0/8", "trusted_proxies must be a list"),
         ("log_level: loud", "'loud' is not one of debug, info, warning, error"),
         ("default_audience: ''", "default_audience: must not be empty"),
         ("scopes: {name: x}", "scopes must be a list"),
@@ -314,6 +319,25 @@ def test_invalid_values_are_reported_on_their_line(tmp_path, section, message):
     problem = one_problem(tmp_path, BASE + section + "\n")
     assert problem.startswith("4: "), problem
     assert message in problem
+
+
+def test_login_backoff_and_trusted_proxies_load_from_their_keys(tmp_path):
+    text = BASE + textwrap.dedent(
+        """\
+        login_throttle: {backoff_after: 30, backoff_max: 5m}
+        trusted_proxies: [10.0.0.0/8, "192.0.2.7", "2001:db8::/32"]
+        """
+    )
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.login_throttle == LoginThrottle(
+        backoff_after=30, backoff_max=timedelta(minutes=5)
+    )
+    assert loaded.trusted_proxies == (
+        ipaddress.ip_network("10.0.0.0/8"),
+        ipaddress.ip_network("192.0.2.7/32"),
+        ipaddress.ip_network("2001:db8::/32"),
+    )
+    assert settings.load(write(tmp_path, BASE), {}).trusted_proxies == ()
 
 
 def test_a_missing_environment_variable_is_reported_on_its_line(tmp_path):
