@@ -35,15 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--origin", help="a browser Origin: would it get CORS headers?")
     args = parser.parse_args(argv)
 
-    if args.command == "check":
-        problems = settings_module.check(args.config)
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        if problems:
-            return 1
-        print(f"{args.config}: OK")
-        return 0
-
     try:
         settings = settings_module.load(args.config)
     except ConfigError as exc:
@@ -51,12 +42,21 @@ def main(argv: list[str] | None = None) -> int:
             print(found, file=sys.stderr)
         return 1
 
+    if args.command == "check":
+        # Warnings do not fail the check: the file is valid, and may be meant as written.
+        for warning in settings_module.warnings(settings):
+            print(warning, file=sys.stderr)
+        print(f"{args.config}: OK")
+        return 0
+
     if args.command == "explain":
         from .explain import explain as run_explain
 
         return run_explain(settings, args.method, args.path, args.token, args.origin)
 
     runtime.configure_logging(settings.log_level)
+    for warning in settings_module.warnings(settings):
+        log.warning(warning, extra={"event": "config_warning"})
     if settings.workers == 1:
         from .app import serve
 

@@ -98,7 +98,11 @@ class Pipeline:
     ) -> None:
         self.settings = settings
         self.realm = settings.realm
-        self.router = rules.compile_rules(settings.routes, settings.issuers)
+        self.router = rules.compile_rules(
+            settings.routes,
+            settings.issuers,
+            fold_case=settings.upstream.path_case == "insensitive",
+        )
         self.verifier = verifier
         self.limiter = limiter
         self.forwarder = forwarder
@@ -140,25 +144,27 @@ class Pipeline:
         # The upstream would be sent the URL without it while the rules saw it, so a public
         # `/docs/**` would carry `/docs/secret#` to a protected `/docs/secret`.
         if "#" in target:
+            exchange.deny("fragment", False)
             return errors.bad_request("The request target must not contain '#'.")
-        path = target.partition("?")[0]
-        try:
-            segments = rules.split_path(path)
-        except rules.BadPath as exc:
-            return errors.bad_request(f"The request path is refused: {exc}.")
 
-        # 1. route (a CORS preflight is matched by the method it asks about)
+        # 1. route (a CORS preflight is matched by the method it asks about). A refused path
+        # is refused in monitor mode too: which rule it meets is not known.
         headers = request.headers
-        if (
-            self._preflights
-            and request.method == "OPTIONS"
-            and "Access-Control-Request-Method" in headers
-            and "Origin" in headers
-        ):
-            answer = self._preflight(request, segments, exchange)
-            if answer is not None:
-                return answer
-        rule = self.router.match(request.method, segments)
+        try:
+            path = self.router.read(target.partition("?")[0])
+            if (
+                self._preflights
+                and request.method == "OPTIONS"
+                and "Access-Control-Request-Method" in headers
+                and "Origin" in headers
+            ):
+                answer = self._preflight(request, path, exchange)
+                if answer is not None:
+                    return answer
+            rule = self.router.route(request.method, path)
+        except rules.BadPath as exc:
+            exchange.deny(exc.reason, False)
+            return errors.bad_request(f"The request path is refused: {exc}.")
         if rule is None:
             exchange.deny("no_route", self.monitor)
             if not self.monitor:
@@ -216,6 +222,7 @@ class Pipeline:
         if plan.max_body is not None:
             length = request.content_length
             if length is not None and length > plan.max_body:
+                exchange.deny("body_too_large", False)
                 return _with_headers(errors.payload_too_large(plan.max_body), extra)
         if plan.websocket is not None and self.forwarder.is_websocket_upgrade(request):
             return await self.forwarder.websocket(
@@ -278,13 +285,13 @@ class Pipeline:
         return Refusal("invalid_token", errors.invalid_token(self.realm, decision.reason))
 
     def _preflight(
-        self, request: web.BaseRequest, segments: list[str], exchange: Exchange
+        self, request: web.BaseRequest, path: rules.RequestPath, exchange: Exchange
     ) -> web.StreamResponse | None:
         """The answer to a CORS preflight, or None when the route it asks about has no CORS
         policy (then it is an ordinary OPTIONS request)."""
         headers = request.headers
         asked = headers["Access-Control-Request-Method"].strip()
-        rule = self.router.match(asked, segments)
+        rule = self.router.route(asked, path)
         if rule is None:
             return None
         plan = self._plans[rule.index]
@@ -738,7 +745,12 @@ class _Connection(web.RequestHandler):
     """aiohttp's per-connection protocol, answering requests it cannot parse (a header too
     long, too many headers, a broken request line) with the resource error body instead of a
     text page that echoes the request, and logging them without a traceback: they are the
-    client's mistake, and a flood of them must not flood the log."""
+    client's mistake, and a flood of them must not flood the log. They are counted as
+    denials, like every other refusal."""
+
+    def __init__(self, manager: web.Server, metrics: Metrics, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._metrics = metrics
 
     def handle_error(
         self,
@@ -755,6 +767,7 @@ class _Connection(web.RequestHandler):
         )
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent on this connection")
+        self._metrics.unparsable(status)
         response = errors.bad_request(
             "The request could not be parsed (see the limits of this API)."
         )
@@ -764,15 +777,19 @@ class _Connection(web.RequestHandler):
 
 
 class _Server(web.Server):
+    def __init__(self, gateway: Gateway, **kwargs: Any) -> None:
+        super().__init__(gateway.handle, **kwargs)
+        self._metrics = gateway.metrics
+
     def __call__(self) -> web.RequestHandler:
-        return _Connection(self, loop=self._loop, **self._kwargs)
+        return _Connection(self, self._metrics, loop=self._loop, **self._kwargs)
 
 
 def public_server(gateway: Gateway) -> web.Server:
     """A low-level server: no router or middleware between the socket and `handle`."""
     limits = gateway.settings.limits
     return _Server(
-        gateway.handle,
+        gateway,
         # Bounds both an idle keep-alive connection and the time a client has to finish
         # sending a request head (the slowloris case).
         keepalive_timeout=limits.idle_timeout.total_seconds(),

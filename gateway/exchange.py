@@ -52,7 +52,8 @@ class Exchange:
         self.upstream_error: str | None = None  # connect | timeout | broken
 
     def deny(self, reason: str, monitor: bool) -> None:
-        """Record a refusal: enforced, or only noted in monitor mode."""
-        if self.reason is None:
+        """Record a refusal: enforced, or only noted in monitor mode. The first reason
+        stays, unless an enforced refusal follows ones monitor mode only noted."""
+        if self.reason is None or (not monitor and self.decision == WOULD_DENY):
             self.reason = reason
         self.decision = WOULD_DENY if monitor else DENY

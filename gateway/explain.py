@@ -41,11 +41,17 @@ def describe(
     rule: rules.Rule, segments: list[str], settings: Settings, origin: str | None = None
 ) -> list[str]:
     route = rule.settings
-    methods = ", ".join(sorted(route.methods)) if route.methods else "any"
+    methods = ", ".join(sorted(rule.methods)) if rule.methods else "any"
+    if rule.methods != route.methods:
+        methods += " (HEAD goes with GET)"
     lines = [
         f"route: {route.name} ({settings.file}:{route.line})",
         f"  path: {route.path}   methods: {methods}",
     ]
+    if settings.upstream.path_case == "insensitive":
+        lines.append("  letter case: ignored (upstream.path_case: insensitive)")
+    if rule.path_params:
+        lines.append("  path parameters (;): allowed; rules are matched on the path without them")
     params = rule.pattern.bind(segments)
     if params:
         lines.append("  params: " + ", ".join(f"{k}={v}" for k, v in params.items()))
@@ -148,13 +154,21 @@ def explain(
     origin: str | None = None,
 ) -> int:
     path = target.partition("?")[0]
+    router = rules.compile_rules(
+        settings.routes,
+        settings.issuers,
+        fold_case=settings.upstream.path_case == "insensitive",
+    )
+    if "#" in target:
+        print("decision: 400 — the request target must not contain '#'")
+        return 1
     try:
-        segments = rules.split_path(path)
+        rule = router.route(method.upper(), router.read(path))
     except rules.BadPath as exc:
         print(f"decision: 400 — the path is refused: {exc}")
         return 1
-    router = rules.compile_rules(settings.routes, settings.issuers)
-    rule = router.match(method.upper(), segments)
+    # The params as the upstream receives them: decoded, in the client's case.
+    segments = rules.split_path(path)
     if rule is None:
         print(f"no route matches {method.upper()} {path}")
         return _decided("404 not_found (unmatched: deny)", settings.mode == "monitor")

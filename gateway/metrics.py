@@ -3,7 +3,8 @@
 Counted on the request path in plain dicts and lists (a request costs a few dict lookups
 and additions), and turned into metric families by prometheus-client when scraped:
   portcullis_gateway_requests_total{route, method, status, decision}
-  portcullis_gateway_denials_total{route, decision, reason}      deny and would_deny
+  portcullis_gateway_denials_total{route, decision, reason}      deny and would_deny; every
+                                                                   refusal, a refused path too
   portcullis_gateway_request_duration_seconds{route}              histogram, whole exchange
   portcullis_gateway_upstream_duration_seconds{route}             histogram, upstream part
   portcullis_gateway_upstream_errors_total{route, kind}           connect | timeout | broken
@@ -37,7 +38,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .exchange import Exchange
+from .exchange import DENY, UNMATCHED, Exchange
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (
@@ -210,6 +211,12 @@ class Metrics:
             _count(self._upstream_errors, (route, exchange.upstream_error))
         if exchange.reason is not None:
             _count(self._denials, (route, exchange.decision, exchange.reason))
+
+    def unparsable(self, status: int) -> None:
+        """A request refused before it could be read (a broken request line, a header too
+        large): no route, method or exchange, but a denial all the same."""
+        _count(self._requests, (UNMATCHED, "OTHER", status, DENY))
+        _count(self._denials, (UNMATCHED, DENY, "unparsable"))
 
     def rate_limit_rejected(self, route: str, policy: str) -> None:
         _count(self._rate_limited, (route, policy))

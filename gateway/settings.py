@@ -82,6 +82,9 @@ class UpstreamSettings:
     read_timeout: timedelta = timedelta(seconds=30)
     max_connections: int = 256
     preserve_host: bool = False
+    # sensitive: rules compare paths as written; insensitive: in lower case, for upstreams
+    # that serve /Docs and /docs as one resource.
+    path_case: str = "sensitive"
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,7 @@ class RouteSettings:
     rate_limit: LimitRule | Literal[False] | None = None  # None: the default; False: none
     cors: CorsSettings | Literal[False] | None = None  # None: the global cors; False: none
     websocket: WebSocketSettings | None = None  # None: upgrades are not proxied
+    path_params: str = "refuse"  # refuse | allow: requests with `;` path parameters
 
 
 @dataclass(frozen=True)
@@ -342,7 +346,8 @@ def parse(data: LocatedMap, file: str) -> Settings:
         reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
     # Routes with a broken path are already left out, so the rest can be checked now and
     # every problem of the file is reported in one run.
-    for conflict in rules.find_conflicts(settings.routes):
+    fold_case = settings.upstream.path_case == "insensitive"
+    for conflict in rules.find_conflicts(settings.routes, fold_case=fold_case):
         reader.problem(conflict.line, conflict.message)
     reader.raise_if_any()
     return settings
@@ -424,6 +429,9 @@ def _upstream(reader: Reader, top: Section) -> UpstreamSettings | None:
         read_timeout=sec.get("read_timeout", yamlconf.duration, UpstreamSettings.read_timeout),
         max_connections=sec.get("max_connections", yamlconf.integer(1, 100_000), 256),
         preserve_host=sec.get("preserve_host", yamlconf.boolean, False),
+        path_case=sec.get(
+            "path_case", yamlconf.one_of("sensitive", "insensitive"), UpstreamSettings.path_case
+        ),
     )
     sec.finish()
     return result
@@ -794,6 +802,9 @@ def _routes(
             rate_limit=rate_limit,
             cors=cors,
             websocket=route_websocket,
+            path_params=sec.get(
+                "path_params", yamlconf.one_of("refuse", "allow"), RouteSettings.path_params
+            ),
         )
         sec.finish()
         if path is not None:
@@ -1048,6 +1059,16 @@ def _reload(reader: Reader, top: Section) -> ReloadSettings:
     if result.interval < timedelta(milliseconds=10):
         reader.problem(sec.line_of("interval"), "reload.interval: must be at least 10ms")
     return result
+
+
+def warnings(settings: Settings) -> list[str]:
+    """What is valid but likely not meant, as `FILE:LINE: warning: message`."""
+    if settings.upstream.path_case == "insensitive":
+        return []
+    return [
+        f"{settings.file}:{found.line}: warning: {found.message}"
+        for found in rules.find_case_variants(settings.routes)
+    ]
 
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:

@@ -122,6 +122,29 @@ routes:
     assert "unknown key 'colour'" in lines[7]
 
 
+async def test_check_warns_of_a_public_rule_taking_case_variants_of_a_protected_one(
+    tmp_path: Path,
+) -> None:
+    text = explain_config("https://auth.example.com").replace(
+        "  - {name: health, path: /healthz, auth: none}\n",
+        "  - {name: health, path: /healthz, auth: none}\n"
+        '  - {name: internal, path: "/docs/internal/**"}\n'
+        '  - {name: docs, path: "/docs/**", auth: none}\n',
+    )
+    path = write(tmp_path, text)
+    result = await gateway_cli("check", "--config", path)
+    assert (result.code, result.stdout) == (0, f"{path}: OK\n")
+    assert result.stderr == (
+        f"{path}:{line_of(text, 'name: docs')}: warning: route 'docs' (auth: none) takes "
+        "GET /docs/INTERNAL, which differs only in letter case from paths of the protected "
+        f"route 'internal' (line {line_of(text, 'name: internal')}); if the upstream ignores "
+        "case it serves both as one resource: set upstream.path_case: insensitive\n"
+    )
+    ignoring = write(tmp_path, text.replace('9"}', '9", path_case: insensitive}'), "ci.yaml")
+    quiet = await gateway_cli("check", "--config", ignoring)
+    assert (quiet.code, quiet.stdout, quiet.stderr) == (0, f"{ignoring}: OK\n", "")
+
+
 async def test_check_reports_an_unset_environment_variable_with_its_line(tmp_path: Path) -> None:
     text = explain_config("${PORTCULLIS_TEST_ISSUER}")
     path = write(tmp_path, text)
@@ -229,6 +252,46 @@ async def test_explain_of_a_path_that_could_be_read_two_ways_decides_400(
     result = await gateway_cli("explain", "--config", config_path, "GET", "/orders/%2e%2e/x")
     assert result.code == 1
     assert result.stdout == "decision: 400 — the path is refused: dot segments in the path\n"
+
+
+async def test_explain_of_a_path_with_parameters_no_route_allows_decides_400(
+    config_path: str,
+) -> None:
+    result = await gateway_cli("explain", "--config", config_path, "GET", "/orders/1;v=2")
+    assert result.code == 1
+    assert result.stdout == (
+        "decision: 400 — the path is refused: path parameters (;) are not accepted on this route\n"
+    )
+
+
+async def test_explain_shows_that_a_get_rule_takes_head(config_path: str) -> None:
+    text = Path(config_path).read_text()
+    result = await gateway_cli("explain", "--config", config_path, "HEAD", "/orders/7")
+    assert result.code == 0
+    assert result.stdout.splitlines()[:2] == [
+        f"route: orders-read ({config_path}:{line_of(text, 'name: orders-read')})",
+        "  path: /orders/**   methods: GET, HEAD (HEAD goes with GET)",
+    ]
+
+
+async def test_explain_shows_case_folding_and_parameters_and_binds_params_as_sent(
+    tmp_path: Path, issuer: TestIssuer
+) -> None:
+    text = (
+        explain_config(issuer.url)
+        .replace('9"}', '9", path_case: insensitive}')
+        .replace("methods: [PUT]", "methods: [PUT]\n    path_params: allow")
+    )
+    path = write(tmp_path, text)
+    result = await gateway_cli("explain", "--config", path, "PUT", "/ORDERS/Ab;v=2")
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[:5] == [
+        f"route: orders-write ({path}:{line_of(text, 'orders-write')})",
+        "  path: /orders/{id}   methods: PUT",
+        "  letter case: ignored (upstream.path_case: insensitive)",
+        "  path parameters (;): allowed; rules are matched on the path without them",
+        "  params: id=Ab;v=2",
+    ]
 
 
 async def test_explain_with_a_valid_token_verifies_it_against_live_keys_and_forwards(

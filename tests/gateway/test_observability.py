@@ -19,6 +19,8 @@ from tests.support import (
     gateway_yaml,
     header_values,
     issuer_entry,
+    raw_exchange,
+    raw_request,
     read_json_lines,
     running_gateway,
     sample,
@@ -145,6 +147,47 @@ async def test_a_method_a_client_made_up_is_counted_as_other(issuer, upstream, c
         == 3
     )
     assert not any("PROPFIND" in str(labels) for _, labels in samples)
+
+
+async def test_refused_paths_and_other_early_refusals_are_counted_as_denials_with_a_reason(
+    issuer, upstream
+):
+    probes = [
+        (raw_request("GET", "/public/a/../../orders/1"), "path_traversal"),
+        (raw_request("GET", "/public/%2e%2e/orders/1"), "path_traversal"),
+        (raw_request("GET", "/public/..;/orders/1"), "path_traversal"),
+        (raw_request("GET", "/public/a%2Fb"), "encoded_separator"),
+        (raw_request("GET", "/public//orders"), "empty_segment"),
+        (raw_request("GET", "/public/%00"), "control_character"),
+        (raw_request("GET", "/public/%ff"), "bad_encoding"),
+        (raw_request("GET", "/public/orders;x=1/1"), "path_parameters"),
+        (raw_request("GET", "/public/x#/../orders/1"), "fragment"),
+        (raw_request("POST", "/tiny/x", [("Content-Length", "5000")]), "body_too_large"),
+        (b"GET /public/x HTTP/1.1\r\nHost: a\r\nX-Big: " + b"x" * 20_000 + b"\r\n\r\n", None),
+    ]
+    tiny = '  - {name: tiny, path: "/tiny/**", auth: none, max_body_size: 1KiB}\n'
+    async with running_gateway(gateway_yaml(issuer.url, upstream.url, tiny)) as gateway:
+        statuses = [(await raw_exchange(gateway.url, probe)).status for probe, _ in probes]
+        samples = await scrape(gateway.admin_url)
+    assert statuses == [400] * (len(probes) - 2) + [413, 400]
+    assert upstream.requests == []
+    requests = "portcullis_gateway_requests_total"
+    denials = "portcullis_gateway_denials_total"
+    # None is counted as allowed: every refusal is a denial, with the reason it was refused.
+    assert not [
+        labels
+        for (name, labels), _ in samples.items()
+        if name == requests and ("decision", "allow") in labels
+    ]
+    assert sample(samples, requests, route="-", method="GET", status="400", decision="deny") == 9
+    assert (
+        sample(samples, requests, route="tiny", method="POST", status="413", decision="deny") == 1
+    )
+    assert sample(samples, denials, route="-", decision="deny", reason="path_traversal") == 3
+    for _, reason in probes[3:-2]:
+        assert sample(samples, denials, route="-", decision="deny", reason=reason) == 1, reason
+    assert sample(samples, denials, route="tiny", decision="deny", reason="body_too_large") == 1
+    assert sample(samples, denials, route="-", decision="deny", reason="unparsable") == 1
 
 
 # ---------------------------------------------------------------------------- access log

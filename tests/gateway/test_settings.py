@@ -262,7 +262,7 @@ def test_unknown_key_message_names_the_keys_that_are_known() -> None:
     found = problems(config(routes="  - {name: r, path: /**, scope: {any: [a]}}\n"))
     assert found == [
         f"{FILE}:5: route 'r': unknown key 'scope'; known keys: audience, auth, cors, issuers, "
-        "max_body_size, methods, mode, name, path, rate_limit, scopes, websocket"
+        "max_body_size, methods, mode, name, path, path_params, rate_limit, scopes, websocket"
     ]
 
 
@@ -577,6 +577,71 @@ def test_shadowed_and_duplicate_routes_are_refused_with_both_lines() -> None:
     ]
 
 
+def test_a_rule_naming_get_shadows_a_later_head_rule() -> None:
+    routes = (
+        "  - {name: read, path: /orders/**, methods: [GET]}\n"
+        "  - {name: peek, path: /orders/**, methods: [HEAD]}\n"
+    )
+    assert "route 'peek' is shadowed by route 'read' (line 5)" in problems(config(routes))[0]
+
+
+def test_path_case_and_path_params_take_their_values_and_default_to_the_strict_ones() -> None:
+    loaded = settings.load_text(
+        config(
+            routes="  - {name: m, path: /m/**, path_params: allow}\n  - {name: rest, path: /**}\n"
+        ).replace('8081"}', '8081", path_case: insensitive}'),
+        FILE,
+        {},
+    )
+    assert loaded.upstream.path_case == "insensitive"
+    assert [r.path_params for r in loaded.routes] == ["allow", "refuse"]
+    default = settings.load_text(config(), FILE, {})
+    assert default.upstream.path_case == "sensitive"
+    assert default.routes[0].path_params == "refuse"
+
+
+def test_bad_path_case_and_path_params_values_are_refused_on_their_lines() -> None:
+    text = config(routes="  - {name: r, path: /**, path_params: strip}\n").replace(
+        '8081"}', '8081", path_case: lower}'
+    )
+    assert problems(text) == [
+        f"{FILE}:1: upstream.path_case: 'lower' is not one of sensitive, insensitive",
+        f"{FILE}:5: route 'r'.path_params: 'strip' is not one of refuse, allow",
+    ]
+
+
+def test_with_case_ignored_rules_differing_only_in_case_are_duplicates() -> None:
+    routes = "  - {name: upper, path: /Admin/**}\n  - {name: lower, path: /admin/**}\n"
+    assert settings.load_text(config(routes), FILE, {}).routes[1].name == "lower"
+    text = config(routes).replace('8081"}', '8081", path_case: insensitive}')
+    assert [p.split("): ")[0] + ")" for p in problems(text)] == [
+        f"{FILE}:6: route 'lower' duplicates route 'upper' (line 5)"
+    ]
+
+
+def test_a_template_with_a_semicolon_is_refused_as_unreachable() -> None:
+    found = problems(config(routes='  - {name: r, path: "/a;v=1"}\n'))
+    assert len(found) == 1
+    assert found[0].startswith(f"{FILE}:5: route 'r'.path: ")
+    assert "holds ';'" in found[0]
+
+
+def test_warnings_name_a_public_rule_that_takes_case_variants_of_a_protected_one() -> None:
+    routes = (
+        "  - {name: internal, path: /docs/internal/**}\n"
+        "  - {name: docs, path: /docs/**, auth: none}\n"
+    )
+    loaded = settings.load_text(config(routes), FILE, {})
+    assert settings.warnings(loaded) == [
+        f"{FILE}:6: warning: route 'docs' (auth: none) takes GET /docs/INTERNAL, which differs "
+        "only in letter case from paths of the protected route 'internal' (line 5); if the "
+        "upstream ignores case it serves both as one resource: set upstream.path_case: "
+        "insensitive"
+    ]
+    ignoring = config(routes).replace('8081"}', '8081", path_case: insensitive}')
+    assert settings.warnings(settings.load_text(ignoring, FILE, {})) == []
+
+
 def test_route_conflicts_are_reported_together_with_other_problems() -> None:
     routes = "  - {name: a, path: /a/**}\n  - {name: b, path: /a/b}\n"
     found = problems(config(routes, extra="workers: 0\n"))
@@ -610,5 +675,5 @@ def test_check_lists_every_problem_as_file_line_message(tmp_path: Path) -> None:
     assert settings.check(str(path), {}) == [
         f"{path}:4: config.workers: expected an integer, got str 'x'",
         f"{path}:6: route 'r': unknown key 'colour'; known keys: audience, auth, cors, issuers, "
-        "max_body_size, methods, mode, name, path, rate_limit, scopes, websocket",
+        "max_body_size, methods, mode, name, path, path_params, rate_limit, scopes, websocket",
     ]
