@@ -7,7 +7,7 @@ and additions), and turned into metric families by prometheus-client when scrape
                                                                    refusal, a refused path too
   portcullis_gateway_request_duration_seconds{route}              histogram, whole exchange
   portcullis_gateway_upstream_duration_seconds{route}             histogram, upstream part
-  portcullis_gateway_upstream_errors_total{route, kind}           connect | timeout | broken
+  portcullis_gateway_upstream_errors_total{route, kind}           connect | timeout | broken | busy
   portcullis_gateway_rate_limit_rejections_total{route, policy}
   portcullis_gateway_config_reloads_total{result}                 applied | rejected
 Read from the live state at scrape time (no cost per request):
@@ -278,7 +278,7 @@ class _RequestCollector(Collector):
         tables: tuple[tuple[str, str, list[str], dict[tuple[str, str], int]], ...] = (
             (
                 "upstream_errors",
-                "Upstream exchanges that failed, by kind (connect, timeout, broken).",
+                "Upstream exchanges that failed, by kind (connect, timeout, broken, busy).",
                 ["route", "kind"],
                 m._upstream_errors,
             ),

@@ -85,6 +85,8 @@ class UpstreamSettings:
     # sensitive: rules compare paths as written; insensitive: in lower case, for upstreams
     # that serve /Docs and /docs as one resource.
     path_case: str = "sensitive"
+    # How long a request waits for a free pooled connection before 503 (all are in use).
+    pool_timeout: timedelta = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,9 @@ class ForwardSettings:
     request_id_header: str = "X-Request-Id"
     buffer_size: int = 64 * 1024  # bodies with a Content-Length up to this are sent in one piece
     traceparent: bool = True  # W3C Trace Context: propagated upstream, created when absent
+    # X-HTTP-Method-Override and its kin are dropped: a route's methods are checked on the
+    # method the gateway saw, and an upstream honouring the header would run another one.
+    strip_method_override: bool = True
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,10 @@ class Limits:
     max_headers: int = 100
     max_body_size: int | None = None
     idle_timeout: timedelta = timedelta(seconds=60)
-    body_timeout: timedelta = timedelta(seconds=30)
+    body_timeout: timedelta = timedelta(seconds=30)  # the longest pause inside a body
+    body_total_timeout: timedelta = timedelta(minutes=5)  # the whole body, however it trickles
+    max_bodies_per_client: int = 32  # bodies arriving at once from one address; 0: no cap
+    max_connections: int = 10_000  # client connections per process; more are closed at once
 
 
 @dataclass(frozen=True)
@@ -264,6 +272,7 @@ class RouteSettings:
     cors: CorsSettings | Literal[False] | None = None  # None: the global cors; False: none
     websocket: WebSocketSettings | None = None  # None: upgrades are not proxied
     path_params: str = "refuse"  # refuse | allow: requests with `;` path parameters
+    allow_body_on_get: bool = False  # a body on GET or HEAD is refused (400) unless true
 
 
 @dataclass(frozen=True)
@@ -432,8 +441,11 @@ def _upstream(reader: Reader, top: Section) -> UpstreamSettings | None:
         path_case=sec.get(
             "path_case", yamlconf.one_of("sensitive", "insensitive"), UpstreamSettings.path_case
         ),
+        pool_timeout=sec.get("pool_timeout", yamlconf.duration, UpstreamSettings.pool_timeout),
     )
     sec.finish()
+    if result.pool_timeout <= timedelta(0):
+        reader.problem(sec.line_of("pool_timeout"), "upstream.pool_timeout: must be more than 0s")
     return result
 
 
@@ -636,6 +648,9 @@ def _forward(reader: Reader, top: Section) -> ForwardSettings:
         request_id_header=sec.get("request_id_header", _header_name, d.request_id_header),
         buffer_size=sec.get("buffer_size", yamlconf.size, d.buffer_size),
         traceparent=sec.get("traceparent", yamlconf.boolean, d.traceparent),
+        strip_method_override=sec.get(
+            "strip_method_override", yamlconf.boolean, d.strip_method_override
+        ),
     )
     sec.finish()
     return result
@@ -653,8 +668,19 @@ def _limits(reader: Reader, top: Section) -> Limits:
         max_body_size=sec.get("max_body_size", yamlconf.size, None),
         idle_timeout=sec.get("idle_timeout", yamlconf.duration, d.idle_timeout),
         body_timeout=sec.get("body_timeout", yamlconf.duration, d.body_timeout),
+        body_total_timeout=sec.get("body_total_timeout", yamlconf.duration, d.body_total_timeout),
+        max_bodies_per_client=sec.get(
+            "max_bodies_per_client", yamlconf.integer(0, 1_000_000), d.max_bodies_per_client
+        ),
+        max_connections=sec.get(
+            "max_connections", yamlconf.integer(1, 10_000_000), d.max_connections
+        ),
     )
     sec.finish()
+    if result.body_total_timeout <= timedelta(0):
+        reader.problem(
+            sec.line_of("body_total_timeout"), "limits.body_total_timeout: must be more than 0s"
+        )
     return result
 
 
@@ -805,6 +831,7 @@ def _routes(
             path_params=sec.get(
                 "path_params", yamlconf.one_of("refuse", "allow"), RouteSettings.path_params
             ),
+            allow_body_on_get=sec.get("allow_body_on_get", yamlconf.boolean, False),
         )
         sec.finish()
         if path is not None:
