@@ -6,9 +6,11 @@ discovery document), fetches the keys at start-up and again when the response's
 backoff when a fetch fails while the last good keys keep serving (stale-if-error).
 
 The request path only reads memory. The one exception is a token whose `kid` is not in the
-set: it may trigger `refetch_for_unknown_kid`, which fetches at most once per cool-down and
-shares a fetch in flight among all callers, so a flood of made-up kids cannot hammer the
-issuer.
+set: it may trigger `refetch_for_unknown_kid`, which shares a fetch in flight among all
+callers and fetches at most once per cool-down, so a flood of made-up kids cannot hammer the
+issuer. Only such refetches count towards the cool-down: a key the issuer starts signing with
+right after the start-up or a scheduled fetch is fetched at once, once MIN_REFETCH_GAP has
+passed since that fetch.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ FIRST_RETRY = timedelta(milliseconds=500)  # after a failed fetch; doubles up to
 # No schedule fetches more often than this, even when min_ttl or max_backoff is 0s: a key
 # set refreshed in a loop would hammer the issuer and gain nothing.
 MIN_INTERVAL = timedelta(milliseconds=50)
+# No refetch for an unknown kid this soon after any fetch (or within the cool-down, when that
+# is shorter): the set just fetched is the issuer's current one.
+MIN_REFETCH_GAP = timedelta(seconds=1)
 
 # alg -> (kty, curves allowed); RFC 7518 §3.4 ties ES256/384/512 to one curve each.
 KEY_TYPE_OF_ALG: Mapping[str, tuple[str, frozenset[str] | None]] = {
@@ -209,6 +214,7 @@ class KeySet:
         self.failures = 0
         self.last_error: str | None = None
         self._last_attempt = -float("inf")  # monotonic time of the last fetch start
+        self._last_kid_refetch = -float("inf")  # ... of the last one an unknown kid started
         self._next_refresh = 0.0
         self._inflight: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -233,12 +239,18 @@ class KeySet:
         return kid in self._keys if kid is not None else bool(self._all)
 
     async def refetch_for_unknown_kid(self) -> None:
-        """Refresh once for a kid not in the set, unless a fetch ran within the cool-down."""
+        """Refresh for a kid not in the set, or join the fetch in flight; nothing when an
+        unknown kid refetched within the cool-down or any fetch started within the gap."""
         if self._inflight is not None:
             await asyncio.shield(self._inflight)
             return
-        if time.monotonic() - self._last_attempt < self.settings.refetch_cooldown.total_seconds():
+        now = time.monotonic()
+        cooldown = self.settings.refetch_cooldown.total_seconds()
+        if now - self._last_kid_refetch < cooldown:
             return
+        if now - self._last_attempt < min(MIN_REFETCH_GAP.total_seconds(), cooldown):
+            return
+        self._last_kid_refetch = now
         await self.refresh()
 
     # ------------------------------------------------------------------ lifecycle
