@@ -82,7 +82,6 @@ _METHOD_OVERRIDE = frozenset({"x-http-method-override", "x-method-override", "x-
 # request on the connection.
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-_VISIBLE_ASCII = re.compile(r"[\x20-\x7E]*")
 # What a Host header may hold (RFC 9110 §7.2: uri-host [":" port]), narrowed to the names and
 # addresses in real use, so it can be written into Forwarded without breaking its syntax.
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
@@ -102,18 +101,52 @@ _EXPIRED_CLOSE = 1008  # RFC 6455 §7.4.1: policy violation
 _WS_GOING_AWAY = 1001
 _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
+# A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
+# (servers strip them at either end: RFC 9110 §5.5), not starting with `"` (the JSON form).
+_BARE_STRING = re.compile(r"[\x21\x23-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?")
+# Strings a JSON reader would take for another kind of value: RFC 8259 §3 literals and §6
+# numbers, and the NaN/Infinity that lenient readers (Python's json) accept.
+_JSON_SCALAR = re.compile(
+    r"true|false|null|NaN|-?Infinity|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+)
 
 
 def header_value(value: Any) -> str:
-    """A claim as a header value that can be neither injected into nor misread.
+    """A claim (any JSON value) as a header value that can be neither injected into nor misread.
 
-    Printable ASCII strings pass as they are; other strings, numbers, booleans, arrays and
-    objects are JSON with non-ASCII escaped, so CR/LF and non-Latin-1 text never reach the wire.
-    The whole string must be printable: `re.match` with `$` would let a trailing newline by.
+    The value's compact JSON (RFC 8259) with everything but visible ASCII escaped, except a
+    string no JSON reader could take for JSON — visible ASCII, no space at either end, not a
+    number, `true`, `false` or `null`, not starting with `"`, `[` or `{` — which goes as it
+    is. So the upstream reads every value back exactly: JSON when the header parses as JSON,
+    else the text itself; `5` and `"5"`, `true` and `"true"`, `é` and `"\\u00e9"` stay apart.
     """
-    if isinstance(value, str) and _VISIBLE_ASCII.fullmatch(value):
+    if (
+        isinstance(value, str)
+        and _BARE_STRING.fullmatch(value)
+        and value[0] not in "[{"
+        and not _JSON_SCALAR.fullmatch(value)
+    ):
         return value
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return _json_header_value(value)
+
+
+def string_header_value(text: str) -> str:
+    """A value that is always a string (subject, client id, issuer, scope) as a header value.
+
+    As it is when visible ASCII with no space at either end and no leading `"`, else a JSON
+    string: the upstream reads it back exactly (a JSON string when it starts with `"`, else
+    the text itself), and a numeric subject stays `248289761001`.
+    """
+    if _BARE_STRING.fullmatch(text):
+        return text
+    return _json_header_value(text)
+
+
+def _json_header_value(value: Any) -> str:
+    # ensure_ascii escapes control characters and non-ASCII, so CR/LF and non-Latin-1 text
+    # never reach the wire; DEL is ASCII yet no field-vchar (RFC 9110 §5.5), so it is escaped
+    # too (it can only stand inside a JSON string).
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":")).replace("\x7f", "\\u007f")
 
 
 _CONNECTION_MEMO: dict[str, frozenset[str]] = {}
@@ -328,11 +361,13 @@ class Forwarder:
     def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
         """The identity headers of a principal; computed once per verified token."""
         ids = self.identity
-        headers = [(ids.subject, header_value(principal.subject))]
+        headers = [(ids.subject, string_header_value(principal.subject))]
         if principal.client_id is not None:
-            headers.append((ids.client_id, header_value(principal.client_id)))
-        headers.append((ids.scopes, " ".join(header_value(s) for s in sorted(principal.scopes))))
-        headers.append((ids.issuer, header_value(principal.issuer)))
+            headers.append((ids.client_id, string_header_value(principal.client_id)))
+        # Scopes are RFC 6749 §3.3 scope tokens (the verifiers refuse others): no spaces.
+        scopes = " ".join(string_header_value(s) for s in sorted(principal.scopes))
+        headers.append((ids.scopes, scopes))
+        headers.append((ids.issuer, string_header_value(principal.issuer)))
         for header, claim in ids.claims:
             claim_value = principal.claims.get(claim)
             if claim_value is not None:

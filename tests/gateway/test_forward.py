@@ -20,9 +20,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.forward import header_value, string_header_value
 from tests.support import (
     RawConnection,
     RunningGateway,
@@ -213,6 +216,140 @@ async def test_claims_with_line_breaks_or_non_ascii_cannot_inject_a_header(
         assert all(0x20 <= ord(c) < 0x7F for c in sent)
         assert json.loads(sent) == value  # nothing lost: the upstream can decode it
     assert len(upstream.requests) == 1
+
+
+# The reading the README gives upstreams for each kind of identity header.
+
+
+def read_string_header(text: str) -> str:
+    """X-Auth-Subject, -Client-Id, -Issuer: a JSON string when it starts with `"`, else as is."""
+    if text.startswith('"'):
+        value = json.loads(text)
+        assert isinstance(value, str)
+        return value
+    return text
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def read_claim_header(text: str) -> Any:
+    """A claim header: the JSON value when the text is JSON (RFC 8259), else the text."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except ValueError:
+        return text
+
+
+def canonical(value: Any) -> str:
+    """One spelling per JSON value, types kept apart (1 vs 1.0 vs true)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=True)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("é", '"\\u00e9"'),  # é, and the 8 characters "\u00e9" in quotes
+        ('"alice"', "alice"),
+        ("alice ", "alice"),  # a server strips the trailing space of a field value
+        (" alice", "alice"),
+        ("a\tb", '"a\\tb"'),
+    ],
+    ids=["escaped-look-alike", "quoted", "trailing-space", "leading-space", "tab"],
+)
+async def test_distinct_subjects_never_reach_the_upstream_as_the_same_header(
+    gateway, issuer, upstream, client, first, second
+):
+    received = []
+    for subject in (first, second):
+        async with client.get(
+            gateway.url + "/orders/1", headers=bearer(issuer.token(sub=subject))
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            [sent] = header_values(await resp.json(), "X-Auth-Subject")
+        received.append(sent)
+    assert received[0] != received[1]
+    assert [read_string_header(r) for r in received] == [first, second]
+
+
+async def test_distinct_claim_values_never_reach_the_upstream_as_the_same_header(
+    claims_gateway, issuer, client
+):
+    values: list[Any] = [
+        5, "5", 5.0, True, "true", False, "false", "null",
+        [1], "[1]", {"a": 1}, '{"a":1}', "é", '"\\u00e9"', "", '""', "-1", -1, "1e3", 1000.0,
+        "plain text", " padded ", "NaN", "\x7f",
+    ]  # fmt: skip
+    received = []
+    for value in values:
+        async with client.get(
+            claims_gateway.url + "/orders/1", headers=bearer(issuer.token(level=value))
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            [sent] = header_values(await resp.json(), "X-Auth-Level")
+        received.append(sent)
+        assert all(0x20 <= ord(c) < 0x7F for c in sent), sent
+        assert canonical(read_claim_header(sent)) == canonical(value), (value, sent)
+    assert len(set(received)) == len(values), list(zip(values, received, strict=True))
+    # Strings that cannot be read as JSON go as they are; the others as they always did.
+    assert received[values.index("plain text")] == "plain text"
+    assert received[values.index(5)] == "5"
+    assert received[values.index("5")] == '"5"'
+
+
+TRICKY_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7F), max_size=12),
+    st.sampled_from(
+        ["", " ", "5", "-0", "1e5", "0.5", "true", "false", "null", "NaN", "Infinity", "-Infinity",
+         '"', '""', '"x"', "[", "[1]", "{", "{}", " a", "a ", "\x7f", "é", '"\\u00e9"', "01"]
+    ),
+)  # fmt: skip
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _assert_field_value(sent: str) -> None:
+    """Visible ASCII, inner spaces only (RFC 9110 §5.5): nothing a server would trim or refuse."""
+    assert sent
+    assert all(0x20 <= ord(c) < 0x7F for c in sent), sent
+    assert sent == sent.strip(" \t"), sent
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=JSON_VALUES)
+def test_every_claim_value_is_sent_as_a_field_value_the_upstream_reads_back_exactly(value):
+    sent = header_value(value)
+    _assert_field_value(sent)
+    assert canonical(read_claim_header(sent)) == canonical(value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    first=JSON_VALUES,
+    second=JSON_VALUES | JSON_VALUES.map(canonical) | JSON_VALUES.map(str),
+)
+def test_distinct_claim_values_never_give_the_same_header_value(first, second):
+    if canonical(first) != canonical(second):
+        assert header_value(first) != header_value(second)
+
+
+@settings(max_examples=500, deadline=None)
+@given(first=TRICKY_TEXT, second=TRICKY_TEXT | TRICKY_TEXT.map(json.dumps))
+def test_distinct_strings_never_give_the_same_subject_header(first, second):
+    for text in (first, second):
+        _assert_field_value(string_header_value(text))
+        assert read_string_header(string_header_value(text)) == text
+    if first != second:
+        assert string_header_value(first) != string_header_value(second)
 
 
 # ---------------------------------------------------------------------------- hop-by-hop
