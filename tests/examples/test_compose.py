@@ -212,3 +212,18 @@ def test_the_scaled_setup_shares_rate_limits_through_its_redis():
     assert "authserver-2" not in scaled["services"]
     readme = (compose.COMPOSE_DIR / "README.md").read_text()
     assert "PostgreSQL" in readme
+
+
+def test_the_three_commands_are_the_same_wherever_they_are_given():
+    commands = [
+        "docker build -t portcullis .",
+        'cd examples/compose && echo "MACHINE_CLIENT_SECRET=$(openssl rand -hex 32)" > .env',
+        "docker compose up -d",
+    ]
+    for path in (ROOT / "README.md", compose.COMPOSE_DIR / "README.md"):
+        text = path.read_text()
+        assert all(command in text for command in commands), path
+    header = (compose.COMPOSE_DIR / compose.BASE).read_text()
+    assert all(f"#   {command}" in header for command in commands)
+    # The tag those commands build is the image the services run.
+    assert f"-t {IMAGE_TAG} ." in commands[0]
