@@ -185,6 +185,13 @@ def build(root: Path) -> Image:
     etc.mkdir(parents=True)
     state.mkdir(parents=True)
     state.chmod(0o700)
+    # As in the image: the code is root's and readable by everyone, whatever the umask here.
+    for directory, _, files in os.walk(root / "opt"):
+        Path(directory).chmod(0o755)
+        for name in files:
+            path = Path(directory, name)
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | 0o444)
     uid = None
     if can_switch_user():
         uid, gid = image_user()
