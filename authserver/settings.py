@@ -197,6 +197,10 @@ class Settings:
     users: tuple[UserSettings, ...] = ()
     clients: tuple[ClientSettings, ...] = ()
     log_level: str = "info"
+    # /healthz, /readyz and /metrics: for probes and scrapers, apart from the public listener.
+    admin_listen: Address = Address("127.0.0.1", 9902)
+    # The longest a private_key_jwt assertion may live (exp - now); each jti is kept that long.
+    client_assertion_max_lifetime: timedelta = timedelta(hours=1)
 
     @property
     def id_token_algs(self) -> list[str]:
@@ -291,7 +295,15 @@ def parse(data: LocatedMap, file: str) -> Settings:
         log_level=top.get(
             "log_level", yamlconf.one_of("debug", "info", "warning", "error"), "info"
         ),
+        admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
+        client_assertion_max_lifetime=top.get(
+            "client_assertion_max_lifetime",
+            _assertion_lifetime,
+            Settings.client_assertion_max_lifetime,
+        ),
     )
+    if settings.admin_listen == settings.listen:
+        reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
     top.finish()
     reader.raise_if_any()
     return settings
@@ -333,6 +345,13 @@ def _address(value: Any) -> Address:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
         raise ValueError(f"{text!r} is not host:port")
     return Address(host.strip("[]"), int(port))
+
+
+def _assertion_lifetime(value: Any) -> timedelta:
+    lifetime = yamlconf.duration(value)
+    if not timedelta(seconds=1) <= lifetime <= timedelta(days=1):
+        raise ValueError("between 1s and 1d: each assertion's jti is kept that long")
+    return lifetime
 
 
 def _grace(value: Any) -> timedelta:
