@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
+import logging.handlers
 import sys
 import time
 from dataclasses import asdict
 
+from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
 from . import settings as settings_module
@@ -17,9 +20,13 @@ from . import users
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis-authserver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="serve the authorization server")
     run.add_argument("--config", required=True)
+    run.add_argument(
+        "--debug", action="store_true", help="print the traceback when the server cannot start"
+    )
     check = commands.add_parser("check", help="validate a config file, print every problem")
     check.add_argument("--config", required=True)
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
@@ -66,13 +73,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: OK")
         return 0
 
+    # What loading logs (a plain-text password's warning) is held back, so that the first
+    # line a running server logs is the one with its version.
+    held = logging.handlers.BufferingHandler(capacity=1000)
+    logging.getLogger().addHandler(held)
     try:
         settings = settings_module.load(args.config)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    finally:
+        logging.getLogger().removeHandler(held)
     if args.command == "keys":
+        _replay(held)
         return _keys(args, settings)
     # The server's imports (aiohttp, uvloop) only when serving: the other commands start fast.
     from portcullis import runtime
@@ -80,9 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     from .app import serve
 
     runtime.configure_logging(settings.log_level)
+    log = logging.getLogger("portcullis.authserver")
+    log.info("starting", extra={"version": version(), "config": args.config})
+    _replay(held)
+    return runtime.run_service(serve(settings), debug=args.debug)
 
-    runtime.run(serve(settings))
-    return 0
+
+def _replay(held: logging.handlers.BufferingHandler) -> None:
+    for record in held.buffer:
+        logging.getLogger(record.name).handle(record)
 
 
 def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:

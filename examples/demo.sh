@@ -21,6 +21,7 @@
 #                         a fresh temporary directory per run)
 #   DEMO_GATEWAY_PORT 8080   DEMO_ADMIN_PORT 9901   DEMO_API_PORT 8081
 #   DEMO_AUTH_PORT    9000   DEMO_WEB_PORT   8082   DEMO_SPA_PORT 8083
+#   DEMO_AUTH_ADMIN_PORT 9902
 #   DEMO_MACHINE_SECRET, DEMO_WEB_SECRET   the demo clients' secrets (published demo values
 #                         by default; config/authserver.yaml reads the same variables)
 #   DEMO_START_TIMEOUT    seconds each process gets to become ready (20)
@@ -57,6 +58,7 @@ export DEMO_API_PORT=${DEMO_API_PORT:-8081}
 export DEMO_AUTH_PORT=${DEMO_AUTH_PORT:-9000}
 export DEMO_WEB_PORT=${DEMO_WEB_PORT:-8082}
 export DEMO_SPA_PORT=${DEMO_SPA_PORT:-8083}
+export DEMO_AUTH_ADMIN_PORT=${DEMO_AUTH_ADMIN_PORT:-9902}
 export DEMO_MACHINE_SECRET=${DEMO_MACHINE_SECRET:-demo-machine-secret-not-for-production-use}
 export DEMO_WEB_SECRET=${DEMO_WEB_SECRET:-demo-web-secret-not-for-production-use}
 # The demo user, as config/authserver.yaml has them (only the password's hash is there).
@@ -99,7 +101,8 @@ with socket.socket() as s:
 EOF
 }
 
-for var in DEMO_GATEWAY_PORT DEMO_ADMIN_PORT DEMO_API_PORT DEMO_AUTH_PORT DEMO_WEB_PORT DEMO_SPA_PORT; do
+for var in DEMO_GATEWAY_PORT DEMO_ADMIN_PORT DEMO_API_PORT DEMO_AUTH_PORT DEMO_WEB_PORT \
+    DEMO_SPA_PORT DEMO_AUTH_ADMIN_PORT; do
     port_free "${!var}" || die "port ${!var} is in use; choose another with $var=..."
 done
 

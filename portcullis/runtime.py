@@ -1,7 +1,10 @@
 """Process runtime shared by both services: event loop, JSON-lines logging, serving, shutdown.
 
 `serve()` runs aiohttp applications until SIGTERM or SIGINT, then stops accepting, lets
-in-flight requests finish within a grace period, and closes.
+in-flight requests finish within a grace period, and closes. What keeps a service from
+starting (a port in use, a file it cannot read, a store it cannot reach) becomes a
+`StartupError`: `run_service` prints its one line and the command exits 1, without a
+traceback unless asked for one.
 """
 
 from __future__ import annotations
@@ -9,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -69,6 +74,62 @@ def settle_memory() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
+class StartupError(Exception):
+    """What kept the service from starting, in one line for the operator: what and why."""
+
+
+def describe(error: BaseException) -> str:
+    """A one-line account of an error met while starting."""
+    if isinstance(error, StartupError):
+        return str(error)
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"cannot use {error.filename}: {reason(error)}"
+    return f"cannot start: {type(error).__name__}: {error}"
+
+
+def reason(error: OSError) -> str:
+    """The system's words for an OSError, without the details asyncio wraps around them."""
+    if error.errno is not None and error.errno > 0:
+        return os.strerror(error.errno).lower()
+    return str(error.strerror or error).lower()
+
+
+def _startup_error(error: Exception, listener: Listener | None) -> StartupError:
+    # An errno without a file name, while a listener starts, is the bind failing.
+    if (
+        listener is not None
+        and isinstance(error, OSError)
+        and error.errno is not None
+        and error.filename is None
+    ):
+        return StartupError(f"cannot listen on {listener.host}:{listener.port}: {reason(error)}")
+    return StartupError(describe(error))
+
+
+def print_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_service(
+    main: Coroutine[Any, Any, None],
+    *,
+    debug: bool = False,
+    report: Callable[[str], None] = print_line,
+) -> int:
+    """Run a service until it stops: 0, or 1 once `report` was given the one line saying
+    what kept it from starting (with `debug`, the traceback is printed before it)."""
+    try:
+        run(main)
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were in place
+        return 130
+    except Exception as error:
+        if debug:
+            traceback.print_exception(error, file=sys.stderr)
+        report(describe(error))
+        return 1
+    return 0
+
+
 def run(main: Coroutine[Any, Any, None]) -> None:
     """Run `main` on uvloop when it is installed, else on the standard event loop."""
     try:
@@ -109,8 +170,11 @@ async def serve(
     if on_reload is not None:
         loop.add_signal_handler(signal.SIGHUP, on_reload)
     runners: list[web.BaseRunner] = []
+    starting: Listener | None = None  # the listener being set up, for start-up errors
+    serving = False
     try:
         for listener in listeners:
+            starting = listener
             runner: web.BaseRunner
             if isinstance(listener.app, web.Server):
                 runner = web.ServerRunner(listener.app, shutdown_timeout=grace.total_seconds())
@@ -125,10 +189,15 @@ async def serve(
             log.info("listening", extra={"listener": listener.name, "address": site.name})
         if started is not None:
             await started()
+        serving = True
         await stop.wait()
         log.info("draining", extra={"grace_seconds": grace.total_seconds()})
         if on_draining is not None:
             on_draining()
+    except Exception as error:
+        if serving or isinstance(error, StartupError):
+            raise
+        raise _startup_error(error, starting) from error
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import jinja2
@@ -18,11 +18,15 @@ from portcullis.addresses import ClientAddresses
 from ..clients import ClientAuthError
 from ..grants.base import Registry
 from ..keys import KeyRing
+from ..metrics import Metrics
 from ..protocol.errors import OAuthError, invalid_request
 from ..sessions import Sessions
 from ..settings import Settings
 from ..store.base import Store
 from ..tokens import Minter
+
+if TYPE_CHECKING:
+    from .discovery import Document
 
 FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 64 * 1024
@@ -93,6 +97,8 @@ class Services:
     pages: jinja2.Environment
     base_path: str  # the issuer's path, prefix of every endpoint
     addresses: ClientAddresses  # who the client is, behind the trusted proxies
+    metrics: Metrics
+    discovery: Document  # the metadata document, built from `settings`
 
     def client_address(self, request: web.Request) -> str:
         """The address the throttles count a request under: the socket peer, or the client
@@ -103,11 +109,22 @@ class Services:
         return self.settings.issuer + path
 
 
-SERVICES = web.AppKey("services", Services)
+@dataclass
+class Live:
+    """The Services in force. A configuration reload replaces `services` whole; a request
+    reads it once, when it starts, and finishes on what it got."""
+
+    services: Services | None = None  # None until the server has started
+
+
+LIVE = web.AppKey("live", Live)
 
 
 def services(request: web.Request) -> Services:
-    return request.app[SERVICES]
+    current = request.app[LIVE].services
+    if current is None:
+        raise RuntimeError("the authorization server has not started")
+    return current
 
 
 def page_environment() -> jinja2.Environment:

@@ -94,14 +94,13 @@ def not_modified(request: web.Request, etag: str) -> bool:
     return False
 
 
-DISCOVERY = web.AppKey("discovery", Document)
 # The JWKS response's Cache-Control, from keys.jwks_max_age: the time keys.publish_ahead is
 # measured against.
 JWKS_CACHE_CONTROL = web.AppKey("jwks_cache_control", str)
 
 
 async def discovery(request: web.Request) -> web.Response:
-    return request.app[DISCOVERY].respond(request)
+    return services(request).discovery.respond(request)
 
 
 async def jwks(request: web.Request) -> web.Response:

@@ -84,6 +84,7 @@ async def check_password(
         (limits.at_address, limits.address, limits.username), now
     )
     if refused is not None:
+        svc.metrics.login_throttled()
         log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
         return Throttled(max(1, int(refused.retry_after)))
     user = svc.settings.user(username)
@@ -93,6 +94,7 @@ async def check_password(
         users.verify_password, password, user.password_hash if user else users.dummy_hash()
     )
     if user is None or not ok:
+        svc.metrics.login_failed()
         return None  # the attempt stays charged: it was a failure
     await svc.store.clear_failures(limits.at_address.key)
     await svc.store.release_attempt((limits.address.key, limits.username.key), now)

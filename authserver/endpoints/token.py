@@ -39,6 +39,7 @@ async def token(request: web.Request) -> web.Response:
                 ErrorCode.UNAUTHORIZED_CLIENT, "this client may not use this grant_type"
             )
         body = await grant.issue(TokenRequest(grant_type, form, time.time(), endpoint), client)  # 5
+        svc.metrics.token_issued(grant_type)
         return json_no_store(body)  # 6
     except OAuthError as error:
         if error.code in (ErrorCode.INVALID_GRANT, ErrorCode.INVALID_CLIENT):

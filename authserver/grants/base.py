@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..metrics import Metrics
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError
 from ..settings import ClientSettings, Settings
@@ -34,6 +35,7 @@ class GrantContext:
     settings: Settings
     store: Store
     minter: Minter
+    metrics: Metrics
 
 
 class Grant(Protocol):

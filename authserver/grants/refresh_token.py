@@ -105,6 +105,7 @@ class RefreshToken:
             if repeated is not None:
                 return repeated
         if use.outcome is RefreshOutcome.REUSED:
+            self.ctx.metrics.refresh_reused()
             audit.warning(
                 "refresh token reused: family revoked",
                 extra={"client_id": client.client_id, "family_id": record.family_id},

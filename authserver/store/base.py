@@ -227,3 +227,6 @@ class Store(Protocol):
     # -- housekeeping
     async def purge_expired(self, now: float) -> int:
         """Delete rows whose lifetime is over; the number deleted."""
+
+    async def ping(self) -> None:
+        """Answer a trivial query, or raise: whether the store can serve (readiness)."""

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,15 @@ routes:
     scopes: {{all: ["orders:write", "orders:read"]}}
   - {{name: orders-read, path: "/orders/**", methods: [GET], scopes: {{any: ["orders:read"]}}}}
 """
+
+
+# ---------------------------------------------------------------------------- version
+
+
+async def test_version_is_the_installed_distributions() -> None:
+    result = await gateway_cli("--version")
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout == f"portcullis-gateway {metadata.version('portcullis')}\n"
 
 
 # ---------------------------------------------------------------------------- check
