@@ -196,6 +196,8 @@ class AuthServer:
         """Read and validate the file again; when valid, serve it from now on."""
         async with self._reload_lock:
             path = self.settings.file
+            if self._keyring is None:
+                return self._rejected(path, "the server is still starting")
             try:
                 # Plain-text passwords are hashed while loading: off the event loop.
                 new = await asyncio.to_thread(settings_module.load, path)
@@ -205,7 +207,6 @@ class AuthServer:
                 return self._rejected(path, f"{len(exc.problems)} problem(s) in the file")
             new = self._keep_restart_only(new)
             keyring = self._keyring
-            assert keyring is not None
             added = [alg for alg in new.signing_algs if alg not in self.settings.signing_algs]
             try:
                 if added:  # a client registered an ID token algorithm nothing signed with yet

@@ -79,12 +79,19 @@ class StartupError(Exception):
 
 
 def describe(error: BaseException) -> str:
-    """A one-line account of an error met while starting."""
+    """A one-line account of an error that stopped the service."""
     if isinstance(error, StartupError):
         return str(error)
     if isinstance(error, OSError) and error.filename is not None:
         return f"cannot use {error.filename}: {reason(error)}"
-    return f"cannot start: {type(error).__name__}: {error}"
+    return f"stopped by an unexpected error: {type(error).__name__}: {error}"
+
+
+def _expected(error: BaseException) -> bool:
+    """Errors the operator can act on from their one line: no traceback needed."""
+    return isinstance(error, StartupError) or (
+        isinstance(error, OSError) and error.filename is not None
+    )
 
 
 def reason(error: OSError) -> str:
@@ -94,16 +101,12 @@ def reason(error: OSError) -> str:
     return str(error.strerror or error).lower()
 
 
-def _startup_error(error: Exception, listener: Listener | None) -> StartupError:
-    # An errno without a file name, while a listener starts, is the bind failing.
-    if (
-        listener is not None
-        and isinstance(error, OSError)
-        and error.errno is not None
-        and error.filename is None
-    ):
-        return StartupError(f"cannot listen on {listener.host}:{listener.port}: {reason(error)}")
-    return StartupError(describe(error))
+def _listen_error(error: OSError, listener: Listener | None) -> StartupError | None:
+    """The bind failing, when `error` is that: an errno without a file name while a
+    listener starts."""
+    if listener is None or error.errno is None or error.filename is not None:
+        return None
+    return StartupError(f"cannot listen on {listener.host}:{listener.port}: {reason(error)}")
 
 
 def print_line(message: str) -> None:
@@ -125,6 +128,9 @@ def run_service(
     except Exception as error:
         if debug:
             traceback.print_exception(error, file=sys.stderr)
+        elif not _expected(error):
+            # A fault of ours, not of the setup: its traceback goes to the log (one line).
+            log.critical("unexpected error", exc_info=error)
         report(describe(error))
         return 1
     return 0
@@ -194,10 +200,11 @@ async def serve(
         log.info("draining", extra={"grace_seconds": grace.total_seconds()})
         if on_draining is not None:
             on_draining()
-    except Exception as error:
-        if serving or isinstance(error, StartupError):
+    except OSError as error:
+        failed = None if serving else _listen_error(error, starting)
+        if failed is None:
             raise
-        raise _startup_error(error, starting) from error
+        raise failed from error
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)

@@ -26,6 +26,7 @@ import yaml
 
 from authserver import settings as authserver_settings
 from tests.authserver.conftest import (
+    PASSWORD_HASH,
     SECRET,
     CodeResult,
     RunningAuthServer,
@@ -422,6 +423,7 @@ async def test_sighup_applies_a_new_configuration_keeping_sessions_and_requests_
                 }
             )
             config["scopes"].append({"name": "orders:admin", "description": "Run the shop"})
+            config["users"].append({"username": "carol", "password_hash": PASSWORD_HASH})
             config["listen"] = f"127.0.0.1:{free_port()}"  # needs a restart: kept, with a warning
 
         running.rewrite(change)
@@ -438,6 +440,9 @@ async def test_sighup_applies_a_new_configuration_keeping_sessions_and_requests_
     assert status == 200, body
     _, metadata_document = await get_json(http, view.endpoint("/.well-known/openid-configuration"))
     assert "orders:admin" in metadata_document["scopes_supported"]
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        carol = await authorize_code(browser, view, username="carol")  # a user added
+        assert carol.code
     # Alice is still signed in: no login page, straight back with a code.
     params = {**auth_params(), "prompt": "none"}
     reply = await send(http, view, params)

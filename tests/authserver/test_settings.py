@@ -130,6 +130,8 @@ def test_minimal_config_loads_with_the_documented_defaults(tmp_path):
         max_failures=5, max_failures_per_address=20, window=timedelta(minutes=15)
     )
     assert loaded.refresh_grace == timedelta(0)
+    assert loaded.admin_listen == Address("127.0.0.1", 9902)
+    assert loaded.client_assertion_max_lifetime == timedelta(hours=1)
     assert (loaded.clients, loaded.users, loaded.scopes) == ((), (), ())
     assert loaded.secure_cookies is False
 
@@ -313,6 +315,12 @@ def test_issuer_may_be_plain_http_on_loopback_and_may_have_a_path(tmp_path, issu
         ("log_level: loud", "'loud' is not one of debug, info, warning, error"),
         ("default_audience: ''", "default_audience: must not be empty"),
         ("scopes: {name: x}", "scopes must be a list"),
+        ("admin_listen: 9902", "admin_listen: expected a string, got int 9902"),
+        ('admin_listen: "127.0.0.1"', "is not host:port"),
+        ('admin_listen: "0.0.0.0:9000"', "admin_listen must differ from listen"),
+        ("client_assertion_max_lifetime: 0s", "between 1s and 1d"),
+        ("client_assertion_max_lifetime: 2d", "between 1s and 1d"),
+        ("client_assertion_max_lifetime: soon", "'soon' is not a duration"),
     ],
 )
 def test_invalid_values_are_reported_on_their_line(tmp_path, section, message):
