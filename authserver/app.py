@@ -290,15 +290,11 @@ def _redacted(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-AUTHSERVER = web.AppKey("authserver", AuthServer)
-
-
 def build_app(settings: Settings, server: AuthServer | None = None) -> web.Application:
     """The public application; `server` (made from `settings` when not given) is opened
     when the application starts and closed when it is cleaned up."""
     server = server or AuthServer(settings)
     app = web.Application(client_max_size=1024 * 1024, middlewares=[_counted(server.metrics)])
-    app[AUTHSERVER] = server
     app[LIVE] = server.live
     app[discovery.JWKS_CACHE_CONTROL] = jwks_cache_control(settings)
     base = urlsplit(settings.issuer).path.rstrip("/")
