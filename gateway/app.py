@@ -400,6 +400,9 @@ class Gateway:
         keys_session: aiohttp.ClientSession,
     ) -> None:
         self.settings = settings
+        # Opened first: it is the one step here that can fail on the file system, and it
+        # must fail before a client session below exists that nothing would close.
+        self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
         self._keys_session = keys_session
         self._upstream = Upstream(
             upstream_session,
@@ -409,7 +412,6 @@ class Gateway:
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
         self._owned_sessions: list[aiohttp.ClientSession] = [self._upstream.single_use]
         self.metrics = Metrics(self._counts)
-        self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
         self.token_cache = TokenCache(settings.token_cache_size)
         self._keysets: dict[tuple[object, ...], KeySet] = {}
         self._introspectors: dict[tuple[object, ...], Introspector] = {}
