@@ -210,7 +210,9 @@ def load_file(path: str, env: Mapping[str, str] | None = None) -> LocatedMap:
 # ---------------------------------------------------------------------------- value parsers
 # Each takes the raw YAML value and returns the typed value or raises ValueError(message).
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+# ASCII only: `\d` would otherwise take any script's digits, and a value that reads as a
+# number to Python but not to the editor's JSON Schema (or a reader) is a trap.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$", re.ASCII)
 _UNIT = {
     "ms": timedelta(milliseconds=1),
     "s": timedelta(seconds=1),
@@ -234,6 +236,16 @@ def duration(value: Any) -> timedelta:
     raise ValueError(f"{value!r} is not a duration (write it like 30s, 5m, 250ms, 2h or 14d)")
 
 
+def duration_text(value: timedelta) -> str:
+    """A duration as it would be written: the largest unit that gives a whole number."""
+    millis = value / timedelta(milliseconds=1)
+    for unit in ("d", "h", "m", "s"):
+        count = value / _UNIT[unit]
+        if count == int(count) and count != 0:
+            return f"{int(count)}{unit}"
+    return f"{millis:g}ms" if millis else "0s"
+
+
 @dataclass(frozen=True)
 class Rate:
     """`count` events per `per`."""
@@ -249,7 +261,7 @@ class Rate:
         return f"{self.count:g}/{self.per.total_seconds():g}s"
 
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)\s*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)\s*$", re.ASCII)
 
 
 def rate(value: Any) -> Rate:
@@ -280,6 +292,13 @@ def non_empty_string(value: Any) -> str:
     return text
 
 
+def secret(value: Any) -> str:
+    """A password or key: a non-empty string whose value never appears in a message."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string (quote it; the value is not shown)")
+    return value
+
+
 def boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -299,7 +318,7 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[
     return parse
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|K|M|G)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|K|M|G)?\s*$", re.ASCII)
 _SIZE_UNIT = {
     None: 1,
     "B": 1,

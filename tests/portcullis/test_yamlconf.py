@@ -383,3 +383,48 @@ def test_reader_section_refuses_something_that_is_not_a_mapping() -> None:
     ]
     with pytest.raises(ConfigError):
         reader.raise_if_any()
+
+
+@pytest.mark.parametrize(
+    ("parse", "value"),
+    [
+        (yamlconf.duration, "\u0663s"),  # ARABIC-INDIC DIGIT THREE
+        (yamlconf.duration, "3\u2003s"),  # EM SPACE
+        (yamlconf.rate, "\u0661/s"),
+        (yamlconf.rate, "1/\u0662s"),
+        (yamlconf.size, "\u0663KiB"),
+        (yamlconf.size, "3\u2003KiB"),
+    ],
+)
+def test_digits_and_spaces_outside_ascii_are_not_numbers(parse: Any, value: str) -> None:
+    # Python's \d takes every script's digits; an editor's JSON Schema (and a reader) does not.
+    with pytest.raises(ValueError, match=r"is not a (duration|rate|size)"):
+        parse(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (timedelta(0), "0s"),
+        (timedelta(milliseconds=250), "250ms"),
+        (timedelta(microseconds=1500), "1.5ms"),
+        (timedelta(seconds=30), "30s"),
+        (timedelta(seconds=90), "90s"),
+        (timedelta(minutes=5), "5m"),
+        (timedelta(hours=36), "36h"),
+        (timedelta(days=14), "14d"),
+    ],
+)
+def test_duration_text_is_what_a_person_would_write_and_reads_back(
+    value: timedelta, text: str
+) -> None:
+    assert yamlconf.duration_text(value) == text
+    assert yamlconf.duration(text) == value
+
+
+@pytest.mark.parametrize("value", [5, "", "  ", None, ["hunter2"]])
+def test_secret_refuses_what_is_not_a_string_without_showing_the_value(value: Any) -> None:
+    assert yamlconf.secret("hunter2") == "hunter2"
+    with pytest.raises(ValueError) as caught:
+        yamlconf.secret(value)
+    assert str(caught.value) == "must be a non-empty string (quote it; the value is not shown)"
