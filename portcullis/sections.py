@@ -683,8 +683,8 @@ class Check:
 
     def within(self, part: object) -> Check:
         """The check of a section built inside this one (a route of the settings, say)."""
-        found = self._run.checks.get(id(part))
-        if found is None:
+        built, found = self._run.checks.get(id(part), (None, None))
+        if built is not part or found is None:
             raise ValueError(f"{part!r} is not a section read from this file")
         return found
 
@@ -695,7 +695,9 @@ class _Run:
     def __init__(self, file: str) -> None:
         self.file = file
         self.reader = Reader(file)
-        self.checks: dict[int, Check] = {}
+        # Keyed by id, holding the section too: one dropped with a failed parent stays alive,
+        # so its id is never reused by another section of this run.
+        self.checks: dict[int, tuple[object, Check]] = {}
 
     def build(self, cls: type[T], data: LocatedMap, where: str) -> T:
         fields = _plan(cls)
@@ -712,7 +714,7 @@ class _Run:
             return _FAILED  # type: ignore[no-any-return]
         built = cls(**values)
         check = Check(self, data, where, fields)
-        self.checks[id(built)] = check
+        self.checks[id(built)] = (built, check)
         if isinstance(built, Validates):
             built.validate(check)
         return built
