@@ -22,12 +22,12 @@ and anything else by its `parser=` (with its `schema=`). In a list or mapping th
 each item; a parser of the whole value is given a type of its own (a NewType of dict, say).
 
 A key that is absent, or written as `null`, takes the field's default; a field without one is
-required. A value that is refused is reported and replaced by the default, so the rest of the
-section can still be checked; a section that lacks a required value is not built (a list leaves
-it out, an enclosing section is not built either), and nothing more is said about it. After a
-section is built, its `validate(check)` method, if it has one, checks the rules that span
-several fields: it sees the defaults that stood in for refused values, and `check.has(key)`
-tells what was written.
+required. A value that is refused (a section too) is reported and replaced by the field's
+default, so the rest of the section can still be checked; a section whose required value is
+missing or refused is not built: a list leaves it out, and the section holding it takes its
+default in turn, or is not built either when it has none. After a section is built, its
+`validate(check)` method, if it has one, checks the rules that span several fields: it sees
+the defaults that stood in for refused values, and `check.has(key)` tells what was written.
 
 How a class is read is worked out once, on its first use (with every section inside it); a
 declaration the loader cannot read raises TypeError then, naming the class and the field.

@@ -463,6 +463,17 @@ def test_a_refused_value_takes_its_default_so_the_other_rules_still_run() -> Non
     ]
 
 
+def test_a_refused_section_takes_its_default_and_its_parent_is_still_checked() -> None:
+    routes = "  - {name: a, path: /a}\n  - {name: a, path: /b}\n"
+    text = config(routes, extra="jwks: 5m\nrate_limits: {default: {burst: 2}, timeout: 0s}\n")
+    assert problems(text) == [
+        f"{FILE}:4: jwks must be a mapping, got str '5m'",
+        f"{FILE}:5: rate_limits.default: rate is required",
+        f"{FILE}:5: rate_limits.timeout: must be more than 0s",
+        f"{FILE}:8: route 'a': the name is already used on line 7",
+    ]
+
+
 def test_a_rule_can_tell_a_refused_section_from_an_absent_one() -> None:
     issuers = '  - {issuer: "https://auth.example.com", audiences: [api], mode: auto%s}\n'
     absent = config().replace(
@@ -472,7 +483,8 @@ def test_a_rule_can_tell_a_refused_section_from_an_absent_one() -> None:
         f"{FILE}:3: issuers[0].mode: mode auto needs an introspection section"
     ]
     refused = absent.replace("mode: auto}", "mode: auto, introspection: {client_id: gw}}")
-    # The section is refused (no secret); its parent is not built, so no second message.
+    # The section is refused (no secret) and None stands in for it: the rule asks
+    # check.has() so that the mistake is not reported a second time.
     assert problems(refused) == [f"{FILE}:3: issuers[0].introspection: client_secret is required"]
 
 
