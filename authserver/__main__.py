@@ -7,6 +7,7 @@ import getpass
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -17,18 +18,21 @@ from portcullis.yamlconf import ConfigError
 from . import settings as settings_module
 from . import users
 
+CONFIG_VARIABLE = "PORTCULLIS_AUTHSERVER_CONFIG"  # the config file when --config is not given
+CONFIG_HELP = f"the config file (default: ${CONFIG_VARIABLE})"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis-authserver", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="serve the authorization server")
-    run.add_argument("--config", required=True)
+    run.add_argument("--config", help=CONFIG_HELP)
     run.add_argument(
         "--debug", action="store_true", help="print the traceback when the server cannot start"
     )
     check = commands.add_parser("check", help="validate a config file, print every problem")
-    check.add_argument("--config", required=True)
+    check.add_argument("--config", help=CONFIG_HELP)
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
     keys = commands.add_parser("keys", help="signing keys in the configured key directory")
@@ -37,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "rotate",
         help="publish a new key for each signing algorithm; it signs after publish_ahead",
     )
-    rotate.add_argument("--config", required=True)
+    rotate.add_argument("--config", help=CONFIG_HELP)
     rotate.add_argument(
         "--alg",
         action="append",
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         help="rotate only this algorithm's key (repeatable); default: every one in use",
     )
     listing = key_commands.add_parser("list", help="each key's kid, algorithm, state and dates")
-    listing.add_argument("--config", required=True)
+    listing.add_argument("--config", help=CONFIG_HELP)
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(users.hash_password(password))
         return 0
 
+    args.config = args.config or os.environ.get(CONFIG_VARIABLE)
+    if not args.config:
+        parser.error(f"--config FILE is required (or set {CONFIG_VARIABLE})")
     if args.command == "check":
         problems = settings_module.check(args.config)
         for found in problems:
@@ -78,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     held = logging.handlers.BufferingHandler(capacity=1000)
     logging.getLogger().addHandler(held)
     try:
-        settings = settings_module.load(args.config)
+        # The key commands work on the key directory alone: they need no secret, no
+        # certificate and no database, which may live elsewhere than where they run.
+        serving = args.command == "run"
+        settings = settings_module.load(args.config, secrets=serving, storage=serving)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

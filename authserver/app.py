@@ -33,6 +33,7 @@ from aiohttp.typedefs import Handler, Middleware
 from portcullis import runtime
 from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
+from portcullis.tls import RotatingCertificate
 from portcullis.yamlconf import ConfigError
 
 from . import settings as settings_module
@@ -432,12 +433,18 @@ def _log_key_events(events: list[Event]) -> None:
 
 
 async def serve(settings: Settings) -> None:
-    """Serve until SIGTERM, then drain; SIGHUP reloads the configuration file."""
+    """Serve until SIGTERM, then drain; SIGHUP reloads the configuration file. With `tls`,
+    the public listener serves TLS and follows its certificate files."""
     server = AuthServer(settings)
+    certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
     await runtime.serve(
         [
             runtime.Listener(
-                build_app(settings, server), settings.listen.host, settings.listen.port, "public"
+                build_app(settings, server),
+                settings.listen.host,
+                settings.listen.port,
+                "public",
+                certificate,
             ),
             runtime.Listener(
                 admin_app(server), settings.admin_listen.host, settings.admin_listen.port, "admin"

@@ -21,28 +21,36 @@ from . import settings as settings_module
 
 log = logging.getLogger("portcullis.gateway")
 
+CONFIG_VARIABLE = "PORTCULLIS_GATEWAY_CONFIG"  # the config file when --config is not given
+CONFIG_HELP = f"the config file (default: ${CONFIG_VARIABLE})"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis-gateway", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="serve requests")
-    run.add_argument("--config", required=True)
+    run.add_argument("--config", help=CONFIG_HELP)
     run.add_argument(
         "--debug", action="store_true", help="print the traceback when the gateway cannot start"
     )
     check = commands.add_parser("check", help="validate a config file, print every problem")
-    check.add_argument("--config", required=True)
+    check.add_argument("--config", help=CONFIG_HELP)
     explain = commands.add_parser("explain", help="show which rule a request meets and why")
-    explain.add_argument("--config", required=True)
+    explain.add_argument("--config", help=CONFIG_HELP)
     explain.add_argument("method")
     explain.add_argument("path")
     explain.add_argument("--token", help="an access token to verify against the live key sets")
     explain.add_argument("--origin", help="a browser Origin: would it get CORS headers?")
     args = parser.parse_args(argv)
+    args.config = args.config or os.environ.get(CONFIG_VARIABLE)
+    if not args.config:
+        parser.error(f"--config FILE is required (or set {CONFIG_VARIABLE})")
 
     try:
-        settings = settings_module.load(args.config)
+        # Explaining a rule without a token reads no secret and no certificate.
+        secrets = args.command != "explain" or args.token is not None
+        settings = settings_module.load(args.config, secrets=secrets)
     except ConfigError as exc:
         for found in exc.problems:
             print(found, file=sys.stderr)

@@ -1,7 +1,9 @@
 """Composition root of the gateway: everything built once from settings, and the one handler.
 
 `Pipeline.handle` is the whole request path of one configuration, read top to bottom:
- 1. route = match(method, path)           unmatched → 404; CORS preflights answered here
+ 1. route = match(method, path)           unmatched → 404; CORS preflights answered here;
+                                          403 without a verified client certificate when
+                                          the route requires one
  2. token = bearer.extract(headers)       unless the route is public
  3. principal = verifier.verify(token)    cache, then keys in memory or introspection
  4. policy.decide(route, principal)       401 audience/issuer, 403 insufficient_scope
@@ -26,6 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import ssl
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -37,12 +40,12 @@ from typing import Any, cast
 import aiohttp
 from aiohttp import web
 
-from portcullis import runtime
+from portcullis import runtime, tls
 from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
-from . import bearer, errors, policy, rules, tracecontext
+from . import bearer, clientcert, errors, policy, rules, tracecontext
 from . import settings as settings_module
 from .accesslog import AccessLog
 from .capacity import BodiesInFlight, Slots
@@ -82,6 +85,7 @@ class RoutePlan:
     websocket: WebSocketSettings | None
     max_body: int | None
     allow_body_on_get: bool
+    client_cert: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,7 @@ class Pipeline:
             websocket=route.websocket,
             max_body=max_body,
             allow_body_on_get=route.allow_body_on_get,
+            client_cert=route.client_cert,
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
@@ -188,6 +193,10 @@ class Pipeline:
         plan = self._plans[rule.index]
         monitor = plan.monitor
         extra = plan.cors.actual(headers.get("Origin")) if plan.cors is not None else ()
+        if plan.client_cert and clientcert.of(request) is None:
+            exchange.deny("no_client_certificate", monitor)
+            if not monitor:
+                return _with_headers(errors.client_certificate_required(), extra)
 
         # 2-4. token, verify, policy
         principal = None
@@ -370,6 +379,8 @@ def _bucket_store(settings: Settings) -> tuple[object, ...]:
 
 
 def _upstream_pool(settings: Settings) -> tuple[object, ...]:
+    """What the upstream connection pool depends on: the same values keep it on reload. The
+    TLS files' contents count, so a reload picks up a rotated client certificate or CA."""
     up = settings.upstream
     return (
         up.max_connections,
@@ -377,6 +388,10 @@ def _upstream_pool(settings: Settings) -> tuple[object, ...]:
         up.read_timeout,
         up.pool_timeout,
         settings.forward.buffer_size,
+        up.ca_file,
+        up.cert_file,
+        up.key_file,
+        tls.file_state(up.ca_file, up.cert_file, up.key_file),
     )
 
 
@@ -387,6 +402,8 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
     "workers": lambda s: s.workers,
     "shutdown_grace": lambda s: s.shutdown_grace,
     "limits (all but max_body_size)": lambda s: replace(s.limits, max_body_size=None),
+    # Rotated certificate files are followed without a reload; other paths need a restart.
+    "tls": lambda s: s.tls,
 }
 
 
@@ -765,6 +782,15 @@ def admin_app(gateway: Gateway) -> web.Application:
     return app
 
 
+def upstream_tls(settings: Settings) -> ssl.SSLContext | bool:
+    """How the upstream's certificate is checked: against `ca_file` (default: the system's
+    CAs), with the gateway's client certificate when one is configured."""
+    up = settings.upstream
+    if up.ca_file is None and up.cert_file is None:
+        return True
+    return tls.client_context(up.ca_file, up.cert_file, up.key_file)
+
+
 def upstream_session(settings: Settings, *, single_use: bool = False) -> aiohttp.ClientSession:
     """One pooled keep-alive session to the upstream; bytes pass through untouched. With
     `single_use`, each connection carries one request (sent with `Connection: close`) and is
@@ -772,7 +798,10 @@ def upstream_session(settings: Settings, *, single_use: bool = False) -> aiohttp
     up = settings.upstream
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
-            limit=up.max_connections, limit_per_host=0, force_close=single_use
+            limit=up.max_connections,
+            limit_per_host=0,
+            force_close=single_use,
+            ssl=upstream_tls(settings),
         ),
         timeout=aiohttp.ClientTimeout(
             total=None,
@@ -965,6 +994,7 @@ async def _settle() -> None:
 async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
     """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config."""
     _raise_open_file_limit(settings)
+    certificate = tls.RotatingCertificate(settings.tls) if settings.tls is not None else None
     async with upstream_session(settings) as up, keys_session() as keys:
         gateway = Gateway(settings, up, keys)
         gateway.start()
@@ -976,6 +1006,7 @@ async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
                         settings.listen.host,
                         settings.listen.port,
                         "public",
+                        certificate,
                     ),
                     runtime.Listener(
                         admin_app(gateway),

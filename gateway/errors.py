@@ -168,3 +168,13 @@ def cors_refused(reason: str) -> web.Response:
         f"This cross-origin request is not allowed: {reason}.",
         headers={"Vary": "Origin"},
     )
+
+
+def client_certificate_required() -> web.Response:
+    """A route that requires a verified TLS client certificate, reached without one. No
+    challenge: a bearer token would not help."""
+    return error_response(
+        403,
+        "client_certificate_required",
+        "This route needs a TLS client certificate the gateway has verified.",
+    )

@@ -4,7 +4,8 @@
 - Hop-by-hop headers (RFC 9110 §7.6.1), and any header named in `Connection`, are dropped
   both ways.
 - Identity headers are ALWAYS removed from the client's request first, on public routes
-  too; then they are set from the verified principal only. Every header the gateway sets or
+  too; then they are set from the verified principal only (and from the verified TLS client
+  certificate, when identity headers for it are configured). Every header the gateway sets or
   drops is also dropped in the spellings with `_` for `-` that CGI-style servers fold into
   the same name. Method-override headers are dropped unless `strip_method_override: false`.
 - `X-Forwarded-For` and `Forwarded` (RFC 7239) are appended to, `X-Forwarded-Proto/Host`
@@ -51,7 +52,7 @@ from yarl import URL
 
 from portcullis.addresses import ClientAddresses
 
-from . import errors
+from . import clientcert, errors
 from .capacity import BodiesInFlight, Slots
 from .exchange import Exchange
 from .principal import Principal
@@ -247,6 +248,7 @@ class Forwarder:
         self._base = settings.upstream.url[: len(settings.upstream.url) - len(url.path)]
         self._prefix = url.path.rstrip("/")
         self._preserve_host = settings.upstream.preserve_host
+        self._server_name = settings.upstream.server_name  # None: the URL's host
         self._strip_authorization = settings.forward.strip_authorization
         self._buffer_size = settings.forward.buffer_size
         self._body_timeout = settings.limits.body_timeout.total_seconds()
@@ -255,6 +257,10 @@ class Forwarder:
         self.request_id_header = self._request_id_header
         self._traceparent = settings.forward.traceparent
         self.identity = settings.identity_headers
+        self._client_cert = settings.identity_headers.client_cert
+        self._identity_names = frozenset(
+            name.lower().replace("_", "-") for name in self.identity.names()
+        )
         dropped = (
             _REQUEST_DROP
             | set(self.identity.names())
@@ -356,7 +362,22 @@ class Forwarder:
             if identity is None:
                 identity = principal.memo[self.identity] = self.identity_headers(principal)
             out.extend(identity)
+        if self._client_cert:
+            certificate = clientcert.of(request)
+            if certificate is not None:
+                out.extend(self.client_cert_headers(certificate))
         return out
+
+    def client_cert_headers(
+        self, certificate: clientcert.ClientCertificate
+    ) -> list[tuple[str, str]]:
+        ids = self.identity
+        headers = []
+        if ids.client_cert_subject is not None:
+            headers.append((ids.client_cert_subject, header_value(certificate.subject)))
+        if ids.client_cert_san is not None and certificate.sans:
+            headers.append((ids.client_cert_san, header_value(", ".join(certificate.sans))))
+        return headers
 
     def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
         """The identity headers of a principal; computed once per verified token."""
@@ -572,7 +593,12 @@ class Forwarder:
         started = time.perf_counter()
         try:
             async with session.request(
-                request.method, url, headers=headers, data=data, allow_redirects=False
+                request.method,
+                url,
+                headers=headers,
+                data=data,
+                allow_redirects=False,
+                server_hostname=self._server_name,
             ) as upstream:
                 if upload is not None and not upload.complete:
                     # The answer came before the body was all sent: what the upstream makes
@@ -757,6 +783,7 @@ class Forwarder:
                 method="GET",
                 headers=headers,
                 protocols=protocols,
+                server_hostname=self._server_name,
                 max_msg_size=settings.max_message_size,
                 heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
             )

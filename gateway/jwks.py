@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 import orjson
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
+
+from portcullis import tls
 
 from .settings import IssuerSettings, JwksSettings
 
@@ -152,16 +155,27 @@ class FetchError(Exception):
     pass
 
 
+def issuer_tls(issuer: IssuerSettings) -> ssl.SSLContext | bool:
+    """How an issuer's https certificate is checked: against its `ca_file`, else the system's
+    CAs."""
+    return tls.client_context(issuer.ca_file) if issuer.ca_file is not None else True
+
+
 async def fetch_json(
-    session: aiohttp.ClientSession, url: str, timeout: float
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout: float,
+    tls: ssl.SSLContext | bool = True,
 ) -> tuple[Any, str | None]:
-    """GET a JSON document of bounded size; (document, Cache-Control) or FetchError."""
+    """GET a JSON document of bounded size; (document, Cache-Control) or FetchError.
+    `tls` checks an https server's certificate (a context trusting the issuer's own CA)."""
     try:
         async with session.get(
             url,
             timeout=aiohttp.ClientTimeout(total=timeout),
             allow_redirects=False,
             headers={"Accept": "application/json"},
+            ssl=tls,
         ) as resp:
             if resp.status != 200:
                 raise FetchError(f"{url} answered {resp.status}")
@@ -206,6 +220,7 @@ class KeySet:
         self.issuer = issuer
         self.settings = settings
         self._session = session
+        self._tls = issuer_tls(issuer)
         self._jwks_uri = issuer.jwks_uri
         self._keys: dict[str | None, tuple[VerifyKey, ...]] = {}
         self._all: tuple[VerifyKey, ...] = ()
@@ -302,7 +317,9 @@ class KeySet:
         try:
             if self._jwks_uri is None:
                 self._jwks_uri = await self._discover(timeout)
-            document, cache_control = await fetch_json(self._session, self._jwks_uri, timeout)
+            document, cache_control = await fetch_json(
+                self._session, self._jwks_uri, timeout, self._tls
+            )
             keys = parse_jwks(document)
         except Exception as exc:
             # Whatever went wrong (FetchError and ValueError are the expected kinds), the
@@ -340,7 +357,7 @@ class KeySet:
         problems = []
         for url in discovery_urls(self.issuer.issuer):
             try:
-                document, _ = await fetch_json(self._session, url, timeout)
+                document, _ = await fetch_json(self._session, url, timeout, self._tls)
             except FetchError as exc:
                 problems.append(str(exc))
                 continue

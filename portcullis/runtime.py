@@ -4,12 +4,14 @@
 in-flight requests finish within a grace period, and closes. What keeps a service from
 starting (a port in use, a file it cannot read, a store it cannot reach) becomes a
 `StartupError`: `run_service` prints its one line and the command exits 1, without a
-traceback unless asked for one.
+traceback unless asked for one. A listener with TLS follows its
+certificate files as they change, and reloads them on SIGHUP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -24,6 +26,8 @@ from typing import Any, TextIO
 
 import orjson
 from aiohttp import web
+
+from .tls import RotatingCertificate
 
 log = logging.getLogger("portcullis.runtime")
 
@@ -154,6 +158,7 @@ class Listener:
     host: str
     port: int
     name: str
+    tls: RotatingCertificate | None = None
 
 
 async def serve(
@@ -167,14 +172,27 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain: stop accepting, wait up to `grace`, close.
 
-    With `on_reload`, SIGHUP calls it (the conventional signal to re-read configuration).
+    With `on_reload`, SIGHUP calls it (the conventional signal to re-read configuration);
+    SIGHUP also reloads the certificates of TLS listeners, which are besides watched.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if on_reload is not None:
-        loop.add_signal_handler(signal.SIGHUP, on_reload)
+    certificates = [listener.tls for listener in listeners if listener.tls is not None]
+
+    def hangup() -> None:
+        for certificate in certificates:
+            certificate.reload()
+        if on_reload is not None:
+            on_reload()
+
+    if on_reload is not None or certificates:
+        loop.add_signal_handler(signal.SIGHUP, hangup)
+    watchers = [
+        asyncio.create_task(certificate.watch(), name="certificate watcher")
+        for certificate in certificates
+    ]
     runners: list[web.BaseRunner] = []
     starting: Listener | None = None  # the listener being set up, for start-up errors
     serving = False
@@ -190,7 +208,13 @@ async def serve(
                 )
             await runner.setup()
             runners.append(runner)
-            site = web.TCPSite(runner, listener.host, listener.port, reuse_port=reuse_port)
+            site = web.TCPSite(
+                runner,
+                listener.host,
+                listener.port,
+                reuse_port=reuse_port,
+                ssl_context=listener.tls.context if listener.tls is not None else None,
+            )
             await site.start()
             log.info("listening", extra={"listener": listener.name, "address": site.name})
         if started is not None:
@@ -208,6 +232,10 @@ async def serve(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        for watcher in watchers:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         # The first runner is the public one: it stops accepting and drains in-flight
         # requests; admin listeners close after it so /readyz reports the drain.
         for runner in runners:

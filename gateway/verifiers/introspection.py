@@ -41,7 +41,7 @@ from urllib.parse import quote_plus, urlsplit
 import aiohttp
 import orjson
 
-from ..jwks import FetchError, discovery_urls, fetch_json, read_bounded
+from ..jwks import FetchError, discovery_urls, fetch_json, issuer_tls, read_bounded
 from ..principal import MalformedScope, Principal, audiences_of, normalise_scopes
 from ..settings import IntrospectionSettings, IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
@@ -158,7 +158,9 @@ class Introspector:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.settings.max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=self.settings.max_connections, ssl=issuer_tls(self.issuer)
+                ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 headers={"User-Agent": "portcullis-gateway"},
             )
