@@ -121,10 +121,10 @@ def check_files(
     try:
         build()
     except (OSError, ssl.SSLError, ValueError) as exc:
-        keys = " and ".join(files)
-        reader.problem(
-            sec.line_of(next(iter(files))), f"{sec.where}: {keys} cannot be loaded: {_reason(exc)}"
-        )
+        first = next(iter(files))
+        # One file: `tls.client_ca_file: …`; a pair: `tls: cert_file and key_file …`.
+        what = f"{sec.where}.{first}:" if len(files) == 1 else f"{sec.where}: {' and '.join(files)}"
+        reader.problem(sec.line_of(first), f"{what} cannot be loaded: {_reason(exc)}")
 
 
 # ---------------------------------------------------------------------------- settings

@@ -63,7 +63,7 @@ class LocatedList(list[Any]):
     item_lines: list[int]
 
 
-_VAR = re.compile(r"\$\$|\$\{file:([^}]*)\}|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_VAR = re.compile(r"\$\$|\$\{file:([^}]+)\}|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class Unresolved(str):
@@ -80,16 +80,15 @@ class Unresolved(str):
 
 def read_secret_file(path: str) -> str:
     """The text of a file holding one value (a secret), without its trailing line break:
-    `echo secret > file` and editors add one that is no part of the value."""
-    if not path.strip():
-        raise ValueError("names no file")
+    `echo secret > file` and editors add one that is no part of the value. Raises
+    ValueError with the reason it cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise ValueError(exc.strerror or str(exc)) from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text") from None
+        raise ValueError("not UTF-8 text") from None
     return text.removesuffix("\n").removesuffix("\r")
 
 
@@ -111,7 +110,7 @@ def interpolate(text: str, env: Mapping[str, str]) -> tuple[str, list[Unresolved
             try:
                 return read_secret_file(path)
             except ValueError as exc:
-                missing.append(Unresolved(f"file:{path}", f"secret file {exc}"))
+                missing.append(Unresolved(f"file:{path}", f"cannot read {path}: {exc}"))
                 return ""
         name, default = m.group(2), m.group(3)
         value = env.get(name)
@@ -571,7 +570,14 @@ class Section:
             if not self.reader.secrets:
                 return WITHHELD
             try:
-                return parse(read_secret_file(path))
+                text = read_secret_file(path)
+            except ValueError as exc:
+                self.reader.problem(
+                    self.line_of(file_key), f"{self.where}.{file_key}: cannot read {path}: {exc}"
+                )
+                return None
+            try:
+                return parse(text)
             except ValueError as exc:
                 self.reader.problem(self.line_of(file_key), f"{self.where}.{file_key}: {exc}")
                 return None

@@ -36,6 +36,7 @@ from authserver.app import build_app
 from authserver.endpoints.common import LIVE, Services
 from authserver.keys import KeyRing
 from authserver.settings import Settings
+from portcullis.tls import RotatingCertificate
 from tests.support import free_port, start_site
 
 PASSWORD = "wonderland"
@@ -247,9 +248,11 @@ def started_services(app: web.Application) -> Services:
 
 
 async def run_authserver(settings: Settings) -> RunningAuthServer:
+    """The server on its configured port; over TLS, as `run` serves it, when it has `tls`."""
     app = build_app(settings)
     port = settings.listen.port
-    runner, url = await start_site(app, port)
+    certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
+    runner, url = await start_site(app, port, certificate.context if certificate else None)
     return RunningAuthServer(
         settings=settings, url=url, services=started_services(app), runner=runner, port=port
     )

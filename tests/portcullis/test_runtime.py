@@ -19,6 +19,8 @@ import pytest
 from aiohttp import web
 
 from portcullis import runtime
+from portcullis.tls import RotatingCertificate, ServerTls
+from tests.certificates import CertificateAuthority, client_context
 from tests.support import free_port
 
 
@@ -247,3 +249,46 @@ def test_run_service_returns_0_when_the_service_stops():
         return None
 
     assert runtime.run_service(stops()) == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_sighup_reloads_the_certificate_of_a_tls_listener_and_calls_on_reload(tmp_path):
+    ca = CertificateAuthority()
+    cert_file, key_file = ca.server("first").write(tmp_path, "server")
+    # Watching is pushed out of the way: only the signal can make the change seen here.
+    certificate = RotatingCertificate(
+        ServerTls(str(cert_file), str(key_file)), interval=timedelta(hours=1)
+    )
+    port = free_port()
+    app = web.Application()
+    reloads: list[str] = []
+    names: list[str] = []
+    context = client_context(ca)
+
+    async def common_name() -> str:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        subject = writer.get_extra_info("peercert")["subject"]
+        writer.transport.abort()
+        return str(dict(rdn[0] for rdn in subject)["commonName"])
+
+    async def started() -> None:
+        async def exercise() -> None:
+            names.append(await common_name())
+            ca.server("second").write(tmp_path, "server")
+            names.append(await common_name())  # files changed, nothing reloaded yet
+            os.kill(os.getpid(), signal.SIGHUP)
+            while not reloads:
+                await asyncio.sleep(0.01)
+            names.append(await common_name())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        asyncio.get_running_loop().create_task(exercise())
+
+    await runtime.serve(
+        [runtime.Listener(app, "127.0.0.1", port, "test", certificate)],
+        grace=timedelta(seconds=1),
+        on_reload=lambda: reloads.append("config"),
+        started=started,
+    )
+    assert names == ["first", "first", "second"]
+    assert certificate.reloads == 1

@@ -1,0 +1,45 @@
+"""Secrets from files, as Docker and Kubernetes mount them: `client_secret_file` and
+`${file:PATH}` give the gateway its introspection credentials without the file's line break."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import (
+    IntrospectionServer,
+    call,
+    gateway_yaml,
+    issuer_entry,
+    running_gateway,
+)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[IntrospectionServer]:
+    introspection = await IntrospectionServer().start()
+    yield introspection
+    await introspection.stop()
+
+
+@pytest.mark.parametrize("form", ["client_secret_file", "${file:PATH}"])
+async def test_introspection_credentials_come_from_a_secret_file(
+    server, upstream, client, tmp_path: Path, form: str
+):
+    secret = tmp_path / "gateway-secret"
+    secret.write_text(server.client_secret + "\n")  # as `echo` and `kubectl create` write it
+    given = (
+        f'client_secret_file: "{secret}"'
+        if form == "client_secret_file"
+        else f'client_secret: "${{file:{secret}}}"'
+    )
+    entry = issuer_entry(
+        server.url, mode="introspection", introspection=f"{{client_id: gateway, {given}}}"
+    )
+    server.active("opaque-token")
+    async with running_gateway(gateway_yaml(server.url, upstream.url, issuers=[entry])) as gw:
+        answer = await call(client, gw.url + "/orders/1", "opaque-token")
+    assert answer.status == 200, answer.body
+    assert [c["credentials"] for c in server.calls] == [("gateway", server.client_secret)]
