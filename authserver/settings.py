@@ -680,7 +680,11 @@ def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[Clie
             client_id=client_id or "",
             client_name=sec.get("client_name", yamlconf.non_empty_string, client_id or ""),
             token_endpoint_auth_method=method,
-            client_secret_sha256=hashlib.sha256(secret.encode()).digest() if secret else None,
+            client_secret_sha256=(
+                hashlib.sha256(secret.encode()).digest()
+                if secret and not isinstance(secret, Withheld)
+                else None  # a withheld secret authenticates nobody
+            ),
             redirect_uris=redirect_uris,
             post_logout_redirect_uris=sec.list_of("post_logout_redirect_uris", _redirect_uri),
             grant_types=grant_types,

@@ -43,3 +43,24 @@ async def test_introspection_credentials_come_from_a_secret_file(
         answer = await call(client, gw.url + "/orders/1", "opaque-token")
     assert answer.status == 200, answer.body
     assert [c["credentials"] for c in server.calls] == [("gateway", server.client_secret)]
+
+
+async def test_a_reload_takes_a_rotated_secret_file(server, upstream, client, tmp_path: Path):
+    secret = tmp_path / "gateway-secret"
+    secret.write_text("an-old-secret\n")
+    entry = issuer_entry(
+        server.url,
+        mode="introspection",
+        introspection=f'{{client_id: gateway, client_secret_file: "{secret}", cache_ttl: 0s}}',
+    )
+    server.active("opaque-token")
+    config = gateway_yaml(server.url, upstream.url, issuers=[entry])
+    async with running_gateway(config, config_file=tmp_path / "gateway.yaml") as gw:
+        refused = await call(client, gw.url + "/orders/1", "opaque-token")
+        assert refused.status == 503  # the issuer refuses the old credentials
+
+        secret.write_text(server.client_secret + "\n")
+        assert await gw.gateway.reload()  # what SIGHUP does
+        answer = await call(client, gw.url + "/orders/1", "opaque-token")
+    assert answer.status == 200, answer.body
+    assert [c["credentials"][1] for c in server.calls] == ["an-old-secret", server.client_secret]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +14,10 @@ from cryptography.hazmat.primitives import serialization
 
 from authserver import settings as authserver_settings
 from portcullis import tls, yamlconf
-from portcullis.tls import ServerTls
+from portcullis.tls import RotatingCertificate, ServerTls
 from portcullis.yamlconf import ConfigError, Reader
 from tests.certificates import CertificateAuthority
+from tests.support import wait_for
 
 
 def parse(text: str, *, client_auth: bool = True, secrets: bool = True) -> tuple[Any, list[str]]:
@@ -108,3 +113,33 @@ def test_an_authserver_serving_tls_must_have_an_https_issuer(pair):
     ]
     https = authserver_settings.load_text(text.replace("http://", "https://"), "auth.yaml", {})
     assert https.tls == ServerTls(str(cert), str(key))
+
+
+async def test_a_kubernetes_style_symlink_swap_is_seen_and_loaded(tmp_path):
+    """A secret volume holds `tls.crt -> ..data/tls.crt` and swaps `..data` in one rename."""
+    ca = CertificateAuthority()
+    first, second = tmp_path / "..2024_first", tmp_path / "..2024_second"
+    first.mkdir()
+    second.mkdir()
+    ca.server("first").write(first, "tls")
+    ca.server("second").write(second, "tls")
+    (tmp_path / "..data").symlink_to(first.name)
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).symlink_to(Path("..data") / name)
+    certificate = RotatingCertificate(
+        ServerTls(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key")),
+        interval=timedelta(milliseconds=20),
+    )
+    watcher = asyncio.create_task(certificate.watch())
+    try:
+        await asyncio.sleep(0.1)
+        assert certificate.reloads == 0  # nothing changed yet
+        swap = tmp_path / "..data_tmp"
+        swap.symlink_to(second.name)
+        os.replace(swap, tmp_path / "..data")
+        await wait_for(lambda: certificate.reloads == 1, what="the swap to be loaded")
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    assert certificate.failures == 0
