@@ -16,9 +16,11 @@ import aiohttp
 import pytest
 
 from tests.authserver.conftest import (
+    PASSWORD_HASH,
     SECRET,
     client_credentials,
     default_config,
+    load_settings,
     render_config,
 )
 from tests.certificates import CertificateAuthority, client_context, legacy_client_context
@@ -127,3 +129,15 @@ async def test_run_serves_tls_and_follows_a_rotated_certificate(tmp_path):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_a_password_hash_may_come_from_a_file(tmp_path):
+    hash_file = tmp_path / "alice.hash"
+    hash_file.write_text(PASSWORD_HASH + "\n")
+    config = default_config()
+    alice = next(u for u in config["users"] if u["username"] == "alice")
+    del alice["password_hash"]
+    alice["password_hash_file"] = str(hash_file)
+    settings = load_settings(config, tmp_path)
+    user = settings.user("alice")
+    assert user is not None and user.password_hash == PASSWORD_HASH

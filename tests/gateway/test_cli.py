@@ -247,6 +247,22 @@ async def test_explain_without_a_token_needs_no_secret_and_no_certificate(
     assert len(checked.stderr.splitlines()) == 3  # the secret file, the certificate, the key
 
 
+async def test_explain_says_when_a_route_requires_a_client_certificate(tmp_path: Path) -> None:
+    text = introspecting_config('client_secret: "s"').replace(
+        '  - {name: all, path: "/**"}',
+        '  - {name: machines, path: "/machines/**", auth: none, client_cert: required}',
+    ) + (
+        f'tls: {{cert_file: "{tmp_path}/c", key_file: "{tmp_path}/k", '
+        f'client_ca_file: "{tmp_path}/ca"}}\n'
+    )
+    result = await gateway_cli("explain", "--config", write(tmp_path, text), "GET", "/machines/1")
+    assert (result.code, result.stderr) == (0, "")
+    assert (
+        "  client certificate: required (verified by the gateway's TLS; else 403)"
+        in result.stdout.splitlines()
+    )
+
+
 async def test_check_of_broken_yaml_reports_the_syntax_error_with_a_line(tmp_path: Path) -> None:
     path = write(tmp_path, 'upstream: {url: "http://127.0.0.1:1"}\nissuers:\n  - issuer: [x\n')
     result = await gateway_cli("check", "--config", path)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway import settings as gateway_settings
 from tests.support import (
     IntrospectionServer,
     call,
@@ -64,3 +65,15 @@ async def test_a_reload_takes_a_rotated_secret_file(server, upstream, client, tm
         answer = await call(client, gw.url + "/orders/1", "opaque-token")
     assert answer.status == 200, answer.body
     assert [c["credentials"][1] for c in server.calls] == ["an-old-secret", server.client_secret]
+
+
+def test_the_access_log_hash_key_may_come_from_a_file(tmp_path: Path):
+    key = tmp_path / "log-key"
+    key.write_text("k3y-from-a-file\n")
+    text = gateway_yaml(
+        "https://auth.example.com",
+        "http://127.0.0.1:9",
+        extra=f'access_log: {{subject: hashed, subject_hash_key_file: "{key}"}}\n',
+    )
+    settings = gateway_settings.load_text(text, "gw.yaml", {})
+    assert settings.access_log.subject_hash_key == "k3y-from-a-file"
