@@ -258,9 +258,6 @@ class Forwarder:
         self._traceparent = settings.forward.traceparent
         self.identity = settings.identity_headers
         self._client_cert = settings.identity_headers.client_cert
-        self._identity_names = frozenset(
-            name.lower().replace("_", "-") for name in self.identity.names()
-        )
         dropped = (
             _REQUEST_DROP
             | set(self.identity.names())
