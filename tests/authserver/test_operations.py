@@ -522,14 +522,16 @@ def test_a_port_in_use_is_one_line_naming_it_and_exit_1(
 def test_a_store_that_cannot_be_opened_is_one_line_naming_it_and_exit_1(
     servers: Callable[..., Server], tmp_path: Path
 ) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
+    # A directory where the database file should be: `check` finds nothing wrong with the
+    # path (its directory exists and is writable), SQLite cannot open it.
+    database = tmp_path / "authserver.db"
+    database.mkdir()
     config = default_config()
-    config["storage"] = f"sqlite:///{blocker}/authserver.db"
+    config["storage"] = f"sqlite://{database}"
     result = run_to_exit(servers(config))
     assert result.returncode == 1
     assert last_line(result) == (
-        f"cannot open the store sqlite:///{blocker}/authserver.db: unable to open database file"
+        f"cannot open the store sqlite://{database}: unable to open database file"
     )
     assert "Traceback" not in result.stderr
 
