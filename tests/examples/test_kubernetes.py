@@ -19,7 +19,7 @@ import yaml
 from authserver import settings as authserver_settings
 from gateway import settings as gateway_settings
 from portcullis.yamlconf import ConfigError
-from tests.deploy.dockerfile import ROOT, parse
+from tests.deploy.dockerfile import ROOT, parse, with_data_volume
 
 K8S = ROOT / "examples" / "kubernetes"
 SECRET = "kubernetes-test-machine-secret-0123456789abcdef"
@@ -278,7 +278,8 @@ def test_the_embedded_configs_pass_their_programs_check(deployment, name, file, 
     manifest = one("Deployment", deployment)
     entry = container(manifest, name)
     path = tmp_path / file
-    path.write_text(mounted_config(manifest, entry, file))
+    # The PersistentVolumeClaim mounted at /var/lib/portcullis: a directory that exists.
+    path.write_text(with_data_volume(mounted_config(manifest, entry, file), tmp_path))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("PORTCULLIS")},
         **container_env(entry),
