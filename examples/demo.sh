@@ -82,8 +82,11 @@ command -v curl >/dev/null || die "curl is needed to run the walkthrough"
     || die "$PYTHON cannot run Portcullis; 'make demo' sets up .venv first"
 
 echo "Checking $AUTH_CONFIG and $CONFIG"
-"$PYTHON" -m authserver check --config "$AUTH_CONFIG" >/dev/null \
-    || die "$AUTH_CONFIG has problems (listed above)"
+# check requires the database's directory; a fresh state directory is made further down, so
+# until then any existing directory stands in for it.
+[ -z "${STATE:-}" ] || mkdir -p "$STATE"
+DEMO_STATE_DIR=${STATE:-${TMPDIR:-/tmp}} "$PYTHON" -m authserver check --config "$AUTH_CONFIG" \
+    >/dev/null || die "$AUTH_CONFIG has problems (listed above)"
 "$PYTHON" -m gateway check --config "$CONFIG" >/dev/null || die "$CONFIG has problems (listed above)"
 
 # ---------------------------------------------------------------- processes

@@ -148,11 +148,11 @@ def ok_lines(out: str) -> list[str]:
     ("module", "path"),
     [("gateway", "config/gateway.yaml"), ("authserver", "config/authserver.yaml")],
 )
-def test_demo_config_passes_its_check(module, path):
+def test_demo_config_passes_its_check(module, path, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", module, "check", "--config", path],
         cwd=ROOT,
-        env=clean_env(),
+        env=clean_env(DEMO_STATE_DIR=str(tmp_path)),  # as demo.sh sets it
         capture_output=True,
         text=True,
         timeout=60,
