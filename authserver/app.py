@@ -36,6 +36,7 @@ from portcullis.http import json_response
 from portcullis.tls import RotatingCertificate
 from portcullis.yamlconf import ConfigError
 
+from . import cors
 from . import settings as settings_module
 from .endpoints import (
     authorize,
@@ -160,6 +161,7 @@ class AuthServer:
             discovery=discovery.Document(
                 discovery.metadata(settings, registry.names()), max_age=3600
             ),
+            cors=cors.policy(settings),
         )
 
     # ------------------------------------------------------------------ readiness
@@ -299,6 +301,11 @@ def build_app(settings: Settings, server: AuthServer | None = None) -> web.Appli
     app[LIVE] = server.live
     app[discovery.JWKS_CACHE_CONTROL] = jwks_cache_control(settings)
     base = urlsplit(settings.issuer).path.rstrip("/")
+    live = server.live
+    # Preflights are answered there, before routing.
+    app.middlewares.append(
+        cors.middleware(lambda: live.services.cors if live.services else None, base)
+    )
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await server.open()

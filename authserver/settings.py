@@ -30,6 +30,7 @@ from portcullis.tls import ServerTls
 from portcullis.yamlconf import ConfigError, LocatedMap, Reader, Section, Withheld
 
 from . import users as users_module
+from .protocol.cors import origin
 
 log = logging.getLogger("portcullis.authserver.settings")
 
@@ -184,6 +185,14 @@ class ClientSettings:
 
 
 @dataclass(frozen=True)
+class CorsSettings:
+    """Browser pages that may read answers, beyond the origins of the browser clients'
+    redirect URIs (protocol/cors.py has the policy)."""
+
+    allow_origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Settings:
     file: str
     issuer: str
@@ -200,6 +209,7 @@ class Settings:
     scopes: tuple[ScopeSettings, ...] = ()
     users: tuple[UserSettings, ...] = ()
     clients: tuple[ClientSettings, ...] = ()
+    cors: CorsSettings = field(default_factory=CorsSettings)
     log_level: str = "info"
     # /healthz, /readyz and /metrics: for probes and scrapers, apart from the public listener.
     admin_listen: Address = Address("127.0.0.1", 9902)
@@ -313,6 +323,7 @@ def parse(data: LocatedMap, file: str, *, secrets: bool = True, storage: bool = 
         scopes=scopes,
         users=_users(reader, top, issuer or ""),
         clients=_clients(reader, top, known_scopes),
+        cors=_cors(top),
         log_level=top.get(
             "log_level", yamlconf.one_of("debug", "info", "warning", "error"), "info"
         ),
@@ -528,6 +539,32 @@ def _throttle(reader: Reader, top: Section) -> LoginThrottle:
         )
     sec.finish()
     return result
+
+
+def _cors(top: Section) -> CorsSettings:
+    sec = top.subsection("cors")
+    if sec is None:
+        return CorsSettings()
+    result = CorsSettings(allow_origins=sec.list_of("allow_origins", _allowed_origin))
+    sec.finish()
+    return result
+
+
+def _allowed_origin(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text == "*":
+        raise ValueError("'*' is not allowed: the token endpoint never answers every origin")
+    parts = urlsplit(text)
+    serialized = origin(text)
+    if serialized is None or parts.path or parts.query or parts.fragment or "@" in text:
+        raise ValueError(
+            f"{text!r} is not an origin (scheme://host[:port], no path or trailing slash)"
+        )
+    if parts.scheme.lower() == "http" and not _loopback(parts.hostname or ""):
+        # A page served over plain http can be rewritten on the way: it would read tokens.
+        raise ValueError(f"{text!r}: plain http origins are for loopback only")
+    # As browsers send it: lower case, no default port (RFC 6454 §6.2).
+    return serialized
 
 
 def _scope_name(value: Any) -> str:

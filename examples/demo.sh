@@ -225,6 +225,7 @@ STEPS=$(
 200|authserver||"token_type":"Bearer"|The machine client's token: client_credentials, its id and secret in HTTP Basic|curl -sS -i -u "demo-machine:$MACHINE_SECRET" -d grant_type=client_credentials -d scope=orders:read "$AUTH/token"
 401|authserver||invalid_client|A wrong secret: 401 invalid_client|curl -sS -i -u demo-machine:not-the-secret -d grant_type=client_credentials "$AUTH/token"
 400|authserver||invalid_scope|A scope the client is not registered for: 400 invalid_scope|curl -sS -i -u "demo-machine:$MACHINE_SECRET" -d grant_type=client_credentials -d scope=admin "$AUTH/token"
+400|authserver||Access-Control-Allow-Origin|The single-page app's page may read the token endpoint's answers, refusals too: its origin is that of demo-spa's redirect URI (CORS)|curl -sS -i -H "Origin: $SPA" -d grant_type=refresh_token -d refresh_token=not-a-refresh-token -d client_id=demo-spa "$AUTH/token"
 200|api|||A public route: /healthz needs no token|curl -sS -i "$GW/healthz"
 401|gateway||WWW-Authenticate: Bearer|No token: 401 with a Bearer challenge|curl -sS -i "$GW/orders"
 401|gateway||invalid_token|Something that is not a signed JWT: 401 invalid_token|curl -sS -i -H "Authorization: Bearer not-a-real-token" "$GW/orders"

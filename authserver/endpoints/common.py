@@ -19,6 +19,7 @@ from ..clients import ClientAuthError
 from ..grants.base import Registry
 from ..keys import KeyRing
 from ..metrics import Metrics
+from ..protocol.cors import CorsPolicy
 from ..protocol.errors import OAuthError, invalid_request
 from ..sessions import Sessions
 from ..settings import Settings
@@ -99,6 +100,7 @@ class Services:
     addresses: ClientAddresses  # who the client is, behind the trusted proxies
     metrics: Metrics
     discovery: Document  # the metadata document, built from `settings`
+    cors: CorsPolicy  # which browser pages may read which answers
 
     def client_address(self, request: web.Request) -> str:
         """The address the throttles count a request under: the socket peer, or the client

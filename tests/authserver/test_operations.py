@@ -566,3 +566,33 @@ def test_every_log_line_before_the_failure_is_json(servers: Callable[..., Server
     *logged, _ = result.stderr.strip().splitlines()
     assert logged
     assert all(isinstance(json.loads(line), dict) for line in logged)
+
+
+async def test_sighup_that_adds_a_browser_client_allows_its_origin_at_once(
+    running: Server, http: aiohttp.ClientSession
+) -> None:
+    view = running.view()
+    page = "http://127.0.0.1:4999"
+    preflight = {"Origin": page, "Access-Control-Request-Method": "POST"}
+
+    async def allowed() -> str | None:
+        async with http.options(view.endpoint("/token"), headers=preflight) as response:
+            return response.headers.get("Access-Control-Allow-Origin")
+
+    assert await allowed() is None
+
+    def change(config: dict[str, Any]) -> None:
+        config["clients"].append(
+            {
+                "client_id": "late-spa",
+                "token_endpoint_auth_method": "none",
+                "redirect_uris": [page + "/callback"],
+                "grant_types": ["authorization_code"],
+                "scope": "openid",
+            }
+        )
+
+    running.rewrite(change)
+    running.signal(signal.SIGHUP)
+    await wait_reloads(running, "applied", 1)
+    assert await allowed() == page

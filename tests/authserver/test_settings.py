@@ -626,6 +626,51 @@ def test_a_client_id_listed_twice_is_reported(tmp_path):
     assert one_problem(tmp_path, text) == "6: client 'm': client_id is listed twice"
 
 
+# ---------------------------------------------------------------------------- CORS
+
+
+def test_cors_origins_load_as_browsers_send_them(tmp_path):
+    text = BASE + textwrap.dedent(
+        """\
+        cors:
+          allow_origins: ["HTTPS://App.Example.com:443", "https://tv.example:8443", "http://[::1]:8083"]
+        """
+    )
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.cors.allow_origins == (
+        "https://app.example.com",
+        "https://tv.example:8443",
+        "http://[::1]:8083",
+    )
+    assert settings.load(write(tmp_path, BASE), {}).cors.allow_origins == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('"*"', "'*' is not allowed: the token endpoint never answers every origin"),
+        ('"https://app.example.com/"', "is not an origin"),
+        ('"https://app.example.com/spa"', "is not an origin"),
+        ('"https://user@app.example.com"', "is not an origin"),
+        ('"null"', "is not an origin"),
+        ('"app.example.com"', "is not an origin"),
+        ('"http://app.example.com"', "plain http origins are for loopback only"),
+    ],
+)
+def test_cors_origins_that_are_no_origin_or_would_expose_tokens_are_reported(
+    tmp_path, value, message
+):
+    problem = one_problem(tmp_path, BASE + f"cors:\n  allow_origins:\n    - {value}\n")
+    assert problem.startswith("6: cors.allow_origins[0]: "), problem
+    assert message in problem
+
+
+def test_cors_accepts_only_its_documented_key(tmp_path):
+    problem = one_problem(tmp_path, BASE + "cors:\n  allow_methods: [GET]\n")
+    assert problem.startswith("5: "), problem
+    assert "allow_methods" in problem
+
+
 def test_load_raises_config_error_with_every_problem(tmp_path):
     with pytest.raises(ConfigError) as caught:
         settings.load(write(tmp_path, "issuer: 5\nstorage: x\nkeys: {dir: k}\n"), {})
