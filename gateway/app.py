@@ -39,6 +39,10 @@ from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.web_protocol import ERROR as UNPARSABLE_MESSAGE
 
 from portcullis import runtime, tls
 from portcullis.addresses import ClientAddresses
@@ -51,7 +55,7 @@ from .accesslog import AccessLog
 from .capacity import BodiesInFlight, Slots
 from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
-from .forward import Forwarder, Upstream
+from .forward import LEFT_OUT, Forwarder, Upstream
 from .jwks import KeySet
 from .metrics import CONTENT_TYPE, IssuerCounts, Metrics, StateCounts
 from .principal import Principal
@@ -775,7 +779,11 @@ def admin_app(gateway: Gateway) -> web.Application:
         body = gateway.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
+    async def own_head(_: web.Request, response: web.StreamResponse) -> None:
+        settle_head(response, gateway.settings.server_header)
+
     app = web.Application()
+    app.on_response_prepare.append(own_head)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -829,6 +837,49 @@ def keys_session() -> aiohttp.ClientSession:
     )
 
 
+def settle_head(response: web.StreamResponse, server_header: str) -> None:
+    """The last word on an answer's head, once aiohttp has added its default fields: an
+    upstream's answer loses those its upstream did not send (forward.LEFT_OUT); the gateway's
+    own answers carry `server_header` as their Server field, or none when it is empty, so
+    they never tell the software and version behind them."""
+    headers = response.headers
+    left_out = response.get(LEFT_OUT)
+    if left_out is not None:
+        for name in left_out:
+            headers.popall(name, None)
+    elif server_header:
+        headers["Server"] = server_header
+    else:
+        headers.popall("Server", None)
+
+
+# What aiohttp hands the handler of a request it could not parse, as if the client had
+# spoken HTTP/1.0; the gateway answers as the HTTP/1.1 server it is (RFC 9110 §6.2: the
+# highest version it conforms to), whatever the client's version, which is not known.
+_UNPARSABLE_AS_11 = UNPARSABLE_MESSAGE._replace(version=HttpVersion11)
+_TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's parser, past max_headers
+
+
+def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int:
+    """The status for a request the parser refused: 414 for a request line over its limit
+    (RFC 9112 §3), 431 for a header field over its limit or too many fields (RFC 6585 §5),
+    else 400. aiohttp reports both lines too long alike, with the limit they broke: the
+    field limit it is given always differs from the request-line limit (public_server)."""
+    if isinstance(exc, LineTooLong):
+        return 414 if exc.args[1] == request_line_limit else 431
+    if isinstance(exc, BadHttpMessage) and exc.message == _TOO_MANY_HEADERS:
+        return 431
+    return 400
+
+
+class _PublicRequest(web.BaseRequest):
+    """A request on the public listener."""
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        # aiohttp calls this between adding its default fields and writing the head.
+        settle_head(response, cast(_Connection, self.protocol).server_header)
+
+
 class _Connection(web.RequestHandler):
     """aiohttp's per-connection protocol, answering requests it cannot parse (a header too
     long, too many headers, a broken request line) with the resource error body instead of a
@@ -876,20 +927,26 @@ class _Connection(web.RequestHandler):
         )
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent on this connection")
+        status = unparsable_status(exc, self._server.request_line_limit)
         self._metrics.unparsable(status)
-        response = errors.bad_request(
-            "The request could not be parsed (see the limits of this API)."
-        )
-        response.set_status(status)
-        response.force_close()
-        return response
+        return errors.unparsable(status)
+
+    @property
+    def server_header(self) -> str:
+        return self._server.gateway.settings.server_header
 
 
 class _Server(web.Server):
     """The public listener's server: its connections, counted against `max_connections`."""
 
-    def __init__(self, gateway: Gateway, *, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(gateway.handle, **kwargs)
+    def __init__(
+        self, gateway: Gateway, *, max_connections: int, max_line_size: int, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            gateway.handle, request_factory=self._request, max_line_size=max_line_size, **kwargs
+        )
+        self.gateway = gateway
+        self.request_line_limit = max_line_size
         self._metrics = gateway.metrics
         self.max_connections = max_connections
         self.open_connections = 0
@@ -898,6 +955,18 @@ class _Server(web.Server):
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, self._metrics, loop=self._loop, **self._kwargs)
+
+    def _request(
+        self,
+        message: RawRequestMessage,
+        payload: aiohttp.StreamReader,
+        protocol: web.RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        if message is UNPARSABLE_MESSAGE:
+            message = _UNPARSABLE_AS_11
+        return _PublicRequest(message, payload, protocol, writer, task, self._loop)
 
     def admit(self) -> bool:
         """Count a new connection, or refuse it when `max_connections` are open."""
@@ -981,7 +1050,10 @@ def public_server(gateway: Gateway) -> web.Server:
         # §9.6); a client that sends nothing for body_timeout meanwhile is not waited for.
         lingering_time=min(limits.body_timeout, _MAX_LINGERING).total_seconds(),
         max_line_size=limits.max_line_size,
-        max_field_size=limits.max_field_size,
+        # aiohttp's parser reports a request line and a header field over their limits
+        # alike, naming the limit broken: one byte more for fields tells them apart when
+        # both are configured alike (414 and 431 answer them: unparsable_status).
+        max_field_size=limits.max_field_size + (limits.max_field_size == limits.max_line_size),
         max_headers=limits.max_headers,
         access_log=None,
     )

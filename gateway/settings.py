@@ -304,6 +304,7 @@ class Settings:
     listen: Address = Address("0.0.0.0", 8080)
     admin_listen: Address = Address("127.0.0.1", 9901)
     realm: str = "portcullis"
+    server_header: str = ""  # the Server field of the gateway's own answers; "": none
     unmatched: str = "deny"
     jwks: JwksSettings = field(default_factory=JwksSettings)
     identity_headers: IdentityHeaders = field(default_factory=IdentityHeaders)
@@ -358,6 +359,7 @@ def parse(data: LocatedMap, file: str, *, secrets: bool = True) -> Settings:
         listen=top.get("listen", _address, Settings.listen),
         admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
         realm=top.get("realm", _realm, Settings.realm),
+        server_header=top.get("server_header", _server_header, ""),
         unmatched=top.get("unmatched", yamlconf.one_of("deny"), "deny"),
         jwks=_jwks(reader, top),
         identity_headers=_identity_headers(reader, top),
@@ -433,6 +435,15 @@ def _realm(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if not re.fullmatch(r"[\x20\x21\x23-\x5B\x5D-\x7E]+", text):
         raise ValueError("may contain printable ASCII except quotes and backslashes")
+    return text
+
+
+def _server_header(value: Any) -> str:
+    """RFC 9110 §10.2.4: product tokens and comments; here any visible ASCII with inner
+    spaces, so the value can never break the header section. Empty: no Server field."""
+    text = yamlconf.string(value)
+    if text and not re.fullmatch(r"[\x21-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?", text):
+        raise ValueError("may contain printable ASCII only, without spaces at either end")
     return text
 
 

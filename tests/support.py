@@ -548,6 +548,7 @@ class RawResponse:
     reason: str
     headers: CIMultiDict[str]
     body: bytes
+    version: str = "HTTP/1.1"  # as the status line gave it
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -594,7 +595,7 @@ class RawConnection:
         """The next response; its body framed by Content-Length, chunked coding or EOF."""
         async with asyncio.timeout(timeout):
             status_line = (await self.reader.readuntil(b"\r\n")).decode("latin-1").rstrip()
-            _, status, *reason = status_line.split(" ", 2)
+            version, status, *reason = status_line.split(" ", 2)
             headers: CIMultiDict[str] = CIMultiDict()
             while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
                 name, _, value = line.decode("latin-1").partition(":")
@@ -608,7 +609,7 @@ class RawConnection:
                 body = await self.reader.readexactly(int(headers["Content-Length"]))
             else:
                 body = await self.reader.read()
-        return RawResponse(code, reason[0] if reason else "", headers, body)
+        return RawResponse(code, reason[0] if reason else "", headers, body, version)
 
     async def _chunked(self) -> bytes:
         parts = []
