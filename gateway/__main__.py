@@ -17,6 +17,7 @@ from portcullis import runtime
 from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
+from . import metrics
 from . import settings as settings_module
 
 log = logging.getLogger("portcullis.gateway")
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         from .app import serve
 
         return runtime.run_service(serve(settings), debug=args.debug)
-    return supervise(args.config, settings.workers, settings.shutdown_grace, debug=args.debug)
+    with metrics.shared_directory():
+        return supervise(args.config, settings.workers, settings.shutdown_grace, debug=args.debug)
 
 
 # What a worker tells the supervisor when it cannot start: its pid and the one line why.
@@ -96,11 +98,19 @@ def _worker(config: str, debug: bool, failures: Failures) -> None:
         sys.exit(1)
     runtime.configure_logging(settings.log_level)
     log.info("worker starting", extra={"version": version(), "pid": os.getpid()})
-    sys.exit(runtime.run_service(serve(settings, reuse_port=True), debug=debug, report=report))
+    shared_metrics = os.environ[metrics.SHARED_DIRECTORY]  # set by the supervisor
+    sys.exit(
+        runtime.run_service(
+            serve(settings, reuse_port=True, shared_metrics=shared_metrics),
+            debug=debug,
+            report=report,
+        )
+    )
 
 
 def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = False) -> int:
-    """N worker processes sharing the listening port (SO_REUSEPORT); each has its own caches.
+    """N worker processes sharing the listening port (SO_REUSEPORT); each has its own caches,
+    and their metrics are added up in the directory metrics.shared_directory() names.
 
     A worker that dies is replaced (at most once a second); SIGTERM/SIGINT are passed on
     and the workers drain before the supervisor exits; SIGHUP is passed on as a reload.
@@ -161,6 +171,8 @@ def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = Fals
                 if time.monotonic() - last_restart < 1:
                     continue
                 log.error("worker exited; starting another", extra={"exitcode": process.exitcode})
+                if process.pid is not None:
+                    metrics.worker_exited(process.pid)
                 last_restart = time.monotonic()
                 processes[i] = start()
     deadline = time.monotonic() + grace.total_seconds() + 5

@@ -57,7 +57,14 @@ from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
 from .forward import LEFT_OUT, Forwarder, Upstream
 from .jwks import KeySet
-from .metrics import CONTENT_TYPE, IssuerCounts, Metrics, StateCounts
+from .metrics import (
+    CONTENT_TYPE,
+    IssuerCounts,
+    Metrics,
+    ProcessMetrics,
+    SharedMetrics,
+    StateCounts,
+)
 from .principal import Principal
 from .ratelimit import Buckets, Limiter, Policy, buckets_for
 from .settings import IssuerSettings, RouteSettings, Settings, WebSocketSettings
@@ -419,7 +426,11 @@ class Gateway:
         settings: Settings,
         upstream_session: aiohttp.ClientSession,
         keys_session: aiohttp.ClientSession,
+        *,
+        shared_metrics: str | None = None,
     ) -> None:
+        """`shared_metrics`: the directory where the workers of one supervisor add up their
+        metrics (metrics.SharedMetrics); None for a gateway of one process."""
         self.settings = settings
         # Opened first: it is the one step here that can fail on the file system, and it
         # must fail before a client session below exists that nothing would close.
@@ -432,7 +443,11 @@ class Gateway:
         )
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
         self._owned_sessions: list[aiohttp.ClientSession] = [self._upstream.single_use]
-        self.metrics = Metrics(self._counts)
+        self.metrics: Metrics = (
+            ProcessMetrics(self._counts)
+            if shared_metrics is None
+            else SharedMetrics(self._counts, shared_metrics)
+        )
         self.token_cache = TokenCache(settings.token_cache_size)
         self._keysets: dict[tuple[object, ...], KeySet] = {}
         self._introspectors: dict[tuple[object, ...], Introspector] = {}
@@ -477,6 +492,7 @@ class Gateway:
         return {i.issuer.issuer: i for i in self._introspectors.values()}
 
     def start(self) -> None:
+        self.metrics.start()
         self._buckets.start()
         for keyset in self._keysets.values():
             keyset.start()
@@ -503,6 +519,7 @@ class Gateway:
             await session.close()
         if self.access_log is not None:
             self.access_log.close()
+        await self.metrics.close()
 
     def not_ready(self) -> dict[str, str]:
         """Why this process should not get traffic yet; empty when ready."""
@@ -1063,12 +1080,15 @@ async def _settle() -> None:
     runtime.settle_memory()
 
 
-async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
-    """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config."""
+async def serve(
+    settings: Settings, *, reuse_port: bool = False, shared_metrics: str | None = None
+) -> None:
+    """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config.
+    A worker is given the directory where the workers add up their metrics."""
     _raise_open_file_limit(settings)
     certificate = tls.RotatingCertificate(settings.tls) if settings.tls is not None else None
     async with upstream_session(settings) as up, keys_session() as keys:
-        gateway = Gateway(settings, up, keys)
+        gateway = Gateway(settings, up, keys, shared_metrics=shared_metrics)
         gateway.start()
         try:
             await runtime.serve(

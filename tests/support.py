@@ -740,6 +740,7 @@ class GatewayProcess:
         self.url = f"{'https' if settings.tls else 'http'}://{settings.listen}"
         self.admin_url = f"http://{settings.admin_listen}"
         self.port = settings.listen.port
+        self.admin_port = settings.admin_listen.port
         self.grace = settings.shutdown_grace.total_seconds()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
