@@ -1,4 +1,4 @@
-"""portcullis-gateway: run · check · explain."""
+"""portcullis-gateway: run · check (and the worst-case memory) · explain."""
 
 from __future__ import annotations
 
@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         for warning in settings_module.warnings(settings):
             print(warning, file=sys.stderr)
         print(f"{args.config}: OK")
+        from .memory import worst_case
+
+        # What to set a container's memory limit from (see bench/memory.py).
+        print(f"worst-case memory: {worst_case(settings)}")
         return 0
 
     if args.command == "explain":
