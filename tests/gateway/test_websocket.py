@@ -59,6 +59,7 @@ class WebSocketUpstream:
                 headers={
                     "WWW-Authenticate": 'Bearer error="upstream_says_no"',
                     "X-Refused-By": "upstream",
+                    "Location": "http://elsewhere.invalid/ws",
                 },
                 text='{"reason": "not for you"}',
                 content_type="application/problem+json",
@@ -136,12 +137,13 @@ async def test_an_upgrade_that_fails_the_checks_is_refused_before_the_upstream(
     assert ws_upstream.upgrades == [] and ws_upstream.plain == []
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404])
+@pytest.mark.parametrize("status", [302, 400, 401, 403, 404])
 async def test_an_upstream_that_refuses_the_upgrade_is_answered_as_it_answered(
     issuer, ws_upstream, status
 ):
     """RFC 6455 §4.1: an answer other than 101 is an ordinary HTTP answer, the upstream's to
-    give; a 502 "could not be reached" would be false (RFC 9110 §15.6.3)."""
+    give; a 502 "could not be reached" would be false (RFC 9110 §15.6.3). A redirect is
+    passed on too, never followed by the gateway."""
     token = issuer.token("ES256", scope="chat")
     handshake = [
         ("Authorization", f"Bearer {token}"),
@@ -159,6 +161,7 @@ async def test_an_upstream_that_refuses_the_upgrade_is_answered_as_it_answered(
     assert answer.status == status
     assert answer.headers["WWW-Authenticate"] == 'Bearer error="upstream_says_no"'
     assert answer.headers["X-Refused-By"] == "upstream"
+    assert answer.headers["Location"] == "http://elsewhere.invalid/ws"
     assert answer.headers["Content-Type"] == "application/problem+json; charset=utf-8"
     assert answer.body == b'{"reason": "not for you"}'
     assert "Upgrade" not in answer.headers and "Sec-WebSocket-Accept" not in answer.headers
