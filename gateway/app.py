@@ -890,7 +890,8 @@ def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int
 
 
 class _PublicRequest(web.BaseRequest):
-    """A request on the public listener."""
+    """A request on the public listener: every answer to it, relayed or the gateway's own,
+    gets its head settled (settle_head) just before it is written."""
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         # aiohttp calls this between adding its default fields and writing the head.
@@ -898,11 +899,11 @@ class _PublicRequest(web.BaseRequest):
 
 
 class _Connection(web.RequestHandler):
-    """aiohttp's per-connection protocol, answering requests it cannot parse (a header too
-    long, too many headers, a broken request line) with the resource error body instead of a
-    text page that echoes the request, and logging them without a traceback: they are the
-    client's mistake, and a flood of them must not flood the log. They are counted as
-    denials, like every other refusal.
+    """aiohttp's per-connection protocol, answering requests it cannot parse (a request line
+    too long: 414; a header too long, too many headers: 431; a broken request line: 400) in
+    HTTP/1.1 with the resource error body instead of a text page that echoes the request,
+    and logging them without a traceback: they are the client's mistake, and a flood of them
+    must not flood the log. They are counted as denials, like every other refusal.
 
     A connection over `limits.max_connections` is closed as soon as it is accepted, before
     anything is read: a flood of connections (half-sent request heads above all, each held
