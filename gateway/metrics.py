@@ -40,7 +40,6 @@ import os
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -57,6 +56,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import Collector
 
 from portcullis.buildinfo import BuildInfo
+from portcullis.histogram import Bounds, PlainHistogram
 
 from .exchange import DENY, UNMATCHED, Exchange
 
@@ -240,30 +240,7 @@ class _StateCollector(Collector):
         )
 
 
-_BUCKET_NAMES = (*(repr(float(b)) for b in LATENCY_BUCKETS), "+Inf")
-
-
-class _Histogram:
-    """Counts per bucket and a sum, kept as plain numbers: observing is a bisect and two
-    additions (the event loop is the only writer, so no lock is needed)."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(LATENCY_BUCKETS, value)] += 1
-        self.sum += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        cumulative = 0
-        out: list[tuple[str, float]] = []
-        for bound, count in zip(_BUCKET_NAMES, self.counts, strict=True):
-            cumulative += count
-            out.append((bound, cumulative))
-        return out
+_BOUNDS = Bounds(LATENCY_BUCKETS)
 
 
 class ProcessMetrics(Metrics):
@@ -274,7 +251,7 @@ class ProcessMetrics(Metrics):
         super().__init__()
         self._requests: dict[tuple[str, str, int, str], int] = {}
         self._denials: dict[tuple[str, str, str], int] = {}
-        self._durations: dict[str, tuple[_Histogram, _Histogram]] = {}
+        self._durations: dict[str, tuple[PlainHistogram, PlainHistogram]] = {}
         self._upstream_errors: dict[tuple[str, str], int] = {}
         self._rate_limited: dict[tuple[str, str], int] = {}
         self._reloads: dict[str, int] = {"applied": 0, "rejected": 0}
@@ -291,7 +268,7 @@ class ProcessMetrics(Metrics):
         requests[key] = requests.get(key, 0) + 1
         timing = self._durations.get(route)
         if timing is None:
-            timing = self._durations[route] = (_Histogram(), _Histogram())
+            timing = self._durations[route] = (PlainHistogram(_BOUNDS), PlainHistogram(_BOUNDS))
         timing[0].observe(finished - exchange.started)
         upstream = exchange.upstream_seconds
         if upstream is not None:
