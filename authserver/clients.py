@@ -27,8 +27,9 @@ from urllib.parse import unquote_plus
 
 import jwt
 
+from .clock import Clock
 from .protocol.errors import ErrorCode, OAuthError, invalid_request
-from .settings import ClientSettings, Settings
+from .registry import Client, ClientRegistry
 from .store.base import Store
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -115,34 +116,75 @@ def presented(form: Mapping[str, str], authorization: str | None) -> Presented:
     return Presented("none", form_id)
 
 
-def _secret_matches(client: ClientSettings, secret: str) -> bool:
+def _secret_matches(client: Client, secret: str) -> bool:
     if client.client_secret_sha256 is None:
         return False
     digest = hashlib.sha256(secret.encode()).digest()
     return hmac.compare_digest(digest, client.client_secret_sha256)
 
 
-async def authenticate(
-    form: Mapping[str, str],
-    authorization: str | None,
-    settings: Settings,
-    store: Store,
-    endpoint_url: str,
-) -> ClientSettings:
-    """The authenticated client, or ClientAuthError / invalid_request."""
-    offer = presented(form, authorization)
-    basic = offer.method == "client_secret_basic"
-    client = settings.client(offer.client_id)
-    if client is None:
-        raise ClientAuthError("client authentication failed", basic=basic)
-    if client.token_endpoint_auth_method != offer.method:
-        raise ClientAuthError("client authentication failed", basic=basic)
-    if offer.method in ("client_secret_basic", "client_secret_post"):
-        if offer.secret is None or not _secret_matches(client, offer.secret):
+class ClientAuthenticator:
+    """Authenticates clients against the registry; assertion ids are kept in the store."""
+
+    def __init__(
+        self, clients: ClientRegistry, store: Store, issuer: str, clock: Clock = time.time
+    ) -> None:
+        self.clients = clients
+        self.store = store
+        self.issuer = issuer
+        self.clock = clock
+
+    async def authenticate(
+        self, form: Mapping[str, str], authorization: str | None, endpoint_url: str
+    ) -> Client:
+        """The authenticated client, or ClientAuthError / invalid_request."""
+        offer = presented(form, authorization)
+        basic = offer.method == "client_secret_basic"
+        client = await self.clients.client(offer.client_id)
+        if client is None:
             raise ClientAuthError("client authentication failed", basic=basic)
-    elif offer.method == "private_key_jwt":
-        await _check_assertion(client, offer.assertion or "", settings, store, endpoint_url)
-    return client
+        if client.token_endpoint_auth_method != offer.method:
+            raise ClientAuthError("client authentication failed", basic=basic)
+        if offer.method in ("client_secret_basic", "client_secret_post"):
+            if offer.secret is None or not _secret_matches(client, offer.secret):
+                raise ClientAuthError("client authentication failed", basic=basic)
+        elif offer.method == "private_key_jwt":
+            await self._check_assertion(client, offer.assertion or "", endpoint_url)
+        return client
+
+    async def _check_assertion(self, client: Client, assertion: str, endpoint_url: str) -> None:
+        failed = ClientAuthError("client authentication failed", basic=False)
+        try:
+            header = jwt.get_unverified_header(assertion)
+        except jwt.InvalidTokenError:
+            raise failed from None
+        alg = header.get("alg")
+        if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
+            raise failed
+        now = self.clock()
+        for key in _candidate_keys(client.jwks, header.get("kid"), alg):
+            try:
+                claims = jwt.decode(
+                    assertion,
+                    key,
+                    algorithms=[alg],
+                    audience=[self.issuer, endpoint_url],
+                    issuer=client.client_id,
+                    options={"require": ["iss", "sub", "aud", "exp", "jti"]},
+                    leeway=30,
+                )
+            except (jwt.PyJWTError, TypeError, ValueError):
+                # A key of another type than `alg` needs raises TypeError in PyJWT.
+                continue
+            if claims.get("sub") != client.client_id:
+                raise failed
+            if claims["exp"] > now + MAX_ASSERTION_LIFETIME:
+                raise failed
+            jti, expires_at = str(claims["jti"]), float(claims["exp"])
+            if not await self.store.use_jti(client.client_id, jti, expires_at, now):
+                raise failed
+            return
+        raise failed
 
 
 def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[Any]:
@@ -167,39 +209,3 @@ def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[
         except jwt.PyJWTError:
             continue
     return keys
-
-
-async def _check_assertion(
-    client: ClientSettings, assertion: str, settings: Settings, store: Store, endpoint_url: str
-) -> None:
-    failed = ClientAuthError("client authentication failed", basic=False)
-    try:
-        header = jwt.get_unverified_header(assertion)
-    except jwt.InvalidTokenError:
-        raise failed from None
-    alg = header.get("alg")
-    if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
-        raise failed
-    now = time.time()
-    for key in _candidate_keys(client.jwks, header.get("kid"), alg):
-        try:
-            claims = jwt.decode(
-                assertion,
-                key,
-                algorithms=[alg],
-                audience=[settings.issuer, endpoint_url],
-                issuer=client.client_id,
-                options={"require": ["iss", "sub", "aud", "exp", "jti"]},
-                leeway=30,
-            )
-        except (jwt.PyJWTError, TypeError, ValueError):
-            # A key of another type than `alg` needs raises TypeError in PyJWT.
-            continue
-        if claims.get("sub") != client.client_id:
-            raise failed
-        if claims["exp"] > now + MAX_ASSERTION_LIFETIME:
-            raise failed
-        if not await store.use_jti(client.client_id, str(claims["jti"]), float(claims["exp"]), now):
-            raise failed
-        return
-    raise failed

@@ -31,8 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from authserver import settings as authserver_settings
-from authserver.app import build_app
-from authserver.endpoints.common import SERVICES, Services
+from authserver.app import COMPONENTS, Components, build_app
 from authserver.keys import KeyRing
 from authserver.settings import Settings
 from tests.support import free_port, start_site
@@ -201,6 +200,20 @@ def load_settings(
     return authserver_settings.load_text(render_config(config, directory, port or free_port()))
 
 
+class MovableClock:
+    """A clock a test moves instead of sleeping; it starts at the real time, so that tokens
+    signed by a server on it are valid for every verifier."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @dataclass
 class RunningAuthServer:
     """An authorization server on 127.0.0.1; `restart()` rebuilds the app on the same files."""
@@ -209,9 +222,10 @@ class RunningAuthServer:
 
     settings: Settings
     url: str
-    services: Services
+    services: Components  # what the composition root built: store, key ring, minter
     runner: Any = None
     port: int = 0
+    clock: Callable[[], float] = time.time
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -220,9 +234,9 @@ class RunningAuthServer:
 
     async def restart(self) -> None:
         await self.stop()
-        app = build_app(self.settings)
+        app = build_app(self.settings, clock=self.clock)
         self.runner, self.url = await start_site(app, self.port)
-        self.services = app[SERVICES]
+        self.services = app[COMPONENTS]
 
     def subject(self, username: str) -> str:
         """The `sub` the server gives a configured user."""
@@ -235,12 +249,19 @@ class RunningAuthServer:
         return self.settings.issuer + path
 
 
-async def run_authserver(settings: Settings) -> RunningAuthServer:
-    app = build_app(settings)
+async def run_authserver(
+    settings: Settings, clock: Callable[[], float] = time.time
+) -> RunningAuthServer:
+    app = build_app(settings, clock=clock)
     port = settings.listen.port
     runner, url = await start_site(app, port)
     return RunningAuthServer(
-        settings=settings, url=url, services=app[SERVICES], runner=runner, port=port
+        settings=settings,
+        url=url,
+        services=app[COMPONENTS],
+        runner=runner,
+        port=port,
+        clock=clock,
     )
 
 
@@ -258,15 +279,19 @@ async def start_authserver(tmp_path: Path, key_root: Path) -> AsyncIterator[Star
     started: list[RunningAuthServer] = []
 
     async def start(
-        config: dict[str, Any] | str | None = None, *, fresh_keys: bool = False
+        config: dict[str, Any] | str | None = None,
+        *,
+        fresh_keys: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> RunningAuthServer:
-        """`fresh_keys`: let the server generate its own keys on first start."""
+        """`fresh_keys`: let the server generate its own keys on first start; `clock`: the
+        time the server sees (a MovableClock to move it)."""
         directory = tmp_path / f"authserver{len(started)}"
         directory.mkdir()
         if not fresh_keys:
             shutil.copytree(_key_template(key_root), directory / "keys")
         settings = load_settings(default_config() if config is None else config, directory)
-        server = await run_authserver(settings)
+        server = await run_authserver(settings, clock)
         started.append(server)
         return server
 
