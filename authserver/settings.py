@@ -188,7 +188,7 @@ class ClientSettings:
         return self.application_type == "native" and self.public
 
 
-REFRESH_GRACE = timedelta(0)
+REFRESH_GRACE = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,8 @@ class Settings:
     listen: Address = Address("0.0.0.0", 9000)
     default_audience: str | None = None
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
+    # A retry of a lost refresh response gets that response again for this long (README,
+    # security notes: a server killed between the commit and the answer logs nobody out).
     refresh_grace: timedelta = REFRESH_GRACE
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
     password_hashing: PasswordHashing = field(default_factory=PasswordHashing)

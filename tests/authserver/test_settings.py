@@ -129,7 +129,7 @@ def test_minimal_config_loads_with_the_documented_defaults(tmp_path):
     assert loaded.login_throttle == LoginThrottle(
         max_failures=5, max_failures_per_address=20, window=timedelta(minutes=15)
     )
-    assert loaded.refresh_grace == timedelta(0)
+    assert loaded.refresh_grace == timedelta(seconds=5)
     assert (loaded.clients, loaded.users, loaded.scopes) == ((), (), ())
     assert loaded.secure_cookies is False
 
