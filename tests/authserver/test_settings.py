@@ -321,6 +321,30 @@ def test_invalid_values_are_reported_on_their_line(tmp_path, section, message):
     assert message in problem
 
 
+def test_password_hashing_loads_its_pool_and_queue_with_small_defaults(tmp_path):
+    assert settings.load(write(tmp_path, BASE), {}).password_hashing == (
+        settings.PasswordHashing(workers=2, max_waiting=16)
+    )
+    text = BASE + "password_hashing: {workers: 4, max_waiting: 0}\n"
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.password_hashing == settings.PasswordHashing(workers=4, max_waiting=0)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("password_hashing: {workers: 0}", "password_hashing.workers: must be at least 1"),
+        ("password_hashing: {max_waiting: -1}", "password_hashing.max_waiting: must be at least 0"),
+        ("password_hashing: {queue: 3}", "password_hashing"),
+        ("password_hashing: 4", "password_hashing must be a mapping"),
+    ],
+)
+def test_invalid_password_hashing_is_reported_on_its_line(tmp_path, section, message):
+    problem = one_problem(tmp_path, BASE + section + "\n")
+    assert problem.startswith("4: "), problem
+    assert message in problem
+
+
 def test_login_backoff_and_trusted_proxies_load_from_their_keys(tmp_path):
     text = BASE + textwrap.dedent(
         """\
