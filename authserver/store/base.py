@@ -259,8 +259,12 @@ class Store(Protocol):
 
     async def release_attempt(self, keys: Sequence[str], reserved_at: float) -> None:
         """Give back, under each key, one attempt charged at `reserved_at` (the guess was
-        right, so not a failure), as `protocol.throttle.released` says: never to a run of
-        attempts that began after it."""
+        right, or never checked), as `protocol.throttle.released` says: never to a run of
+        attempts that began after it.
+
+        Invariant: concurrent releases each give back their attempt; none is lost to
+        another's write (a backend reads and writes a counter in one step, as
+        reserve_attempt does)."""
 
     async def clear_failures(self, key: str) -> None:
         """Forget the key's counter."""

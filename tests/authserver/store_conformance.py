@@ -695,6 +695,18 @@ class StoreConformance:
         await store.release_attempt([cap.key], T0 + 2)
         assert await store.reserve_attempt([cap], run + 2) is not None
 
+    async def test_concurrent_releases_each_give_back_one_attempt(
+        self, store: Store, other: Store
+    ) -> None:
+        cap = Cap("login:ip:192.0.2.1", limit=RACERS, window=MINUTE)
+        for _ in range(RACERS):
+            assert await store.reserve_attempt([cap], T0) is None
+        await asyncio.gather(
+            *((store, other)[i % 2].release_attempt([cap.key], T0) for i in range(RACERS))
+        )
+        results = [await store.reserve_attempt([cap], T0 + 1) for _ in range(RACERS + 1)]
+        assert results.count(None) == RACERS
+
     async def test_a_cleared_counter_starts_again_from_zero(self, store: Store) -> None:
         alice = Cap("login:user-at-ip:192.0.2.1 alice", limit=1, window=MINUTE)
         bob = Cap("login:user-at-ip:192.0.2.1 bob", limit=1, window=MINUTE)
