@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,8 +36,11 @@ def write_config(directory: Path, config: dict[str, Any] | str, port: int | None
 
 
 def _copy(source: IO[bytes], log: Path) -> None:
+    """Line by line, each written through, so that the file is current when a test reads it."""
     with log.open("ab") as out:
-        shutil.copyfileobj(source, out, 1)  # line by line is enough: unbuffered copy
+        for line in iter(source.readline, b""):
+            out.write(line)
+            out.flush()
 
 
 class Process:
