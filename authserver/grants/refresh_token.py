@@ -19,7 +19,7 @@ from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import invalid_grant, invalid_request
 from ..protocol.lifecycle import REFRESH, Effect, Move
-from ..registry import Client, UserDirectory
+from ..registry import Client, User, UserDirectory
 from ..store.base import Issuance, RefreshRecord, Store
 from ..tokens import TokenPlan, digest, seal, unseal
 from .base import ATTEMPTS, TokenRequest, audit
@@ -57,22 +57,9 @@ class RefreshToken:
         for _ in range(ATTEMPTS):
             decision = lifecycle.decide(REFRESH, record.state, await self._event(record, now))
             if decision.effect is Effect.ISSUE_TOKENS:
-                terms = Terms(
-                    client=client,
-                    subject=record.subject,
-                    scopes=scopes,
-                    audience=record.audience,
-                    auth_time=record.auth_time,
-                    grant_id=record.family_id,
-                    now=now,
-                    user_claims=user.claims,
-                    # The successor keeps the scope of the family: narrowing applies to this
-                    # access token only.
-                    family=Family(record.scope, record.family_expires_at),
-                    new_grant=False,
-                )
                 response = await self.issuer.issue_tokens(
-                    terms, partial(self._rotate, token_hash, decision.move, presented)
+                    _terms(record, client, user, scopes, now),
+                    partial(self._rotate, token_hash, decision.move, presented),
                 )
                 if response is not None:
                     return response
@@ -117,3 +104,23 @@ class RefreshToken:
         self, token_hash: bytes, move: Move, presented: str, issuance: Issuance, plan: TokenPlan
     ) -> bool:
         return await self.store.rotate_refresh(token_hash, move, issuance, seal(plan, presented))
+
+
+def _terms(
+    record: RefreshRecord, client: Client, user: User, scopes: tuple[str, ...], now: float
+) -> Terms:
+    """The tokens of a rotation: the family's grant, subject, audience and sign-in time."""
+    return Terms(
+        client=client,
+        subject=record.subject,
+        scopes=scopes,
+        audience=record.audience,
+        auth_time=record.auth_time,
+        grant_id=record.family_id,
+        now=now,
+        user_claims=user.claims,
+        # The successor keeps the scope of the family: narrowing applies to this access
+        # token only.
+        family=Family(record.scope, record.family_expires_at),
+        new_grant=False,
+    )
