@@ -219,6 +219,20 @@ class StoreConformance:
         yield other
         await other.close()
 
+    # -- opening ------------------------------------------------------------------------
+
+    async def test_stores_opening_one_new_database_at_once_all_work(
+        self, make_store: StoreFactory
+    ) -> None:
+        stores = [make_store() for _ in range(4)]
+        await asyncio.gather(*(store.open() for store in stores))
+        try:
+            await stores[0].save_code(a_code())
+            for store in stores:
+                assert await store.get_code(digest("code")) == a_code()
+        finally:
+            await asyncio.gather(*(store.close() for store in stores))
+
     # -- authorization codes ------------------------------------------------------------
 
     @pytest.mark.parametrize(

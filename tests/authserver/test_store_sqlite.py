@@ -9,21 +9,25 @@ import signal
 import sqlite3
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from authserver.protocol.lifecycle import Code
 from authserver.store import open_store
+from authserver.store.base import StoreUnavailable
 from authserver.store.sqlite import MIGRATIONS, SQLiteStore, load_migrations
 from tests.authserver.store_conformance import (
     DAY,
     HOUR,
+    REDEEM,
     T0,
     StoreConformance,
     StoreFactory,
     a_code,
     digest,
+    redemption,
     rotate,
     start_family,
 )
@@ -297,6 +301,28 @@ async def test_waiting_for_another_writers_lock_does_not_block_the_event_loop(
         assert await store.get_code(digest("code")) == a_code()
     finally:
         writer.close()
+        await store.close()
+
+
+async def test_a_store_that_cannot_write_raises_unavailable_changes_nothing_and_recovers(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "authserver.db"
+    store = SQLiteStore(path, busy_timeout=timedelta(milliseconds=50))
+    await store.open()
+    await store.save_code(a_code())
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        # Another process holds the database: every write times out waiting for it.
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable):
+            await store.redeem_code(digest("code"), REDEEM, redemption())
+        blocker.execute("ROLLBACK")
+        assert await store.get_code(digest("code")) == a_code()
+        assert await store.get_grant("fam-1") is None
+        assert await store.redeem_code(digest("code"), REDEEM, redemption())
+    finally:
+        blocker.close()
         await store.close()
 
 
