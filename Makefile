@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench demo clean
+.PHONY: test lint bench demo clean constraints image
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/hadolint --no-color --failure-threshold style Dockerfile examples/compose/legacy-api.Dockerfile
 
 # Browser tests drive Debian's chromium (never a downloaded browser). Installed here when
 # missing and we may; otherwise those tests skip with a reason (and fail under CI=true).
@@ -37,6 +38,20 @@ bench: $(STAMP)
 
 demo: $(STAMP)
 	bash examples/demo.sh
+
+# The container image's pinned dependencies: pyproject.toml's dependencies and the redis
+# extra, resolved for every Python the image may have (3.11 and later, with markers).
+IMAGE_PYTHON := 3.11
+
+constraints: $(STAMP)
+	$(PY) -m pip install --quiet 'uv>=0.4'
+	$(VENV)/bin/uv pip compile pyproject.toml --extra redis --upgrade --quiet --universal \
+	  --python-version $(IMAGE_PYTHON) --annotation-style line \
+	  --custom-compile-command 'make constraints' --output-file constraints.txt
+
+# Needs a container engine; `make test` checks the Dockerfile without one.
+image:
+	docker build -t portcullis .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -3,9 +3,10 @@
 # server issuing the tokens, all on this machine.
 #
 # Starts, on 127.0.0.1, the authorization server (config/authserver.yaml), the example orders
-# API (examples/legacy_api), the gateway (config/gateway.yaml) and the example web app
-# (examples/web_client), waits until each is ready, prints a walkthrough (curl commands, the
-# machine client, and a browser link), and stops everything on Ctrl-C. Logs go to a
+# API (examples/legacy_api), the gateway (config/gateway.yaml), the example web app
+# (examples/web_client) and the example single-page app (examples/spa), waits until each is
+# ready, prints a walkthrough (curl commands, the machine client, and browser links), and
+# stops everything on Ctrl-C. Logs go to a
 # temporary directory, which is removed on a clean exit; so does the authorization server's
 # state (database and signing keys) unless DEMO_STATE_DIR names a directory to keep it in.
 #
@@ -19,7 +20,8 @@
 #   DEMO_STATE_DIR        where the authorization server keeps its database and keys (default:
 #                         a fresh temporary directory per run)
 #   DEMO_GATEWAY_PORT 8080   DEMO_ADMIN_PORT 9901   DEMO_API_PORT 8081
-#   DEMO_AUTH_PORT    9000   DEMO_WEB_PORT   8082
+#   DEMO_AUTH_PORT    9000   DEMO_WEB_PORT   8082   DEMO_SPA_PORT 8083
+#   DEMO_AUTH_ADMIN_PORT 9902
 #   DEMO_MACHINE_SECRET, DEMO_WEB_SECRET   the demo clients' secrets (published demo values
 #                         by default; config/authserver.yaml reads the same variables)
 #   DEMO_START_TIMEOUT    seconds each process gets to become ready (20)
@@ -55,6 +57,8 @@ export DEMO_ADMIN_PORT=${DEMO_ADMIN_PORT:-9901}
 export DEMO_API_PORT=${DEMO_API_PORT:-8081}
 export DEMO_AUTH_PORT=${DEMO_AUTH_PORT:-9000}
 export DEMO_WEB_PORT=${DEMO_WEB_PORT:-8082}
+export DEMO_SPA_PORT=${DEMO_SPA_PORT:-8083}
+export DEMO_AUTH_ADMIN_PORT=${DEMO_AUTH_ADMIN_PORT:-9902}
 export DEMO_MACHINE_SECRET=${DEMO_MACHINE_SECRET:-demo-machine-secret-not-for-production-use}
 export DEMO_WEB_SECRET=${DEMO_WEB_SECRET:-demo-web-secret-not-for-production-use}
 # The demo user, as config/authserver.yaml has them (only the password's hash is there).
@@ -66,6 +70,7 @@ ADMIN="http://127.0.0.1:$DEMO_ADMIN_PORT"
 API="http://127.0.0.1:$DEMO_API_PORT"
 AUTH="http://127.0.0.1:$DEMO_AUTH_PORT"
 WEB="http://127.0.0.1:$DEMO_WEB_PORT"
+SPA="http://127.0.0.1:$DEMO_SPA_PORT"
 
 die() {
     echo "demo: $*" >&2
@@ -77,8 +82,11 @@ command -v curl >/dev/null || die "curl is needed to run the walkthrough"
     || die "$PYTHON cannot run Portcullis; 'make demo' sets up .venv first"
 
 echo "Checking $AUTH_CONFIG and $CONFIG"
-"$PYTHON" -m authserver check --config "$AUTH_CONFIG" >/dev/null \
-    || die "$AUTH_CONFIG has problems (listed above)"
+# check requires the database's directory; a fresh state directory is made further down, so
+# until then any existing directory stands in for it.
+[ -z "${STATE:-}" ] || mkdir -p "$STATE"
+DEMO_STATE_DIR=${STATE:-${TMPDIR:-/tmp}} "$PYTHON" -m authserver check --config "$AUTH_CONFIG" \
+    >/dev/null || die "$AUTH_CONFIG has problems (listed above)"
 "$PYTHON" -m gateway check --config "$CONFIG" >/dev/null || die "$CONFIG has problems (listed above)"
 
 # ---------------------------------------------------------------- processes
@@ -96,7 +104,8 @@ with socket.socket() as s:
 EOF
 }
 
-for var in DEMO_GATEWAY_PORT DEMO_ADMIN_PORT DEMO_API_PORT DEMO_AUTH_PORT DEMO_WEB_PORT; do
+for var in DEMO_GATEWAY_PORT DEMO_ADMIN_PORT DEMO_API_PORT DEMO_AUTH_PORT DEMO_WEB_PORT \
+    DEMO_SPA_PORT DEMO_AUTH_ADMIN_PORT; do
     port_free "${!var}" || die "port ${!var} is in use; choose another with $var=..."
 done
 
@@ -170,14 +179,19 @@ start gateway "$PYTHON" -m gateway run --config "$CONFIG"
 # The secret travels in the environment, not on the command line where `ps` shows it.
 WEB_CLIENT_SECRET=$DEMO_WEB_SECRET start web "$PYTHON" -m examples.web_client \
     --port "$DEMO_WEB_PORT" --issuer "$AUTH" --client-id demo-web --api "$GW"
+# The single-page app: a public client, so no secret; CORS lets its origin call the gateway.
+start spa "$PYTHON" -m examples.spa --port "$DEMO_SPA_PORT" --issuer "$AUTH" --client-id demo-spa \
+    --api "$GW"
 wait_ready gateway "$ADMIN/readyz"
 wait_ready web "$WEB/"
+wait_ready spa "$SPA/"
 
 echo "Running, logs in $WORK:"
 echo "  authorization server           $AUTH   (state in $DEMO_STATE_DIR)"
 echo "  orders API (no OAuth inside)   $API"
 echo "  gateway                        $GW   (admin $ADMIN)"
 echo "  example web app                $WEB/"
+echo "  example single-page app        $SPA/"
 echo
 
 # ---------------------------------------------------------------- the walkthrough
@@ -191,6 +205,7 @@ SETUP=$(
 GW=$GW
 AUTH=$AUTH
 WEB=$WEB
+SPA=$SPA
 REPO=$(printf %q "$ROOT")
 PY=$(printf %q "$PYTHON")
 MACHINE_SECRET=$(printf %q "$DEMO_MACHINE_SECRET")
@@ -210,6 +225,7 @@ STEPS=$(
 200|authserver||"token_type":"Bearer"|The machine client's token: client_credentials, its id and secret in HTTP Basic|curl -sS -i -u "demo-machine:$MACHINE_SECRET" -d grant_type=client_credentials -d scope=orders:read "$AUTH/token"
 401|authserver||invalid_client|A wrong secret: 401 invalid_client|curl -sS -i -u demo-machine:not-the-secret -d grant_type=client_credentials "$AUTH/token"
 400|authserver||invalid_scope|A scope the client is not registered for: 400 invalid_scope|curl -sS -i -u "demo-machine:$MACHINE_SECRET" -d grant_type=client_credentials -d scope=admin "$AUTH/token"
+400|authserver||Access-Control-Allow-Origin|The single-page app's page may read the token endpoint's answers, refusals too: its origin is that of demo-spa's redirect URI (CORS)|curl -sS -i -H "Origin: $SPA" -d grant_type=refresh_token -d refresh_token=not-a-refresh-token -d client_id=demo-spa "$AUTH/token"
 200|api|||A public route: /healthz needs no token|curl -sS -i "$GW/healthz"
 401|gateway||WWW-Authenticate: Bearer|No token: 401 with a Bearer challenge|curl -sS -i "$GW/orders"
 401|gateway||invalid_token|Something that is not a signed JWT: 401 invalid_token|curl -sS -i -H "Authorization: Bearer not-a-real-token" "$GW/orders"
@@ -223,6 +239,8 @@ STEPS=$(
 204|api|||Delete it: 204|curl -sS -i -X DELETE -H "Authorization: Bearer $WRITE_TOKEN" "$GW$ORDER"
 404|api||"not_found"|It is gone: 404 from the API|curl -sS -i -H "Authorization: Bearer $READ_TOKEN" "$GW$ORDER"
 404|gateway||No route|A path no route names: the gateway answers 404 itself|curl -sS -i -H "Authorization: Bearer $READ_TOKEN" "$GW/admin/users"
+204|gateway||Access-Control-Allow-Origin|The single-page app's origin asks first (a CORS preflight, as its browser does before sending a token): the gateway allows it|curl -sS -i -X OPTIONS -H "Origin: $SPA" -H "Access-Control-Request-Method: GET" -H "Access-Control-Request-Headers: authorization" "$GW/orders"
+403|gateway||cors_refused|Any other origin is refused, with no CORS header: its page cannot send a token|curl -sS -i -X OPTIONS -H "Origin: http://evil.example" -H "Access-Control-Request-Method: GET" -H "Access-Control-Request-Headers: authorization" "$GW/orders"
 exit0|api||GET /orders?limit=5 -> 200|The machine client in Python: discovery, client_credentials, then /me and /orders|$PY "$REPO/examples/machine_client.py" --issuer "$AUTH" --client-id demo-machine --client-secret "$MACHINE_SECRET" --api "$GW"
 exit0|api||sign-in, API call, refresh and sign-out all worked|Alice signs in to the web app, as a browser would (login form, consent, callback), calls the API, refreshes and signs out|(cd "$REPO" && $PY -m examples.web_client.signin --url "$WEB" --username alice --password wonderland --expect-sub alice)
 EOF
@@ -232,6 +250,8 @@ if [ "$SMOKE" != 1 ]; then
     echo "Open $WEB/ in a browser and sign in as $DEMO_USER, password $DEMO_PASSWORD: the web app"
     echo "sends you to the authorization server to sign in and allow access, shows the claims of"
     echo "your ID token, and calls the orders API through the gateway with your access token."
+    echo "$SPA/ does the same from the browser itself: a single-page app, a public client with"
+    echo "PKCE, its tokens in the tab's memory, calling the gateway across origins (CORS)."
     echo
     echo "Or try it from another terminal. First the addresses and three access tokens:"
     echo
@@ -252,7 +272,7 @@ if [ "$SMOKE" != 1 ]; then
         fi
         echo
     done <<<"$STEPS"
-    echo "Logs: $WORK/{authserver,api,gateway,web}.log"
+    echo "Logs: $WORK/{authserver,api,gateway,web,spa}.log"
     echo "Press Ctrl-C to stop everything."
     while :; do
         for i in "${!PIDS[@]}"; do

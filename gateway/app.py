@@ -1,12 +1,15 @@
 """Composition root of the gateway: everything built once from settings, and the one handler.
 
 `Pipeline.handle` is the whole request path of one configuration, read top to bottom:
- 1. route = match(method, path)           unmatched → 404; CORS preflights answered here
+ 1. route = match(method, path)           unmatched → 404; CORS preflights answered here;
+                                          403 without a verified client certificate when
+                                          the route requires one
  2. token = bearer.extract(headers)       unless the route is public
  3. principal = verifier.verify(token)    cache, then keys in memory or introspection
  4. policy.decide(route, principal)       401 audience/issuer, 403 insufficient_scope
  5. limiter.take(policy, key)             429 with Retry-After and the RateLimit fields
- 6. forward.send(request, principal)      identity headers replaced, bodies streamed
+ 6. forward.send(request, principal)      identity headers replaced, bodies streamed; a body
+                                          on GET/HEAD refused unless the route allows it
 In monitor mode (global or per route) a refusal at any step is recorded as would_deny with
 its reason and the request goes on; identity headers still come only from a token valid for
 the route.
@@ -25,27 +28,30 @@ import contextlib
 import hashlib
 import logging
 import os
+import ssl
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
 
-from portcullis import runtime
+from portcullis import runtime, tls
 from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
-from . import bearer, errors, policy, rules, tracecontext
+from . import bearer, clientcert, errors, policy, rules, tracecontext
 from . import settings as settings_module
 from .accesslog import AccessLog
+from .capacity import BodiesInFlight, Slots
 from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
-from .forward import Forwarder
+from .forward import Forwarder, Upstream
 from .jwks import KeySet
 from .metrics import CONTENT_TYPE, IssuerCounts, Metrics, StateCounts
 from .principal import Principal
@@ -62,6 +68,11 @@ log = logging.getLogger("portcullis.gateway")
 USER_AGENT = "portcullis-gateway"
 _MAX_LINGERING = timedelta(seconds=10)
 _VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
+# RFC 9110 §9.3.1, §9.3.2: content on GET or HEAD has no defined semantics.
+_NO_BODY_METHODS = frozenset({"GET", "HEAD"})
+# Descriptors kept for listeners, log files, key fetches and the like, beyond the pools.
+_SPARE_DESCRIPTORS = 64
+_REFUSAL_LOG_INTERVAL = timedelta(seconds=10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +84,8 @@ class RoutePlan:
     limit: Policy | None
     websocket: WebSocketSettings | None
     max_body: int | None
+    allow_body_on_get: bool
+    client_cert: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +135,7 @@ class Pipeline:
         self.drained: asyncio.Event | None = None  # set when retired and the last request ends
         # Resources of this pipeline alone (a key set of an issuer it dropped, ...), closed
         # by the gateway once the last request on this pipeline is done.
-        self.retired: list[KeySet | Introspector | Buckets | aiohttp.ClientSession] = []
+        self.retired: list[KeySet | Introspector | Buckets | Upstream] = []
 
     def _plan(self, route: RouteSettings) -> RoutePlan:
         settings = self.settings
@@ -136,6 +149,8 @@ class Pipeline:
             limit=Policy(route.name, limit_rule, self.addresses) if limit_rule else None,
             websocket=route.websocket,
             max_body=max_body,
+            allow_body_on_get=route.allow_body_on_get,
+            client_cert=route.client_cert,
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
@@ -169,11 +184,19 @@ class Pipeline:
             exchange.deny("no_route", self.monitor)
             if not self.monitor:
                 return errors.not_found()
+            if request.body_exists:
+                refused = _refuse_body(request, False, self._max_body, exchange)
+                if refused is not None:
+                    return refused
             return await self.forwarder.send(request, None, exchange, self._max_body)
         exchange.route = rule.name
         plan = self._plans[rule.index]
         monitor = plan.monitor
         extra = plan.cors.actual(headers.get("Origin")) if plan.cors is not None else ()
+        if plan.client_cert and clientcert.of(request) is None:
+            exchange.deny("no_client_certificate", monitor)
+            if not monitor:
+                return _with_headers(errors.client_certificate_required(), extra)
 
         # 2-4. token, verify, policy
         principal = None
@@ -219,11 +242,10 @@ class Pipeline:
             extra = (*extra, *limit_headers)
 
         # 6. forward
-        if plan.max_body is not None:
-            length = request.content_length
-            if length is not None and length > plan.max_body:
-                exchange.deny("body_too_large", False)
-                return _with_headers(errors.payload_too_large(plan.max_body), extra)
+        if request.body_exists:
+            refused = _refuse_body(request, plan.allow_body_on_get, plan.max_body, exchange)
+            if refused is not None:
+                return _with_headers(refused, extra)
         if plan.websocket is not None and self.forwarder.is_websocket_upgrade(request):
             return await self.forwarder.websocket(
                 request, principal, exchange, plan.websocket, extra
@@ -311,6 +333,23 @@ class Pipeline:
         return web.Response(status=204, headers=allowed)
 
 
+def _refuse_body(
+    request: web.BaseRequest, allow_on_get: bool, max_body: int | None, exchange: Exchange
+) -> web.Response | None:
+    """Why a request with a body is refused before any of the body is read, if it is: a body
+    on GET or HEAD where the route does not allow one (400), a Content-Length over the
+    route's limit (413). A refusal is counted as a denial, in monitor mode too."""
+    if not allow_on_get and request.method in _NO_BODY_METHODS:
+        exchange.deny("body_on_get", False)
+        return errors.body_not_allowed(request.method)
+    if max_body is not None:
+        length = request.content_length
+        if length is not None and length > max_body:
+            exchange.deny("body_too_large", False)
+            return errors.payload_too_large(max_body)
+    return None
+
+
 def _with_headers(
     response: web.StreamResponse, extra: Iterable[tuple[str, str]]
 ) -> web.StreamResponse:
@@ -340,8 +379,20 @@ def _bucket_store(settings: Settings) -> tuple[object, ...]:
 
 
 def _upstream_pool(settings: Settings) -> tuple[object, ...]:
+    """What the upstream connection pool depends on: the same values keep it on reload. The
+    TLS files' contents count, so a reload picks up a rotated client certificate or CA."""
     up = settings.upstream
-    return (up.max_connections, up.connect_timeout, up.read_timeout, settings.forward.buffer_size)
+    return (
+        up.max_connections,
+        up.connect_timeout,
+        up.read_timeout,
+        up.pool_timeout,
+        settings.forward.buffer_size,
+        up.ca_file,
+        up.cert_file,
+        up.key_file,
+        tls.file_state(up.ca_file, up.cert_file, up.key_file),
+    )
 
 
 # Settings the running sockets were made with: a change is reported and waits for a restart.
@@ -350,7 +401,9 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
     "admin_listen": lambda s: s.admin_listen,
     "workers": lambda s: s.workers,
     "shutdown_grace": lambda s: s.shutdown_grace,
-    "limits (header sizes and timeouts)": lambda s: replace(s.limits, max_body_size=None),
+    "limits (all but max_body_size)": lambda s: replace(s.limits, max_body_size=None),
+    # Rotated certificate files are followed without a reload; other paths need a restart.
+    "tls": lambda s: s.tls,
 }
 
 
@@ -364,11 +417,18 @@ class Gateway:
         keys_session: aiohttp.ClientSession,
     ) -> None:
         self.settings = settings
-        self._keys_session = keys_session
-        self._upstream_session = upstream_session
-        self._owned_sessions: list[aiohttp.ClientSession] = []
-        self.metrics = Metrics(self._counts)
+        # Opened first: it is the one step here that can fail on the file system, and it
+        # must fail before a client session below exists that nothing would close.
         self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
+        self._keys_session = keys_session
+        self._upstream = Upstream(
+            upstream_session,
+            _single_use_session(settings),
+            Slots(settings.upstream.max_connections),
+        )
+        self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
+        self._owned_sessions: list[aiohttp.ClientSession] = [self._upstream.single_use]
+        self.metrics = Metrics(self._counts)
         self.token_cache = TokenCache(settings.token_cache_size)
         self._keysets: dict[tuple[object, ...], KeySet] = {}
         self._introspectors: dict[tuple[object, ...], Introspector] = {}
@@ -393,7 +453,7 @@ class Gateway:
             settings,
             verifier=verification.verifier,
             limiter=Limiter(settings.rate_limits, self._buckets),
-            forwarder=Forwarder(settings, self._upstream_session),
+            forwarder=Forwarder(settings, self._upstream, self._bodies),
             metrics=self.metrics,
         )
         self._forwarders.add(pipeline.forwarder)
@@ -570,12 +630,16 @@ class Gateway:
                     "a changed setting takes effect only after a restart",
                     extra={"setting": what},
                 )
-        retired: list[KeySet | Introspector | Buckets | aiohttp.ClientSession] = []
-        upstream = self._upstream_session
+        retired: list[KeySet | Introspector | Buckets | Upstream] = []
+        upstream = self._upstream
         if _upstream_pool(new) != _upstream_pool(old_settings):
             retired.append(upstream)
-            upstream = upstream_session(new)
-            self._owned_sessions.append(upstream)
+            upstream = Upstream(
+                upstream_session(new),
+                _single_use_session(new),
+                Slots(new.upstream.max_connections),
+            )
+            self._owned_sessions += [upstream.pooled, upstream.single_use]
         buckets = self._buckets
         if _bucket_store(new) != _bucket_store(old_settings):
             retired.append(buckets)
@@ -614,7 +678,7 @@ class Gateway:
             new,
             verifier=verification.verifier,
             limiter=Limiter(new.rate_limits, buckets),
-            forwarder=Forwarder(new, upstream),
+            forwarder=Forwarder(new, upstream, self._bodies),
             metrics=self.metrics,
         )
 
@@ -628,7 +692,7 @@ class Gateway:
         self._keysets, self._introspectors = verification.keysets, verification.introspectors
         if buckets is not self._buckets:
             self._retired_backend_errors += self._buckets.errors
-        self._upstream_session, self._buckets = upstream, buckets
+        self._upstream, self._buckets = upstream, buckets
         # Verified tokens stay trusted only while their issuer is verified the same way.
         kept = {
             issuer.issuer
@@ -718,13 +782,33 @@ def admin_app(gateway: Gateway) -> web.Application:
     return app
 
 
-def upstream_session(settings: Settings) -> aiohttp.ClientSession:
-    """One pooled keep-alive session to the upstream; bytes pass through untouched."""
+def upstream_tls(settings: Settings) -> ssl.SSLContext | bool:
+    """How the upstream's certificate is checked: against `ca_file` (default: the system's
+    CAs), with the gateway's client certificate when one is configured."""
+    up = settings.upstream
+    if up.ca_file is None and up.cert_file is None:
+        return True
+    return tls.client_context(up.ca_file, up.cert_file, up.key_file)
+
+
+def upstream_session(settings: Settings, *, single_use: bool = False) -> aiohttp.ClientSession:
+    """One pooled keep-alive session to the upstream; bytes pass through untouched. With
+    `single_use`, each connection carries one request (sent with `Connection: close`) and is
+    then closed."""
     up = settings.upstream
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=up.max_connections, limit_per_host=0),
+        connector=aiohttp.TCPConnector(
+            limit=up.max_connections,
+            limit_per_host=0,
+            force_close=single_use,
+            ssl=upstream_tls(settings),
+        ),
         timeout=aiohttp.ClientTimeout(
             total=None,
+            # Requests wait for a connection in the forwarder's `Slots`, for pool_timeout at
+            # most. This only bounds what remains: a wait inside the pool while a connection
+            # just given back is still being closed, plus the connect itself.
+            connect=(up.pool_timeout + up.connect_timeout).total_seconds(),
             sock_connect=up.connect_timeout.total_seconds(),
             sock_read=up.read_timeout.total_seconds(),
         ),
@@ -733,6 +817,10 @@ def upstream_session(settings: Settings) -> aiohttp.ClientSession:
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         read_bufsize=settings.forward.buffer_size,
     )
+
+
+def _single_use_session(settings: Settings) -> aiohttp.ClientSession:
+    return upstream_session(settings, single_use=True)
 
 
 def keys_session() -> aiohttp.ClientSession:
@@ -746,11 +834,32 @@ class _Connection(web.RequestHandler):
     long, too many headers, a broken request line) with the resource error body instead of a
     text page that echoes the request, and logging them without a traceback: they are the
     client's mistake, and a flood of them must not flood the log. They are counted as
-    denials, like every other refusal."""
+    denials, like every other refusal.
 
-    def __init__(self, manager: web.Server, metrics: Metrics, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
+    A connection over `limits.max_connections` is closed as soon as it is accepted, before
+    anything is read: a flood of connections (half-sent request heads above all, each held
+    until idle_timeout) cannot take every file descriptor, and the connections already open
+    are served as usual."""
+
+    def __init__(self, server: _Server, metrics: Metrics, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._server = server
         self._metrics = metrics
+        self._admitted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._server.admit():
+            # No more data is received after abort; connection_lost has nothing to undo.
+            cast(asyncio.Transport, transport).abort()
+            return
+        self._admitted = True
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._admitted:
+            self._admitted = False
+            self._server.release()
+            super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -777,12 +886,85 @@ class _Connection(web.RequestHandler):
 
 
 class _Server(web.Server):
-    def __init__(self, gateway: Gateway, **kwargs: Any) -> None:
+    """The public listener's server: its connections, counted against `max_connections`."""
+
+    def __init__(self, gateway: Gateway, *, max_connections: int, **kwargs: Any) -> None:
         super().__init__(gateway.handle, **kwargs)
         self._metrics = gateway.metrics
+        self.max_connections = max_connections
+        self.open_connections = 0
+        self.refused_connections = 0
+        self._warned_at = -_REFUSAL_LOG_INTERVAL.total_seconds()
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, self._metrics, loop=self._loop, **self._kwargs)
+
+    def admit(self) -> bool:
+        """Count a new connection, or refuse it when `max_connections` are open."""
+        if self.open_connections < self.max_connections:
+            self.open_connections += 1
+            return True
+        self.refused_connections += 1
+        now = time.monotonic()
+        # Once in a while, not per connection: a flood of them must not flood the log.
+        if now - self._warned_at >= _REFUSAL_LOG_INTERVAL.total_seconds():
+            self._warned_at = now
+            log.warning(
+                "connection limit reached: new connections are closed",
+                extra={
+                    "max_connections": self.max_connections,
+                    "refused_so_far": self.refused_connections,
+                },
+            )
+        return False
+
+    def release(self) -> None:
+        self.open_connections -= 1
+
+
+def _descriptors_besides_clients(settings: Settings) -> int:
+    """File descriptors a gateway process may need besides its client connections."""
+    introspection = sum(
+        issuer.introspection.max_connections
+        for issuer in settings.issuers
+        if issuer.introspection is not None
+    )
+    return (
+        settings.upstream.max_connections
+        + settings.rate_limits.max_connections
+        + introspection
+        + _SPARE_DESCRIPTORS
+    )
+
+
+def connection_limit(settings: Settings) -> int:
+    """`limits.max_connections`, lowered (with a warning) to what the open-file limit leaves
+    room for: past that, accepting fails for every client alike, and the upstream pool
+    could not open connections either."""
+    configured = settings.limits.max_connections
+    soft, _ = getrlimit(RLIMIT_NOFILE)
+    if soft == RLIM_INFINITY:
+        return configured
+    room = max(1, soft - _descriptors_besides_clients(settings))
+    if room >= configured:
+        return configured
+    log.warning(
+        "limits.max_connections lowered to fit the open-file limit (ulimit -n)",
+        extra={"max_connections": configured, "lowered_to": room, "open_file_limit": soft},
+    )
+    return room
+
+
+def _raise_open_file_limit(settings: Settings) -> None:
+    """Raise this process's soft open-file limit, up to the hard one, to what
+    `limits.max_connections` needs (the soft limit is often 1024 by default)."""
+    soft, hard = getrlimit(RLIMIT_NOFILE)
+    wanted = settings.limits.max_connections + _descriptors_besides_clients(settings)
+    if soft == RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == RLIM_INFINITY else min(wanted, hard)
+    with contextlib.suppress(ValueError, OSError):
+        setrlimit(RLIMIT_NOFILE, (target, hard))
 
 
 def public_server(gateway: Gateway) -> web.Server:
@@ -790,6 +972,7 @@ def public_server(gateway: Gateway) -> web.Server:
     limits = gateway.settings.limits
     return _Server(
         gateway,
+        max_connections=connection_limit(gateway.settings),
         # Bounds both an idle keep-alive connection and the time a client has to finish
         # sending a request head (the slowloris case).
         keepalive_timeout=limits.idle_timeout.total_seconds(),
@@ -810,6 +993,8 @@ async def _settle() -> None:
 
 async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
     """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config."""
+    _raise_open_file_limit(settings)
+    certificate = tls.RotatingCertificate(settings.tls) if settings.tls is not None else None
     async with upstream_session(settings) as up, keys_session() as keys:
         gateway = Gateway(settings, up, keys)
         gateway.start()
@@ -821,6 +1006,7 @@ async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
                         settings.listen.host,
                         settings.listen.port,
                         "public",
+                        certificate,
                     ),
                     runtime.Listener(
                         admin_app(gateway),

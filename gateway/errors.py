@@ -103,6 +103,32 @@ def request_timeout() -> web.Response:
     return response
 
 
+def body_not_allowed(method: str) -> web.Response:
+    """A body on GET or HEAD (RFC 9110 §9.3.1: no defined semantics; some servers would read
+    it as a second request). It is refused unread, so the connection closes."""
+    response = bad_request(f"A {method} request may not carry a body on this route.")
+    response.force_close()
+    return response
+
+
+def too_many_bodies() -> web.Response:
+    """The client's address has as many bodies arriving as it may; this one is refused
+    unread, so the connection closes."""
+    response = error_response(
+        429,
+        "rate_limited",
+        "Too many request bodies from this client are still arriving; try again shortly.",
+        headers={"Retry-After": "1"},
+    )
+    response.force_close()
+    return response
+
+
+def upstream_busy() -> web.Response:
+    """Every upstream connection stayed in use for `upstream.pool_timeout`."""
+    return unavailable(1, "The upstream service is busy; try again shortly.")
+
+
 def bad_gateway() -> web.Response:
     return error_response(502, "bad_gateway", "The upstream service could not be reached.")
 
@@ -141,4 +167,14 @@ def cors_refused(reason: str) -> web.Response:
         "cors_refused",
         f"This cross-origin request is not allowed: {reason}.",
         headers={"Vary": "Origin"},
+    )
+
+
+def client_certificate_required() -> web.Response:
+    """A route that requires a verified TLS client certificate, reached without one. No
+    challenge: a bearer token would not help."""
+    return error_response(
+        403,
+        "client_certificate_required",
+        "This route needs a TLS client certificate the gateway has verified.",
     )

@@ -49,7 +49,7 @@ class Exchange:
         self.traceparent: str | None = None  # the value sent upstream
         self.trace_restarted = False  # the client's traceparent was absent or invalid
         self.upstream_seconds: float | None = None
-        self.upstream_error: str | None = None  # connect | timeout | broken
+        self.upstream_error: str | None = None  # connect | timeout | broken | busy
 
     def deny(self, reason: str, monitor: bool) -> None:
         """Record a refusal: enforced, or only noted in monitor mode. The first reason

@@ -4,13 +4,23 @@
 - Hop-by-hop headers (RFC 9110 §7.6.1), and any header named in `Connection`, are dropped
   both ways.
 - Identity headers are ALWAYS removed from the client's request first, on public routes
-  too, including spellings with `_` for `-` that CGI-style servers fold into the same name;
-  then they are set from the verified principal only.
+  too; then they are set from the verified principal only (and from the verified TLS client
+  certificate, when identity headers for it are configured). Every header the gateway sets or
+  drops is also dropped in the spellings with `_` for `-` that CGI-style servers fold into
+  the same name. Method-override headers are dropped unless `strip_method_override: false`.
 - `X-Forwarded-For` and `Forwarded` (RFC 7239) are appended to, `X-Forwarded-Proto/Host`
   are set from what this gateway saw, `Via` is added (RFC 9110 §7.6.3), and a request id is
   kept when well-formed or generated.
-- Bodies stream both ways in constant memory; small bodies with a known length (up to
-  `forward.buffer_size`) are moved in one piece, which is faster.
+- Bodies stream both ways in constant memory. The first `forward.buffer_size` bytes of a
+  request body (all of a small one) arrive before an upstream connection is taken, so a
+  client sending slowly holds none meanwhile; a whole body must arrive within
+  `limits.body_total_timeout`, each pause within `limits.body_timeout` (408); bodies arriving
+  at once from one client address are capped (429).
+- At most `upstream.max_connections` exchanges use the upstream at once; a request that
+  finds none free for `upstream.pool_timeout` gets 503.
+- An upstream connection is not reused after a request whose body the upstream may not have
+  read as one: a body on a method other than POST, PUT or PATCH (sent with
+  `Connection: close`), or an answer that came before the body was all sent.
 - A W3C `traceparent` is sent upstream: the client's, continued, or a new one.
 - Upstream refused or broken → 502; no answer in time → 504.
 - WebSocket upgrades (on routes that allow them) are made to the upstream by the gateway,
@@ -30,7 +40,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,7 +50,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from . import errors
+from portcullis.addresses import ClientAddresses
+
+from . import clientcert, errors
+from .capacity import BodiesInFlight, Slots
 from .exchange import Exchange
 from .principal import Principal
 from .settings import Settings, WebSocketSettings
@@ -62,8 +76,13 @@ HOP_BY_HOP = frozenset(
     }
 )
 _REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
+# Headers some frameworks take as the method to run instead of the request's own.
+_METHOD_OVERRIDE = frozenset({"x-http-method-override", "x-method-override", "x-http-method"})
+# RFC 9110 §9.3: content has defined semantics on POST and PUT, and PATCH (RFC 5789); on any
+# other method an upstream may not read a body at all, and take its bytes for the next
+# request on the connection.
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-_VISIBLE_ASCII = re.compile(r"[\x20-\x7E]*")
 # What a Host header may hold (RFC 9110 §7.2: uri-host [":" port]), narrowed to the names and
 # addresses in real use, so it can be written into Forwarded without breaking its syntax.
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
@@ -83,18 +102,52 @@ _EXPIRED_CLOSE = 1008  # RFC 6455 §7.4.1: policy violation
 _WS_GOING_AWAY = 1001
 _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
+# A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
+# (servers strip them at either end: RFC 9110 §5.5), not starting with `"` (the JSON form).
+_BARE_STRING = re.compile(r"[\x21\x23-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?")
+# Strings a JSON reader would take for another kind of value: RFC 8259 §3 literals and §6
+# numbers, and the NaN/Infinity that lenient readers (Python's json) accept.
+_JSON_SCALAR = re.compile(
+    r"true|false|null|NaN|-?Infinity|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+)
 
 
 def header_value(value: Any) -> str:
-    """A claim as a header value that can be neither injected into nor misread.
+    """A claim (any JSON value) as a header value that can be neither injected into nor misread.
 
-    Printable ASCII strings pass as they are; other strings, numbers, booleans, arrays and
-    objects are JSON with non-ASCII escaped, so CR/LF and non-Latin-1 text never reach the wire.
-    The whole string must be printable: `re.match` with `$` would let a trailing newline by.
+    The value's compact JSON (RFC 8259) with everything but visible ASCII escaped, except a
+    string no JSON reader could take for JSON — visible ASCII, no space at either end, not a
+    number, `true`, `false` or `null`, not starting with `"`, `[` or `{` — which goes as it
+    is. So the upstream reads every value back exactly: JSON when the header parses as JSON,
+    else the text itself; `5` and `"5"`, `true` and `"true"`, `é` and `"\\u00e9"` stay apart.
     """
-    if isinstance(value, str) and _VISIBLE_ASCII.fullmatch(value):
+    if (
+        isinstance(value, str)
+        and _BARE_STRING.fullmatch(value)
+        and value[0] not in "[{"
+        and not _JSON_SCALAR.fullmatch(value)
+    ):
         return value
-    return json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    return _json_header_value(value)
+
+
+def string_header_value(text: str) -> str:
+    """A value that is always a string (subject, client id, issuer, scope) as a header value.
+
+    As it is when visible ASCII with no space at either end and no leading `"`, else a JSON
+    string: the upstream reads it back exactly (a JSON string when it starts with `"`, else
+    the text itself), and a numeric subject stays `248289761001`.
+    """
+    if _BARE_STRING.fullmatch(text):
+        return text
+    return _json_header_value(text)
+
+
+def _json_header_value(value: Any) -> str:
+    # ensure_ascii escapes control characters and non-ASCII, so CR/LF and non-Latin-1 text
+    # never reach the wire; DEL is ASCII yet no field-vchar (RFC 9110 §5.5), so it is escaped
+    # too (it can only stand inside a JSON string).
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":")).replace("\x7f", "\\u007f")
 
 
 _CONNECTION_MEMO: dict[str, frozenset[str]] = {}
@@ -128,6 +181,11 @@ def _forwarded_node(address: str | None) -> str:
     return f'"[{ip}]"' if ip.version == 6 else str(ip)
 
 
+def _fold(name: str) -> str:
+    """A header name as CGI/WSGI servers see it: `X_Forwarded_Host` is `x-forwarded-host`."""
+    return name.lower().replace("_", "-")
+
+
 class BodyFailure(Exception):
     """The client's body could not be passed on: why, as an HTTP answer to give."""
 
@@ -136,37 +194,88 @@ class BodyFailure(Exception):
         self.kind = kind  # too_large | timeout | client_gone
 
 
+class _Upload:
+    """A request body on its way: its deadline, whether it has all arrived, why it stopped.
+
+    While it is arriving it counts against its client's address in `BodiesInFlight`.
+    """
+
+    __slots__ = ("bodies", "client", "complete", "counted", "deadline", "failure", "limit")
+
+    def __init__(
+        self, bodies: BodiesInFlight, client: str, deadline: float, limit: int | None
+    ) -> None:
+        self.bodies = bodies
+        self.client = client
+        self.deadline = deadline  # event-loop time by which the whole body must be in
+        self.limit = limit  # the route's max_body_size
+        self.complete = False
+        self.counted = True
+        self.failure: BodyFailure | None = None
+
+    def stopped(self) -> None:
+        """The body is no longer arriving (whole, cut short or abandoned): uncount it once."""
+        if self.counted:
+            self.counted = False
+            self.bodies.leave(self.client)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How requests reach the upstream, shared by every Forwarder built on the same pool."""
+
+    pooled: aiohttp.ClientSession  # keep-alive connections
+    # Connections that carry one request and are closed: for requests whose body the
+    # upstream may not read, so its bytes can never be taken for a later request.
+    single_use: aiohttp.ClientSession
+    slots: Slots  # exchanges using either session at once
+
+    async def close(self) -> None:
+        await self.pooled.close()
+        await self.single_use.close()
+
+
 class Forwarder:
-    def __init__(self, settings: Settings, session: aiohttp.ClientSession) -> None:
-        self._session = session
-        upstream = urlsplit(settings.upstream.url)
-        self._base = settings.upstream.url[: len(settings.upstream.url) - len(upstream.path)]
-        self._prefix = upstream.path.rstrip("/")
+    def __init__(self, settings: Settings, upstream: Upstream, bodies: BodiesInFlight) -> None:
+        """`bodies` counts bodies arriving per client, for the whole process."""
+        self._session = upstream.pooled
+        self._single_use = upstream.single_use
+        self._slots = upstream.slots
+        self._pool_timeout = settings.upstream.pool_timeout.total_seconds()
+        self._bodies = bodies
+        self._addresses = ClientAddresses(settings.trusted_proxies)
+        url = urlsplit(settings.upstream.url)
+        self._base = settings.upstream.url[: len(settings.upstream.url) - len(url.path)]
+        self._prefix = url.path.rstrip("/")
         self._preserve_host = settings.upstream.preserve_host
+        self._server_name = settings.upstream.server_name  # None: the URL's host
         self._strip_authorization = settings.forward.strip_authorization
         self._buffer_size = settings.forward.buffer_size
         self._body_timeout = settings.limits.body_timeout.total_seconds()
+        self._body_total_timeout = settings.limits.body_total_timeout.total_seconds()
         self._request_id_header = settings.forward.request_id_header
         self.request_id_header = self._request_id_header
         self._traceparent = settings.forward.traceparent
         self.identity = settings.identity_headers
-        self._identity_names = frozenset(
-            name.lower().replace("_", "-") for name in self.identity.names()
-        )
-        self._drop = (
+        self._client_cert = settings.identity_headers.client_cert
+        dropped = (
             _REQUEST_DROP
-            | self._identity_names
+            | set(self.identity.names())
             | {
                 "x-forwarded-for",
                 "x-forwarded-proto",
                 "x-forwarded-host",
                 "forwarded",
                 "via",
-                self._request_id_header.lower(),
+                self._request_id_header,
             }
             | ({"authorization"} if self._strip_authorization else set())
             | ({"traceparent"} if self._traceparent else set())
+            | (_METHOD_OVERRIDE if settings.forward.strip_method_override else set())
         )
+        # Folded, so that one lookup also drops the `_` spellings of each: a CGI/WSGI
+        # upstream would read `X_Forwarded_For` as the gateway's own `X-Forwarded-For`.
+        self._drop = frozenset(_fold(name) for name in dropped)
         self.websockets_open = 0
         self._keep: dict[str, bool] = {}
         self._hosts: dict[str, bool] = {}
@@ -175,9 +284,7 @@ class Forwarder:
 
     def _keeps(self, name: str) -> bool:
         """Whether a client header may go upstream, whatever the request (remembered)."""
-        low = name.lower()
-        # X_Auth_Subject is X-Auth-Subject to a CGI/WSGI upstream.
-        kept = low not in self._drop and low.replace("_", "-") not in self._identity_names
+        kept = _fold(name) not in self._drop
         if len(self._keep) < _MEMO_LIMIT:
             self._keep[name] = kept
         return kept
@@ -252,16 +359,33 @@ class Forwarder:
             if identity is None:
                 identity = principal.memo[self.identity] = self.identity_headers(principal)
             out.extend(identity)
+        if self._client_cert:
+            certificate = clientcert.of(request)
+            if certificate is not None:
+                out.extend(self.client_cert_headers(certificate))
         return out
+
+    def client_cert_headers(
+        self, certificate: clientcert.ClientCertificate
+    ) -> list[tuple[str, str]]:
+        ids = self.identity
+        headers = []
+        if ids.client_cert_subject is not None:
+            headers.append((ids.client_cert_subject, header_value(certificate.subject)))
+        if ids.client_cert_san is not None and certificate.sans:
+            headers.append((ids.client_cert_san, header_value(", ".join(certificate.sans))))
+        return headers
 
     def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
         """The identity headers of a principal; computed once per verified token."""
         ids = self.identity
-        headers = [(ids.subject, header_value(principal.subject))]
+        headers = [(ids.subject, string_header_value(principal.subject))]
         if principal.client_id is not None:
-            headers.append((ids.client_id, header_value(principal.client_id)))
-        headers.append((ids.scopes, " ".join(header_value(s) for s in sorted(principal.scopes))))
-        headers.append((ids.issuer, header_value(principal.issuer)))
+            headers.append((ids.client_id, string_header_value(principal.client_id)))
+        # Scopes are RFC 6749 §3.3 scope tokens (the verifiers refuse others): no spaces.
+        scopes = " ".join(string_header_value(s) for s in sorted(principal.scopes))
+        headers.append((ids.scopes, scopes))
+        headers.append((ids.issuer, string_header_value(principal.issuer)))
         for header, claim in ids.claims:
             claim_value = principal.claims.get(claim)
             if claim_value is not None:
@@ -294,42 +418,99 @@ class Forwarder:
 
     # ------------------------------------------------------------------ bodies
 
-    async def _read_small_body(self, request: web.BaseRequest, length: int) -> bytes:
+    def _client(self, request: web.BaseRequest) -> str:
+        """The client's address, as the per-client body cap counts it."""
+        if self._addresses.uses_forwarded_for:
+            return self._addresses.client(
+                request.remote, request.headers.getall("X-Forwarded-For", ())
+            )
+        return request.remote or "unknown"
+
+    async def _receive(
+        self, request: web.BaseRequest, upload: _Upload
+    ) -> bytes | AsyncIterator[bytes]:
+        """The body, whole when it fits in `buffer_size`, else as a stream; either way up to
+        `buffer_size` bytes have arrived when this returns, before any upstream connection
+        is taken."""
+        length = request.content_length
+        if length is not None and length <= self._buffer_size:
+            body = await self._read_small_body(request, length, upload.deadline)
+            upload.complete = True
+            return body
+        start = await self._read_start(request, upload)
+        if upload.complete:
+            return start
+        return self._stream_body(request, start, upload)
+
+    async def _read_small_body(
+        self, request: web.BaseRequest, length: int, deadline: float
+    ) -> bytes:
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self._body_timeout):
+            async with asyncio.timeout_at(min(loop.time() + self._body_timeout, deadline)):
                 return await request.content.readexactly(length)
         except TimeoutError:
             raise BodyFailure("timeout") from None
         except (asyncio.IncompleteReadError, ConnectionError, aiohttp.ClientPayloadError):
             raise BodyFailure("client_gone") from None
 
-    async def _stream_body(
-        self, request: web.BaseRequest, limit: int | None, failure: list[BodyFailure]
-    ) -> AsyncIterator[bytes]:
-        """The client's body chunk by chunk; a failure is recorded before the upload aborts."""
-        received = 0
+    async def _next_chunk(self, request: web.BaseRequest, deadline: float) -> bytes:
+        """What has arrived of the body (b"" at its end), waiting at most `body_timeout` and
+        never past the whole body's deadline."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(min(loop.time() + self._body_timeout, deadline)):
+                return await request.content.readany()
+        except TimeoutError:
+            raise BodyFailure("timeout") from None
+        except Exception:
+            raise BodyFailure("client_gone") from None
+
+    async def _read_start(self, request: web.BaseRequest, upload: _Upload) -> bytes:
+        """At least `buffer_size` bytes of a body, or all of a shorter one (then the upload
+        is complete)."""
         content = request.content
+        parts: list[bytes] = []
+        received = 0
+        while received < self._buffer_size:
+            chunk = await self._next_chunk(request, upload.deadline)
+            if chunk:
+                received += len(chunk)
+                if upload.limit is not None and received > upload.limit:
+                    raise BodyFailure("too_large")
+                parts.append(chunk)
+            if not chunk or content.at_eof():
+                upload.complete = True
+                break
+        return b"".join(parts)
+
+    async def _stream_body(
+        self, request: web.BaseRequest, start: bytes, upload: _Upload
+    ) -> AsyncIterator[bytes]:
+        """The body from `start` on, chunk by chunk; a failure is recorded on the upload
+        before the upload aborts (the client library reports it only as a broken
+        connection)."""
+        received = len(start)
+        yield start
         while True:
             try:
-                async with asyncio.timeout(self._body_timeout):
-                    chunk = await content.readany()
-            except TimeoutError:
-                failure.append(BodyFailure("timeout"))
-                raise failure[-1] from None
-            except Exception:
-                failure.append(BodyFailure("client_gone"))
-                raise failure[-1] from None
+                chunk = await self._next_chunk(request, upload.deadline)
+            except BodyFailure as exc:
+                upload.failure = exc
+                raise
             if not chunk:
+                upload.complete = True
+                upload.stopped()
                 return
             received += len(chunk)
-            if limit is not None and received > limit:
-                failure.append(BodyFailure("too_large"))
-                raise failure[-1]
+            if upload.limit is not None and received > upload.limit:
+                upload.failure = BodyFailure("too_large")
+                raise upload.failure
             yield chunk
 
     # ------------------------------------------------------------------ the exchange
 
-    async def send(
+    def send(
         self,
         request: web.BaseRequest,
         principal: Principal | None,
@@ -337,45 +518,104 @@ class Forwarder:
         max_body: int | None,
         extra: Sequence[tuple[str, str]] = (),
         own_cors: bool = False,
-    ) -> web.StreamResponse:
+    ) -> Coroutine[Any, Any, web.StreamResponse]:
         """Forward the request and relay the answer; `extra` headers go on the answer.
         The time from sending upstream to the end of the answer is the exchange's
-        upstream time."""
-        request_id = exchange.request_id
-        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
+        upstream time.
+
+        Not itself a coroutine: it hands back the one that does the work, so a request
+        without a body (the common case) goes through one coroutine, not two.
+        """
         headers = self.upstream_headers(request, principal, exchange)
-        failure: list[BodyFailure] = []
-        data: bytes | AsyncIterator[bytes] | None = None
-        length = request.content_length
-        if length != 0 and request.body_exists:
-            await self._continue(request)
+        if not request.body_exists:
+            return self._exchange(request, headers, None, None, exchange, extra, own_cors)
+        return self._send_with_body(request, headers, exchange, max_body, extra, own_cors)
+
+    async def _send_with_body(
+        self,
+        request: web.BaseRequest,
+        headers: CIMultiDict[str],
+        exchange: Exchange,
+        max_body: int | None,
+        extra: Sequence[tuple[str, str]],
+        own_cors: bool,
+    ) -> web.StreamResponse:
+        """Count the body against its client, receive its start (all of a small one), then
+        the exchange."""
+        client = self._client(request)
+        if not self._bodies.enter(client):
+            return errors.too_many_bodies()
+        deadline = asyncio.get_running_loop().time() + self._body_total_timeout
+        upload = _Upload(self._bodies, client, deadline, max_body)
         try:
-            if length is not None and length <= self._buffer_size:
-                data = await self._read_small_body(request, length) if length else None
-            elif request.body_exists:
-                data = self._stream_body(request, max_body, failure)
-        except BodyFailure as exc:
-            return self._body_failure(exc, max_body)
+            if request.content_length != 0:
+                await self._continue(request)
+            try:
+                data = await self._receive(request, upload)
+            except BodyFailure as exc:
+                return self._body_failure(exc, max_body)
+            if upload.complete:
+                upload.stopped()
+            if request.method not in _BODY_METHODS:
+                # RFC 9112 §9.6: the upstream handles no further request on this connection,
+                # so body bytes it did not read as a body cannot become one.
+                headers["Connection"] = "close"
+            return await self._exchange(request, headers, data, upload, exchange, extra, own_cors)
+        finally:
+            upload.stopped()
+
+    async def _exchange(
+        self,
+        request: web.BaseRequest,
+        headers: CIMultiDict[str],
+        data: bytes | AsyncIterator[bytes] | None,
+        upload: _Upload | None,
+        exchange: Exchange,
+        extra: Sequence[tuple[str, str]],
+        own_cors: bool,
+    ) -> web.StreamResponse:
+        """Take an upstream slot (waiting at most `pool_timeout`), send, relay the answer."""
+        slots = self._slots
+        if not slots.try_take() and not await slots.wait(self._pool_timeout):
+            log.warning("upstream pool busy", extra={"request_id": exchange.request_id})
+            exchange.upstream_error = "busy"
+            busy = errors.upstream_busy()
+            if upload is not None and not upload.complete:
+                busy.force_close()  # the rest of the body is not read for this answer
+            return busy
+        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
+        session = (
+            self._session if upload is None or request.method in _BODY_METHODS else self._single_use
+        )
         started = time.perf_counter()
         try:
-            async with self._session.request(
-                request.method, url, headers=headers, data=data, allow_redirects=False
+            async with session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=data,
+                allow_redirects=False,
+                server_hostname=self._server_name,
             ) as upstream:
+                if upload is not None and not upload.complete:
+                    # The answer came before the body was all sent: what the upstream makes
+                    # of the rest of it is not known, so the connection is not used again.
+                    _keep_out_of_pool(upstream)
                 return await self._relay(request, upstream, exchange, extra, own_cors)
         except BodyFailure as exc:
-            return self._body_failure(exc, max_body)
+            return self._body_failure(exc, upload.limit if upload is not None else None)
         except (TimeoutError, aiohttp.ServerTimeoutError):
-            if failure:
-                return self._body_failure(failure[0], max_body)
-            log.warning("upstream timed out", extra={"request_id": request_id})
+            if upload is not None and upload.failure is not None:
+                return self._body_failure(upload.failure, upload.limit)
+            log.warning("upstream timed out", extra={"request_id": exchange.request_id})
             exchange.upstream_error = "timeout"
             return errors.gateway_timeout()
         except aiohttp.ClientError as exc:
-            if failure:
-                return self._body_failure(failure[0], max_body)
+            if upload is not None and upload.failure is not None:
+                return self._body_failure(upload.failure, upload.limit)
             log.warning(
                 "upstream failed",
-                extra={"request_id": request_id, "reason": type(exc).__name__},
+                extra={"request_id": exchange.request_id, "reason": type(exc).__name__},
             )
             exchange.upstream_error = (
                 "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
@@ -383,6 +623,7 @@ class Forwarder:
             return errors.bad_gateway()
         finally:
             exchange.upstream_seconds = time.perf_counter() - started
+            slots.give_back()
 
     @staticmethod
     async def _continue(request: web.BaseRequest) -> None:
@@ -493,14 +734,53 @@ class Forwarder:
             for p in value.split(",")
             if p.strip()
         )
-        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
-        started = time.perf_counter()
+        # The upstream WebSocket holds a pooled connection for as long as it is open.
+        slots = self._slots
+        if not slots.try_take() and not await slots.wait(self._pool_timeout):
+            log.warning("upstream pool busy", extra={"request_id": exchange.request_id})
+            exchange.upstream_error = "busy"
+            return errors.upstream_busy()
         try:
-            upstream = await self._session.ws_connect(
+            started = time.perf_counter()
+            upstream = await self._connect_websocket(
+                request, headers, protocols, settings, exchange
+            )
+            if isinstance(upstream, web.Response):
+                return upstream
+            try:
+                client._protocols = (upstream.protocol,) if upstream.protocol else ()
+                client.headers[self._request_id_header] = exchange.request_id
+                client.headers.extend(extra)
+                await client.prepare(request)
+                self.websockets_open += 1
+                try:
+                    await self._relay_websocket(client, upstream, principal, settings, exchange)
+                finally:
+                    self.websockets_open -= 1
+            finally:
+                await upstream.close()
+                exchange.upstream_seconds = time.perf_counter() - started
+            return client
+        finally:
+            slots.give_back()
+
+    async def _connect_websocket(
+        self,
+        request: web.BaseRequest,
+        headers: CIMultiDict[str],
+        protocols: tuple[str, ...],
+        settings: WebSocketSettings,
+        exchange: Exchange,
+    ) -> aiohttp.ClientWebSocketResponse | web.Response:
+        """The upstream WebSocket, or the answer to give the client when it cannot be had."""
+        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
+        try:
+            return await self._session.ws_connect(
                 url,
                 method="GET",
                 headers=headers,
                 protocols=protocols,
+                server_hostname=self._server_name,
                 max_msg_size=settings.max_message_size,
                 heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
             )
@@ -523,20 +803,6 @@ class Forwarder:
                 "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
             )
             return errors.bad_gateway()
-        try:
-            client._protocols = (upstream.protocol,) if upstream.protocol else ()
-            client.headers[self._request_id_header] = exchange.request_id
-            client.headers.extend(extra)
-            await client.prepare(request)
-            self.websockets_open += 1
-            try:
-                await self._relay_websocket(client, upstream, principal, settings, exchange)
-            finally:
-                self.websockets_open -= 1
-        finally:
-            await upstream.close()
-            exchange.upstream_seconds = time.perf_counter() - started
-        return client
 
     async def _relay_websocket(
         self,
@@ -572,6 +838,14 @@ class Forwarder:
                 upstream.close(code=code, message=reason),
                 return_exceptions=True,
             )
+
+
+def _keep_out_of_pool(upstream: aiohttp.ClientResponse) -> None:
+    """Have the upstream connection closed when the exchange ends instead of pooled."""
+    connection = upstream.connection
+    protocol = connection.protocol if connection is not None else None
+    if protocol is not None:
+        protocol.force_close()
 
 
 async def _pump(

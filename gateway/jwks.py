@@ -6,9 +6,11 @@ discovery document), fetches the keys at start-up and again when the response's
 backoff when a fetch fails while the last good keys keep serving (stale-if-error).
 
 The request path only reads memory. The one exception is a token whose `kid` is not in the
-set: it may trigger `refetch_for_unknown_kid`, which fetches at most once per cool-down and
-shares a fetch in flight among all callers, so a flood of made-up kids cannot hammer the
-issuer.
+set: it may trigger `refetch_for_unknown_kid`, which shares a fetch in flight among all
+callers and fetches at most once per cool-down, so a flood of made-up kids cannot hammer the
+issuer. Only such refetches count towards the cool-down: a key the issuer starts signing with
+right after the start-up or a scheduled fetch is fetched at once, once MIN_REFETCH_GAP has
+passed since that fetch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +31,8 @@ import aiohttp
 import orjson
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from portcullis import tls
+
 from .settings import IssuerSettings, JwksSettings
 
 log = logging.getLogger("portcullis.gateway.jwks")
@@ -37,6 +42,9 @@ FIRST_RETRY = timedelta(milliseconds=500)  # after a failed fetch; doubles up to
 # No schedule fetches more often than this, even when min_ttl or max_backoff is 0s: a key
 # set refreshed in a loop would hammer the issuer and gain nothing.
 MIN_INTERVAL = timedelta(milliseconds=50)
+# No refetch for an unknown kid this soon after any fetch (or within the cool-down, when that
+# is shorter): the set just fetched is the issuer's current one.
+MIN_REFETCH_GAP = timedelta(seconds=1)
 
 # alg -> (kty, curves allowed); RFC 7518 §3.4 ties ES256/384/512 to one curve each.
 KEY_TYPE_OF_ALG: Mapping[str, tuple[str, frozenset[str] | None]] = {
@@ -147,16 +155,27 @@ class FetchError(Exception):
     pass
 
 
+def issuer_tls(issuer: IssuerSettings) -> ssl.SSLContext | bool:
+    """How an issuer's https certificate is checked: against its `ca_file`, else the system's
+    CAs."""
+    return tls.client_context(issuer.ca_file) if issuer.ca_file is not None else True
+
+
 async def fetch_json(
-    session: aiohttp.ClientSession, url: str, timeout: float
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout: float,
+    tls: ssl.SSLContext | bool = True,
 ) -> tuple[Any, str | None]:
-    """GET a JSON document of bounded size; (document, Cache-Control) or FetchError."""
+    """GET a JSON document of bounded size; (document, Cache-Control) or FetchError.
+    `tls` checks an https server's certificate (a context trusting the issuer's own CA)."""
     try:
         async with session.get(
             url,
             timeout=aiohttp.ClientTimeout(total=timeout),
             allow_redirects=False,
             headers={"Accept": "application/json"},
+            ssl=tls,
         ) as resp:
             if resp.status != 200:
                 raise FetchError(f"{url} answered {resp.status}")
@@ -201,6 +220,7 @@ class KeySet:
         self.issuer = issuer
         self.settings = settings
         self._session = session
+        self._tls = issuer_tls(issuer)
         self._jwks_uri = issuer.jwks_uri
         self._keys: dict[str | None, tuple[VerifyKey, ...]] = {}
         self._all: tuple[VerifyKey, ...] = ()
@@ -209,6 +229,7 @@ class KeySet:
         self.failures = 0
         self.last_error: str | None = None
         self._last_attempt = -float("inf")  # monotonic time of the last fetch start
+        self._last_kid_refetch = -float("inf")  # ... of the last one an unknown kid started
         self._next_refresh = 0.0
         self._inflight: asyncio.Task[bool] | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -233,12 +254,18 @@ class KeySet:
         return kid in self._keys if kid is not None else bool(self._all)
 
     async def refetch_for_unknown_kid(self) -> None:
-        """Refresh once for a kid not in the set, unless a fetch ran within the cool-down."""
+        """Refresh for a kid not in the set, or join the fetch in flight; nothing when an
+        unknown kid refetched within the cool-down or any fetch started within the gap."""
         if self._inflight is not None:
             await asyncio.shield(self._inflight)
             return
-        if time.monotonic() - self._last_attempt < self.settings.refetch_cooldown.total_seconds():
+        now = time.monotonic()
+        cooldown = self.settings.refetch_cooldown.total_seconds()
+        if now - self._last_kid_refetch < cooldown:
             return
+        if now - self._last_attempt < min(MIN_REFETCH_GAP.total_seconds(), cooldown):
+            return
+        self._last_kid_refetch = now
         await self.refresh()
 
     # ------------------------------------------------------------------ lifecycle
@@ -290,7 +317,9 @@ class KeySet:
         try:
             if self._jwks_uri is None:
                 self._jwks_uri = await self._discover(timeout)
-            document, cache_control = await fetch_json(self._session, self._jwks_uri, timeout)
+            document, cache_control = await fetch_json(
+                self._session, self._jwks_uri, timeout, self._tls
+            )
             keys = parse_jwks(document)
         except Exception as exc:
             # Whatever went wrong (FetchError and ValueError are the expected kinds), the
@@ -328,7 +357,7 @@ class KeySet:
         problems = []
         for url in discovery_urls(self.issuer.issuer):
             try:
-                document, _ = await fetch_json(self._session, url, timeout)
+                document, _ = await fetch_json(self._session, url, timeout, self._tls)
             except FetchError as exc:
                 problems.append(str(exc))
                 continue

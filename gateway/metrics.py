@@ -7,7 +7,7 @@ and additions), and turned into metric families by prometheus-client when scrape
                                                                    refusal, a refused path too
   portcullis_gateway_request_duration_seconds{route}              histogram, whole exchange
   portcullis_gateway_upstream_duration_seconds{route}             histogram, upstream part
-  portcullis_gateway_upstream_errors_total{route, kind}           connect | timeout | broken
+  portcullis_gateway_upstream_errors_total{route, kind}           connect | timeout | broken | busy
   portcullis_gateway_rate_limit_rejections_total{route, policy}
   portcullis_gateway_config_reloads_total{result}                 applied | rejected
 Read from the live state at scrape time (no cost per request):
@@ -17,6 +17,7 @@ Read from the live state at scrape time (no cost per request):
   portcullis_gateway_token_cache_hits_total, ..._misses_total, ..._token_cache_entries
   portcullis_gateway_rate_limit_backend_errors_total{backend}
   portcullis_gateway_websockets_open
+And portcullis_build_info{version}, always 1.
 
 Every label has a bounded set of values: route names come from the config, methods outside
 the standard ones are counted as OTHER, statuses are three digits.
@@ -37,6 +38,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from portcullis.buildinfo import BuildInfo
 
 from .exchange import DENY, UNMATCHED, Exchange
 
@@ -191,6 +194,7 @@ class Metrics:
         self._reloads: dict[str, int] = {"applied": 0, "rejected": 0}
         self.registry.register(_RequestCollector(self))
         self.registry.register(_StateCollector(read_state))
+        self.registry.register(BuildInfo())
 
     def observe(self, exchange: Exchange, status: int, finished: float) -> None:
         route = exchange.route
@@ -278,7 +282,7 @@ class _RequestCollector(Collector):
         tables: tuple[tuple[str, str, list[str], dict[tuple[str, str], int]], ...] = (
             (
                 "upstream_errors",
-                "Upstream exchanges that failed, by kind (connect, timeout, broken).",
+                "Upstream exchanges that failed, by kind (connect, timeout, broken, busy).",
                 ["route", "kind"],
                 m._upstream_errors,
             ),

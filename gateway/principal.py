@@ -5,7 +5,8 @@ Pure: built from a claims mapping, whatever verified it (a JWT signature or intr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +25,40 @@ class Principal:
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+class MalformedScope(ValueError):
+    """The scope claim holds something that is not a scope token (the token is refused)."""
+
+
+# RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E ): visible ASCII but `"` and `\`.
+_SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+")
+
+
 def normalise_scopes(claims: Mapping[str, Any]) -> frozenset[str]:
     """Scopes from `scope` (RFC 9068 §2.2.3, space-separated), else `scp`.
 
     Issuers differ in the shape: either claim may be a space-separated string or an array of
-    strings; the first of the two that has a usable shape is taken.
+    strings; the first of the two that has a usable shape is taken. A string is split on
+    U+0020 alone (RFC 6749 §3.3), never on other whitespace, and an array element is one
+    scope, never split again: a token granted the one odd scope "x<NBSP>orders:write" does
+    not hold `orders:write`. A scope token with characters outside the RFC 6749 §3.3 set
+    raises MalformedScope: such a claim cannot be read one way only, so it is not read at all.
     """
     for name in ("scope", "scp"):
         value = claims.get(name)
         if isinstance(value, str):
-            return frozenset(value.split())
+            return _scope_tokens(value.split(" "))
         if isinstance(value, list):
-            return frozenset(s for item in value if isinstance(item, str) for s in item.split())
+            return _scope_tokens(item for item in value if isinstance(item, str))
     return frozenset()
+
+
+def _scope_tokens(items: Iterable[str]) -> frozenset[str]:
+    # Empty items (from repeated spaces, or "" in an array) carry no scope and are dropped.
+    scopes = frozenset(item for item in items if item)
+    for scope in scopes:
+        if not _SCOPE_TOKEN.fullmatch(scope):
+            raise MalformedScope("a scope token holds characters RFC 6749 §3.3 does not allow")
+    return scopes
 
 
 def audiences_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
@@ -50,7 +72,8 @@ def audiences_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def from_claims(claims: Mapping[str, Any]) -> Principal:
-    """A principal from claims already checked by a verifier (iss, sub and exp present)."""
+    """A principal from claims already checked by a verifier (iss, sub and exp present);
+    raises MalformedScope for a scope claim that is not a list of scope tokens."""
     # RFC 9068 §2.2 names `client_id`; OpenID Connect providers often give only `azp`.
     client_id = next(
         (v for v in (claims.get("client_id"), claims.get("azp")) if isinstance(v, str) and v),

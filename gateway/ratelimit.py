@@ -87,9 +87,9 @@ class Policy:
         kind = self.key_kind
         if principal is not None:
             if kind == "subject":
-                return "s:" + _bounded(principal.subject)
+                return _per_issuer(principal, _SUBJECT, principal.subject)
             if kind == "client_id" and principal.client_id is not None:
-                return "c:" + _bounded(principal.client_id)
+                return _per_issuer(principal, _CLIENT, principal.client_id)
             if kind == "claim":
                 value = principal.claims.get(self.key_name)
                 if value is not None:
@@ -112,6 +112,24 @@ class Policy:
             ("RateLimit-Policy", self.policy_header),
             ("RateLimit", f"{self.quoted_name};r={verdict.remaining};t={reset}"),
         ]
+
+
+# Keys of Principal.memo for the bucket keys below; their second item prefixes the key.
+_SUBJECT = ("ratelimit", "s:")
+_CLIENT = ("ratelimit", "c:")
+
+
+def _per_issuer(principal: Principal, kind: tuple[str, str], value: str) -> str:
+    """A key for a value its issuer alone makes unique: a subject is unique within its issuer
+    (RFC 7519 §4.1.2), a client id within its authorization server (RFC 6749 §2.2), so two
+    issuers' "alice" are two buckets. Derived once per verified token (its memo), not per
+    request."""
+    key: str | None = principal.memo.get(kind)
+    if key is None:
+        # The issuer's length first: no issuer and value can run into another pair's.
+        issuer = principal.issuer
+        key = principal.memo[kind] = kind[1] + _bounded(f"{len(issuer)}:{issuer}{value}")
+    return key
 
 
 def _bounded(text: str) -> str:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from multidict import CIMultiDict
 
 from gateway import settings as gateway_settings
 from gateway.app import Gateway, admin_app, keys_session, public_server, upstream_session
+from portcullis.tls import RotatingCertificate
 
 
 def free_port() -> int:
@@ -39,17 +41,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def start_site(app: web.Application | web.Server, port: int = 0) -> tuple[Any, str]:
+async def start_site(
+    app: web.Application | web.Server, port: int = 0, ssl_context: ssl.SSLContext | None = None
+) -> tuple[Any, str]:
+    """Serve on 127.0.0.1 (`port` 0: any free one), over TLS with `ssl_context`."""
     runner: web.BaseRunner
     if isinstance(app, web.Server):
         runner = web.ServerRunner(app, shutdown_timeout=1)
     else:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
     await site.start()
     host, bound = runner.addresses[0][:2]
-    return runner, f"http://{host}:{bound}"
+    return runner, f"{'https' if ssl_context else 'http'}://{host}:{bound}"
 
 
 # ---------------------------------------------------------------------------- issuer
@@ -210,13 +215,14 @@ class TestIssuer:
         algorithm = get_default_algorithms()[alg or key.alg]
         return compact(header, payload, lambda data: algorithm.sign(data, key.private))
 
-    async def start(self, port: int = 0) -> TestIssuer:
-        """Serve on `port` (0: any free one; give the old port to restart after `stop`)."""
+    async def start(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> TestIssuer:
+        """Serve on `port` (0: any free one; give the old port to restart after `stop`),
+        over https with `ssl_context`."""
         app = web.Application(middlewares=[self._record])
         app.router.add_get("/.well-known/openid-configuration", self._oidc)
         app.router.add_get("/.well-known/oauth-authorization-server", self._rfc8414)
         app.router.add_get("/jwks", self._jwks)
-        self.runner, self.url = await start_site(app, port)
+        self.runner, self.url = await start_site(app, port, ssl_context)
         return self
 
     async def stop(self) -> None:
@@ -271,8 +277,8 @@ class EchoUpstream:
     runner: Any = None
     requests: list[dict[str, Any]] = field(default_factory=list)
 
-    async def start(self) -> EchoUpstream:
-        self.runner, self.url = await start_site(web.Server(self._handle))
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> EchoUpstream:
+        self.runner, self.url = await start_site(web.Server(self._handle), 0, ssl_context)
         return self
 
     async def stop(self) -> None:
@@ -296,6 +302,10 @@ class EchoUpstream:
             "body_size": size,
             "body_sha256": digest.hexdigest(),
         }
+        transport = request.transport
+        peer = transport.get_extra_info("peercert") if transport is not None else None
+        if peer:
+            seen["client_cert_subject"] = peer["subject"]  # over TLS with a client certificate
         self.requests.append(seen)
         return web.Response(
             body=json.dumps(seen).encode(),
@@ -387,8 +397,14 @@ class RunningGateway:
     admin_url: str
     runners: list[Any]
     sessions: list[Any]
+    certificate: RotatingCertificate | None = None  # the public listener's, with `tls`
+    watcher: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watcher
         for runner in self.runners:
             await runner.cleanup()
         await self.gateway.close()
@@ -412,9 +428,21 @@ async def start_gateway(
     up, keys = upstream_session(settings), keys_session()
     gateway = Gateway(settings, up, keys)
     gateway.start()
-    public_runner, url = await start_site(public_server(gateway))
+    # With `tls`, the public listener is served as `run` serves it: rotated files followed.
+    certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
+    public_runner, url = await start_site(
+        public_server(gateway), 0, certificate.context if certificate is not None else None
+    )
     admin_runner, admin_url = await start_site(admin_app(gateway))
-    running = RunningGateway(gateway, url, admin_url, [public_runner, admin_runner], [up, keys])
+    running = RunningGateway(
+        gateway,
+        url,
+        admin_url,
+        [public_runner, admin_runner],
+        [up, keys],
+        certificate,
+        asyncio.create_task(certificate.watch()) if certificate is not None else None,
+    )
     if wait_ready:
         deadline = time.monotonic() + 10
         while gateway.not_ready():
@@ -552,9 +580,10 @@ class RawConnection:
         self.writer = writer
 
     @classmethod
-    async def open(cls, url: str) -> RawConnection:
+    async def open(cls, url: str, ssl_context: ssl.SSLContext | None = None) -> RawConnection:
+        """A connection to `url`'s host and port; over TLS with `ssl_context`."""
         host, port = url.split("://", 1)[1].rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=ssl_context)
         return cls(reader, writer)
 
     async def send(self, data: bytes) -> None:
@@ -707,7 +736,7 @@ class GatewayProcess:
         self.config.write_text(config_text)
         self.log_path = directory / "gateway.log"
         settings = gateway_settings.load(str(self.config))
-        self.url = f"http://{settings.listen}"
+        self.url = f"{'https' if settings.tls else 'http'}://{settings.listen}"
         self.admin_url = f"http://{settings.admin_listen}"
         self.port = settings.listen.port
         self.grace = settings.shutdown_grace.total_seconds()
@@ -802,12 +831,14 @@ class IntrospectionServer:
     in_flight: int = 0
     runner: Any = None
 
-    async def start(self, port: int = 0) -> IntrospectionServer:
+    async def start(
+        self, port: int = 0, ssl_context: ssl.SSLContext | None = None
+    ) -> IntrospectionServer:
         app = web.Application()
         app.router.add_get("/.well-known/openid-configuration", self._metadata)
         app.router.add_get("/.well-known/oauth-authorization-server", self._metadata)
         app.router.add_post("/introspect", self._introspect)
-        self.runner, self.url = await start_site(app, port)
+        self.runner, self.url = await start_site(app, port, ssl_context)
         return self
 
     async def stop(self) -> None:

@@ -4,8 +4,9 @@
 - gateway and authserver never import each other;
 - the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
   through other modules of the package, so they are tested without a server;
-- the authserver is layered: app (the composition root) → endpoints → grants → tokens,
-  client authentication, sessions → key ring, store protocol, registry → settings → protocol.
+- the authserver is layered: app (the composition root) → endpoints, CORS → grants →
+  tokens, client authentication, sessions → key ring, store protocol, registry, metrics →
+  settings → protocol.
   A module imports only from its own layer or those below; `protocol/` imports the standard
   library alone; only app.py names a concrete store.
 """
@@ -119,10 +120,10 @@ def test_the_import_scan_sees_imports_through_other_modules():
 # The authserver's layers, top to bottom; a module belongs to the first entry it falls under.
 AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("authserver.__main__", "authserver.app"),
-    ("authserver.endpoints",),
+    ("authserver.endpoints", "authserver.cors"),
     ("authserver.grants",),
     ("authserver.tokens", "authserver.clients", "authserver.sessions"),
-    ("authserver.keys", "authserver.store", "authserver.registry"),
+    ("authserver.keys", "authserver.store", "authserver.registry", "authserver.metrics"),
     ("authserver.settings", "authserver.users", "authserver.clock"),
     ("authserver.protocol",),
 )

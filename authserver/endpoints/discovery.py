@@ -1,6 +1,7 @@
 """Authorization server metadata (RFC 8414) and OpenID Provider metadata (Discovery 1.0 §3).
 
-One document, served at both well-known paths, built once at start-up, cacheable with an
+One document, served at both well-known paths, built when a configuration is loaded (at
+start and on each reload), cacheable with an
 ETag. It lists only what the server really does.
 """
 

@@ -31,6 +31,7 @@ from aiohttp import web
 from portcullis.addresses import ClientAddresses
 
 from ..clock import Clock
+from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
 from ..settings import BACKOFF_FIRST_DELAY, LoginThrottle
@@ -91,6 +92,7 @@ class PasswordCheck:
         throttle: LoginThrottle,
         addresses: ClientAddresses,
         clock: Clock,
+        metrics: Metrics,
     ) -> None:
         self.store = store
         self.users = users
@@ -98,6 +100,7 @@ class PasswordCheck:
         self.throttle = throttle
         self.addresses = addresses
         self.clock = clock
+        self.metrics = metrics
 
     async def check(
         self, request: web.Request, username: str, password: str
@@ -110,6 +113,7 @@ class PasswordCheck:
             (limits.at_address, limits.address, limits.username), now
         )
         if refused is not None:
+            self.metrics.login_throttled()
             log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
             return Throttled(max(1, int(refused.retry_after)))
         keys = (limits.at_address.key, limits.address.key, limits.username.key)
@@ -123,6 +127,7 @@ class PasswordCheck:
             await self.store.release_attempt(keys, now)
             raise
         if user is None or not ok:
+            self.metrics.login_failed()
             return None  # the attempt stays charged: it was a failure
         await self.store.clear_failures(limits.at_address.key)
         await self.store.release_attempt((limits.address.key, limits.username.key), now)

@@ -16,6 +16,7 @@ from aiohttp import web
 from ..clients import ClientAuthenticator
 from ..clock import Clock
 from ..grants.base import Registry, TokenRequest
+from ..metrics import Metrics
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
 from .errors import json_no_store, oauth_json_error
 from .forms import read_form
@@ -25,12 +26,18 @@ log = logging.getLogger("portcullis.authserver.token")
 
 class TokenEndpoint:
     def __init__(
-        self, grants: Registry, clients: ClientAuthenticator, url: str, clock: Clock
+        self,
+        grants: Registry,
+        clients: ClientAuthenticator,
+        url: str,
+        clock: Clock,
+        metrics: Metrics,
     ) -> None:
         self.grants = grants
         self.clients = clients
         self.url = url
         self.clock = clock
+        self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.Response:
         try:
@@ -47,6 +54,7 @@ class TokenEndpoint:
                 )
             token_request = TokenRequest(grant_type, form, self.clock(), self.url)
             body = await grant.issue(token_request, client)  # 5
+            self.metrics.token_issued(grant_type)
             return json_no_store(body)  # 6
         except OAuthError as error:
             if error.code in (ErrorCode.INVALID_GRANT, ErrorCode.INVALID_CLIENT):

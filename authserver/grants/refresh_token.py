@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from ..metrics import Metrics
 from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import invalid_grant, invalid_request
@@ -32,12 +33,18 @@ class RefreshToken:
     grant_type = "refresh_token"
 
     def __init__(
-        self, store: Store, users: UserDirectory, issuer: TokenIssuer, grace: float
+        self,
+        store: Store,
+        users: UserDirectory,
+        issuer: TokenIssuer,
+        grace: float,
+        metrics: Metrics,
     ) -> None:
         self.store = store
         self.users = users
         self.issuer = issuer
         self.grace = grace  # seconds
+        self.metrics = metrics
 
     async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
         form, now = request.form, request.now
@@ -71,6 +78,7 @@ class RefreshToken:
                     return self.issuer.repeat(plan)
             if decision.effect is Effect.REVOKE_FAMILY:
                 await self.store.revoke_grant(record.family_id, now)
+                self.metrics.refresh_reused()
                 audit.warning(
                     "refresh token reused: family revoked",
                     extra={"client_id": client.client_id, "family_id": record.family_id},

@@ -318,3 +318,6 @@ class Store(Protocol):
         family are kept a while past their idle expiry, so that a rotated one shown again
         is still caught as reuse; a grant is kept while an access token recorded under it
         may still be presented."""
+
+    async def ping(self) -> None:
+        """Answer a trivial query, or raise: whether the store can serve (readiness)."""

@@ -262,6 +262,9 @@ class SQLiteStore:
     async def purge_expired(self, now: float) -> int:
         return await self._call(lambda conn: _purge_expired(conn, now))
 
+    async def ping(self) -> None:
+        await self._call(lambda conn: conn.execute("SELECT 1").fetchone())
+
 
 # ---------------------------------------------------------------------------------------
 # Migrations

@@ -17,8 +17,9 @@ One `Introspector` per issuer in mode `introspection` or `auto`:
     guess;
  6. an active answer is checked like a JWT: `iss` (when given) must be this issuer, `exp`
     and `nbf` with leeway, a `sub`, and a `token_type` that is an access token (a refresh
-    token is active too, but is no bearer credential for an API). Audience and scope are
-    route-specific and belong to policy.decide, as for JWTs.
+    token is active too, but is no bearer credential for an API), and a `scope` made of
+    RFC 6749 §3.3 scope tokens split on U+0020 alone (§2.2), as for JWTs. Audience and
+    scope are route-specific and belong to policy.decide, as for JWTs.
 Neither the token nor the client secret is ever logged.
 """
 
@@ -40,8 +41,8 @@ from urllib.parse import quote_plus, urlsplit
 import aiohttp
 import orjson
 
-from ..jwks import FetchError, discovery_urls, fetch_json, read_bounded
-from ..principal import Principal, audiences_of, normalise_scopes
+from ..jwks import FetchError, discovery_urls, fetch_json, issuer_tls, read_bounded
+from ..principal import MalformedScope, Principal, audiences_of, normalise_scopes
 from ..settings import IntrospectionSettings, IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache
@@ -157,7 +158,9 @@ class Introspector:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.settings.max_connections),
+                connector=aiohttp.TCPConnector(
+                    limit=self.settings.max_connections, ssl=issuer_tls(self.issuer)
+                ),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 headers={"User-Agent": "portcullis-gateway"},
             )
@@ -264,11 +267,15 @@ class Introspector:
         client_id = answer.get("client_id")
         claims = {k: v for k, v in answer.items() if k != "active"}
         claims["iss"] = self.issuer.issuer
+        try:
+            scopes = normalise_scopes(claims)
+        except MalformedScope:
+            raise InvalidToken("the token's scope is not a list of scope tokens") from None
         return Principal(
             issuer=self.issuer.issuer,
             subject=sub,
             client_id=client_id if isinstance(client_id, str) and client_id else None,
-            scopes=normalise_scopes(claims),
+            scopes=scopes,
             audiences=audiences_of(claims),
             expires_at=float(exp) if exp is not None else math.inf,
             claims=claims,

@@ -2,7 +2,9 @@
 
 The checks, in order (each failure is a 401 invalid_token with a short description):
  1. verified-token cache: a hit skips everything below until the token expires;
- 2. compact JWS shape, header and payload are JSON objects;
+ 2. compact JWS shape, each part canonical base64url (RFC 7515 §2, RFC 4648 §5: its own
+    alphabet, no padding, zero pad bits), so one token has one spelling and the cache can
+    never hold a second name for a signature; header and payload are JSON objects;
  3. `alg` on the issuer's allow-list (never `none` or HS*: RFC 8725 §3.1-3.2), no `crit`
     we do not understand (we understand none: RFC 7515 §4.1.11); `jku`, `x5u` and `jwk`
     headers are ignored, keys only ever come from the configured key set (RFC 8725 §3.10);
@@ -12,8 +14,10 @@ The checks, in order (each failure is a 401 invalid_token with a short descripti
     one throttled key refresh;
  7. signature;
  8. `exp` (required), `nbf`, `iat` with leeway; `sub` and `aud` present;
- 9. not an ID token (RFC 9068 §4 asks resource servers to tell them apart).
-Audience and scope are route-specific and belong to policy.decide.
+ 9. not an ID token (RFC 9068 §4 asks resource servers to tell them apart);
+10. the scope claim is a list of RFC 6749 §3.3 scope tokens (principal.normalise_scopes).
+Audience and scope are route-specific and belong to policy.decide. Steps 2-10 run only for a
+token the cache of step 1 does not hold, and what they accept is what it then holds.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import orjson
 from jwt.algorithms import Algorithm, get_default_algorithms
 
 from ..jwks import KeySet, VerifyKey
-from ..principal import Principal, from_claims
+from ..principal import MalformedScope, Principal, from_claims
 from ..settings import IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache, token_key
@@ -38,9 +42,25 @@ from .cache import TokenCache, token_key
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 _ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
+_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+_B64URL_TEXT = re.compile(r"[A-Za-z0-9_-]*")
+# RFC 4648 §3.5: the bits a final partial group leaves unused must be zero. With 2 characters
+# left the last one carries 4 unused bits, with 3 it carries 2; only the characters whose
+# unused bits are zero spell the bytes canonically. (PyJWT's decoder accepts any of them.)
+_CANONICAL_LAST = {
+    2: frozenset(_B64URL[::16]),
+    3: frozenset(_B64URL[::4]),
+}
 
 
 def b64url_decode(part: str) -> bytes:
+    """Unpadded base64url (RFC 7515 §2) in its one canonical spelling, else binascii.Error:
+    no `=`, nothing outside the alphabet, no length that no bytes encode to, zero pad bits."""
+    if not _B64URL_TEXT.fullmatch(part):
+        raise binascii.Error("not base64url")
+    rest = len(part) % 4
+    if rest == 1 or (rest and part[-1] not in _CANONICAL_LAST[rest]):
+        raise binascii.Error("not canonical base64url")
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
 
 
@@ -102,6 +122,12 @@ class JwtVerifier:
         if "crit" in header:
             raise InvalidToken("the token has critical header parameters that are not supported")
         claims = _json_object(payload_b64, "payload")
+        # Decoded before any key lookup: a signature spelt otherwise than canonically is
+        # refused without the refetch an unknown kid may cause.
+        try:
+            signature = b64url_decode(signature_b64)
+        except binascii.Error:
+            raise InvalidToken("the token signature is not base64url") from None
 
         iss = claims.get("iss")
         # An `iss` that is not a string (an array, an object) is untrusted, not a server error.
@@ -120,10 +146,6 @@ class JwtVerifier:
             raise InvalidToken("the token's kid is not a string")
         verify_key = await self._key_for(issuer, kid, alg)
 
-        try:
-            signature = b64url_decode(signature_b64)
-        except binascii.Error:
-            raise InvalidToken("the token signature is not base64url") from None
         signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
         if not _ALGORITHMS[alg].verify(signing_input, verify_key.key, signature):
             raise InvalidToken("the token signature is invalid")
@@ -148,7 +170,11 @@ class JwtVerifier:
             raise InvalidToken("the token has no audience")
         if _is_id_token(claims):
             raise InvalidToken("ID tokens are not access tokens")
-        return from_claims(claims), float(exp) + leeway
+        try:
+            principal = from_claims(claims)
+        except MalformedScope:
+            raise InvalidToken("the token's scope is not a list of scope tokens") from None
+        return principal, float(exp) + leeway
 
     @staticmethod
     async def _key_for(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:
@@ -175,13 +201,27 @@ class JwtVerifier:
         raise InvalidToken("the token is signed with an unknown key")
 
 
+# OpenID Connect Core defines these for ID tokens alone (§2 nonce, §3.1.3.6 at_hash, §3.3.2.11
+# c_hash); RFC 9068 §2.2 gives access tokens none of them.
+_ID_TOKEN_ONLY = ("nonce", "at_hash", "c_hash")
+# The authentication event (OIDC Core §2). RFC 9068 §2.2.1 lets access tokens carry them too,
+# so they mark an ID token only where the claims every access token has and an ID token
+# lacks (RFC 9068 §2.2: client_id; §2.2.3: scope) are missing as well.
+_AUTHENTICATION_CLAIMS = ("auth_time", "acr", "amr")
+
+
 def _is_id_token(claims: Mapping[str, Any]) -> bool:
-    """An OpenID Connect ID token: it has a nonce, or its audience is the client itself
-    (`aud` equal to `azp`/`client_id`) and it carries no scope. RFC 9068 §4 / OIDC Core §2."""
-    if "nonce" in claims:
+    """An OpenID Connect ID token offered as an access token. RFC 9068 §4 asks resource
+    servers to tell the two apart; `typ` does when the issuer sets it (RFC 8725 §3.11), and
+    without it the claims must (RFC 8725 §3.12: mutually exclusive rules for each kind):
+    a claim only ID tokens have, authentication claims without scope or client_id, or an
+    audience that is the client itself (`aud` equal to `azp`/`client_id`) and no scope."""
+    if any(name in claims for name in _ID_TOKEN_ONLY):
         return True
     if "scope" in claims or "scp" in claims:
         return False
+    if "client_id" not in claims and any(name in claims for name in _AUTHENTICATION_CLAIMS):
+        return True
     aud = claims.get("aud")
     audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
     client = claims.get("azp", claims.get("client_id"))

@@ -27,13 +27,15 @@ import aiohttp
 import jwt
 import pytest
 import yaml
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from authserver import settings as authserver_settings
-from authserver.app import COMPONENTS, Components, build_app
+from authserver.app import LIVE, Components, build_app
 from authserver.keys import KeyRing
 from authserver.settings import Settings
+from portcullis.tls import RotatingCertificate
 from tests.support import free_port, start_site
 
 PASSWORD = "wonderland"
@@ -174,7 +176,7 @@ def _key_template(root: Path) -> Path:
 
 
 def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> str:
-    """The full YAML text: `config` plus the issuer, listen address, storage and keys."""
+    """The full YAML text: `config` plus the issuer, listen addresses, storage and keys."""
     body = yaml.safe_load(config) if isinstance(config, str) else copy.deepcopy(config)
     body = dict(body or {})
     keys = dict(body.pop("keys", None) or {})
@@ -182,14 +184,17 @@ def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> s
     head = {
         "issuer": f"http://127.0.0.1:{port}",
         "listen": f"127.0.0.1:{port}",
+        "admin_listen": f"127.0.0.1:{free_port()}",
         "storage": f"sqlite:///{directory / 'authserver.db'}",
         "keys": keys,
     }
-    # A test may give its own issuer (with "{port}" for the server's port) or storage.
+    # A test may give its own issuer (with "{port}" for the server's port), storage or
+    # admin listener.
     if "issuer" in body:
         head["issuer"] = str(body["issuer"]).replace("{port}", str(port))
-    if "storage" in body:
-        head["storage"] = body["storage"]
+    for given in ("storage", "admin_listen"):
+        if given in body:
+            head[given] = body[given]
     rest = {k: v for k, v in body.items() if k not in head}
     return yaml.safe_dump({**head, **rest}, sort_keys=False)
 
@@ -236,7 +241,7 @@ class RunningAuthServer:
         await self.stop()
         app = build_app(self.settings, clock=self.clock)
         self.runner, self.url = await start_site(app, self.port)
-        self.services = app[COMPONENTS]
+        self.services = started_components(app)
 
     def subject(self, username: str) -> str:
         """The `sub` the server gives a configured user."""
@@ -249,16 +254,25 @@ class RunningAuthServer:
         return self.settings.issuer + path
 
 
+def started_components(app: web.Application) -> Components:
+    """The Components a started application serves with."""
+    components = app[LIVE].components
+    assert components is not None, "the application has not started"
+    return components
+
+
 async def run_authserver(
     settings: Settings, clock: Callable[[], float] = time.time
 ) -> RunningAuthServer:
+    """The server on its configured port; over TLS, as `run` serves it, when it has `tls`."""
     app = build_app(settings, clock=clock)
     port = settings.listen.port
-    runner, url = await start_site(app, port)
+    certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
+    runner, url = await start_site(app, port, certificate.context if certificate else None)
     return RunningAuthServer(
         settings=settings,
         url=url,
-        services=app[COMPONENTS],
+        services=started_components(app),
         runner=runner,
         port=port,
         clock=clock,

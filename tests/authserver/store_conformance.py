@@ -233,6 +233,18 @@ class StoreConformance:
         finally:
             await asyncio.gather(*(store.close() for store in stores))
 
+    # -- readiness ------------------------------------------------------------------------
+
+    async def test_ping_answers_while_open_and_raises_once_closed(
+        self, make_store: StoreFactory
+    ) -> None:
+        store = make_store()
+        await store.open()
+        await store.ping()
+        await store.close()
+        with pytest.raises(Exception):  # noqa: B017 - each backend has its own error
+            await store.ping()
+
     # -- authorization codes ------------------------------------------------------------
 
     @pytest.mark.parametrize(

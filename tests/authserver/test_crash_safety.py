@@ -13,6 +13,7 @@ a rotation has committed; the client retries at the second.
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,9 +30,10 @@ DIES_AFTER_COMMIT = ("-m", "tests.authserver.die_after_commit")
 
 
 async def replicas(
-    tmp_path: Path, http: aiohttp.ClientSession, config: dict[str, Any]
+    tmp_path: Path, http: aiohttp.ClientSession, running: list[Process], config: dict[str, Any]
 ) -> tuple[Process, Process]:
-    """Two servers on one database and key directory: the first dies after a rotation."""
+    """Two servers on one database and key directory: the first dies after a rotation.
+    Each is added to `running` as it starts, so that it is stopped whatever happens."""
     first_port, second_port = free_port(), free_port()
     dying = Process(
         write_config(tmp_path, config, first_port),
@@ -39,6 +41,7 @@ async def replicas(
         tmp_path / "dying.log",
         DIES_AFTER_COMMIT,
     )
+    running.append(dying)
     dying.start()
     await dying.wait_ready(http)
     # The same file but for the port: same issuer, database and keys.
@@ -47,10 +50,13 @@ async def replicas(
     text = dying.config.read_text().replace(f":{first_port}", f":{second_port}")
     issuer = f"http://127.0.0.1:{first_port}"
     text = text.replace(f"issuer: http://127.0.0.1:{second_port}", f"issuer: {issuer}")
+    # An admin listener of its own.
+    text = re.sub(r"(?m)^admin_listen: .*$", f"admin_listen: 127.0.0.1:{free_port()}", text)
     (other / "authserver.yaml").write_text(text)
     replica = Process(
         other / "authserver.yaml", f"http://127.0.0.1:{second_port}", tmp_path / "replica.log"
     )
+    running.append(replica)
     replica.start()
     await replica.wait_ready(http)
     return dying, replica
@@ -74,8 +80,7 @@ async def kill_during_rotation(
     tmp_path: Path, http: aiohttp.ClientSession, running: list[Process], config: dict[str, Any]
 ) -> tuple[Process, dict[str, Any]]:
     """Tokens from the dying server, then a refresh it commits and never answers."""
-    dying, replica = await replicas(tmp_path, http, config)
-    running += [dying, replica]
+    dying, replica = await replicas(tmp_path, http, running, config)
     tokens = await tokens_for(http, dying.server())
     with pytest.raises(aiohttp.ClientConnectionError):
         await refresh(http, dying.url, tokens["refresh_token"])

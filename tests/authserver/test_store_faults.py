@@ -82,8 +82,13 @@ def disk_freed(process: Process) -> None:
     limit_file_size(process, resource.RLIM_INFINITY)
 
 
-async def post(http: aiohttp.ClientSession, url: str, data: dict[str, str]) -> tuple[int, Any, Any]:
-    async with http.post(url, data=data) as response:
+async def post(
+    http: aiohttp.ClientSession,
+    url: str,
+    data: dict[str, str],
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, Any]:
+    async with http.post(url, data=data, headers=headers) as response:
         body = await response.json() if response.content_type == "application/json" else None
         return response.status, body, response.headers
 
@@ -129,6 +134,13 @@ async def test_a_full_disk_gets_503_and_the_server_recovers_when_space_returns(
         }, name
         assert int(headers["Retry-After"]) >= 1, name
         assert headers["Cache-Control"] == "no-store", name
+    # From the single-page app's origin: the CORS middleware reads the form after the
+    # endpoint failed, and the app can read the 503.
+    spa_origin = "http://127.0.0.1"
+    url, data = calls(process, tokens["refresh_token"])["token"]
+    status, body, headers = await post(http, url, data, {"Origin": spa_origin})
+    assert (status, body["error"]) == (503, "temporarily_unavailable")
+    assert headers["Access-Control-Allow-Origin"] == spa_origin
     async with aiohttp.ClientSession() as browser:  # no session yet: the page makes one
         for path in ("/device", AUTHORIZE):
             async with browser.get(process.url + path) as response:

@@ -10,6 +10,7 @@ own, and against each other.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -39,6 +40,8 @@ PORT_VARIABLES = (
     "DEMO_API_PORT",
     "DEMO_AUTH_PORT",
     "DEMO_WEB_PORT",
+    "DEMO_SPA_PORT",
+    "DEMO_AUTH_ADMIN_PORT",
 )
 DEMO_PASSWORD = "wonderland"  # alice's, as the walkthrough and README give it
 
@@ -145,11 +148,11 @@ def ok_lines(out: str) -> list[str]:
     ("module", "path"),
     [("gateway", "config/gateway.yaml"), ("authserver", "config/authserver.yaml")],
 )
-def test_demo_config_passes_its_check(module, path):
+def test_demo_config_passes_its_check(module, path, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", module, "check", "--config", path],
         cwd=ROOT,
-        env=clean_env(),
+        env=clean_env(DEMO_STATE_DIR=str(tmp_path)),  # as demo.sh sets it
         capture_output=True,
         text=True,
         timeout=60,
@@ -181,6 +184,7 @@ def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overri
     default = authserver_settings.load(str(AUTH_CONFIG), env={})
     assert default.issuer == "http://127.0.0.1:9000"
     assert (default.listen.host, default.listen.port) == ("127.0.0.1", 9000)
+    assert (default.admin_listen.host, default.admin_listen.port) == ("127.0.0.1", 9902)
     assert default.storage == "sqlite:///.demo/authserver.db"
     assert default.keys.dir == ".demo/keys"
     assert default.default_audience == "orders-api"
@@ -194,6 +198,7 @@ def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overri
     moved = authserver_settings.load(str(AUTH_CONFIG), env=env)
     assert moved.issuer == f"http://127.0.0.1:{env['DEMO_AUTH_PORT']}"
     assert moved.listen.port == int(env["DEMO_AUTH_PORT"])
+    assert moved.admin_listen.port == int(env["DEMO_AUTH_ADMIN_PORT"])
     assert moved.storage == f"sqlite:///{state}/authserver.db"
     assert moved.keys.dir == f"{state}/keys"
     web = moved.client("demo-web")
@@ -205,7 +210,7 @@ def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overri
 def test_authserver_config_registers_the_demo_clients_as_the_walkthrough_uses_them():
     loaded = authserver_settings.load(str(AUTH_CONFIG), env={})
     clients = {c.client_id: c for c in loaded.clients}
-    assert set(clients) == {"demo-machine", "demo-web", "demo-cli", "gateway"}
+    assert set(clients) == {"demo-machine", "demo-web", "demo-spa", "demo-cli", "gateway"}
 
     machine = clients["demo-machine"]
     assert machine.token_endpoint_auth_method == "client_secret_basic"
@@ -218,6 +223,13 @@ def test_authserver_config_registers_the_demo_clients_as_the_walkthrough_uses_th
     assert not web.public and web.require_pkce
     assert set(web.grant_types) == {"authorization_code", "refresh_token"}
     assert " ".join(web.scope) == "openid profile email offline_access orders:read orders:write"
+
+    spa = clients["demo-spa"]  # examples/spa: a public client in the browser
+    assert spa.public and spa.require_pkce
+    assert spa.redirect_uris == ("http://127.0.0.1:8083/callback",)
+    assert spa.post_logout_redirect_uris == ("http://127.0.0.1:8083/",)
+    assert set(spa.grant_types) == {"authorization_code", "refresh_token"}
+    assert {"openid", "offline_access", "orders:read"} <= set(spa.scope)
 
     cli = clients["demo-cli"]  # examples/device_cli.py, as the README runs it
     assert cli.public
@@ -329,7 +341,7 @@ def test_demo_smoke_run_answers_every_step_as_expected_and_stops_everything(tmp_
     statuses = {line.split()[1] for line in oks if not line.startswith("ok: exit")}
     assert statuses >= {"200", "201", "204", "400", "401", "403", "404", "422"}
     stopped = {line.split()[1] for line in oks if line.endswith("(API not reached)")}
-    assert stopped == {"401", "403", "404"}
+    assert stopped == {"204", "401", "403", "404"}  # 204: the CORS preflight
     issued = {line.split()[1] for line in oks if line.endswith("(authorization server)")}
     assert issued == {"200", "400", "401"}
     # The token comes from the authorization server, by client_credentials with Basic.
@@ -430,6 +442,11 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
         auth = f"http://127.0.0.1:{ports['DEMO_AUTH_PORT']}"
         with urllib.request.urlopen(auth + "/.well-known/openid-configuration") as r:
             assert r.status == 200
+        spa = f"http://127.0.0.1:{ports['DEMO_SPA_PORT']}"
+        with urllib.request.urlopen(spa + "/config.json") as r:
+            settings = json.load(r)
+        assert (settings["clientId"], settings["issuer"]) == ("demo-spa", auth)
+        assert settings["api"] == f"http://127.0.0.1:{ports['DEMO_GATEWAY_PORT']}"
         process.send_signal(signal.SIGINT)  # to the script alone, which must stop the rest
         assert process.wait(timeout=30) == 0, output.read_text()
         assert not stop_leftovers(process.pid), "the demo left processes running"
@@ -438,6 +455,7 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert f"Open {web}/ in a browser and sign in as alice, password {DEMO_PASSWORD}" in text
+    assert f"{spa}/ does the same from the browser itself" in text
     assert f"GW=http://127.0.0.1:{ports['DEMO_GATEWAY_PORT']}" in text
     assert f"AUTH={auth}" in text
     assert "READ_TOKEN=$(token -d scope=orders:read)" in text

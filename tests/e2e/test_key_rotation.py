@@ -5,9 +5,9 @@ request is refused; a token signed by a key that has since been removed is refus
 The times are shortened for the test the way an operator would shorten them: the JWKS may
 be cached 1 s (`keys.jwks_max_age`), a new key is published 1 s (`keys.publish_ahead`) plus
 the servers' notice time before it signs, and the gateway refreshes its copy of the key set
-every 500 ms. Its refetch for an unknown kid is held back for an hour, so no request can
-be saved by a last-moment refetch: every token must be verifiable with keys the gateway
-already holds.
+every 500 ms. Its refetch for an unknown kid cannot save a request: it never runs within 1 s
+of another fetch (and these come every 500 ms), and at most once an hour: every token must
+be verifiable with keys the gateway already holds.
 """
 
 from __future__ import annotations

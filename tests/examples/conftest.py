@@ -1,5 +1,6 @@
 """Fixtures for the example clients: the authorization server's own fixtures, and the rest of
-the demo's stack — the gateway in front of an echo upstream — on real sockets.
+the demo's stack — the gateway in front of an echo upstream — on real sockets; and a page in
+Debian's Chromium for the browser tests.
 
 `stack` starts an authorization server with the demo's clients (`demo-machine`, `demo-web`
 and a few more), a gateway trusting it, and an EchoUpstream behind the gateway. The web
@@ -8,13 +9,17 @@ client's port is chosen first, because its redirect URI is registered with it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 
+from examples import legacy_api, spa
 from examples.web_client import Config, create_app
 from examples.web_client.app import STATE
 from examples.web_client.sessions import Session
@@ -42,7 +47,9 @@ __all__ = [
     "demo_clients_config",
     "http",
     "key_root",
+    "page",
     "run_web_app",
+    "spa_stack",
     "stack",
     "start_authserver",
     "web_app",
@@ -169,3 +176,113 @@ async def web_app(stack: Stack) -> AsyncIterator[RunningWebApp]:
     running, runner = await run_web_app(config, stack.web_port)
     yield running
     await runner.cleanup()
+
+
+# ---------------------------------------------------------------------------- the SPA
+
+ROOT = Path(__file__).resolve().parents[2]
+SPA_ACCESS_TOKEN_LIFETIME = 6  # seconds: the browser test waits for expiry twice
+
+
+@dataclass
+class SpaStack:
+    """`make demo`'s configs, run here: the authorization server and the gateway read
+    config/authserver.yaml and config/gateway.yaml (ports from the DEMO_* variables, access
+    tokens that live SPA_ACCESS_TOKEN_LIFETIME seconds), the orders API behind the gateway,
+    and the single-page app. `api_requests` lists what reached the API: (method, path)."""
+
+    auth: RunningAuthServer
+    gateway: RunningGateway
+    spa_url: str
+    api_requests: list[tuple[str, str]]
+
+
+def demo_authserver_config() -> dict[str, Any]:
+    """config/authserver.yaml less what the test fixture fills in (issuer, listen, storage,
+    key directory), with short-lived access tokens."""
+    config = yaml.safe_load((ROOT / "config" / "authserver.yaml").read_text())
+    for name in ("issuer", "listen", "storage"):
+        del config[name]
+    del config["keys"]["dir"]
+    config["lifetimes"]["access_token"] = f"{SPA_ACCESS_TOKEN_LIFETIME}s"
+    return dict(config)
+
+
+@pytest.fixture
+async def spa_stack(
+    start_authserver: StartAuthServer, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[SpaStack]:
+    spa_port, api_port = free_port(), free_port()
+    for name, port in (("DEMO_SPA_PORT", spa_port), ("DEMO_API_PORT", api_port)):
+        monkeypatch.setenv(name, str(port))
+    auth = await start_authserver(demo_authserver_config())
+    monkeypatch.setenv("DEMO_AUTH_PORT", str(auth.port))
+
+    api_requests: list[tuple[str, str]] = []
+
+    async def record(request: web.Request, _: web.StreamResponse) -> None:
+        api_requests.append((request.method, request.path))
+
+    api = legacy_api.create_app()
+    api.on_response_prepare.append(record)
+    api_runner, _ = await start_site(api, api_port)
+    gateway = await start_gateway((ROOT / "config" / "gateway.yaml").read_text())
+    spa_config = spa.Config(
+        issuer=auth.settings.issuer,
+        client_id="demo-spa",
+        api=gateway.url,
+        base_url=f"http://127.0.0.1:{spa_port}",
+    )
+    spa_runner, spa_url = await start_site(spa.create_app(spa_config), spa_port)
+    yield SpaStack(auth, gateway, spa_url, api_requests)
+    await spa_runner.cleanup()
+    await gateway.stop()
+    await api_runner.cleanup()
+
+
+# ---------------------------------------------------------------------------- the browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def browser_missing(reason: str) -> None:
+    """Skip with the reason, except on CI where a missing browser is a failure."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: the browser tests must run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+async def page() -> AsyncIterator[tuple[Any, list[str]]]:
+    """A fresh browser page, and the console messages about blocked content it logs."""
+    if not Path(CHROMIUM).exists():
+        browser_missing(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        browser_missing("the playwright package is not installed (pip install playwright)")
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = await browser.new_context()
+        tab = await context.new_page()
+        tab.set_default_timeout(10_000)
+        blocked: list[str] = []
+        tab.on(
+            "console",
+            lambda message: (
+                blocked.append(message.text)
+                if "Content Security Policy" in message.text or "Refused" in message.text
+                else None
+            ),
+        )
+        yield tab, blocked
+        await context.close()
+        await browser.close()

@@ -9,9 +9,6 @@ Any CSP violation the browser reports fails the test. Playwright never downloads
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,52 +17,7 @@ from tests.authserver.conftest import PASSWORD
 from tests.examples.conftest import RunningWebApp, Stack
 from tests.support import header_values
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
 pytestmark = pytest.mark.slow
-
-
-def browser_missing(reason: str) -> None:
-    """Skip with the reason, except on CI where a missing browser is a failure."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the browser tests must run)")
-    pytest.skip(reason)
-
-
-@pytest.fixture
-async def page() -> AsyncIterator[tuple[Any, list[str]]]:
-    """A fresh browser page, and the console messages about blocked content it logs."""
-    if not Path(CHROMIUM).exists():
-        browser_missing(f"{CHROMIUM} is missing (apt-get install chromium)")
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        browser_missing("the playwright package is not installed (pip install playwright)")
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = await browser.new_context()
-        tab = await context.new_page()
-        tab.set_default_timeout(10_000)
-        blocked: list[str] = []
-        tab.on(
-            "console",
-            lambda message: (
-                blocked.append(message.text)
-                if "Content Security Policy" in message.text or "Refused" in message.text
-                else None
-            ),
-        )
-        yield tab, blocked
-        await context.close()
-        await browser.close()
 
 
 async def test_a_person_signs_in_calls_the_api_refreshes_and_signs_out_in_a_browser(

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,15 @@ routes:
     scopes: {{all: ["orders:write", "orders:read"]}}
   - {{name: orders-read, path: "/orders/**", methods: [GET], scopes: {{any: ["orders:read"]}}}}
 """
+
+
+# ---------------------------------------------------------------------------- version
+
+
+async def test_version_is_the_installed_distributions() -> None:
+    result = await gateway_cli("--version")
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout == f"portcullis-gateway {metadata.version('portcullis')}\n"
 
 
 # ---------------------------------------------------------------------------- check
@@ -161,6 +171,96 @@ async def test_check_reports_an_unset_environment_variable_with_its_line(tmp_pat
         env=child_env(PORTCULLIS_TEST_ISSUER="https://auth.example.com"),
     )
     assert (fixed.code, fixed.stderr) == (0, "")
+
+
+def introspecting_config(secret: str) -> str:
+    """A config whose introspection credentials come from `secret` (YAML text of the key)."""
+    return f"""\
+upstream: {{url: "http://127.0.0.1:9"}}
+issuers:
+  - issuer: "https://auth.example.com"
+    audiences: [orders-api]
+    mode: auto
+    introspection:
+      client_id: gateway
+      {secret}
+routes:
+  - {{name: all, path: "/**"}}
+"""
+
+
+async def test_check_reports_a_missing_secret_file_on_the_line_of_the_value(
+    tmp_path: Path,
+) -> None:
+    absent = tmp_path / "run" / "secrets" / "gateway"
+    for secret in (f'client_secret_file: "{absent}"', f'client_secret: "${{file:{absent}}}"'):
+        text = introspecting_config(secret)
+        path = write(tmp_path, text)
+        result = await gateway_cli("check", "--config", path)
+        assert result.code == 1
+        [problem] = result.stderr.splitlines()
+        assert problem.startswith(f"{path}:{line_of(text, 'client_secret')}: ")
+        assert problem.endswith(f"cannot read {absent}: No such file or directory")
+
+    absent.parent.mkdir(parents=True)
+    absent.write_text("gateway-secret\n")
+    fixed = await gateway_cli("check", "--config", path)
+    assert (fixed.code, fixed.stderr) == (0, "")
+
+
+async def test_the_config_file_may_be_named_by_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, explain_config("https://auth.example.com"))
+    env = child_env(PORTCULLIS_GATEWAY_CONFIG=path)
+    result = await gateway_cli("check", env=env)
+    assert (result.code, result.stdout, result.stderr) == (0, f"{path}: OK\n", "")
+    explained = await gateway_cli("explain", "GET", "/healthz", env=env)
+    assert explained.code == 0 and "route: health" in explained.stdout
+
+    # --config wins over the variable.
+    other = write(tmp_path, "routes: []\n", "other.yaml")
+    overridden = await gateway_cli("check", "--config", other, env=env)
+    assert overridden.code == 1 and overridden.stderr.startswith(f"{other}:")
+
+
+async def test_without_config_or_variable_the_cli_says_how_to_name_the_file() -> None:
+    env = {k: v for k, v in child_env().items() if k != "PORTCULLIS_GATEWAY_CONFIG"}
+    result = await gateway_cli("check", env=env)
+    assert result.code == 2
+    assert "--config FILE is required (or set PORTCULLIS_GATEWAY_CONFIG)" in result.stderr
+
+
+async def test_explain_without_a_token_needs_no_secret_and_no_certificate(
+    tmp_path: Path,
+) -> None:
+    text = introspecting_config(f'client_secret_file: "{tmp_path / "absent"}"') + (
+        f'tls: {{cert_file: "{tmp_path / "absent.crt"}", key_file: "{tmp_path / "absent.key"}"}}\n'
+    )
+    path = write(tmp_path, text)
+    result = await gateway_cli("explain", "--config", path, "GET", "/x")
+    assert (result.code, result.stderr) == (0, "")
+    assert (
+        result.stdout.splitlines()[-1]
+        == "decision without a token: 401 (pass --token to check one)"
+    )
+    checked = await gateway_cli("check", "--config", path)
+    assert checked.code == 1
+    assert len(checked.stderr.splitlines()) == 3  # the secret file, the certificate, the key
+
+
+async def test_explain_says_when_a_route_requires_a_client_certificate(tmp_path: Path) -> None:
+    text = introspecting_config('client_secret: "s"').replace(
+        '  - {name: all, path: "/**"}',
+        '  - {name: machines, path: "/machines/**", auth: none, client_cert: required}',
+    ) + (
+        f'tls: {{cert_file: "{tmp_path}/c", key_file: "{tmp_path}/k", '
+        f'client_ca_file: "{tmp_path}/ca"}}\n'
+    )
+    result = await gateway_cli("explain", "--config", write(tmp_path, text), "GET", "/machines/1")
+    assert (result.code, result.stderr) == (0, "")
+    assert (
+        "  client certificate: required (verified by the gateway's TLS; else 403)"
+        in result.stdout.splitlines()
+    )
 
 
 async def test_check_of_broken_yaml_reports_the_syntax_error_with_a_line(tmp_path: Path) -> None:

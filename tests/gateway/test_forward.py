@@ -10,17 +10,22 @@ import asyncio
 import contextlib
 import gzip
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway.forward import header_value, string_header_value
 from tests.support import (
     RawConnection,
     RunningGateway,
@@ -213,6 +218,140 @@ async def test_claims_with_line_breaks_or_non_ascii_cannot_inject_a_header(
     assert len(upstream.requests) == 1
 
 
+# The reading the README gives upstreams for each kind of identity header.
+
+
+def read_string_header(text: str) -> str:
+    """X-Auth-Subject, -Client-Id, -Issuer: a JSON string when it starts with `"`, else as is."""
+    if text.startswith('"'):
+        value = json.loads(text)
+        assert isinstance(value, str)
+        return value
+    return text
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259)")
+
+
+def read_claim_header(text: str) -> Any:
+    """A claim header: the JSON value when the text is JSON (RFC 8259), else the text."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except ValueError:
+        return text
+
+
+def canonical(value: Any) -> str:
+    """One spelling per JSON value, types kept apart (1 vs 1.0 vs true)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=True)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("é", '"\\u00e9"'),  # é, and the 8 characters "\u00e9" in quotes
+        ('"alice"', "alice"),
+        ("alice ", "alice"),  # a server strips the trailing space of a field value
+        (" alice", "alice"),
+        ("a\tb", '"a\\tb"'),
+    ],
+    ids=["escaped-look-alike", "quoted", "trailing-space", "leading-space", "tab"],
+)
+async def test_distinct_subjects_never_reach_the_upstream_as_the_same_header(
+    gateway, issuer, upstream, client, first, second
+):
+    received = []
+    for subject in (first, second):
+        async with client.get(
+            gateway.url + "/orders/1", headers=bearer(issuer.token(sub=subject))
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            [sent] = header_values(await resp.json(), "X-Auth-Subject")
+        received.append(sent)
+    assert received[0] != received[1]
+    assert [read_string_header(r) for r in received] == [first, second]
+
+
+async def test_distinct_claim_values_never_reach_the_upstream_as_the_same_header(
+    claims_gateway, issuer, client
+):
+    values: list[Any] = [
+        5, "5", 5.0, True, "true", False, "false", "null",
+        [1], "[1]", {"a": 1}, '{"a":1}', "é", '"\\u00e9"', "", '""', "-1", -1, "1e3", 1000.0,
+        "plain text", " padded ", "NaN", "\x7f",
+    ]  # fmt: skip
+    received = []
+    for value in values:
+        async with client.get(
+            claims_gateway.url + "/orders/1", headers=bearer(issuer.token(level=value))
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            [sent] = header_values(await resp.json(), "X-Auth-Level")
+        received.append(sent)
+        assert all(0x20 <= ord(c) < 0x7F for c in sent), sent
+        assert canonical(read_claim_header(sent)) == canonical(value), (value, sent)
+    assert len(set(received)) == len(values), list(zip(values, received, strict=True))
+    # Strings that cannot be read as JSON go as they are; the others as they always did.
+    assert received[values.index("plain text")] == "plain text"
+    assert received[values.index(5)] == "5"
+    assert received[values.index("5")] == '"5"'
+
+
+TRICKY_TEXT = st.one_of(
+    st.text(max_size=12),
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7F), max_size=12),
+    st.sampled_from(
+        ["", " ", "5", "-0", "1e5", "0.5", "true", "false", "null", "NaN", "Infinity", "-Infinity",
+         '"', '""', '"x"', "[", "[1]", "{", "{}", " a", "a ", "\x7f", "é", '"\\u00e9"', "01"]
+    ),
+)  # fmt: skip
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _assert_field_value(sent: str) -> None:
+    """Visible ASCII, inner spaces only (RFC 9110 §5.5): nothing a server would trim or refuse."""
+    assert sent
+    assert all(0x20 <= ord(c) < 0x7F for c in sent), sent
+    assert sent == sent.strip(" \t"), sent
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=JSON_VALUES)
+def test_every_claim_value_is_sent_as_a_field_value_the_upstream_reads_back_exactly(value):
+    sent = header_value(value)
+    _assert_field_value(sent)
+    assert canonical(read_claim_header(sent)) == canonical(value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    first=JSON_VALUES,
+    second=JSON_VALUES | JSON_VALUES.map(canonical) | JSON_VALUES.map(str),
+)
+def test_distinct_claim_values_never_give_the_same_header_value(first, second):
+    if canonical(first) != canonical(second):
+        assert header_value(first) != header_value(second)
+
+
+@settings(max_examples=500, deadline=None)
+@given(first=TRICKY_TEXT, second=TRICKY_TEXT | TRICKY_TEXT.map(json.dumps))
+def test_distinct_strings_never_give_the_same_subject_header(first, second):
+    for text in (first, second):
+        _assert_field_value(string_header_value(text))
+        assert read_string_header(string_header_value(text)) == text
+    if first != second:
+        assert string_header_value(first) != string_header_value(second)
+
+
 # ---------------------------------------------------------------------------- hop-by-hop
 
 
@@ -384,6 +523,30 @@ async def test_a_bracketed_ipv6_host_is_kept_in_forwarded(gateway):
 # ---------------------------------------------------------------------------- request id
 
 
+async def test_underscore_spellings_of_the_gateways_own_headers_are_removed(gateway, client):
+    # A CGI/WSGI upstream folds `X_Forwarded_Host` into the same variable as the gateway's
+    # `X-Forwarded-Host`: the client's copy would stand beside (or instead of) the real one.
+    forged = [
+        ("X_Forwarded_Host", "evil.example"),
+        ("x_forwarded_proto", "https"),
+        ("X_Forwarded_For", "6.6.6.6"),
+        ("X_FORWARDED-HOST", "evil.example"),
+        ("X_Request_Id", "forged-id"),
+    ]
+    async with client.get(
+        gateway.url + "/public/x", headers=CIMultiDict([*forged, ("X-Request-Id", "real-id")])
+    ) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    names = normalised_names(seen)
+    for name in ("x-forwarded-host", "x-forwarded-proto", "x-forwarded-for", "x-request-id"):
+        assert names.count(name) == 1, name
+    values = {v for _, v in seen["headers"]}
+    assert values.isdisjoint({"evil.example", "6.6.6.6", "forged-id"})
+    assert header_values(seen, "X-Request-Id") == ["real-id"]
+    assert header_values(seen, "X-Forwarded-Proto") == ["http"]
+
+
 async def test_well_formed_request_id_is_kept_and_returned(gateway, client):
     headers = {"X-Request-Id": "req-42.a:b@c/d+e=f"}
     async with client.get(gateway.url + "/public/x", headers=headers) as resp:
@@ -507,6 +670,41 @@ async def test_uncommon_methods_reach_the_upstream_unchanged(gateway, issuer, me
     assert answer.status == 200
     assert answer.json()["method"] == method
     assert answer.json()["raw_path"] == "/anything/x?y"
+
+
+# ---------------------------------------------------------------------------- method override
+
+METHOD_OVERRIDES = [
+    ("X-HTTP-Method-Override", "DELETE"),
+    ("X-Method-Override", "DELETE"),
+    ("X-HTTP-Method", "DELETE"),
+    ("x_http_method_override", "DELETE"),
+    ("X-Http-Method_Override", "DELETE"),
+]
+
+
+async def test_method_override_headers_are_dropped_so_a_read_token_cannot_delete(
+    gateway, issuer, upstream, client
+):
+    # A GET with a read-only token passes the route for reading; an upstream that honours an
+    # override header would run it as a DELETE.
+    headers = CIMultiDict([*METHOD_OVERRIDES, *bearer(issuer.token()).items()])
+    async with client.get(gateway.url + "/orders/1", headers=headers) as resp:
+        assert resp.status == 200
+        seen = await resp.json()
+    names = normalised_names(seen)
+    assert not {"x-http-method-override", "x-method-override", "x-http-method"} & set(names)
+    assert seen["method"] == "GET"
+
+
+async def test_strip_method_override_false_passes_the_headers_on(issuer, upstream, client):
+    config = gateway_yaml(issuer.url, upstream.url, extra="forward: {strip_method_override: false}")
+    async with running_gateway(config) as gw:
+        headers = CIMultiDict([("X-HTTP-Method-Override", "PATCH"), ("X-HTTP-Method", "PUT")])
+        async with client.post(gw.url + "/public/x", headers=headers) as resp:
+            seen = await resp.json()
+    assert header_values(seen, "X-HTTP-Method-Override") == ["PATCH"]
+    assert header_values(seen, "X-HTTP-Method") == ["PUT"]
 
 
 async def test_upstream_url_path_prefix_is_prepended(issuer, upstream):
@@ -704,6 +902,194 @@ async def test_no_content_and_not_modified_pass_back_without_a_body(issuer, stat
         assert answer.body == b""
         assert answer.headers["ETag"] == '"v2"'
         assert "Transfer-Encoding" not in answer.headers
+
+
+# ---------------------------------------------------------------------------- bodies on GET
+
+BODY_ON_GET_ROUTE = """
+  - {name: search, path: "/search/**", methods: [GET, HEAD], auth: none, allow_body_on_get: true}
+"""
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize(
+    ("framing", "body"),
+    [("Content-Length", b"hello"), ("Transfer-Encoding", b"5\r\nhello\r\n0\r\n\r\n")],
+    ids=["content-length", "chunked"],
+)
+async def test_a_body_on_get_or_head_is_refused_with_400_and_never_forwarded(
+    gateway, upstream, method, framing, body
+):
+    value = str(len(body)) if framing == "Content-Length" else "chunked"
+    connection = await RawConnection.open(gateway.url)
+    try:
+        await connection.send(raw_request(method, "/public/x", [(framing, value)], body))
+        answer = await connection.response(head=method == "HEAD")
+        assert await connection.closed_by_peer()
+    finally:
+        connection.close()
+    assert answer.status == 400
+    assert answer.headers["Connection"] == "close"
+    if method == "GET":
+        assert answer.json() == error_body(
+            "bad_request", "A GET request may not carry a body on this route."
+        )
+    assert upstream.requests == []
+
+
+async def test_a_get_with_an_empty_body_is_forwarded(gateway, upstream):
+    answer = await raw_exchange(
+        gateway.url, raw_request("GET", "/public/x", [("Content-Length", "0")])
+    )
+    assert answer.status == 200
+    assert answer.json()["body_size"] == 0
+
+
+async def test_a_route_may_allow_a_body_on_get_and_the_upstream_connection_is_not_reused(
+    issuer, upstream
+):
+    config = gateway_yaml(issuer.url, upstream.url, extra_routes=BODY_ON_GET_ROUTE)
+    async with running_gateway(config) as gw:
+        request = raw_request("GET", "/search/x", [("Content-Length", "5")], b"hello")
+        answer = await raw_exchange(gw.url, request)
+    assert answer.status == 200
+    seen = answer.json()
+    assert seen["body_size"] == 5
+    # RFC 9112 §9.6: the upstream handles no further request on this connection, so a body
+    # it did not read as one cannot become the next request.
+    assert header_values(seen, "Connection") == ["close"]
+
+
+SMUGGLED = b"GET /public/smuggled HTTP/1.1\r\nHost: up\r\nX-Auth-Subject: admin\r\n\r\n"
+
+
+@dataclass
+class BodyIgnoringUpstream:
+    """An upstream that reads a body only for POST, PUT and PATCH, as some servers do: the
+    body of any other request is read as the next request on the connection. It answers
+    each request with `<connection number> <method> <target>`, takes a moment over every
+    request after the first on a connection, and honours `Connection: close` (RFC 9112 §9.6)
+    unless told not to."""
+
+    honours_close: bool = True
+    seen: list[str] = field(default_factory=list)
+    connections: int = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = self.connections
+        self.connections += 1
+        try:
+            for count in itertools.count():
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                request_line, *lines = head.split("\r\n")
+                method, target, _ = request_line.split(" ", 2)
+                headers = {
+                    n.strip().lower(): v.strip()
+                    for n, _, v in (line.partition(":") for line in lines if line)
+                }
+                if method in ("POST", "PUT", "PATCH"):
+                    await reader.readexactly(int(headers.get("content-length", "0")))
+                self.seen.append(f"{method} {target}")
+                if count:
+                    # Late enough that a gateway reusing the connection has sent its next
+                    # request by now, and would take this answer for that request's.
+                    await asyncio.sleep(0.2)
+                body = f"{number} {method} {target}".encode()
+                close = self.honours_close and headers.get("connection", "").lower() == "close"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                    + f"Content-Length: {len(body)}\r\n".encode()
+                    + (b"Connection: close\r\n" if close else b"")
+                    + b"\r\n"
+                    + body
+                )
+                await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize("honours_close", [True, False], ids=["honours-close", "ignores-close"])
+@pytest.mark.parametrize(
+    ("method", "target"),
+    [("OPTIONS", "/public/x"), ("DELETE", "/public/x"), ("GET", "/search/x")],
+)
+async def test_a_body_the_upstream_may_ignore_never_desynchronises_a_pooled_connection(
+    issuer, client, honours_close, method, target
+):
+    upstream = BodyIgnoringUpstream(honours_close)
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = gateway_yaml(
+        issuer.url, f"http://127.0.0.1:{port}", extra_routes=BODY_ON_GET_ROUTE
+    ).replace("read_timeout: 2s", "read_timeout: 2s, max_connections: 1")
+    try:
+        async with running_gateway(config) as gw:
+            request = raw_request(
+                method, target, [("Content-Length", str(len(SMUGGLED)))], SMUGGLED
+            )
+            first = await raw_exchange(gw.url, request)
+            assert first.status == 200
+            assert first.body.endswith(f"{method} {target}".encode())
+            # The next client must get the answer to its own request, never the answer the
+            # upstream gave to the smuggled one.
+            async with client.get(gw.url + "/public/next") as resp:
+                assert resp.status == 200
+                assert (await resp.read()).endswith(b"GET /public/next")
+    finally:
+        server.close()
+        await server.wait_closed()
+    if honours_close:
+        assert "GET /public/smuggled" not in upstream.seen
+    assert upstream.connections == 2
+
+
+async def test_an_upstream_answering_before_the_body_is_sent_gets_a_new_connection_next(
+    issuer, client
+):
+    connections: list[int] = []
+
+    async def answer_early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = len(connections)
+        connections.append(number)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = f"{number} {head.split(b' ')[1].decode()}".encode()
+                # Keep-alive, and the body (if any) left unread: the next bytes on this
+                # connection are not a request the gateway sent as one.
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+
+    async def upload() -> AsyncIterator[bytes]:
+        yield SMUGGLED
+        for _ in range(8):
+            yield b"z" * 65536
+            await asyncio.sleep(0.01)
+
+    server = await asyncio.start_server(answer_early, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = gateway_yaml(issuer.url, f"http://127.0.0.1:{port}").replace(
+        "read_timeout: 2s", "read_timeout: 2s, max_connections: 1"
+    )
+    try:
+        async with running_gateway(config) as gw:
+            async with client.post(gw.url + "/public/up", data=upload()) as resp:
+                assert resp.status == 200
+                assert await resp.read() == b"0 /public/up"
+            async with client.get(gw.url + "/public/next") as resp:
+                assert resp.status == 200
+                assert await resp.read() == b"1 /public/next"
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 # ---------------------------------------------------------------------------- upstream failures

@@ -277,6 +277,33 @@ async def test_an_active_token_without_the_routes_scope_is_403_insufficient_scop
     assert upstream.requests == []
 
 
+@pytest.mark.parametrize(
+    "scope",
+    [
+        "orders:read x\u00a0orders:write",
+        "orders:read\torders:write",
+        ["orders:read x orders:write"],
+    ],
+    ids=["nbsp", "tab", "array-element-with-space"],
+)
+async def test_an_active_answer_with_a_smuggled_scope_is_refused_and_remembered_as_inactive(
+    server, upstream, client, scope
+):
+    """RFC 7662 §2.2 / RFC 6749 §3.3: scopes are split on U+0020 alone; a scope token with
+    other characters makes the answer unusable, so the token is refused (and not asked about
+    again for inactive_cache_ttl)."""
+    server.active("opaque-1", scope=scope)
+    async with running_gateway(config(server.url, upstream.url)) as gateway:
+        answers = [
+            await call(client, gateway.url + "/orders/7", "opaque-1", method="PUT")
+            for _ in range(2)
+        ]
+    assert_invalid_token(answers[0], "the token's scope is not a list of scope tokens")
+    assert_invalid_token(answers[1], "the token is not active")  # remembered, not asked again
+    assert len(server.calls) == 1
+    assert upstream.requests == []
+
+
 # ---------------------------------------------------------------------------- auto mode
 
 

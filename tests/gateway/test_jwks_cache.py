@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
-from gateway.jwks import cache_lifetime, discovery_urls
+from gateway.jwks import MIN_REFETCH_GAP, cache_lifetime, discovery_urls
 from gateway.settings import JwksSettings
 from tests.support import (
     Answer,
@@ -121,7 +121,8 @@ async def test_key_added_by_rotation_is_fetched_once_the_cooldown_has_passed(
         new = issuer.add_key("ES256")
         old.published = False
         token = issuer.token("ES256", key=new)
-        # Within the cool-down after the start-up load, an unknown kid does not fetch.
+        # Right after the start-up load (within the gap any fetch imposes, here the 300 ms
+        # cool-down, being shorter than MIN_REFETCH_GAP), an unknown kid does not fetch.
         assert_invalid_token(await orders(client, gateway, token), UNKNOWN_KEY)
         assert issuer.jwks_fetches == 1
         await asyncio.sleep(0.35)
@@ -133,6 +134,45 @@ async def test_key_added_by_rotation_is_fetched_once_the_cooldown_has_passed(
             await orders(client, gateway, issuer.token("ES256", key=old)), UNKNOWN_KEY
         )
         assert len(upstream.requests) == 1
+
+
+async def test_key_rotated_in_after_the_start_up_load_is_fetched_within_the_cooldown(
+    issuer, upstream, client
+):
+    """The cool-down limits refetches for unknown kids, not the first one after a load: an
+    issuer that starts signing with a key it had not published is followed at once (after
+    the short gap any fetch imposes), not 30 s later."""
+    async with running_gateway(config(issuer, upstream, "{refetch_cooldown: 30s}")) as gateway:
+        assert issuer.jwks_fetches == 1
+        old = issuer.key("ES256")
+        new = issuer.add_key("ES256")
+        old.published = False
+        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        answer = await orders(client, gateway, issuer.token("ES256", key=new))
+        assert answer.status == 200, answer.body
+        assert issuer.jwks_fetches == 2
+        # Further unknown kids within the cool-down of that refetch do not fetch again.
+        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        newer = issuer.add_key("ES256")
+        token = issuer.token("ES256", key=newer)
+        assert_invalid_token(await orders(client, gateway, token), UNKNOWN_KEY)
+        assert issuer.jwks_fetches == 2
+        assert len(upstream.requests) == 1
+
+
+async def test_a_scheduled_refresh_does_not_start_the_cooldown_of_unknown_kids(
+    issuer, upstream, client
+):
+    async with running_gateway(config(issuer, upstream, "{refetch_cooldown: 30s}")) as gateway:
+        keys = keyset(gateway, issuer)
+        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        assert await keys.refresh()  # what the refresh schedule runs
+        assert issuer.jwks_fetches == 2
+        new = issuer.add_key("EdDSA")
+        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        answer = await orders(client, gateway, issuer.token("EdDSA", key=new))
+        assert answer.status == 200, answer.body
+        assert issuer.jwks_fetches == 3
 
 
 async def test_requests_arriving_during_a_fetch_wait_for_it_and_share_it(issuer, upstream, client):
@@ -171,7 +211,7 @@ async def test_flood_of_unknown_kids_fetches_at_most_once_per_cooldown(issuer, u
     async with running_gateway(text) as gateway:
         assert issuer.jwks_fetches == 1
         batch = flood()
-        await send(batch)  # within the cool-down of the start-up load
+        await send(batch)  # within the gap after the start-up load (cool-down = the gap)
         assert issuer.jwks_fetches == 1
 
         await asyncio.sleep(cooldown + 0.05)

@@ -7,6 +7,7 @@ sign (alg none, HMAC with the public key, mismatched keys) are built by hand.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import hmac
 import json
@@ -19,7 +20,11 @@ import aiohttp
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from hypothesis import given
+from hypothesis import strategies as st
+from jwt.algorithms import get_default_algorithms
 
+from gateway.verifiers.jwt import b64url_decode
 from tests.support import (
     EchoUpstream,
     RunningGateway,
@@ -41,6 +46,7 @@ UNKNOWN_KEY = "the token is signed with an unknown key"
 KEY_DOES_NOT_FIT = "the token's key does not fit its algorithm"
 NOT_AN_ACCESS_TOKEN = "the token is not an access token (typ must be at+jwt)"
 ID_TOKEN = "ID tokens are not access tokens"
+MALFORMED_SCOPE = "the token's scope is not a list of scope tokens"
 
 
 @pytest.fixture
@@ -117,6 +123,42 @@ async def test_scopes_from_scp_or_scope_are_forwarded_space_separated(
     drop = () if "scope" in claims else ("scope",)
     seen = await assert_passes(client, gateway, issuer.token("ES256", drop=drop, **claims))
     assert header_values(seen, "X-Auth-Scopes") == [expected]
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"scope": "orders:read x\u00a0orders:write"},
+        {"scope": "orders:read x\u3000orders:write"},
+        {"scope": "orders:read x\u001forders:write"},
+        {"scope": "orders:read\torders:write"},
+        {"scope": ["orders:read", "x orders:write"]},
+        {"scp": ["orders:read", "x orders:write"], "drop": ("scope",)},
+        {"scp": ["orders:read orders:write"], "drop": ("scope",)},
+    ],
+    ids=["nbsp", "ideographic-space", "unit-separator", "tab", "scope-array", "scp-array", "one"],
+)
+async def test_scope_smuggled_past_the_space_separator_is_refused(
+    gateway, issuer, upstream, client, claims
+):
+    """RFC 6749 §3.3: scopes are separated by U+0020 alone and an array element is one scope.
+    A token granted the one odd scope "x<NBSP>orders:write" must not pass a route that needs
+    orders:write: it is refused as malformed."""
+    claims = dict(claims)
+    drop = claims.pop("drop", ())
+    token = issuer.token("ES256", drop=drop, **claims)
+    answer = await call(client, gateway.url + "/orders/1", token, method="PUT")
+    assert_invalid_token(answer, MALFORMED_SCOPE)
+    assert upstream.requests == []
+
+
+async def test_scopes_separated_by_spaces_still_pass_a_route_needing_both(
+    gateway, issuer, upstream, client
+):
+    token = issuer.token("ES256", scope="orders:read orders:write")
+    answer = await call(client, gateway.url + "/orders/1", token, method="PUT")
+    assert answer.status == 200, answer.body
+    assert header_values(upstream.requests[-1], "X-Auth-Scopes") == ["orders:read orders:write"]
 
 
 async def test_audience_array_naming_this_api_is_accepted(gateway, issuer, client):
@@ -342,16 +384,40 @@ async def test_plain_jwt_is_accepted_when_typ_is_not_required(issuer, upstream, 
         await assert_passes(client, gateway, issuer.token("ES256", headers={"typ": typ}))
 
 
+NO_CLIENT_NO_SCOPE = ("scope", "client_id")
+AT_HASH = "77QmUPtjPfzWtF2AnpK9RQ"
+
+
 @pytest.mark.parametrize(
     "claims",
     [
         {"nonce": "n-0S6_WzA2Mj"},
         {"aud": "webapp", "azp": "webapp", "drop": ("scope", "client_id")},
         {"aud": ["webapp"], "drop": ("scope",)},
+        {"at_hash": AT_HASH, "auth_time": 1_700_000_000, "drop": NO_CLIENT_NO_SCOPE},
+        {"at_hash": AT_HASH, "drop": NO_CLIENT_NO_SCOPE},
+        {"at_hash": AT_HASH},
+        {"c_hash": "LDktKdoQak3Pk0cnXxCltA"},
+        {"auth_time": 1_700_000_000, "drop": NO_CLIENT_NO_SCOPE},
+        {"acr": "urn:mace:incommon:iap:silver", "drop": NO_CLIENT_NO_SCOPE},
+        {"amr": ["pwd", "otp"], "drop": NO_CLIENT_NO_SCOPE},
     ],
-    ids=["with-nonce", "aud-is-azp-without-scope", "aud-is-client-id-without-scope"],
+    ids=[
+        "with-nonce",
+        "aud-is-azp-without-scope",
+        "aud-is-client-id-without-scope",
+        "at-hash-and-auth-time-aud-is-the-api",
+        "at-hash-aud-is-the-api",
+        "at-hash-even-with-scope",
+        "c-hash",
+        "auth-time-without-scope-or-client",
+        "acr-without-scope-or-client",
+        "amr-without-scope-or-client",
+    ],
 )
 async def test_id_token_is_refused_even_when_typ_is_not_required(issuer, upstream, client, claims):
+    """OpenID Connect Core §2 / §3.1.3.6 / §3.3.2.11 claims mark an ID token (RFC 9068 §4,
+    RFC 8725 §3.11): refused on a route with no scope rule and the API's own audience."""
     config = gateway_yaml(
         issuer.url,
         upstream.url,
@@ -361,7 +427,30 @@ async def test_id_token_is_refused_even_when_typ_is_not_required(issuer, upstrea
     drop = claims.pop("drop", ())
     token = issuer.token("RS256", headers={"typ": "JWT"}, drop=drop, **claims)
     async with running_gateway(config) as gateway:
-        await assert_refused(client, gateway, upstream, token, ID_TOKEN)
+        await assert_refused(client, gateway, upstream, token, ID_TOKEN, path="/anything")
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"auth_time": 1_700_000_000, "acr": "1", "amr": ["pwd"]},
+        {"auth_time": 1_700_000_000, "drop": ("client_id",)},
+        {"acr": "1", "drop": ("scope",)},
+    ],
+    ids=["all-with-scope-and-client", "auth-time-with-scope", "acr-with-client"],
+)
+async def test_access_token_with_authentication_claims_is_accepted_without_typ(
+    issuer, upstream, client, claims
+):
+    """RFC 9068 §2.2.1 lets access tokens carry auth_time, acr and amr."""
+    config = gateway_yaml(
+        issuer.url, upstream.url, issuers=[issuer_entry(issuer.url, require_typ="false")]
+    )
+    claims = dict(claims)
+    drop = claims.pop("drop", ())
+    token = issuer.token("RS256", headers={"typ": "JWT"}, drop=drop, **claims)
+    async with running_gateway(config) as gateway:
+        await assert_passes(client, gateway, token, "/anything")
 
 
 async def test_id_token_with_access_token_typ_is_still_refused(gateway, issuer, upstream, client):
@@ -484,6 +573,122 @@ async def test_tampered_payload_fails_the_signature_check(gateway, issuer, upstr
     header, _, signature = issuer.token("ES256").split(".")
     tampered = f"{header}.{b64url(issuer.claims(scope='orders:admin'))}.{signature}"
     await assert_refused(client, gateway, upstream, tampered, "the token signature is invalid")
+
+
+# ---------------------------------------------------------------------------- base64url
+
+B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+NOT_CANONICAL = {
+    0: "the token header is not base64url-encoded JSON",
+    1: "the token payload is not base64url-encoded JSON",
+    2: "the token signature is not base64url",
+}
+
+
+def same_bytes_other_text(segment: str) -> list[str]:
+    """Every other spelling of `segment` that a lax decoder reads as the same bytes: the
+    final character's unused low bits set (RFC 4648 §3.5 requires them to be zero)."""
+    unused = {2: 4, 3: 2}[len(segment) % 4]
+    last = B64URL.index(segment[-1])
+    assert last % (1 << unused) == 0, "the issuer's own encoding is canonical"
+    return [segment[:-1] + B64URL[last + bits] for bits in range(1, 1 << unused)]
+
+
+def signed_with_parts(issuer: TestIssuer, header_b64: str, payload_b64: str) -> str:
+    """A token whose header and payload are exactly these texts, signed by the issuer."""
+    key = issuer.key("ES256")
+    signing_input = f"{header_b64}.{payload_b64}".encode()
+    signature = get_default_algorithms()["ES256"].sign(signing_input, key.private)
+    return f"{header_b64}.{payload_b64}.{b64url(signature)}"
+
+
+def unaligned(data: dict[str, Any]) -> str:
+    """base64url of a JSON object padded (with an extra member) to a length that leaves
+    unused bits in its last character."""
+    for n in range(4):
+        text = b64url({**data, "pad": "x" * n})
+        if len(text) % 4:
+            return text
+    raise AssertionError("unreachable")
+
+
+async def test_signature_with_nonzero_unused_bits_is_refused_on_cold_and_warm_paths(
+    gateway, issuer, upstream, client
+):
+    """The same signature bytes spelt otherwise would be a new token to the verified-token
+    cache: each spelling must be refused, before and after the real token is cached."""
+    token = issuer.token("ES256")
+    head, payload, signature = token.split(".")
+    variants = [f"{head}.{payload}.{s}" for s in same_bytes_other_text(signature)]
+    assert len(variants) == 15
+    await assert_refused(client, gateway, upstream, variants[0], NOT_CANONICAL[2])
+    await assert_passes(client, gateway, token)
+    for variant in variants:
+        await assert_refused(client, gateway, upstream, variant, NOT_CANONICAL[2])
+    await assert_passes(client, gateway, token)
+    assert len(upstream.requests) == 2
+
+
+@pytest.mark.parametrize("part", [0, 1], ids=["header", "payload"])
+async def test_header_or_payload_with_nonzero_unused_bits_is_refused_even_when_signed(
+    gateway, issuer, upstream, client, part
+):
+    header = {"alg": "ES256", "typ": "at+jwt", "kid": issuer.key("ES256").kid}
+    parts = [unaligned(header), unaligned(issuer.claims())]
+    await assert_passes(client, gateway, signed_with_parts(issuer, *parts))
+    for other in same_bytes_other_text(parts[part]):
+        lax = list(parts)
+        lax[part] = other
+        token = signed_with_parts(issuer, *lax)
+        await assert_refused(client, gateway, upstream, token, NOT_CANONICAL[part])
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["padded-signature", "standard-alphabet-signature", "padded-payload", "padded-header"],
+)
+async def test_padding_and_characters_outside_base64url_are_refused(
+    gateway, issuer, upstream, client, spelling
+):
+    """RFC 7515 §2: base64url without padding, in its own alphabet only."""
+    token = issuer.token("ES256")
+    head, payload, signature = token.split(".")
+    if spelling == "padded-signature":
+        variant = f"{token}=="
+    elif spelling == "standard-alphabet-signature":
+        while "-" not in signature and "_" not in signature:
+            token = issuer.token("ES256")
+            head, payload, signature = token.split(".")
+        standard = signature.replace("-", "+").replace("_", "/")
+        variant = f"{head}.{payload}.{standard}"
+    elif spelling == "padded-payload":
+        payload = unaligned(issuer.claims())
+        variant = signed_with_parts(issuer, head, payload + "=" * (-len(payload) % 4))
+    else:
+        head = unaligned({"alg": "ES256", "typ": "at+jwt", "kid": issuer.key("ES256").kid})
+        variant = signed_with_parts(issuer, head + "=" * (-len(head) % 4), payload)
+    answer = await call(client, gateway.url + "/orders/1", variant)
+    # A padded header or payload is not even a bearer b64token (RFC 6750 §2.1): 400.
+    assert answer.status in (400, 401), answer.body
+    if answer.status == 401:
+        assert_invalid_token(answer, "the token is not a signed JWT")
+    assert upstream.requests == []
+
+
+@given(data=st.binary(max_size=80))
+def test_base64url_decoding_accepts_exactly_one_spelling_of_any_bytes(data):
+    text = b64url(data)
+    assert b64url_decode(text) == data
+    for index in range(len(text)):
+        for char in B64URL + "=+/.":
+            other = text[:index] + char + text[index + 1 :]
+            if other == text:
+                continue
+            try:
+                decoded = b64url_decode(other)
+            except binascii.Error:
+                continue
+            assert decoded != data, other
 
 
 # ---------------------------------------------------------------------------- kid

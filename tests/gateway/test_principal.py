@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.principal import Principal, audiences_of, from_claims, normalise_scopes
+from gateway.principal import (
+    MalformedScope,
+    Principal,
+    audiences_of,
+    from_claims,
+    normalise_scopes,
+)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +38,111 @@ def test_scopes_are_normalised_from_scope_or_scp_string_or_array(
     claims: dict[str, Any], expected: set[str]
 ) -> None:
     assert normalise_scopes(claims) == frozenset(expected)
+
+
+# RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E ), separated by U+0020 only.
+SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+")
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        {"scope": "x\u00a0orders:write"},  # no-break space
+        {"scope": "orders:read x\u3000orders:write"},  # ideographic space
+        {"scope": "x\u001forders:write"},  # unit separator: str.split() splits on it
+        {"scope": "orders:read\torders:write"},
+        {"scope": "orders:read\norders:write"},
+        {"scope": "orders:read\r\norders:write"},
+        {"scope": "orders:read \u2028orders:write"},
+        {"scope": "caf\u00e9"},
+        {"scope": 'say"hello"'},
+        {"scope": "back\\slash"},
+        {"scope": "orders:read \x7f"},
+        {"scp": ["x orders:write"]},
+        {"scp": ["orders:read", "x orders:write"]},
+        {"scope": ["orders:read orders:write"]},
+        {"scp": ["orders:read", "x\u00a0orders:write"]},
+        {"scp": [" orders:write"]},
+        {"scope": "x\u00a0orders:write", "scp": ["orders:write"]},
+    ],
+)
+def test_scopes_smuggled_past_the_space_separator_are_refused(claims: dict[str, Any]) -> None:
+    """A scope claim whose tokens hold anything but RFC 6749 §3.3 scope-token characters is
+    malformed: refused, never split some other way into scopes the issuer did not grant."""
+    with pytest.raises(MalformedScope):
+        normalise_scopes(claims)
+
+
+@pytest.mark.parametrize(
+    ("claims", "expected"),
+    [
+        ({"scope": "orders:read orders:write"}, {"orders:read", "orders:write"}),
+        ({"scope": "https://api.example.com/orders.read!#$%&'()*+,-./:;<=>?@[]^_`{|}~"}, None),
+        ({"scp": ["orders:read", "orders:write"]}, {"orders:read", "orders:write"}),
+        ({"scp": ["a:b", "c"]}, {"a:b", "c"}),
+    ],
+)
+def test_every_scope_token_character_is_accepted(
+    claims: dict[str, Any], expected: set[str] | None
+) -> None:
+    scopes = normalise_scopes(claims)
+    if expected is None:
+        expected = {claims["scope"]}
+    assert scopes == frozenset(expected)
+
+
+SCOPE_TEXT = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2028\u3000\ufeff"),
+        st.sampled_from('ab:"\\'),
+        st.characters(),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=SCOPE_TEXT)
+def test_a_scope_string_is_split_on_u0020_only_or_refused(text: str) -> None:
+    try:
+        scopes = normalise_scopes({"scope": text})
+    except MalformedScope:
+        assert any(not SCOPE_TOKEN.fullmatch(t) for t in text.split(" ") if t)
+        return
+    assert scopes == frozenset(t for t in text.split(" ") if t)
+    assert all(SCOPE_TOKEN.fullmatch(s) for s in scopes)
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=st.lists(SCOPE_TEXT, max_size=5), claim=st.sampled_from(["scope", "scp"]))
+def test_each_array_element_is_one_scope_or_the_token_is_refused(
+    items: list[str], claim: str
+) -> None:
+    try:
+        scopes = normalise_scopes({claim: items})
+    except MalformedScope:
+        assert any(item and not SCOPE_TOKEN.fullmatch(item) for item in items)
+        return
+    assert scopes == frozenset(item for item in items if item)
+    assert all(SCOPE_TOKEN.fullmatch(s) for s in scopes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    granted=SCOPE_TEXT,
+    as_array=st.booleans(),
+    required=st.sampled_from(["orders:write", "admin", "a"]),
+)
+def test_a_required_scope_is_held_only_when_granted_as_one_exact_token(
+    granted: str, as_array: bool, required: str
+) -> None:
+    claims: dict[str, Any] = {"scp": [granted]} if as_array else {"scope": granted}
+    exact = [granted] if as_array else granted.split(" ")
+    try:
+        scopes = normalise_scopes(claims)
+    except MalformedScope:
+        return
+    assert (required in scopes) == (required in exact)
 
 
 @pytest.mark.parametrize(

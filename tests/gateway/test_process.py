@@ -7,11 +7,14 @@ upstream run in the test process. Worker processes and their sockets are found i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from importlib import metadata
 from pathlib import Path
 
 import aiohttp
@@ -25,9 +28,13 @@ from tests.support import (
     RawConnection,
     TestIssuer,
     child_pids,
+    free_port,
     gateway_yaml,
     raw_exchange,
     raw_request,
+    read_json_lines,
+    sample,
+    scrape,
     socket_inodes,
     tcp_sockets,
 )
@@ -269,3 +276,100 @@ def test_run_with_a_broken_config_exits_nonzero_with_file_line_messages(tmp_path
     assert "read_timeout" in lines[0] and "'soon'" in lines[0]
     assert "colour" in lines[1]
     assert result.stdout == ""
+
+
+# ---------------------------------------------------------------------------- version
+
+
+async def test_the_first_log_line_names_the_version_and_build_info_is_a_metric(
+    issuer, upstream, tmp_path, started
+):
+    gateway = GatewayProcess(gateway_yaml(issuer.url, upstream.url), tmp_path)
+    started.append(gateway)
+    await gateway.wait_ready()
+    first = read_json_lines(gateway.log_path)[0]
+    assert (first["message"], first["version"]) == ("starting", metadata.version("portcullis"))
+    samples = await scrape(gateway.admin_url)
+    assert sample(samples, "portcullis_build_info", version=metadata.version("portcullis")) == 1
+
+
+# ---------------------------------------------------------------------------- start-up errors
+
+
+def run_to_exit(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "run", "--config", str(config), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def startup_config(tmp_path: Path, extra: str = "") -> tuple[Path, str, str]:
+    """A valid config on free ports (nothing needs to answer at start): path, listen,
+    admin_listen."""
+    listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f'listen: "{listen}"\n'
+        f'admin_listen: "{admin}"\n'
+        'upstream: {url: "http://127.0.0.1:9"}\n'
+        "issuers:\n"
+        '  - {issuer: "http://127.0.0.1:9", audiences: [orders-api]}\n'
+        "routes:\n"
+        '  - {name: public, path: "/public/**", auth: none}\n' + extra
+    )
+    return config, listen, admin
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("which", ["listen", "admin_listen"])
+def test_a_port_in_use_is_one_line_naming_it_and_exit_1(tmp_path, workers, which):
+    config, listen, admin = startup_config(tmp_path, f"workers: {workers}\n")
+    address = listen if which == "listen" else admin
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as taken:
+        taken.bind((host, int(port)))
+        taken.listen()
+        result = run_to_exit(config)
+    assert result.returncode == 1
+    *logged, last = result.stderr.strip().splitlines()
+    assert last == f"cannot listen on {address}: address already in use"
+    assert "Traceback" not in result.stderr
+    assert all(isinstance(json.loads(line), dict) for line in logged)  # the log stays JSON
+    assert result.stdout == ""
+
+
+def test_an_access_log_that_cannot_be_opened_is_one_line_and_debug_adds_the_traceback(
+    tmp_path,
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    output = blocker / "access.log"
+    config, _, _ = startup_config(tmp_path, f'access_log: {{output: "{output}"}}\n')
+    expected = f"cannot use {output}: not a directory"
+
+    result = run_to_exit(config)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == expected
+    assert "Traceback" not in result.stderr
+
+    debug = run_to_exit(config, "--debug")
+    assert debug.returncode == 1
+    assert debug.stderr.strip().splitlines()[-1] == expected
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert "NotADirectoryError" in debug.stderr
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    output = blocker / "access.log"
+    config, _, _ = startup_config(tmp_path, f'workers: 2\naccess_log: {{output: "{output}"}}\n')
+    result = run_to_exit(config)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == f"cannot use {output}: not a directory"
+    assert lines.count(lines[-1]) == 1  # said once, by the supervisor, whatever the workers
+    assert "Traceback" not in result.stderr

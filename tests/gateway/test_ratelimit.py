@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,10 +19,12 @@ from portcullis.addresses import ClientAddresses
 from portcullis.yamlconf import rate
 from tests.support import (
     Answer,
+    TestIssuer,
     assert_invalid_token,
     call,
     gateway_yaml,
     header_values,
+    issuer_entry,
     running_gateway,
 )
 
@@ -185,6 +188,40 @@ async def test_each_subject_has_its_own_bucket(issuer, upstream, client):
         again = await call(client, gateway.url + "/limited/x", issuer.token("ES256", sub="alice"))
         assert again.status == 429
         assert (await call(client, gateway.url + "/limited/x", bob)).status == 200
+
+
+@pytest.mark.parametrize("key", ["subject", "client_id"])
+async def test_the_same_subject_or_client_at_two_issuers_has_two_buckets(upstream, client, key):
+    """RFC 7519 §4.1.2: `sub` is unique only within its issuer (and a client_id within its
+    authorization server): one issuer's alice must not spend another's."""
+    issuers = [TestIssuer(), TestIssuer()]
+    for server in issuers:
+        server.add_key("ES256")
+        await server.start()
+    try:
+        routes = (
+            f'  - {{name: limited, path: "/limited/**", rate_limit: {{rate: 1/m, burst: 1,'
+            f" key: {key}}}}}\n"
+        )
+        config = gateway_yaml(
+            issuers[0].url,
+            upstream.url,
+            extra_routes=routes,
+            issuers=[issuer_entry(server.url) for server in issuers],
+        )
+        first, second = (s.token("ES256", sub="alice", client_id="webapp") for s in issuers)
+        async with running_gateway(config) as gateway:
+            url = gateway.url + "/limited/x"
+            statuses = [
+                (await call(client, url, first)).status,
+                (await call(client, url, second)).status,
+                (await call(client, url, first)).status,
+                (await call(client, url, second)).status,
+            ]
+        assert statuses == [200, 200, 429, 429]
+    finally:
+        for server in issuers:
+            await server.stop()
 
 
 async def test_the_default_limit_applies_where_a_route_sets_none_and_false_turns_it_off(

@@ -261,8 +261,9 @@ def test_unknown_keys_at_every_level_are_reported_on_their_own_line() -> None:
 def test_unknown_key_message_names_the_keys_that_are_known() -> None:
     found = problems(config(routes="  - {name: r, path: /**, scope: {any: [a]}}\n"))
     assert found == [
-        f"{FILE}:5: route 'r': unknown key 'scope'; known keys: audience, auth, cors, issuers, "
-        "max_body_size, methods, mode, name, path, path_params, rate_limit, scopes, websocket"
+        f"{FILE}:5: route 'r': unknown key 'scope'; known keys: allow_body_on_get, audience, "
+        "auth, client_cert, cors, issuers, max_body_size, methods, mode, name, path, path_params, "
+        "rate_limit, scopes, websocket"
     ]
 
 
@@ -674,6 +675,64 @@ def test_check_lists_every_problem_as_file_line_message(tmp_path: Path) -> None:
     path.write_text(config(routes="  - {name: r, path: /a, colour: red}\n", extra="workers: x\n"))
     assert settings.check(str(path), {}) == [
         f"{path}:4: config.workers: expected an integer, got str 'x'",
-        f"{path}:6: route 'r': unknown key 'colour'; known keys: audience, auth, cors, issuers, "
-        "max_body_size, methods, mode, name, path, path_params, rate_limit, scopes, websocket",
+        f"{path}:6: route 'r': unknown key 'colour'; known keys: allow_body_on_get, audience, "
+        "auth, client_cert, cors, issuers, max_body_size, methods, mode, name, path, path_params, "
+        "rate_limit, scopes, websocket",
+    ]
+
+
+# ------------------------------------------------------------------- bodies, pool, connections
+
+
+def test_body_pool_and_connection_limits_have_documented_defaults() -> None:
+    got = settings.load_text(config(), FILE, {})
+    assert got.upstream.pool_timeout == timedelta(seconds=5)
+    assert got.limits.body_total_timeout == timedelta(minutes=5)
+    assert got.limits.max_bodies_per_client == 32
+    assert got.limits.max_connections == 10_000
+    assert got.forward.strip_method_override is True
+    assert got.routes[0].allow_body_on_get is False
+
+
+def test_body_pool_and_connection_limits_are_read() -> None:
+    text = config(
+        routes="  - {name: search, path: /search, methods: [GET], allow_body_on_get: true}\n",
+        extra="limits: {body_total_timeout: 90s, max_bodies_per_client: 0, max_connections: 500}\n"
+        "forward: {strip_method_override: false}\n",
+    ).replace(
+        '{url: "http://127.0.0.1:8081"}', '{url: "http://127.0.0.1:8081", pool_timeout: 250ms}'
+    )
+    got = settings.load_text(text, FILE, {})
+    assert got.upstream.pool_timeout == timedelta(milliseconds=250)
+    assert got.limits.body_total_timeout == timedelta(seconds=90)
+    assert (got.limits.max_bodies_per_client, got.limits.max_connections) == (0, 500)
+    assert got.forward.strip_method_override is False
+    assert got.routes[0].allow_body_on_get is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("limits: {body_total_timeout: 0s}", "limits.body_total_timeout: must be more than 0s"),
+        ("limits: {max_bodies_per_client: -1}", "limits.max_bodies_per_client: must be at least 0"),
+        ("limits: {max_connections: 0}", "limits.max_connections: must be at least 1"),
+        (
+            "forward: {strip_method_override: maybe}",
+            "forward.strip_method_override: expected true or false, got str 'maybe'",
+        ),
+    ],
+)
+def test_bad_body_and_connection_limits_are_refused_on_their_line(
+    extra: str, expected: str
+) -> None:
+    assert problems(config(extra=extra + "\n")) == [f"{FILE}:4: {expected}"]
+
+
+def test_bad_pool_timeout_and_allow_body_on_get_are_refused_on_their_line() -> None:
+    text = config(routes="  - {name: r, path: /**, allow_body_on_get: sometimes}\n").replace(
+        '{url: "http://127.0.0.1:8081"}', '{url: "http://127.0.0.1:8081", pool_timeout: 0s}'
+    )
+    assert problems(text) == [
+        f"{FILE}:1: upstream.pool_timeout: must be more than 0s",
+        f"{FILE}:5: route 'r'.allow_body_on_get: expected true or false, got str 'sometimes'",
     ]

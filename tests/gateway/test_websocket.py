@@ -166,3 +166,24 @@ async def test_a_route_without_websocket_does_not_pass_the_upgrade_on(issuer, ws
     assert refused.value.status == 200
     assert ws_upstream.upgrades == []
     assert ws_upstream.plain == ["/orders/1"]
+
+
+async def test_an_open_session_holds_an_upstream_connection_and_others_get_503_not_a_hang(
+    issuer, ws_upstream, client
+):
+    token = issuer.token("ES256", scope="chat")
+    config = gateway_yaml(issuer.url, ws_upstream.url, extra_routes=ROUTES).replace(
+        "read_timeout: 2s", "read_timeout: 2s, max_connections: 1, pool_timeout: 500ms"
+    )
+    async with running_gateway(config) as gateway:
+        async with client.ws_connect(
+            ws_url(gateway.url, "/ws/room/1"), headers={"Authorization": f"Bearer {token}"}
+        ) as ws:
+            await ws.send_str("hello")
+            assert await ws.receive_str(timeout=5) == "hello"
+            async with client.get(gateway.url + "/public/x") as resp:
+                assert resp.status == 503
+                assert resp.headers["Retry-After"] == "1"
+        # Once the session is over (the wait covers its closing upstream), others are served.
+        async with client.get(gateway.url + "/public/x") as resp:
+            assert resp.status == 200
