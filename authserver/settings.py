@@ -138,6 +138,15 @@ class DeviceSettings:
 
 
 @dataclass(frozen=True)
+class PasswordHashing:
+    """Password checks (scrypt, about 32 MiB and tens of milliseconds each): how many run at
+    once, and how many may wait for them before a sign-in is answered 503."""
+
+    workers: int = 2
+    max_waiting: int = 16
+
+
+@dataclass(frozen=True)
 class ScopeSettings:
     name: str
     description: str
@@ -184,6 +193,9 @@ class ClientSettings:
         return self.application_type == "native" and self.public
 
 
+REFRESH_GRACE = timedelta(seconds=5)
+
+
 @dataclass(frozen=True)
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
@@ -201,8 +213,11 @@ class Settings:
     listen: Address = Address("0.0.0.0", 9000)
     default_audience: str | None = None
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
-    refresh_grace: timedelta = timedelta(0)
+    # A retry of a lost refresh response gets that response again for this long (README,
+    # security notes: a server killed between the commit and the answer logs nobody out).
+    refresh_grace: timedelta = REFRESH_GRACE
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    password_hashing: PasswordHashing = field(default_factory=PasswordHashing)
     # Peers whose X-Forwarded-For names the client (for the throttles' per-address counts).
     trusted_proxies: tuple[IPNetwork, ...] = ()
     device: DeviceSettings = field(default_factory=DeviceSettings)
@@ -316,8 +331,9 @@ def parse(data: LocatedMap, file: str, *, secrets: bool = True, storage: bool = 
         listen=top.get("listen", _address, Settings.listen),
         default_audience=top.get("default_audience", yamlconf.non_empty_string, None),
         lifetimes=_lifetimes(reader, top),
-        refresh_grace=top.get("refresh_grace", _grace, timedelta(0)),
+        refresh_grace=top.get("refresh_grace", _grace, REFRESH_GRACE),
         login_throttle=_throttle(reader, top),
+        password_hashing=_password_hashing(top),
         trusted_proxies=top.list_of("trusted_proxies", network),
         device=_device(reader, top),
         scopes=scopes,
@@ -537,6 +553,19 @@ def _throttle(reader: Reader, top: Section) -> LoginThrottle:
             sec.line_of("backoff_max"),
             f"login_throttle.backoff_max: must be at least {_seconds_text(BACKOFF_FIRST_DELAY)}",
         )
+    sec.finish()
+    return result
+
+
+def _password_hashing(top: Section) -> PasswordHashing:
+    sec = top.subsection("password_hashing")
+    if sec is None:
+        return PasswordHashing()
+    d = PasswordHashing()
+    result = PasswordHashing(
+        workers=sec.get("workers", yamlconf.integer(1, 64), d.workers),
+        max_waiting=sec.get("max_waiting", yamlconf.integer(0, 10_000), d.max_waiting),
+    )
     sec.finish()
     return result
 
