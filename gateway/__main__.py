@@ -159,14 +159,13 @@ def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = Fals
     first = {process.pid for process in processes}
     log.info("workers started", extra={"workers": workers})
     last_restart = 0.0
-    exit_code = 0
+    why: str | None = None  # why a first worker could not start: printed once all have stopped
     while not stopping:
         time.sleep(0.2)
         while not failures.empty():
             pid, message = failures.get()
             if pid in first:
-                runtime.print_line(message)
-                exit_code = 1
+                why = message
                 stop(signal.SIGTERM, None)
                 break
             log.error("a new worker could not start", extra={"reason": message, "pid": pid})
@@ -184,7 +183,11 @@ def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = Fals
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
-    return exit_code
+    if why is None:
+        return 0
+    # Last, after the other workers' own log lines: the one line a person reads.
+    runtime.print_line(why)
+    return 1
 
 
 if __name__ == "__main__":
