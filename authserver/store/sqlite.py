@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -65,8 +65,11 @@ from authserver.store.base import (
     SessionRecord,
     StoreUnavailable,
 )
+from authserver.store.migration_files import Migration, load_migrations, unknown_versions
 
 T = TypeVar("T")
+
+log = logging.getLogger("portcullis.authserver.store")
 
 MIGRATIONS: Traversable = resources.files("authserver.store").joinpath("migrations", "sqlite")
 BUSY_TIMEOUT = timedelta(seconds=5)
@@ -270,31 +273,6 @@ class SQLiteStore:
 # Migrations
 
 
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-
-def load_migrations(directory: Traversable) -> list[Migration]:
-    """The files NNN_name.sql of a directory, in the numeric order of NNN."""
-    found: dict[int, Migration] = {}
-    for entry in directory.iterdir():
-        if not entry.name.endswith(".sql"):
-            continue
-        prefix, sep, _ = entry.name.partition("_")
-        if not (sep and prefix.isdigit()):
-            raise ValueError(f"migration {entry.name!r} is not named NNN_name.sql")
-        version = int(prefix)
-        if version in found:
-            raise ValueError(
-                f"migrations {found[version].name!r} and {entry.name!r} share version {version}"
-            )
-        found[version] = Migration(version, entry.name, entry.read_text(encoding="utf-8"))
-    return [found[version] for version in sorted(found)]
-
-
 def _enter_wal(conn: sqlite3.Connection, timeout: float) -> str:
     """Switch a connection to WAL, retrying while another process holds the database.
 
@@ -327,12 +305,10 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration]) -> list[int]:
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
         " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
     )
-    known = {migration.version for migration in migrations}
-    newer = sorted(
-        version
-        for (version,) in conn.execute("SELECT version FROM schema_migrations")
-        if version not in known
-    )
+    applied_before = {
+        version for (version,) in conn.execute("SELECT version FROM schema_migrations")
+    }
+    newer = unknown_versions(applied_before, migrations)
     if newer:
         raise RuntimeError(
             f"the database has migrations this program does not know ({newer}): "
@@ -352,6 +328,7 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration]) -> list[int]:
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, time.time()),
             )
+        log.info("migration applied", extra={"version": migration.version, "file": migration.name})
         applied.append(migration.version)
     return applied
 
