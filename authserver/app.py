@@ -155,7 +155,7 @@ class AuthServer:
         """Open the store and the key ring, then serve the configuration; StartupError with
         one line when either cannot be used."""
         settings, clock = self.settings, self.clock
-        store = timed_store(open_store(settings.storage), self.metrics)
+        store = timed_store(open_store(settings.storage, settings.storage_pool), self.metrics)
         try:
             await store.open()
         except Exception as exc:
@@ -609,3 +609,11 @@ async def serve(settings: Settings) -> None:
         on_draining=lambda: setattr(server, "draining", True),
         on_reload=server.request_reload,
     )
+
+
+async def migrate(settings: Settings) -> None:
+    """`portcullis-authserver migrate`: apply the storage's pending migrations, then close it.
+    A server applies them at start too; this lets a deployment do it once, beforehand."""
+    store = open_store(settings.storage, settings.storage_pool)
+    await store.open()
+    await store.close()

@@ -147,6 +147,17 @@ class PasswordHashing:
 
 
 @dataclass(frozen=True)
+class StoragePool:
+    """The connections a postgresql:// storage keeps open, and how long a call waits."""
+
+    min_size: int = 1
+    max_size: int = 10
+    connect_timeout: timedelta = timedelta(seconds=5)  # a new connection, login included
+    command_timeout: timedelta = timedelta(seconds=5)  # one statement, lock waits included
+    acquire_timeout: timedelta = timedelta(seconds=5)  # a free connection, all of them busy
+
+
+@dataclass(frozen=True)
 class ScopeSettings:
     name: str
     description: str
@@ -210,6 +221,7 @@ class Settings:
     issuer: str
     storage: str
     keys: KeySettings
+    storage_pool: StoragePool = field(default_factory=StoragePool)
     listen: Address = Address("0.0.0.0", 9000)
     default_audience: str | None = None
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
@@ -328,6 +340,7 @@ def parse(data: LocatedMap, file: str, *, secrets: bool = True, storage: bool = 
         issuer=issuer or "https://invalid",
         storage=top.get("storage", _storage),
         keys=_keys(reader, top),
+        storage_pool=_storage_pool(reader, top),
         listen=top.get("listen", _address, Settings.listen),
         default_audience=top.get("default_audience", yamlconf.non_empty_string, None),
         lifetimes=_lifetimes(reader, top),
@@ -415,6 +428,29 @@ def _storage(value: Any) -> str:
     if text.startswith(("postgresql://", "postgres://")):
         return text
     raise ValueError("storage is sqlite:///PATH or postgresql://user@host/db")
+
+
+def _storage_pool(reader: Reader, top: Section) -> StoragePool:
+    sec = top.subsection("storage_pool")
+    if sec is None:
+        return StoragePool()
+    if not str(top.raw("storage") or "").startswith(("postgresql://", "postgres://")):
+        reader.problem(sec.line, "storage_pool: only a postgresql:// storage has a pool")
+    d = StoragePool()
+    result = StoragePool(
+        min_size=sec.get("min_size", yamlconf.integer(0, 1000), d.min_size),
+        max_size=sec.get("max_size", yamlconf.integer(1, 1000), d.max_size),
+        connect_timeout=sec.get("connect_timeout", yamlconf.duration, d.connect_timeout),
+        command_timeout=sec.get("command_timeout", yamlconf.duration, d.command_timeout),
+        acquire_timeout=sec.get("acquire_timeout", yamlconf.duration, d.acquire_timeout),
+    )
+    sec.finish()
+    if result.min_size > result.max_size:
+        reader.problem(sec.line_of("min_size"), "storage_pool.min_size: exceeds max_size")
+    for name in ("connect_timeout", "command_timeout", "acquire_timeout"):
+        if getattr(result, name) <= timedelta(0):
+            reader.problem(sec.line_of(name), f"storage_pool.{name}: must be longer than 0s")
+    return result
 
 
 def _address(value: Any) -> Address:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import jwt
@@ -923,7 +923,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 async def redis_or_skip() -> Any:
     """A client of the machine's Redis at 127.0.0.1:6379. When it is not reachable the test
     is skipped with the reason, except under CI=true, where that is a failure."""
-    import pytest
     import redis.asyncio as redis_asyncio
 
     client = redis_asyncio.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
@@ -931,11 +930,18 @@ async def redis_or_skip() -> Any:
         await client.ping()
     except Exception as exc:
         await client.aclose()
-        reason = f"Redis is not reachable at {REDIS_URL} ({type(exc).__name__})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + "; CI=true requires it")
-        pytest.skip(reason)
+        service_missing(f"Redis is not reachable at {REDIS_URL} ({type(exc).__name__})")
     return client
+
+
+def service_missing(reason: str) -> NoReturn:
+    """Skip a test whose service (Redis, PostgreSQL) is not there, saying why; under
+    CI=true, where every service must be, fail it instead."""
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + "; CI=true requires it")
+    pytest.skip(reason)
 
 
 # ---------------------------------------------------------------------------- metrics, logs

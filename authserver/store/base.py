@@ -28,7 +28,8 @@ time): the call had no effect, and the server answers 503 until the backend reco
 
 Concurrency. Every invariant below holds for many callers of one store and for several
 stores (processes, replicas) on one database. tests/authserver/store_conformance.py has a
-test for each: store/sqlite.py (embedded default) passes it, and so must any other backend.
+test for each: store/sqlite.py (embedded default) and store/postgres.py (several replicas
+on one database) pass it, and so must any other backend.
 """
 
 from __future__ import annotations
@@ -254,8 +255,8 @@ class Store(Protocol):
         stores (processes) on one database. Callers reserve before they check the guess,
         so guesses sent at once cannot all pass a check that saw none of them counted. A
         backend must serialise the callers of a key even while it has no counter yet
-        (SQLite: BEGIN IMMEDIATE; PostgreSQL: insert the missing rows, then lock the rows
-        in key order). The keys of one call are distinct."""
+        (SQLite: BEGIN IMMEDIATE; PostgreSQL: a transaction-scoped advisory lock per key,
+        taken in one fixed order). The keys of one call are distinct."""
 
     async def release_attempt(self, keys: Sequence[str], reserved_at: float) -> None:
         """Give back, under each key, one attempt charged at `reserved_at` (the guess was

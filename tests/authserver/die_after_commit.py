@@ -18,6 +18,7 @@ from typing import Any
 from authserver import __main__ as cli
 from authserver import app
 from authserver.protocol.lifecycle import Move
+from authserver.settings import StoragePool
 from authserver.store.base import Issuance, Store
 
 open_real_store = app.open_store
@@ -41,8 +42,8 @@ class DiesAfterRotation:
         return committed
 
 
-def open_store(url: str) -> Store:
-    return DiesAfterRotation(open_real_store(url))  # type: ignore[return-value]
+def open_store(url: str, pool: StoragePool | None = None) -> Store:
+    return DiesAfterRotation(open_real_store(url, pool))  # type: ignore[return-value]
 
 
 if __name__ == "__main__":

@@ -358,12 +358,6 @@ async def test_sqlite_memory_url_keeps_data_only_in_that_store() -> None:
     assert not Path(":memory:").exists()
 
 
-@pytest.mark.parametrize("url", ["postgresql://portcullis@db/auth", "postgres://db/auth"])
-def test_postgresql_url_is_refused_as_not_available_yet(url: str) -> None:
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        open_store(url)
-
-
 @pytest.mark.parametrize(
     "url", ["mysql://db/auth", "sqlite:///", "sqlite:/auth.db", "sqlite://:memory", "auth.db"]
 )
