@@ -101,6 +101,8 @@ _EXPIRED_CLOSE = 1008  # RFC 6455 §7.4.1: policy violation
 _WS_GOING_AWAY = 1001
 _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
+# Principals whose identity headers are remembered, the most recently verified ones.
+_IDENTITIES_REMEMBERED = 16_384
 # A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
 # (servers strip them at either end: RFC 9110 §5.5), not starting with `"` (the JSON form).
 _BARE_STRING = re.compile(r"[\x21\x23-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?")
@@ -276,6 +278,9 @@ class Forwarder:
         self.websockets_open = 0
         self._keep: dict[str, bool] = {}
         self._hosts: dict[str, bool] = {}
+        # id(principal) -> (principal, its identity headers). The entry holds the principal,
+        # so its id cannot be reused by another object while the entry is here.
+        self._identities: dict[int, tuple[Principal, tuple[tuple[str, str], ...]]] = {}
 
     # ------------------------------------------------------------------ headers
 
@@ -350,13 +355,22 @@ class Forwarder:
                 del out["tracestate"]
 
         if principal is not None:
-            # Keyed by the header settings, so a principal cached across a config change is
-            # never sent with the names of the old one.
-            identity = principal.memo.get(self.identity)
-            if identity is None:
-                identity = principal.memo[self.identity] = self.identity_headers(principal)
-            out.extend(identity)
+            # A cached token is the same principal on every request: its headers are
+            # computed once. (A reload builds a new Forwarder, with new names, and no memory.)
+            known = self._identities.get(id(principal))
+            if known is None or known[0] is not principal:
+                known = self._remember_identity(principal)
+            out.extend(known[1])
         return out
+
+    def _remember_identity(
+        self, principal: Principal
+    ) -> tuple[Principal, tuple[tuple[str, str], ...]]:
+        identities = self._identities
+        if len(identities) >= _IDENTITIES_REMEMBERED:
+            del identities[next(iter(identities))]  # the oldest
+        known = identities[id(principal)] = (principal, self.identity_headers(principal))
+        return known
 
     def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
         """The identity headers of a principal; computed once per verified token."""

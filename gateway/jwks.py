@@ -30,10 +30,12 @@ import aiohttp
 import orjson
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from .clock import Now
 from .settings import IssuerSettings, JwksSettings
 
 log = logging.getLogger("portcullis.gateway.jwks")
 
+USER_AGENT = "portcullis-gateway"
 MAX_DOCUMENT_BYTES = 1024 * 1024
 FIRST_RETRY = timedelta(milliseconds=500)  # after a failed fetch; doubles up to max_backoff
 # No schedule fetches more often than this, even when min_ttl or max_backoff is 0s: a key
@@ -194,6 +196,13 @@ async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None
     return bytes(body)
 
 
+def keys_session() -> aiohttp.ClientSession:
+    """The session key sets fetch with (discovery documents and JWKS)."""
+    return aiohttp.ClientSession(
+        cookie_jar=aiohttp.DummyCookieJar(), headers={"User-Agent": USER_AGENT}
+    )
+
+
 class KeySet:
     """The verification keys of one issuer."""
 
@@ -202,10 +211,12 @@ class KeySet:
         issuer: IssuerSettings,
         settings: JwksSettings,
         session: aiohttp.ClientSession,
+        now: Now = time.monotonic,
     ) -> None:
         self.issuer = issuer
         self.settings = settings
         self._session = session
+        self._now = now  # a monotonic clock: the schedule and the cool-downs
         self._jwks_uri = issuer.jwks_uri
         self._keys: dict[str | None, tuple[VerifyKey, ...]] = {}
         self._all: tuple[VerifyKey, ...] = ()
@@ -244,7 +255,7 @@ class KeySet:
         if self._inflight is not None:
             await asyncio.shield(self._inflight)
             return
-        now = time.monotonic()
+        now = self._now()
         cooldown = self.settings.refetch_cooldown.total_seconds()
         if now - self._last_kid_refetch < cooldown:
             return
@@ -283,7 +294,7 @@ class KeySet:
         max_backoff = max(self.settings.max_backoff, MIN_INTERVAL).total_seconds()
         backoff = first_backoff
         while True:
-            wait = self._next_refresh - time.monotonic()
+            wait = self._next_refresh - self._now()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
@@ -292,11 +303,11 @@ class KeySet:
             else:
                 # Not loaded yet, or the endpoint is failing while stale keys serve: retry
                 # sooner than the cache lifetime, doubling up to max_backoff.
-                self._next_refresh = time.monotonic() + backoff
+                self._next_refresh = self._now() + backoff
                 backoff = min(backoff * 2, max_backoff)
 
     async def _fetch(self) -> bool:
-        self._last_attempt = time.monotonic()
+        self._last_attempt = self._now()
         self.fetches += 1
         timeout = self.settings.fetch_timeout.total_seconds()
         try:
@@ -329,7 +340,7 @@ class KeySet:
         self.loaded = True
         self.last_error = None
         ttl = max(cache_lifetime(cache_control, self.settings), MIN_INTERVAL.total_seconds())
-        self._next_refresh = time.monotonic() + ttl
+        self._next_refresh = self._now() + ttl
         log.info(
             "jwks loaded",
             extra={"issuer": self.issuer.issuer, "keys": len(self._all), "next_refresh_s": ttl},

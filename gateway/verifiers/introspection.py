@@ -31,7 +31,6 @@ import contextlib
 import logging
 import math
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import timedelta
@@ -41,11 +40,13 @@ from urllib.parse import quote_plus, urlsplit
 import aiohttp
 import orjson
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..jwks import FetchError, discovery_urls, fetch_json, read_bounded
 from ..principal import MalformedScope, Principal, audiences_of, normalise_scopes
 from ..settings import IntrospectionSettings, IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache
+from .validity import check_validity
 
 log = logging.getLogger("portcullis.gateway.introspection")
 
@@ -63,10 +64,6 @@ _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?", re.IGNORECASE)
 def _basic(client_id: str, secret: str) -> str:
     raw = f"{quote_plus(client_id)}:{quote_plus(secret)}".encode()
     return "Basic " + base64.b64encode(raw).decode()
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class InactiveTokens:
@@ -102,16 +99,23 @@ class InactiveTokens:
 class Introspector:
     """Introspection at one issuer: endpoint, credentials, caches and calls in flight."""
 
-    def __init__(self, issuer: IssuerSettings, settings: IntrospectionSettings) -> None:
+    def __init__(
+        self,
+        issuer: IssuerSettings,
+        settings: IntrospectionSettings,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.issuer = issuer
         self.settings = settings
+        self._now = clock.wall  # answers' exp and the caches' deadlines
+        self._monotonic = clock.monotonic  # the pace of discovery attempts
         self._authorization = _basic(settings.client_id, settings.client_secret)
         self._endpoint: str | None = settings.url
         self._leeway = issuer.leeway.total_seconds()
         self._cache_ttl = settings.cache_ttl.total_seconds()
         self._inactive_ttl = settings.inactive_cache_ttl.total_seconds()
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
-        self.cache = TokenCache(settings.cache_size)
+        self.cache = TokenCache(settings.cache_size, clock.wall)
         self.inactive = InactiveTokens(settings.cache_size)
         self._flights: dict[bytes, asyncio.Task[Principal]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -173,7 +177,7 @@ class Introspector:
         principal = self.cache.get(key)
         if principal is not None:
             return principal
-        if self.inactive.contains(key, time.time()):
+        if self.inactive.contains(key, self._now()):
             raise InvalidToken("the token is not active")
         flight = self._flights.get(key)
         if flight is None:
@@ -216,7 +220,7 @@ class Introspector:
             self._failed(FetchError("the answer has no boolean active member"))
             raise VerifierUnavailable("introspection failed")
         self.last_error = None
-        now = time.time()
+        now = self._now()
         if not answer["active"]:
             self.inactive_answers += 1
             self.inactive.put(key, now + self._inactive_ttl)
@@ -251,17 +255,8 @@ class Introspector:
             not isinstance(token_type, str) or token_type.lower() not in _ACCESS_TOKEN_TYPES
         ):
             raise InvalidToken("the token is not an access token")
-        exp = answer.get("exp")
-        if exp is not None and not _is_number(exp):
-            raise InvalidToken("the token has no usable expiry")
-        if exp is not None and now >= exp + self._leeway:
-            raise InvalidToken("the token has expired")
-        nbf = answer.get("nbf")
-        if nbf is not None and (not _is_number(nbf) or now + self._leeway < nbf):
-            raise InvalidToken("the token is not valid yet")
-        sub = answer.get("sub")
-        if not isinstance(sub, str) or not sub:
-            raise InvalidToken("the token has no subject")
+        expires_at = check_validity(answer, now, self._leeway, exp_required=False, check_iat=False)
+        sub: str = answer["sub"]
         client_id = answer.get("client_id")
         claims = {k: v for k, v in answer.items() if k != "active"}
         claims["iss"] = self.issuer.issuer
@@ -275,7 +270,7 @@ class Introspector:
             client_id=client_id if isinstance(client_id, str) and client_id else None,
             scopes=scopes,
             audiences=audiences_of(claims),
-            expires_at=float(exp) if exp is not None else math.inf,
+            expires_at=expires_at,
             claims=claims,
         )
 
@@ -293,9 +288,10 @@ class Introspector:
         if self._endpoint is not None:
             return self._endpoint
         if self._discovery is None:
-            if time.monotonic() - self._last_discovery < 1:
+            now = self._monotonic()
+            if now - self._last_discovery < 1:
                 return None
-            self._last_discovery = time.monotonic()
+            self._last_discovery = now
             self._discovery = asyncio.create_task(self._discover())
             self._discovery.add_done_callback(self._discovered)
         return await asyncio.shield(self._discovery)
