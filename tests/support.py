@@ -30,7 +30,9 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm, get_default_
 from multidict import CIMultiDict
 
 from gateway import settings as gateway_settings
-from gateway.app import Gateway, admin_app, keys_session, public_server, upstream_session
+from gateway.app import Gateway, admin_app, public_server, upstream_session
+from gateway.clock import SYSTEM_CLOCK, Clock
+from gateway.jwks import keys_session
 
 
 def free_port() -> int:
@@ -397,12 +399,17 @@ class RunningGateway:
 
 
 async def start_gateway(
-    config_text: str, *, wait_ready: bool = True, config_file: Path | None = None
+    config_text: str,
+    *,
+    wait_ready: bool = True,
+    config_file: Path | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> RunningGateway:
     """The gateway in this process and event loop, on real sockets.
 
     With `config_file`, the text is written there and loaded from it, as `run --config`
-    does: the gateway then reloads it when it changes.
+    does: the gateway then reloads it when it changes. With `clock` (a `ManualClock`'s),
+    the gateway's time is what the test makes it.
     """
     if config_file is not None:
         config_file.write_text(config_text)
@@ -410,7 +417,7 @@ async def start_gateway(
     else:
         settings = gateway_settings.load_text(config_text, "test.yaml")
     up, keys = upstream_session(settings), keys_session()
-    gateway = Gateway(settings, up, keys)
+    gateway = Gateway(settings, up, keys, clock)
     gateway.start()
     public_runner, url = await start_site(public_server(gateway))
     admin_runner, admin_url = await start_site(admin_app(gateway))
@@ -426,14 +433,38 @@ async def start_gateway(
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    config_text: str, *, wait_ready: bool = True, config_file: Path | None = None
+    config_text: str,
+    *,
+    wait_ready: bool = True,
+    config_file: Path | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningGateway]:
     """`start_gateway` for one `async with` block; stopped however the block ends."""
-    running = await start_gateway(config_text, wait_ready=wait_ready, config_file=config_file)
+    running = await start_gateway(
+        config_text, wait_ready=wait_ready, config_file=config_file, clock=clock
+    )
     try:
         yield running
     finally:
         await running.stop()
+
+
+class ManualClock:
+    """Time a test moves by hand, for a gateway started with `clock=manual.clock`.
+
+    Both readings start at the real ones and move only by `advance`, together: expiries,
+    cache lifetimes, cool-downs and refills happen when the test says, however slow the
+    machine. Background tasks that sleep (scheduled key refreshes) still sleep for real.
+    """
+
+    def __init__(self) -> None:
+        self.wall = time.time()
+        self.monotonic = time.monotonic()
+        self.clock = Clock(wall=lambda: self.wall, monotonic=lambda: self.monotonic)
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.monotonic += seconds
 
 
 async def wait_for(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:

@@ -18,6 +18,7 @@ from tests.authserver.conftest import SECRET, basic_auth, client_credentials, to
 from tests.support import (
     EchoUpstream,
     IntrospectionServer,
+    ManualClock,
     TestIssuer,
     assert_invalid_token,
     assert_unavailable,
@@ -115,20 +116,30 @@ async def test_an_active_answer_is_reused_until_cache_ttl_then_asked_again(
     server, upstream, client
 ):
     server.active("opaque-1")
-    async with running_gateway(config(server.url, upstream.url, cache_ttl="300ms")) as gateway:
+    clock = ManualClock()
+    text = config(server.url, upstream.url, cache_ttl="300ms")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         for _ in range(3):
             assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
         assert len(server.calls) == 1
-        await asyncio.sleep(0.35)
+        clock.advance(0.29)
+        assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
+        assert len(server.calls) == 1
+        clock.advance(0.02)
         assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
         assert len(server.calls) == 2
 
 
 async def test_the_cache_never_outlives_the_tokens_expiry(server, upstream, client):
-    server.active("opaque-1", exp=time.time() + 0.3)
-    async with running_gateway(config(server.url, upstream.url, cache_ttl="10s")) as gateway:
+    clock = ManualClock()
+    server.active("opaque-1", exp=clock.wall + 3)
+    text = config(server.url, upstream.url, cache_ttl="10s")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
-        await asyncio.sleep(0.35)
+        clock.advance(2.9)
+        assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
+        assert len(server.calls) == 1
+        clock.advance(0.2)
         server.answers["opaque-1"] = {"active": False}
         answer = await call(client, gateway.url + "/orders/7", "opaque-1")
     assert_invalid_token(answer, "the token is not active")
@@ -145,14 +156,14 @@ async def test_no_store_on_the_answer_still_allows_caching_within_the_ttl(server
 
 
 async def test_an_inactive_token_is_refused_and_remembered_only_briefly(server, upstream, client):
-    async with running_gateway(
-        config(server.url, upstream.url, inactive_cache_ttl="200ms")
-    ) as gateway:
+    clock = ManualClock()
+    text = config(server.url, upstream.url, inactive_cache_ttl="200ms")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         for _ in range(2):
             answer = await call(client, gateway.url + "/orders/7", "unknown-token")
             assert_invalid_token(answer, "the token is not active")
         assert len(server.calls) == 1
-        await asyncio.sleep(0.25)
+        clock.advance(0.21)
         server.active("unknown-token")  # activated meanwhile: seen once the brief entry ends
         assert (await call(client, gateway.url + "/orders/7", "unknown-token")).status == 200
     assert len(server.calls) == 2
@@ -351,7 +362,8 @@ async def test_an_authserver_token_passes_by_introspection_until_revoked(start_a
             cache_ttl="300ms",
             inactive_cache_ttl="100ms",
         )
-        async with running_gateway(gateway_config) as gateway:
+        clock = ManualClock()
+        async with running_gateway(gateway_config, clock=clock.clock) as gateway:
             status, body = await client_credentials(http, authserver, scope="orders:read")
             assert status == 200, body
             token = body["access_token"]
@@ -368,7 +380,7 @@ async def test_an_authserver_token_passes_by_introspection_until_revoked(start_a
                 assert revoked.status == 200
             # Still cached: the revocation shows only once the active answer's TTL is over.
             assert (await call(http, gateway.url + "/orders/1", token)).status == 200
-            await asyncio.sleep(0.35)
+            clock.advance(0.31)
             answer = await call(http, gateway.url + "/orders/1", token)
             assert_invalid_token(answer, "the token is not active")
     finally:
