@@ -11,7 +11,9 @@ One `Introspector` per issuer in mode `introspection` or `auto`:
     `Cache-Control: no-store` on the answer is meant for shared caches between us and the
     issuer, and the gateway's own cache stays bounded by cache_ttl (§4 leaves the trade-off
     between freshness and load to the resource server);
- 4. concurrent requests with the same token share one call (single flight);
+ 4. concurrent requests with the same token share one call (single flight), and at most
+    `max_pending` distinct tokens are asked about at once: past that a new one fails at once
+    with VerifierUnavailable (503 with Retry-After) rather than queue without bound;
  5. an endpoint that cannot be reached, is slow, or answers anything but a JSON object with
     a boolean `active` makes the request fail closed: VerifierUnavailable (503), never a
     guess;
@@ -53,6 +55,7 @@ log = logging.getLogger("portcullis.gateway.introspection")
 MAX_ANSWER_BYTES = 64 * 1024
 FIRST_RETRY = timedelta(milliseconds=500)  # discovery after a failure; doubles up to a minute
 MAX_RETRY = timedelta(minutes=1)
+_BUSY_LOG_INTERVAL = timedelta(seconds=10)
 # RFC 7662 §2.2 token_type values (RFC 6749 §7.1 types, RFC 8693 §3 identifiers) that name
 # an access token; anything else (refresh_token, ...) is refused.
 _ACCESS_TOKEN_TYPES = frozenset(
@@ -118,6 +121,9 @@ class Introspector:
         self.cache = TokenCache(settings.cache_size, clock.wall)
         self.inactive = InactiveTokens(settings.cache_size)
         self._flights: dict[bytes, asyncio.Task[Principal]] = {}
+        self._max_pending = settings.max_pending
+        self.refused_busy = 0
+        self._busy_warned_at = -math.inf
         self._session: aiohttp.ClientSession | None = None
         self._discovery: asyncio.Task[str | None] | None = None
         self._last_discovery = -math.inf
@@ -181,6 +187,9 @@ class Introspector:
             raise InvalidToken("the token is not active")
         flight = self._flights.get(key)
         if flight is None:
+            if len(self._flights) >= self._max_pending:
+                self._refuse_busy()
+                raise VerifierUnavailable("too many introspections in flight")
             flight = asyncio.create_task(self._introspect(token, key))
             self._flights[key] = flight
             flight.add_done_callback(lambda done: self._landed(key, done))
@@ -235,6 +244,21 @@ class Introspector:
         if ttl > 0:
             self.cache.put(key, principal, now + ttl)
         return principal
+
+    def _refuse_busy(self) -> None:
+        self.refused_busy += 1
+        now = self._monotonic()
+        # Once in a while, not per request: a flood of tokens must not flood the log.
+        if now - self._busy_warned_at >= _BUSY_LOG_INTERVAL.total_seconds():
+            self._busy_warned_at = now
+            log.warning(
+                "introspection refused: too many distinct tokens in flight",
+                extra={
+                    "issuer": self.issuer.issuer,
+                    "max_pending": self._max_pending,
+                    "refused_so_far": self.refused_busy,
+                },
+            )
 
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1

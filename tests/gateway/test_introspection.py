@@ -28,6 +28,7 @@ from tests.support import (
     header_values,
     issuer_entry,
     running_gateway,
+    wait_for,
 )
 
 
@@ -182,6 +183,33 @@ async def test_concurrent_requests_with_one_token_share_a_single_introspection_c
     assert [a.status for a in answers] == [200] * 20
     assert len(server.calls) == 1
     assert len(upstream.requests) == 20
+
+
+async def test_distinct_tokens_in_flight_are_bounded_and_the_rest_get_503_at_once(
+    server, upstream, client
+):
+    """A flood of distinct made-up tokens cannot pile up calls (and tasks) without end, even
+    with no pre_auth limit: past max_pending distinct tokens being asked about, a new one is
+    refused at once with 503 and Retry-After; a token already being asked about still
+    waits for that answer."""
+    for token in ("t1", "t2", "t3"):
+        server.active(token)
+    server.delay = 1.0
+    async with running_gateway(config(server.url, upstream.url, max_pending="2")) as gateway:
+        first = [
+            asyncio.create_task(call(client, gateway.url + "/orders/1", token))
+            for token in ("t1", "t2")
+        ]
+        await wait_for(lambda: server.in_flight == 2, what="two calls in flight")
+        joining = asyncio.create_task(call(client, gateway.url + "/orders/1", "t1"))
+        refused = await call(client, gateway.url + "/orders/1", "t3")
+        assert_unavailable(refused)
+        assert len(server.calls) == 2
+        assert [a.status for a in await asyncio.gather(*first, joining)] == [200] * 3
+        server.delay = 0
+        assert (await call(client, gateway.url + "/orders/1", "t3")).status == 200
+    assert len(server.calls) == 3
+    assert len(upstream.requests) == 4
 
 
 # ---------------------------------------------------------------------------- failing closed
