@@ -247,6 +247,11 @@ class Gateway:
         except asyncio.CancelledError:
             status = 499  # the client went away before the answer
             raise
+        except Exception:
+            # A fault of the gateway's own: logged with the request id, answered with 500
+            # by the connection's error handler.
+            log.exception("request failed", extra={"request_id": exchange.request_id})
+            raise
         finally:
             pipeline.inflight -= 1
             if not pipeline.inflight and pipeline.drained is not None:
@@ -308,10 +313,10 @@ class Gateway:
                     extra={"file": path, "problems": len(exc.problems)},
                 )
                 self.metrics.reloaded(False)
-                self._file_state = _file_state(path)
+                self._file_state = await _file_state_off_loop(path)
                 return False
             await self._apply(new)
-            self._file_state = _file_state(path)
+            self._file_state = await _file_state_off_loop(path)
             self.metrics.reloaded(True)
             log.info("config reloaded", extra={"file": path})
             return True
@@ -421,8 +426,14 @@ class Gateway:
                         await old.drained.wait()
         finally:
             for resource in old.retired:
-                with contextlib.suppress(Exception):
+                try:
                     await resource.close()
+                except Exception:
+                    # Closing must go on with the others; the failure is not hidden.
+                    log.exception(
+                        "closing a retired resource failed",
+                        extra={"resource": type(resource).__name__},
+                    )
 
     async def _watch(self) -> None:
         """Reload when the file changes (its size, modification time or inode)."""
@@ -430,7 +441,7 @@ class Gateway:
             await asyncio.sleep(self.settings.reload.interval.total_seconds())
             if not self.settings.reload.watch:
                 continue
-            state = _file_state(self.settings.file)
+            state = await _file_state_off_loop(self.settings.file)
             if state is not None and state != self._file_state:
                 self._file_state = state
                 try:
@@ -446,6 +457,12 @@ class Gateway:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _file_state_off_loop(path: str) -> tuple[int, int, int, str] | None:
+    """`_file_state` in a worker thread: reading and hashing the file (on a slow or network
+    disk above all) must not hold up the requests on the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, _file_state, path)
 
 
 def _file_state(path: str) -> tuple[int, int, int, str] | None:

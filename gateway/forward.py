@@ -32,7 +32,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import json
 import logging
@@ -46,6 +45,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http import HttpProcessingError
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -86,6 +86,15 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 # addresses in real use, so it can be written into Forwarded without breaking its syntax.
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _NO_BODY_STATUS = frozenset({204, 304})
+# What reading a client's body raises when the client broke it off: the connection lost or
+# reset, a body shorter than announced, chunked coding or a length the parser refused.
+# Anything else is a fault of the gateway's own, not a client gone, and is not hidden as one.
+_BODY_BROKEN = (
+    asyncio.IncompleteReadError,
+    ConnectionError,
+    aiohttp.ClientPayloadError,
+    HttpProcessingError,
+)
 _NONE: frozenset[str] = frozenset()
 # The handshake headers of the client's upgrade: the gateway makes its own upstream.
 _WEBSOCKET_HANDSHAKE = frozenset(
@@ -447,7 +456,7 @@ class Forwarder:
                 return await request.content.readexactly(length)
         except TimeoutError:
             raise BodyFailure("timeout") from None
-        except (asyncio.IncompleteReadError, ConnectionError, aiohttp.ClientPayloadError):
+        except _BODY_BROKEN:
             raise BodyFailure("client_gone") from None
 
     async def _next_chunk(self, request: web.BaseRequest, deadline: float) -> bytes:
@@ -459,7 +468,7 @@ class Forwarder:
                 return await request.content.readany()
         except TimeoutError:
             raise BodyFailure("timeout") from None
-        except Exception:
+        except _BODY_BROKEN:
             raise BodyFailure("client_gone") from None
 
     async def _read_start(self, request: web.BaseRequest, upload: _Upload) -> bytes:
@@ -710,11 +719,7 @@ class Forwarder:
         extra: Sequence[tuple[str, str]] = (),
     ) -> web.StreamResponse:
         """Open the upstream WebSocket, then accept the client's and relay messages."""
-        client = web.WebSocketResponse(
-            max_msg_size=settings.max_message_size,
-            heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
-        )
-        if not client.can_prepare(request).ok:
+        if not _client_websocket(settings).can_prepare(request).ok:
             return errors.bad_request("The WebSocket upgrade request is not valid (RFC 6455).")
         headers = self.upstream_headers(request, principal, exchange)
         for name in [n for n in headers if n.lower() in _WEBSOCKET_HANDSHAKE]:
@@ -739,7 +744,9 @@ class Forwarder:
             if isinstance(upstream, web.Response):
                 return upstream
             try:
-                client._protocols = (upstream.protocol,) if upstream.protocol else ()
+                # The client is answered with the subprotocol the upstream chose (RFC 6455
+                # §4.2.2), now that it is known.
+                client = _client_websocket(settings, upstream.protocol)
                 client.headers[self._request_id_header] = exchange.request_id
                 client.headers.extend(extra)
                 await client.prepare(request)
@@ -815,6 +822,8 @@ class Forwarder:
         finally:
             for task in tasks:
                 task.cancel()
+            # Waited for, so that no pump outlives the exchange (and its sockets).
+            await asyncio.wait(tasks)
         first = next(iter(done))
         ended_by = tasks[first]
         if ended_by == "expiry":
@@ -822,12 +831,22 @@ class Forwarder:
             log.info("websocket closed: token expired", extra={"request_id": exchange.request_id})
         else:
             code, reason = first.result() if not first.cancelled() else (_WS_GOING_AWAY, b"")
-        with contextlib.suppress(Exception):
-            await asyncio.gather(
-                client.close(code=code, message=reason),
-                upstream.close(code=code, message=reason),
-                return_exceptions=True,
-            )
+        # Either side may be gone already: a failed close has nobody left to tell.
+        await asyncio.gather(
+            client.close(code=code, message=reason),
+            upstream.close(code=code, message=reason),
+            return_exceptions=True,
+        )
+
+
+def _client_websocket(
+    settings: WebSocketSettings, protocol: str | None = None
+) -> web.WebSocketResponse:
+    return web.WebSocketResponse(
+        protocols=(protocol,) if protocol else (),
+        max_msg_size=settings.max_message_size,
+        heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
+    )
 
 
 def _keep_out_of_pool(upstream: aiohttp.ClientResponse) -> None:

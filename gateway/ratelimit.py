@@ -278,6 +278,15 @@ class RedisBuckets:
         import redis.asyncio as redis_asyncio
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
+        from redis.exceptions import RedisError
+
+        # How Redis being unreachable, slow or in trouble shows: anything else is a fault of
+        # the gateway's own and is not taken for one.
+        self._backend_failures: tuple[type[BaseException], ...] = (
+            RedisError,
+            OSError,
+            TimeoutError,
+        )
 
         seconds = timeout.total_seconds()
         self._timeout = seconds
@@ -308,9 +317,11 @@ class RedisBuckets:
         self._warming = asyncio.create_task(self._warm_up())
 
     async def _warm_up(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             async with asyncio.timeout(max(self._timeout, 1.0)):
                 await self._client.script_load(BUCKET_SCRIPT)
+        except self._backend_failures as exc:
+            log.info("rate limit backend not warmed up", extra={"reason": type(exc).__name__})
 
     def take_now(self, policy: Policy, key: str) -> None:
         """Never: every check is a round trip to Redis."""
@@ -327,9 +338,7 @@ class RedisBuckets:
                 allowed, tokens = await self._script(
                     keys=[redis_key], args=[repr(policy.rate), policy.burst]
                 )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except self._backend_failures as exc:
             self._failures_in_a_row += 1
             if self._failures_in_a_row >= FAILURES_BEFORE_RESTING:
                 self._resting_until = self._now() + BACKEND_RETRY.total_seconds()
@@ -340,11 +349,12 @@ class RedisBuckets:
     async def close(self) -> None:
         if self._warming is not None:
             self._warming.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._warming
-        with contextlib.suppress(Exception):
+        # A server already gone cannot be said goodbye to.
+        with contextlib.suppress(*self._backend_failures):
             await self._client.aclose()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*self._backend_failures):
             await self._pool.disconnect()
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import math
 import re
@@ -122,6 +121,7 @@ class Introspector:
         self.inactive = InactiveTokens(settings.cache_size)
         self._flights: dict[bytes, asyncio.Task[Principal]] = {}
         self._max_pending = settings.max_pending
+        self._log_issuer = {"issuer": issuer.issuer}
         self.refused_busy = 0
         self._busy_warned_at = -math.inf
         self._session: aiohttp.ClientSession | None = None
@@ -159,8 +159,12 @@ class Introspector:
         for task in (self._runner, self._discovery, *self._flights.values()):
             if task is not None and not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
+                try:
                     await task
+                except (asyncio.CancelledError, InvalidToken, VerifierUnavailable):
+                    pass  # how a call ends when cancelled, or when it ended meanwhile
+                except Exception:
+                    log.exception("introspection task failed", extra=self._log_issuer)
         if self._session is not None:
             await self._session.close()
             self._session = None
