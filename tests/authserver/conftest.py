@@ -14,6 +14,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,7 +36,7 @@ from authserver.app import build_app
 from authserver.endpoints.common import SERVICES, Services
 from authserver.keys import KeyRing
 from authserver.settings import Settings
-from tests.support import free_port, start_site
+from tests.support import bound_socket, start_site
 
 PASSWORD = "wonderland"
 
@@ -195,10 +196,8 @@ def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> s
     return yaml.safe_dump({**head, **rest}, sort_keys=False)
 
 
-def load_settings(
-    config: dict[str, Any] | str, directory: Path, port: int | None = None
-) -> Settings:
-    return authserver_settings.load_text(render_config(config, directory, port or free_port()))
+def load_settings(config: dict[str, Any] | str, directory: Path, port: int) -> Settings:
+    return authserver_settings.load_text(render_config(config, directory, port))
 
 
 @dataclass
@@ -235,13 +234,28 @@ class RunningAuthServer:
         return self.settings.issuer + path
 
 
-async def run_authserver(settings: Settings) -> RunningAuthServer:
+async def run_authserver(
+    settings: Settings, sock: socket.socket | None = None
+) -> RunningAuthServer:
+    """Serve on `sock` (bound to the port the settings name), else on that port."""
     app = build_app(settings)
     port = settings.listen.port
-    runner, url = await start_site(app, port)
+    runner, url = await start_site(app, port, sock=sock)
     return RunningAuthServer(
         settings=settings, url=url, services=app[SERVICES], runner=runner, port=port
     )
+
+
+async def serve_authserver(config: dict[str, Any] | str, directory: Path) -> RunningAuthServer:
+    """A server from `config` on a port the OS chooses: bound first, since the issuer URL
+    in its settings names it."""
+    sock = bound_socket()
+    try:
+        settings = load_settings(config, directory, sock.getsockname()[1])
+        return await run_authserver(settings, sock)
+    except BaseException:
+        sock.close()
+        raise
 
 
 StartAuthServer = Callable[..., Awaitable[RunningAuthServer]]
@@ -265,8 +279,7 @@ async def start_authserver(tmp_path: Path, key_root: Path) -> AsyncIterator[Star
         directory.mkdir()
         if not fresh_keys:
             shutil.copytree(_key_template(key_root), directory / "keys")
-        settings = load_settings(default_config() if config is None else config, directory)
-        server = await run_authserver(settings)
+        server = await serve_authserver(default_config() if config is None else config, directory)
         started.append(server)
         return server
 

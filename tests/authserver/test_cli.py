@@ -34,7 +34,7 @@ from tests.authserver.conftest import (
     tokens_for,
     verify_jwt,
 )
-from tests.support import free_port
+from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def cli(
 
 def write_config(directory: Path, config: dict[str, Any] | str, port: int | None = None) -> Path:
     path = directory / "authserver.yaml"
-    path.write_text(render_config(config, directory, port or free_port()))
+    path.write_text(render_config(config, directory, port or reserve_port()))
     return path
 
 
@@ -230,7 +230,7 @@ class Process:
 
 @pytest.fixture
 def process(tmp_path: Path) -> Iterator[Process]:
-    port = free_port()
+    port = reserve_port()
     path = write_config(tmp_path, default_config(), port)
     running = Process(path, f"http://127.0.0.1:{port}", tmp_path / "server.log")
     yield running

@@ -141,7 +141,10 @@ async def test_a_person_signs_in_lists_orders_across_origins_stays_signed_in_and
     ) as response:
         assert response.status == 200
     await wait_for_expiry(tab)
-    await tab.click("#list-orders")
+    # The page is at spa_url/ before the click too: wait for the sign-in's navigation to
+    # happen, or the checks below could run on the page it is about to leave.
+    async with tab.expect_navigation():
+        await tab.click("#list-orders")
     await tab.wait_for_url(spa_stack.spa_url + "/")
     await tab.locator("#signed-in").wait_for()
     await list_orders(tab)

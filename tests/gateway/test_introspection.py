@@ -23,7 +23,6 @@ from tests.support import (
     assert_invalid_token,
     assert_unavailable,
     call,
-    free_port,
     gateway_yaml,
     header_values,
     issuer_entry,
@@ -215,9 +214,11 @@ async def test_distinct_tokens_in_flight_are_bounded_and_the_rest_get_503_at_onc
 # ---------------------------------------------------------------------------- failing closed
 
 
-async def test_an_unreachable_introspection_endpoint_fails_closed_with_503(upstream, client):
+async def test_an_unreachable_introspection_endpoint_fails_closed_with_503(
+    upstream, client, refused_port
+):
     issuer = "http://127.0.0.1:9"
-    dead = f'"http://127.0.0.1:{free_port()}/introspect"'
+    dead = f'"http://127.0.0.1:{refused_port}/introspect"'
     async with running_gateway(config(issuer, upstream.url, url=dead)) as gateway:
         answer = await call(client, gateway.url + "/orders/7", "opaque-1")
     assert_unavailable(answer)

@@ -280,7 +280,7 @@ async def test_stopped_issuer_keeps_serving_the_last_good_keys(issuer, upstream,
     async with running_gateway(config(issuer, upstream, FAST_REFRESH)) as gateway:
         keys = keyset(gateway, issuer)
         port = issuer.port
-        await issuer.stop()
+        await issuer.stop(keep_port=True)
         await wait_for(lambda: keys.failures >= 2, what="two failed refreshes")
         assert "discovery failed" in keys.last_error
         assert (await orders(client, gateway, issuer.token("ES256"))).status == 200
@@ -322,7 +322,7 @@ async def test_gateway_becomes_ready_when_an_unreachable_issuer_comes_up(upstrea
     issuer.add_key("ES256")
     await issuer.start()
     port = issuer.port
-    await issuer.stop()
+    await issuer.stop(keep_port=True)
     try:
         text = config(issuer, upstream, "{max_backoff: 100ms}")
         async with running_gateway(text, wait_ready=False) as gateway:

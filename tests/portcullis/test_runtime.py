@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from portcullis import runtime
-from tests.support import free_port
+from tests.support import reserve_port
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_configure_logging_replaces_earlier_handlers(restore_logging):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 async def test_serve_answers_until_sigterm_then_drains_and_returns():
-    port = free_port()
+    port = reserve_port()
     events: list[str] = []
     release = asyncio.Event()
 
