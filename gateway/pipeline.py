@@ -189,7 +189,7 @@ class Pipeline(Generic[F]):
         limit = plan.limit
         if limit is not None:
             key = limit.key(principal, headers, request.remote)
-            verdict = self.limiter.take_now(limit, key)
+            verdict = self.limiter.buckets.take_now(limit, key)
             if verdict is None:
                 verdict = await self.limiter.take(limit, key)
             limit_headers = limit.headers(verdict) if self._limit_headers else []

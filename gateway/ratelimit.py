@@ -371,8 +371,8 @@ class Limiter:
     """Checks a policy for a request through the backend; a backend failure becomes the
     configured answer, never an error or a wait.
 
-    The request path asks `take_now` first: a backend that answers without waiting (memory)
-    costs no coroutine; otherwise (None) it awaits `take`."""
+    The request path asks the backend's `take_now` first: one that answers without waiting
+    (memory) costs no coroutine and cannot fail; otherwise (None) it awaits `take` here."""
 
     def __init__(
         self, settings: RateLimitSettings, buckets: Buckets, now: Now = time.monotonic
@@ -384,10 +384,6 @@ class Limiter:
         self._unknown_allow = Verdict(True, 0, 0.0, 0.0, known=False)
         self._unknown_deny = Verdict(False, 0, 0.0, BACKEND_RETRY.total_seconds(), known=False)
         self._last_warning = -math.inf
-
-    def take_now(self, policy: Policy, key: str) -> Verdict | None:
-        """The verdict when the backend has it at hand, else None."""
-        return self.buckets.take_now(policy, key)
 
     async def take(self, policy: Policy, key: str) -> Verdict:
         try:
