@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 
@@ -87,5 +88,5 @@ def from_claims(claims: Mapping[str, Any]) -> Principal:
         scopes=normalise_scopes(claims),
         audiences=audiences_of(claims),
         expires_at=float(claims["exp"]),
-        claims=claims,
+        claims=MappingProxyType(dict(claims)),  # a read-only copy
     )

@@ -35,6 +35,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote_plus, urlsplit
 
@@ -299,7 +300,7 @@ class Introspector:
             scopes=scopes,
             audiences=audiences_of(claims),
             expires_at=expires_at,
-            claims=claims,
+            claims=MappingProxyType(claims),
         )
 
     # ------------------------------------------------------------------ discovery
