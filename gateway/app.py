@@ -149,7 +149,7 @@ class Gateway:
             settings,
             verifier=verification.verifier,
             limiter=Limiter(settings.rate_limits, self._buckets, self.clock.monotonic),
-            forwarder=Forwarder(settings, self._upstream, self._bodies),
+            forwarder=Forwarder(settings, self._upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
         )
         self._forwarders.add(pipeline.forwarder)
@@ -380,7 +380,7 @@ class Gateway:
             new,
             verifier=verification.verifier,
             limiter=Limiter(new.rate_limits, buckets, self.clock.monotonic),
-            forwarder=Forwarder(new, upstream, self._bodies),
+            forwarder=Forwarder(new, upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
         )
 
@@ -590,6 +590,7 @@ class _Server(web.Server):
         self.max_connections = max_connections
         self.open_connections = 0
         self.refused_connections = 0
+        self._now = gateway.clock.monotonic
         self._warned_at = -_REFUSAL_LOG_INTERVAL.total_seconds()
 
     def __call__(self) -> web.RequestHandler:
@@ -601,7 +602,7 @@ class _Server(web.Server):
             self.open_connections += 1
             return True
         self.refused_connections += 1
-        now = time.monotonic()
+        now = self._now()
         # Once in a while, not per connection: a flood of them must not flood the log.
         if now - self._warned_at >= _REFUSAL_LOG_INTERVAL.total_seconds():
             self._warned_at = now

@@ -53,6 +53,7 @@ from portcullis.addresses import ClientAddresses
 
 from . import errors
 from .capacity import BodiesInFlight, Slots
+from .clock import Now
 from .exchange import Exchange
 from .principal import Principal
 from .settings import Settings, WebSocketSettings
@@ -246,8 +247,16 @@ class Upstream:
 
 
 class Forwarder:
-    def __init__(self, settings: Settings, upstream: Upstream, bodies: BodiesInFlight) -> None:
-        """`bodies` counts bodies arriving per client, for the whole process."""
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        bodies: BodiesInFlight,
+        now: Now = time.time,
+    ) -> None:
+        """`bodies` counts bodies arriving per client, for the whole process; `now` is the
+        wall clock tokens expire by."""
+        self._now = now
         self._session = upstream.pooled
         self._single_use = upstream.single_use
         self._slots = upstream.slots
@@ -814,7 +823,7 @@ class Forwarder:
             asyncio.create_task(_pump(upstream, client)): "upstream",
         }
         if settings.close_on_token_expiry and principal is not None:
-            left = principal.expires_at - time.time()
+            left = principal.expires_at - self._now()
             if left < float("inf"):
                 tasks[asyncio.create_task(asyncio.sleep(max(0.0, left)))] = "expiry"
         try:
