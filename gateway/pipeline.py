@@ -162,6 +162,9 @@ class Pipeline(Generic[F]):
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
+        """The steps of the module's docstring; the answer the first refusal gives (in
+        enforce mode), else the forwarded one."""
+        # 1. match
         plan = self.match(request, exchange)
         if not isinstance(plan, RoutePlan):
             return plan
@@ -172,9 +175,11 @@ class Pipeline(Generic[F]):
         principal = None
         rule = plan.rule
         if rule is not None and not rule.public:
+            # 2-3. extract, verify
             verified = self.cached(headers) or await self.verify(request, rule)
-            # Checks every request needs, cache hit or not, go here, before decide: the
+            # 4. Checks every request needs, cache hit or not, go here, before decide: the
             # token's proof of possession (bind-check) and the revocations (revocation-check).
+            # 5. decide
             if not isinstance(verified, Refusal):
                 verified = self.decide(rule, verified)
             if isinstance(verified, Refusal):
@@ -186,6 +191,7 @@ class Pipeline(Generic[F]):
                 principal = verified
             exchange.principal = principal
 
+        # 6. limit
         limit = plan.limit
         if limit is not None:
             key = limit.key(principal, headers, request.remote)
@@ -200,6 +206,7 @@ class Pipeline(Generic[F]):
                     return _with_headers(refusal.response, extra)
             extra = (*extra, *limit_headers)
 
+        # 7. forward
         if request.body_exists:
             refused = refuse_body(request, plan, exchange)
             if refused is not None:
