@@ -5,23 +5,34 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import logging
+import logging.handlers
+import os
 import sys
 import time
 from dataclasses import asdict
 
+from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
 from . import settings as settings_module
 from . import users
 
+CONFIG_VARIABLE = "PORTCULLIS_AUTHSERVER_CONFIG"  # the config file when --config is not given
+CONFIG_HELP = f"the config file (default: ${CONFIG_VARIABLE})"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis-authserver", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="serve the authorization server")
-    run.add_argument("--config", required=True)
+    run.add_argument("--config", help=CONFIG_HELP)
+    run.add_argument(
+        "--debug", action="store_true", help="print the traceback when the server cannot start"
+    )
     check = commands.add_parser("check", help="validate a config file, print every problem")
-    check.add_argument("--config", required=True)
+    check.add_argument("--config", help=CONFIG_HELP)
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
     keys = commands.add_parser("keys", help="signing keys in the configured key directory")
@@ -30,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "rotate",
         help="publish a new key for each signing algorithm; it signs after publish_ahead",
     )
-    rotate.add_argument("--config", required=True)
+    rotate.add_argument("--config", help=CONFIG_HELP)
     rotate.add_argument(
         "--alg",
         action="append",
@@ -38,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         help="rotate only this algorithm's key (repeatable); default: every one in use",
     )
     listing = key_commands.add_parser("list", help="each key's kid, algorithm, state and dates")
-    listing.add_argument("--config", required=True)
+    listing.add_argument("--config", help=CONFIG_HELP)
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
@@ -57,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(users.hash_password(password))
         return 0
 
+    args.config = args.config or os.environ.get(CONFIG_VARIABLE)
+    if not args.config:
+        parser.error(f"--config FILE is required (or set {CONFIG_VARIABLE})")
     if args.command == "check":
         problems = settings_module.check(args.config)
         for found in problems:
@@ -66,13 +80,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.config}: OK")
         return 0
 
+    # What loading logs (a plain-text password's warning) is held back, so that the first
+    # line a running server logs is the one with its version.
+    held = logging.handlers.BufferingHandler(capacity=1000)
+    logging.getLogger().addHandler(held)
     try:
-        settings = settings_module.load(args.config)
+        # The key commands work on the key directory alone: they need no secret, no
+        # certificate and no database, which may live elsewhere than where they run.
+        serving = args.command == "run"
+        settings = settings_module.load(args.config, secrets=serving, storage=serving)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    finally:
+        logging.getLogger().removeHandler(held)
     if args.command == "keys":
+        _replay(held)
         return _keys(args, settings)
     # The server's imports (aiohttp, uvloop) only when serving: the other commands start fast.
     from portcullis import runtime
@@ -80,9 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     from .app import serve
 
     runtime.configure_logging(settings.log_level)
+    log = logging.getLogger("portcullis.authserver")
+    log.info("starting", extra={"version": version(), "config": args.config})
+    _replay(held)
+    return runtime.run_service(serve(settings), debug=args.debug)
 
-    runtime.run(serve(settings))
-    return 0
+
+def _replay(held: logging.handlers.BufferingHandler) -> None:
+    for record in held.buffer:
+        logging.getLogger(record.name).handle(record)
 
 
 def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:

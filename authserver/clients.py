@@ -8,9 +8,12 @@ Methods (RFC 6749 §2.3, RFC 7523, OIDC Core §9): `client_secret_basic`,
  - secrets are compared as SHA-256 digests in constant time (they are high-entropy, so a
    slow hash would only cost throughput);
  - private_key_jwt: `iss` = `sub` = client_id, `aud` names the issuer or the endpoint, `exp`
-   within 5 minutes, `jti` used once (replay cache in the store), signed by a key of the
+   at most `client_assertion_max_lifetime` ahead (default 1 hour: what Authlib signs; pyoidc
+   signs 10 minutes), `jti` used once: kept in the store's replay cache until `exp` plus the
+   clock leeway, the last moment the assertion could be accepted; signed by a key of the
    client's registered `jwks` with an asymmetric algorithm.
-Every failure is the same `invalid_client` (401) so nothing tells which part was wrong.
+Every failure is the same `invalid_client` (401) so nothing tells the caller which part was
+wrong; the log says it (`reason`), naming the client but never its secret or assertion.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote_plus
 
 import jwt
 
+from .clock import Clock
 from .protocol.errors import ErrorCode, OAuthError, invalid_request
-from .settings import ClientSettings, Settings
+from .registry import Client, ClientRegistry
 from .store.base import Store
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -46,15 +52,22 @@ ASSERTION_ALGORITHMS = (
     "ES384",
     "EdDSA",
 )
-MAX_ASSERTION_LIFETIME = 300.0  # seconds
+# Clock skew allowed on an assertion's exp, nbf and iat.
+ASSERTION_LEEWAY = timedelta(seconds=30)
+FAILED = "client authentication failed"
+
+log = logging.getLogger("portcullis.authserver.clients")
 
 
 class ClientAuthError(OAuthError):
-    """invalid_client; `basic` tells the endpoint to answer with a Basic challenge (§5.2)."""
+    """invalid_client; `basic` tells the endpoint to answer with a Basic challenge (§5.2).
 
-    def __init__(self, description: str, *, basic: bool) -> None:
+    `reason` is for the log only: a short code saying which check failed."""
+
+    def __init__(self, description: str, *, basic: bool, reason: str = "") -> None:
         super().__init__(ErrorCode.INVALID_CLIENT, description, status=401)
         self.basic = basic
+        self.reason = reason or description
 
 
 @dataclass(frozen=True)
@@ -74,10 +87,14 @@ def presented(form: Mapping[str, str], authorization: str | None) -> Presented:
         try:
             decoded = base64.b64decode(authorization[6:].strip(), validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
-            raise ClientAuthError("malformed Basic credentials", basic=True) from None
+            raise ClientAuthError(
+                "malformed Basic credentials", basic=True, reason="malformed_basic"
+            ) from None
         user, sep, password = decoded.partition(":")
         if not sep:
-            raise ClientAuthError("malformed Basic credentials", basic=True)
+            raise ClientAuthError(
+                "malformed Basic credentials", basic=True, reason="malformed_basic"
+            )
         # RFC 6749 §2.3.1: both parts are form-urlencoded before base64.
         basic = (unquote_plus(user), unquote_plus(password))
         methods.append("client_secret_basic")
@@ -91,58 +108,185 @@ def presented(form: Mapping[str, str], authorization: str | None) -> Presented:
     form_id = form.get("client_id")
     if basic is not None:
         if form_id is not None and form_id != basic[0]:
-            raise ClientAuthError("client_id does not match the credentials", basic=True)
+            raise ClientAuthError(
+                "client_id does not match the credentials", basic=True, reason="client_id_mismatch"
+            )
         return Presented("client_secret_basic", basic[0], secret=basic[1])
     if methods == ["client_secret_post"]:
         if not form_id:
-            raise ClientAuthError("client_id is required with client_secret", basic=False)
+            raise ClientAuthError(
+                "client_id is required with client_secret", basic=False, reason="no_client_id"
+            )
         return Presented("client_secret_post", form_id, secret=form["client_secret"])
     if methods == ["private_key_jwt"]:
         if form.get("client_assertion_type") != ASSERTION_TYPE or not form.get("client_assertion"):
-            raise ClientAuthError("client_assertion_type must be jwt-bearer", basic=False)
+            raise ClientAuthError(
+                "client_assertion_type must be jwt-bearer",
+                basic=False,
+                reason="wrong_assertion_type",
+            )
         assertion = form["client_assertion"]
         try:
             claimed = jwt.decode(assertion, options={"verify_signature": False})
         except jwt.InvalidTokenError:
-            raise ClientAuthError("client_assertion is not a JWT", basic=False) from None
+            raise ClientAuthError(
+                "client_assertion is not a JWT", basic=False, reason="assertion_not_a_jwt"
+            ) from None
         sub = claimed.get("sub")
         if not isinstance(sub, str) or (form_id is not None and form_id != sub):
-            raise ClientAuthError("client_assertion sub must be the client_id", basic=False)
+            raise ClientAuthError(
+                "client_assertion sub must be the client_id",
+                basic=False,
+                reason="assertion_sub_mismatch",
+            )
         return Presented("private_key_jwt", sub, assertion=assertion)
     if not form_id:
         # Nothing identifies the client: the 401 carries a challenge (RFC 9110 §15.5.2).
-        raise ClientAuthError("client authentication is required", basic=True)
+        raise ClientAuthError(
+            "client authentication is required", basic=True, reason="no_credentials"
+        )
     return Presented("none", form_id)
 
 
-def _secret_matches(client: ClientSettings, secret: str) -> bool:
+def _secret_matches(client: Client, secret: str) -> bool:
     if client.client_secret_sha256 is None:
         return False
     digest = hashlib.sha256(secret.encode()).digest()
     return hmac.compare_digest(digest, client.client_secret_sha256)
 
 
-async def authenticate(
-    form: Mapping[str, str],
-    authorization: str | None,
-    settings: Settings,
-    store: Store,
-    endpoint_url: str,
-) -> ClientSettings:
-    """The authenticated client, or ClientAuthError / invalid_request."""
-    offer = presented(form, authorization)
-    basic = offer.method == "client_secret_basic"
-    client = settings.client(offer.client_id)
-    if client is None:
-        raise ClientAuthError("client authentication failed", basic=basic)
-    if client.token_endpoint_auth_method != offer.method:
-        raise ClientAuthError("client authentication failed", basic=basic)
-    if offer.method in ("client_secret_basic", "client_secret_post"):
-        if offer.secret is None or not _secret_matches(client, offer.secret):
-            raise ClientAuthError("client authentication failed", basic=basic)
-    elif offer.method == "private_key_jwt":
-        await _check_assertion(client, offer.assertion or "", settings, store, endpoint_url)
-    return client
+class ClientAuthenticator:
+    """Authenticates clients against the registry; assertion ids are kept in the store.
+
+    `max_assertion_lifetime` is `client_assertion_max_lifetime`: the longest a
+    private_key_jwt assertion may live (exp - now)."""
+
+    def __init__(
+        self,
+        clients: ClientRegistry,
+        store: Store,
+        issuer: str,
+        max_assertion_lifetime: timedelta,
+        clock: Clock = time.time,
+    ) -> None:
+        self.clients = clients
+        self.store = store
+        self.issuer = issuer
+        self.max_assertion_lifetime = max_assertion_lifetime.total_seconds()
+        self.clock = clock
+
+    async def authenticate(
+        self, form: Mapping[str, str], authorization: str | None, endpoint_url: str
+    ) -> Client:
+        """The authenticated client, or ClientAuthError / invalid_request.
+
+        Each refusal is logged with its reason and the client_id presented (if any)."""
+        offer: Presented | None = None
+        try:
+            offer = presented(form, authorization)
+            return await self._authenticate(offer, endpoint_url)
+        except ClientAuthError as error:
+            client_id = offer.client_id if offer is not None else form.get("client_id", "")
+            log.info(
+                "client authentication failed",
+                extra={
+                    "reason": error.reason,
+                    # Whatever the caller sent, bounded: registered ids are at most 128 long.
+                    "client_id": client_id[:128],
+                    "method": offer.method if offer is not None else "-",
+                    "endpoint": endpoint_url,
+                },
+            )
+            raise
+
+    async def _authenticate(self, offer: Presented, endpoint_url: str) -> Client:
+        basic = offer.method == "client_secret_basic"
+        client = await self.clients.client(offer.client_id)
+        if client is None:
+            raise ClientAuthError(FAILED, basic=basic, reason="unknown_client")
+        if client.token_endpoint_auth_method != offer.method:
+            raise ClientAuthError(
+                FAILED,
+                basic=basic,
+                reason=f"wrong_method (registered {client.token_endpoint_auth_method})",
+            )
+        if offer.method in ("client_secret_basic", "client_secret_post"):
+            if offer.secret is None or not _secret_matches(client, offer.secret):
+                raise ClientAuthError(FAILED, basic=basic, reason="wrong_secret")
+        elif offer.method == "private_key_jwt":
+            await self._check_assertion(client, offer.assertion or "", endpoint_url)
+        return client
+
+    async def _check_assertion(self, client: Client, assertion: str, endpoint_url: str) -> None:
+        """RFC 7523 §3 with RFC 7521 §5.2: signature, then claims, then the jti's single use."""
+
+        def failed(reason: str) -> ClientAuthError:
+            return ClientAuthError(FAILED, basic=False, reason=reason)
+
+        try:
+            header = jwt.get_unverified_header(assertion)
+        except jwt.InvalidTokenError:
+            raise failed("assertion_not_a_jwt") from None
+        alg = header.get("alg")
+        if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
+            raise failed("algorithm_not_allowed")
+        keys = _candidate_keys(client.jwks, header.get("kid"), alg)
+        if not keys:
+            raise failed("no_matching_key")
+        leeway = ASSERTION_LEEWAY.total_seconds()
+        now = self.clock()
+        claims: dict[str, Any] | None = None
+        for key in keys:
+            try:
+                claims = jwt.decode(
+                    assertion,
+                    key,
+                    algorithms=[alg],
+                    audience=[self.issuer, endpoint_url],
+                    issuer=client.client_id,
+                    options={"require": ["iss", "sub", "aud", "exp", "jti"]},
+                    leeway=leeway,
+                )
+            except (jwt.InvalidSignatureError, TypeError, ValueError):
+                # Another of the client's keys, or one of another type than `alg` needs (PyJWT
+                # raises TypeError then).
+                continue
+            except jwt.PyJWTError as error:
+                # PyJWT checks the signature first: this key signed it, and a claim is wrong.
+                raise failed(_claims_reason(error)) from None
+            break
+        if claims is None:
+            raise failed("bad_signature")
+        if claims.get("sub") != client.client_id:
+            raise failed("assertion_sub_mismatch")
+        expires = float(claims["exp"])
+        if expires > now + self.max_assertion_lifetime + leeway:
+            raise failed("assertion_lifetime_too_long")
+        # Remembered until the last moment the leeway would still accept it (RFC 7523 §3
+        # item 7).
+        jti, kept_until = str(claims["jti"]), expires + leeway
+        if not await self.store.use_jti(client.client_id, jti, kept_until, now):
+            raise failed("replayed_jti")
+
+
+# What a claim check PyJWT makes after the signature verified says about the assertion.
+_CLAIM_FAILURES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
+    (jwt.ExpiredSignatureError, "assertion_expired"),
+    (jwt.ImmatureSignatureError, "assertion_not_yet_valid"),
+    (jwt.InvalidAudienceError, "wrong_audience"),
+    (jwt.InvalidIssuerError, "wrong_issuer"),
+    (jwt.MissingRequiredClaimError, "missing_claim"),
+    (jwt.DecodeError, "malformed_assertion"),
+)
+
+
+def _claims_reason(error: jwt.PyJWTError) -> str:
+    for kind, reason in _CLAIM_FAILURES:
+        if isinstance(error, kind):
+            if isinstance(error, jwt.MissingRequiredClaimError):
+                return f"{reason} ({error.claim})"
+            return reason
+    return "invalid_claims"
 
 
 def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[Any]:
@@ -167,39 +311,3 @@ def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[
         except jwt.PyJWTError:
             continue
     return keys
-
-
-async def _check_assertion(
-    client: ClientSettings, assertion: str, settings: Settings, store: Store, endpoint_url: str
-) -> None:
-    failed = ClientAuthError("client authentication failed", basic=False)
-    try:
-        header = jwt.get_unverified_header(assertion)
-    except jwt.InvalidTokenError:
-        raise failed from None
-    alg = header.get("alg")
-    if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
-        raise failed
-    now = time.time()
-    for key in _candidate_keys(client.jwks, header.get("kid"), alg):
-        try:
-            claims = jwt.decode(
-                assertion,
-                key,
-                algorithms=[alg],
-                audience=[settings.issuer, endpoint_url],
-                issuer=client.client_id,
-                options={"require": ["iss", "sub", "aud", "exp", "jti"]},
-                leeway=30,
-            )
-        except (jwt.PyJWTError, TypeError, ValueError):
-            # A key of another type than `alg` needs raises TypeError in PyJWT.
-            continue
-        if claims.get("sub") != client.client_id:
-            raise failed
-        if claims["exp"] > now + MAX_ASSERTION_LIFETIME:
-            raise failed
-        if not await store.use_jti(client.client_id, str(claims["jti"]), float(claims["exp"]), now):
-            raise failed
-        return
-    raise failed

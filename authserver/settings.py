@@ -2,7 +2,9 @@
 
 Clients use RFC 7591 metadata names. Users may carry a `password_hash` (scrypt, from
 `portcullis-authserver hash-password`) or, for development only, a plain `password` that is
-hashed at load with a warning.
+hashed at load with a warning. Secrets may come from files (`client_secret_file`,
+`${file:PATH}`). Loading also checks that the TLS certificate and key load; `check` (and
+`run`) besides that the SQLite database's directory is there and writable.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import hashlib
 import ipaddress
 import logging
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,11 +24,13 @@ from urllib.parse import urlsplit
 
 import jwt
 
-from portcullis import yamlconf
+from portcullis import tls, yamlconf
 from portcullis.addresses import IPNetwork, network
-from portcullis.yamlconf import ConfigError, LocatedMap, Reader, Section
+from portcullis.tls import ServerTls
+from portcullis.yamlconf import ConfigError, LocatedMap, Reader, Section, Withheld
 
 from . import users as users_module
+from .protocol.cors import origin
 
 log = logging.getLogger("portcullis.authserver.settings")
 
@@ -133,6 +138,15 @@ class DeviceSettings:
 
 
 @dataclass(frozen=True)
+class PasswordHashing:
+    """Password checks (scrypt, about 32 MiB and tens of milliseconds each): how many run at
+    once, and how many may wait for them before a sign-in is answered 503."""
+
+    workers: int = 2
+    max_waiting: int = 16
+
+
+@dataclass(frozen=True)
 class ScopeSettings:
     name: str
     description: str
@@ -179,6 +193,17 @@ class ClientSettings:
         return self.application_type == "native" and self.public
 
 
+REFRESH_GRACE = timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class CorsSettings:
+    """Browser pages that may read answers, beyond the origins of the browser clients'
+    redirect URIs (protocol/cors.py has the policy)."""
+
+    allow_origins: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Settings:
     file: str
@@ -188,15 +213,24 @@ class Settings:
     listen: Address = Address("0.0.0.0", 9000)
     default_audience: str | None = None
     lifetimes: Lifetimes = field(default_factory=Lifetimes)
-    refresh_grace: timedelta = timedelta(0)
+    # A retry of a lost refresh response gets that response again for this long (README,
+    # security notes: a server killed between the commit and the answer logs nobody out).
+    refresh_grace: timedelta = REFRESH_GRACE
     login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    password_hashing: PasswordHashing = field(default_factory=PasswordHashing)
     # Peers whose X-Forwarded-For names the client (for the throttles' per-address counts).
     trusted_proxies: tuple[IPNetwork, ...] = ()
     device: DeviceSettings = field(default_factory=DeviceSettings)
     scopes: tuple[ScopeSettings, ...] = ()
     users: tuple[UserSettings, ...] = ()
     clients: tuple[ClientSettings, ...] = ()
+    cors: CorsSettings = field(default_factory=CorsSettings)
     log_level: str = "info"
+    # /healthz, /readyz and /metrics: for probes and scrapers, apart from the public listener.
+    admin_listen: Address = Address("127.0.0.1", 9902)
+    # The longest a private_key_jwt assertion may live (exp - now); each jti is kept that long.
+    client_assertion_max_lifetime: timedelta = timedelta(hours=1)
+    tls: ServerTls | None = None  # None: plain HTTP (TLS ends in front of the server)
 
     @property
     def id_token_algs(self) -> list[str]:
@@ -251,24 +285,40 @@ class Settings:
 # ---------------------------------------------------------------------------- loading
 
 
-def load(path: str, env: Mapping[str, str] | None = None) -> Settings:
-    return parse(yamlconf.load_file(path, env), path)
+def load(
+    path: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    secrets: bool = True,
+    storage: bool = False,
+) -> Settings:
+    """Read and validate a config file; raise ConfigError listing every problem.
+
+    `secrets=False` is for commands that serve nothing and use no secret (`keys list`,
+    `keys rotate`): secrets and TLS files are then neither read nor checked. `storage=True`
+    also checks that the database can be opened where it is configured (for `run`).
+    """
+    data = yamlconf.load_file(path, env, keep_incomplete=True)
+    return parse(data, path, secrets=secrets, storage=storage)
 
 
-def load_text(text: str, file: str = "<text>", env: Mapping[str, str] | None = None) -> Settings:
-    return parse(yamlconf.load_text(text, file, env), file)
+def load_text(
+    text: str, file: str = "<text>", env: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> Settings:
+    return parse(yamlconf.load_text(text, file, env, keep_incomplete=True), file, secrets=secrets)
 
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """Every problem `run` would meet, as `FILE:LINE: message`; empty when there is none."""
     try:
-        load(path, env)
+        load(path, env, storage=True)
     except ConfigError as exc:
         return [str(p) for p in exc.problems]
     return []
 
 
-def parse(data: LocatedMap, file: str) -> Settings:
-    reader = Reader(file)
+def parse(data: LocatedMap, file: str, *, secrets: bool = True, storage: bool = False) -> Settings:
+    reader = Reader(file, data.incomplete, secrets=secrets)
     top = Section(reader, data, "config")
     issuer = top.get("issuer", _issuer)
     scopes = _scopes(reader, top)
@@ -281,20 +331,60 @@ def parse(data: LocatedMap, file: str) -> Settings:
         listen=top.get("listen", _address, Settings.listen),
         default_audience=top.get("default_audience", yamlconf.non_empty_string, None),
         lifetimes=_lifetimes(reader, top),
-        refresh_grace=top.get("refresh_grace", _grace, timedelta(0)),
+        refresh_grace=top.get("refresh_grace", _grace, REFRESH_GRACE),
         login_throttle=_throttle(reader, top),
+        password_hashing=_password_hashing(top),
         trusted_proxies=top.list_of("trusted_proxies", network),
         device=_device(reader, top),
         scopes=scopes,
         users=_users(reader, top, issuer or ""),
         clients=_clients(reader, top, known_scopes),
+        cors=_cors(top),
         log_level=top.get(
             "log_level", yamlconf.one_of("debug", "info", "warning", "error"), "info"
         ),
+        admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
+        client_assertion_max_lifetime=top.get(
+            "client_assertion_max_lifetime",
+            _assertion_lifetime,
+            Settings.client_assertion_max_lifetime,
+        ),
+        tls=(
+            tls.parse_server(reader, top.raw("tls"), "tls", top.line_of("tls"), client_auth=False)
+            if top.has("tls")
+            else None
+        ),
     )
+    if settings.admin_listen == settings.listen:
+        reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
     top.finish()
+    if settings.tls is not None and issuer and urlsplit(issuer).scheme != "https":
+        reader.problem(
+            top.line_of("issuer"),
+            "config.issuer: must be https:// when the server itself serves TLS (tls:)",
+        )
+    if storage and settings.storage:
+        problem = _database_problem(settings.storage)
+        if problem:
+            reader.problem(top.line_of("storage"), f"config.storage: {problem}")
     reader.raise_if_any()
     return settings
+
+
+def _database_problem(storage: str) -> str | None:
+    """Why a SQLite database could not be opened for writing here, if that can be told
+    beforehand: its directory missing or not writable (SQLite writes its WAL beside it)."""
+    if not storage.startswith("sqlite:///"):
+        return None
+    path = storage[len("sqlite://") :]
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        return f"the database's directory {directory} does not exist"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"the database's directory {directory} is not writable"
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        return f"the database {path} is not readable and writable"
+    return None
 
 
 def _issuer(value: Any) -> str:
@@ -333,6 +423,13 @@ def _address(value: Any) -> Address:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
         raise ValueError(f"{text!r} is not host:port")
     return Address(host.strip("[]"), int(port))
+
+
+def _assertion_lifetime(value: Any) -> timedelta:
+    lifetime = yamlconf.duration(value)
+    if not timedelta(seconds=1) <= lifetime <= timedelta(days=1):
+        raise ValueError("between 1s and 1d: each assertion's jti is kept that long")
+    return lifetime
 
 
 def _grace(value: Any) -> timedelta:
@@ -460,6 +557,45 @@ def _throttle(reader: Reader, top: Section) -> LoginThrottle:
     return result
 
 
+def _password_hashing(top: Section) -> PasswordHashing:
+    sec = top.subsection("password_hashing")
+    if sec is None:
+        return PasswordHashing()
+    d = PasswordHashing()
+    result = PasswordHashing(
+        workers=sec.get("workers", yamlconf.integer(1, 64), d.workers),
+        max_waiting=sec.get("max_waiting", yamlconf.integer(0, 10_000), d.max_waiting),
+    )
+    sec.finish()
+    return result
+
+
+def _cors(top: Section) -> CorsSettings:
+    sec = top.subsection("cors")
+    if sec is None:
+        return CorsSettings()
+    result = CorsSettings(allow_origins=sec.list_of("allow_origins", _allowed_origin))
+    sec.finish()
+    return result
+
+
+def _allowed_origin(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text == "*":
+        raise ValueError("'*' is not allowed: the token endpoint never answers every origin")
+    parts = urlsplit(text)
+    serialized = origin(text)
+    if serialized is None or parts.path or parts.query or parts.fragment or "@" in text:
+        raise ValueError(
+            f"{text!r} is not an origin (scheme://host[:port], no path or trailing slash)"
+        )
+    if parts.scheme.lower() == "http" and not _loopback(parts.hostname or ""):
+        # A page served over plain http can be rewritten on the way: it would read tokens.
+        raise ValueError(f"{text!r}: plain http origins are for loopback only")
+    # As browsers send it: lower case, no default port (RFC 6454 §6.2).
+    return serialized
+
+
 def _scope_name(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if not _SCOPE_TOKEN.match(text):
@@ -497,15 +633,19 @@ def _users(reader: Reader, top: Section, issuer: str) -> tuple[UserSettings, ...
         if sec is None:
             continue
         username = sec.get("username", yamlconf.non_empty_string)
-        password_hash = sec.get("password_hash", yamlconf.non_empty_string, None)
-        password = sec.get("password", yamlconf.non_empty_string, None)
-        if password_hash and not users_module.is_hash(password_hash):
+        password_hash = sec.secret("password_hash")
+        password = sec.secret("password")
+        withheld = isinstance(password_hash, Withheld) or isinstance(password, Withheld)
+        if withheld:
+            password_hash, password = yamlconf.WITHHELD, None
+        if password_hash and not withheld and not users_module.is_hash(password_hash):
             reader.problem(
                 sec.line_of("password_hash"), f"users[{index}].password_hash: not a scrypt hash"
             )
         if password is not None and password_hash is not None:
             reader.problem(
-                sec.line_of("password"), f"users[{index}]: give password_hash or password, not both"
+                sec.line_of("password" if sec.has("password") else "password_file"),
+                f"users[{index}]: give password_hash or password, not both",
             )
         elif password is not None:
             log.warning(
@@ -513,7 +653,8 @@ def _users(reader: Reader, top: Section, issuer: str) -> tuple[UserSettings, ...
                 extra={"username": username},
             )
             password_hash = users_module.hash_password(password)
-        if password_hash is None:
+        given = ("password_hash", "password_hash_file", "password", "password_file")
+        if password_hash is None and not any(sec.has(key) for key in given):
             reader.problem(
                 line, f"users[{index}]: give password_hash (or password for development)"
             )
@@ -577,11 +718,16 @@ def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[Clie
         sec.where = where
         if client_id and not _CLIENT_ID.match(client_id):
             reader.problem(sec.line_of("client_id"), f"{where}: client_id must be printable ASCII")
-        secret = sec.get("client_secret", yamlconf.non_empty_string, None)
+        # Given, whether or not its value could be read (that problem is reported once).
+        has_secret = sec.has("client_secret") or sec.has("client_secret_file")
+        secret = sec.secret("client_secret")
+        secret_line = sec.line_of(
+            "client_secret" if sec.has("client_secret") else "client_secret_file"
+        )
         method = sec.get(
             "token_endpoint_auth_method",
             yamlconf.one_of(*AUTH_METHODS),
-            "client_secret_basic" if secret else "none",
+            "client_secret_basic" if has_secret else "none",
         )
         grant_types = sec.list_of(
             "grant_types", yamlconf.one_of(*GRANT_TYPES), ("authorization_code",)
@@ -600,7 +746,11 @@ def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[Clie
             client_id=client_id or "",
             client_name=sec.get("client_name", yamlconf.non_empty_string, client_id or ""),
             token_endpoint_auth_method=method,
-            client_secret_sha256=hashlib.sha256(secret.encode()).digest() if secret else None,
+            client_secret_sha256=(
+                hashlib.sha256(secret.encode()).digest()
+                if secret and not isinstance(secret, Withheld)
+                else None  # a withheld secret authenticates nobody
+            ),
             redirect_uris=redirect_uris,
             post_logout_redirect_uris=sec.list_of("post_logout_redirect_uris", _redirect_uri),
             grant_types=grant_types,
@@ -619,15 +769,13 @@ def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[Clie
             line=line,
         )
         sec.finish()
-        if method in ("client_secret_basic", "client_secret_post") and not secret:
+        if method in ("client_secret_basic", "client_secret_post") and not has_secret:
             reader.problem(line, f"{where}: {method} needs client_secret")
-        if method in ("none", "private_key_jwt") and secret:
+        if method in ("none", "private_key_jwt") and has_secret:
+            reader.problem(secret_line, f"{where}: {method} clients have no secret")
+        if secret and not isinstance(secret, Withheld) and len(secret) < 32:
             reader.problem(
-                sec.line_of("client_secret"), f"{where}: {method} clients have no secret"
-            )
-        if secret and len(secret) < 32:
-            reader.problem(
-                sec.line_of("client_secret"),
+                secret_line,
                 f"{where}.client_secret: use at least 32 random characters "
                 "(secrets are stored with a fast hash, so they must not be guessable)",
             )

@@ -181,10 +181,10 @@ stop_started() {
     PIDS=("${kept[@]}")
 }
 
-read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN < <(
+read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN P_AS_ADMIN < <(
     "$PY" -c '
 import socket
-socks = [socket.socket() for _ in range(8)]
+socks = [socket.socket() for _ in range(9)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -474,6 +474,7 @@ authserver_config() {
     cat >"$AUTHSERVER_CONFIG" <<EOF
 issuer: "$AUTHSERVER"
 listen: "127.0.0.1:$P_AS"
+admin_listen: "127.0.0.1:$P_AS_ADMIN"
 storage: "sqlite://$dir/authserver.db"
 keys: {dir: "$dir/keys", access_token_alg: $1}
 lifetimes: {access_token: 5m}

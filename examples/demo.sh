@@ -21,6 +21,7 @@
 #                         a fresh temporary directory per run)
 #   DEMO_GATEWAY_PORT 8080   DEMO_ADMIN_PORT 9901   DEMO_API_PORT 8081
 #   DEMO_AUTH_PORT    9000   DEMO_WEB_PORT   8082   DEMO_SPA_PORT 8083
+#   DEMO_AUTH_ADMIN_PORT 9902
 #   DEMO_MACHINE_SECRET, DEMO_WEB_SECRET   the demo clients' secrets (published demo values
 #                         by default; config/authserver.yaml reads the same variables)
 #   DEMO_START_TIMEOUT    seconds each process gets to become ready (20)
@@ -57,6 +58,7 @@ export DEMO_API_PORT=${DEMO_API_PORT:-8081}
 export DEMO_AUTH_PORT=${DEMO_AUTH_PORT:-9000}
 export DEMO_WEB_PORT=${DEMO_WEB_PORT:-8082}
 export DEMO_SPA_PORT=${DEMO_SPA_PORT:-8083}
+export DEMO_AUTH_ADMIN_PORT=${DEMO_AUTH_ADMIN_PORT:-9902}
 export DEMO_MACHINE_SECRET=${DEMO_MACHINE_SECRET:-demo-machine-secret-not-for-production-use}
 export DEMO_WEB_SECRET=${DEMO_WEB_SECRET:-demo-web-secret-not-for-production-use}
 # The demo user, as config/authserver.yaml has them (only the password's hash is there).
@@ -80,8 +82,11 @@ command -v curl >/dev/null || die "curl is needed to run the walkthrough"
     || die "$PYTHON cannot run Portcullis; 'make demo' sets up .venv first"
 
 echo "Checking $AUTH_CONFIG and $CONFIG"
-"$PYTHON" -m authserver check --config "$AUTH_CONFIG" >/dev/null \
-    || die "$AUTH_CONFIG has problems (listed above)"
+# check requires the database's directory; a fresh state directory is made further down, so
+# until then any existing directory stands in for it.
+[ -z "${STATE:-}" ] || mkdir -p "$STATE"
+DEMO_STATE_DIR=${STATE:-${TMPDIR:-/tmp}} "$PYTHON" -m authserver check --config "$AUTH_CONFIG" \
+    >/dev/null || die "$AUTH_CONFIG has problems (listed above)"
 "$PYTHON" -m gateway check --config "$CONFIG" >/dev/null || die "$CONFIG has problems (listed above)"
 
 # ---------------------------------------------------------------- processes
@@ -99,7 +104,8 @@ with socket.socket() as s:
 EOF
 }
 
-for var in DEMO_GATEWAY_PORT DEMO_ADMIN_PORT DEMO_API_PORT DEMO_AUTH_PORT DEMO_WEB_PORT DEMO_SPA_PORT; do
+for var in DEMO_GATEWAY_PORT DEMO_ADMIN_PORT DEMO_API_PORT DEMO_AUTH_PORT DEMO_WEB_PORT \
+    DEMO_SPA_PORT DEMO_AUTH_ADMIN_PORT; do
     port_free "${!var}" || die "port ${!var} is in use; choose another with $var=..."
 done
 
@@ -219,6 +225,7 @@ STEPS=$(
 200|authserver||"token_type":"Bearer"|The machine client's token: client_credentials, its id and secret in HTTP Basic|curl -sS -i -u "demo-machine:$MACHINE_SECRET" -d grant_type=client_credentials -d scope=orders:read "$AUTH/token"
 401|authserver||invalid_client|A wrong secret: 401 invalid_client|curl -sS -i -u demo-machine:not-the-secret -d grant_type=client_credentials "$AUTH/token"
 400|authserver||invalid_scope|A scope the client is not registered for: 400 invalid_scope|curl -sS -i -u "demo-machine:$MACHINE_SECRET" -d grant_type=client_credentials -d scope=admin "$AUTH/token"
+400|authserver||Access-Control-Allow-Origin|The single-page app's page may read the token endpoint's answers, refusals too: its origin is that of demo-spa's redirect URI (CORS)|curl -sS -i -H "Origin: $SPA" -d grant_type=refresh_token -d refresh_token=not-a-refresh-token -d client_id=demo-spa "$AUTH/token"
 200|api|||A public route: /healthz needs no token|curl -sS -i "$GW/healthz"
 401|gateway||WWW-Authenticate: Bearer|No token: 401 with a Bearer challenge|curl -sS -i "$GW/orders"
 401|gateway||invalid_token|Something that is not a signed JWT: 401 invalid_token|curl -sS -i -H "Authorization: Bearer not-a-real-token" "$GW/orders"

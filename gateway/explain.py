@@ -76,6 +76,8 @@ def describe(
             lines.append(f"  scopes: {what} {' '.join(sorted(route.scopes.scopes))}")
         else:
             lines.append("  scopes: none required")
+    if route.client_cert:
+        lines.append("  client certificate: required (verified by the gateway's TLS; else 403)")
     max_body = route.max_body_size or settings.limits.max_body_size
     if max_body is not None:
         lines.append(f"  max body: {max_body} bytes")

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import aiohttp
 import orjson
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from portcullis import tls
+
 from .clock import Now
 from .settings import IssuerSettings, JwksSettings
 
@@ -37,6 +40,11 @@ log = logging.getLogger("portcullis.gateway.jwks")
 
 USER_AGENT = "portcullis-gateway"
 MAX_DOCUMENT_BYTES = 1024 * 1024
+# Memory an issuer's keys hold at most, as measured by bench/memory.py (jwks-1mib-ec): a key
+# set of MAX_DOCUMENT_BYTES made of P-256 keys, the type that costs most per byte of JWKS,
+# holds about 18 MiB (a typical set of a few keys, about 2 KiB a key); while a fetch replaces
+# it, the old set and the new one are both held.
+KEY_SET_BYTES = 2 * 18 * 1024 * 1024
 FIRST_RETRY = timedelta(milliseconds=500)  # after a failed fetch; doubles up to max_backoff
 # No schedule fetches more often than this, even when min_ttl or max_backoff is 0s: a key
 # set refreshed in a loop would hammer the issuer and gain nothing.
@@ -154,16 +162,27 @@ class FetchError(Exception):
     pass
 
 
+def issuer_tls(issuer: IssuerSettings) -> ssl.SSLContext | bool:
+    """How an issuer's https certificate is checked: against its `ca_file`, else the system's
+    CAs."""
+    return tls.client_context(issuer.ca_file) if issuer.ca_file is not None else True
+
+
 async def fetch_json(
-    session: aiohttp.ClientSession, url: str, timeout: float
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout: float,
+    tls: ssl.SSLContext | bool = True,
 ) -> tuple[Any, str | None]:
-    """GET a JSON document of bounded size; (document, Cache-Control) or FetchError."""
+    """GET a JSON document of bounded size; (document, Cache-Control) or FetchError.
+    `tls` checks an https server's certificate (a context trusting the issuer's own CA)."""
     try:
         async with session.get(
             url,
             timeout=aiohttp.ClientTimeout(total=timeout),
             allow_redirects=False,
             headers={"Accept": "application/json"},
+            ssl=tls,
         ) as resp:
             if resp.status != 200:
                 raise FetchError(f"{url} answered {resp.status}")
@@ -217,6 +236,7 @@ class KeySet:
         self.settings = settings
         self._session = session
         self._now = now  # a monotonic clock: the schedule and the cool-downs
+        self._tls = issuer_tls(issuer)
         self._jwks_uri = issuer.jwks_uri
         self._keys: dict[str | None, tuple[VerifyKey, ...]] = {}
         self._all: tuple[VerifyKey, ...] = ()
@@ -313,7 +333,9 @@ class KeySet:
         try:
             if self._jwks_uri is None:
                 self._jwks_uri = await self._discover(timeout)
-            document, cache_control = await fetch_json(self._session, self._jwks_uri, timeout)
+            document, cache_control = await fetch_json(
+                self._session, self._jwks_uri, timeout, self._tls
+            )
             keys = parse_jwks(document)
         except Exception as exc:
             # Whatever went wrong (FetchError and ValueError are the expected kinds), the
@@ -351,7 +373,7 @@ class KeySet:
         problems = []
         for url in discovery_urls(self.issuer.issuer):
             try:
-                document, _ = await fetch_json(self._session, url, timeout)
+                document, _ = await fetch_json(self._session, url, timeout, self._tls)
             except FetchError as exc:
                 problems.append(str(exc))
                 continue

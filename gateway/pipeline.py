@@ -2,14 +2,16 @@
 
  1. match      route = rules.match(method, path)   unmatched → 404; a CORS preflight is
                                                    answered here; a bad target → 400
- 2. extract    token = bearer.extract(headers)     unless the route is public; a token
- 3. verify     principal = verifier.verify(token)  verified before comes from the cache
+ 2. certificate clientcert.of(request)             403 without a verified client
+                                                   certificate when the route requires one
+ 3. extract    token = bearer.extract(headers)     unless the route is public; a token
+ 4. verify     principal = verifier.verify(token)  verified before comes from the cache
                without either step
- 4. bind-check, revocation-check                   the checks every request gets, cache
+ 5. bind-check, revocation-check                   the checks every request gets, cache
                hit or not, go between verify and decide (none are configured yet)
- 5. decide     policy.decide(route, principal)     401 audience/issuer, 403 insufficient_scope
- 6. limit      limiter.take(policy, key)           429 with Retry-After and the RateLimit fields
- 7. forward    forward.send(request, principal)    a body on GET/HEAD refused unless the route
+ 6. decide     policy.decide(route, principal)     401 audience/issuer, 403 insufficient_scope
+ 7. limit      limiter.take(policy, key)           429 with Retry-After and the RateLimit fields
+ 8. forward    forward.send(request, principal)    a body on GET/HEAD refused unless the route
                                                    allows it, one too large refused (413)
 Each step gives its value or a `Refusal`. In monitor mode (global or per route) a refusal
 at any step is recorded as would_deny with its reason and the request goes on; identity
@@ -33,7 +35,7 @@ from multidict import CIMultiDictProxy
 
 from portcullis.addresses import ClientAddresses
 
-from . import bearer, errors, policy, rules
+from . import bearer, clientcert, errors, policy, rules
 from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
 from .metrics import Metrics
@@ -48,7 +50,7 @@ _NO_BODY_METHODS = frozenset({"GET", "HEAD"})
 
 
 class Forward(Protocol):
-    """Step 7: where an admitted request goes."""
+    """Step 8: where an admitted request goes."""
 
     def is_websocket_upgrade(self, request: web.BaseRequest) -> bool: ...
 
@@ -93,6 +95,7 @@ class RoutePlan:
     websocket: WebSocketSettings | None
     max_body: int | None
     allow_body_on_get: bool
+    client_cert: bool  # the route requires a verified TLS client certificate
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,7 @@ class Pipeline(Generic[F]):
         )
         self._max_body = settings.limits.max_body_size
         self._plans = tuple(self._plan(rule) for rule in self.router.rules)
-        self._unmatched = RoutePlan(None, True, None, None, None, self._max_body, False)
+        self._unmatched = RoutePlan(None, True, None, None, None, self._max_body, False, False)
         self._preflights = any(plan.cors is not None for plan in self._plans)
         self.inflight = 0
         self.drained: asyncio.Event | None = None  # set when retired and the last request ends
@@ -159,6 +162,7 @@ class Pipeline(Generic[F]):
             websocket=route.websocket,
             max_body=max_body,
             allow_body_on_get=route.allow_body_on_get,
+            client_cert=route.client_cert,
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
@@ -172,14 +176,22 @@ class Pipeline(Generic[F]):
         headers = request.headers
         extra = plan.cors.actual(headers.get("Origin")) if plan.cors is not None else ()
 
+        # 2. certificate
+        if plan.client_cert:
+            refusal = self.certificate(request)
+            if refusal is not None:
+                exchange.deny(refusal.reason, monitor)
+                if not monitor:
+                    return _with_headers(refusal.response, extra)
+
         principal = None
         rule = plan.rule
         if rule is not None and not rule.public:
-            # 2-3. extract, verify
+            # 3-4. extract, verify
             verified = self.cached(headers) or await self.verify(request, rule)
-            # 4. Checks every request needs, cache hit or not, go here, before decide: the
+            # 5. Checks every request needs, cache hit or not, go here, before decide: the
             # token's proof of possession (bind-check) and the revocations (revocation-check).
-            # 5. decide
+            # 6. decide
             if not isinstance(verified, Refusal):
                 verified = self.decide(rule, verified)
             if isinstance(verified, Refusal):
@@ -191,7 +203,7 @@ class Pipeline(Generic[F]):
                 principal = verified
             exchange.principal = principal
 
-        # 6. limit
+        # 7. limit
         limit = plan.limit
         if limit is not None:
             key = limit.key(principal, headers, request.remote)
@@ -206,7 +218,7 @@ class Pipeline(Generic[F]):
                     return _with_headers(refusal.response, extra)
             extra = (*extra, *limit_headers)
 
-        # 7. forward
+        # 8. forward
         if request.body_exists:
             refused = refuse_body(request, plan, exchange)
             if refused is not None:
@@ -281,10 +293,21 @@ class Pipeline(Generic[F]):
         exchange.decision = PREFLIGHT
         return web.Response(status=204, headers=allowed)
 
-    # ------------------------------------------------------------------ 2-3. extract, verify
+    # ------------------------------------------------------------------ 2. certificate
+
+    @staticmethod
+    def certificate(request: web.BaseRequest) -> Refusal | None:
+        """403 for a request on a route that requires a client certificate, when its
+        connection has no verified one (see clientcert: only the gateway's own TLS listener
+        can know it)."""
+        if clientcert.of(request) is None:
+            return Refusal("no_client_certificate", errors.client_certificate_required())
+        return None
+
+    # ------------------------------------------------------------------ 3-4. extract, verify
 
     def cached(self, headers: CIMultiDictProxy[str]) -> Principal | None:
-        """Steps 2 and 3 in the common case: one `Bearer <token>` header whose token was
+        """Steps 3 and 4 in the common case: one `Bearer <token>` header whose token was
         verified before. A hit means this exact string passed every check of `verify`."""
         authorization = headers.getall("Authorization", ())
         if len(authorization) == 1 and authorization[0].startswith("Bearer "):
@@ -292,7 +315,7 @@ class Pipeline(Generic[F]):
         return None
 
     async def verify(self, request: web.BaseRequest, rule: rules.Rule) -> Principal | Refusal:
-        """Steps 2 and 3 for a token not in the cache: its principal, or why not."""
+        """Steps 3 and 4 for a token not in the cache: its principal, or why not."""
         try:
             token = bearer.extract(request.headers.getall("Authorization", ()))
         except bearer.MalformedAuthorization as exc:
@@ -327,7 +350,7 @@ class Pipeline(Generic[F]):
                 ),
             )
 
-    # ------------------------------------------------------------------ 5. decide
+    # ------------------------------------------------------------------ 6. decide
 
     def decide(self, rule: rules.Rule, principal: Principal) -> Principal | Refusal:
         """Whether the verified principal may use the route."""
@@ -343,7 +366,7 @@ class Pipeline(Generic[F]):
             )
         return Refusal("invalid_token", errors.invalid_token(self.realm, decision.reason))
 
-    # ------------------------------------------------------------------ 6. limit
+    # ------------------------------------------------------------------ 7. limit
 
     def limited(
         self, route: str, limit: Policy, verdict: Verdict, limit_headers: list[tuple[str, str]]
@@ -358,7 +381,7 @@ class Pipeline(Generic[F]):
         )
 
 
-# ---------------------------------------------------------------------------- 7. forward
+# ---------------------------------------------------------------------------- 8. forward
 
 
 def refuse_body(

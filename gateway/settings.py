@@ -1,8 +1,10 @@
 """The gateway's configuration: frozen dataclasses built from YAML, every problem with FILE:LINE.
 
-`load(path)` reads, interpolates `${VAR}`, validates every key (unknown keys are errors), and
-checks the route table for duplicates and rules shadowed by an earlier one. Nothing here does
-I/O beyond reading the file, so `portcullis-gateway check` and the running gateway agree.
+`load(path)` reads, interpolates `${VAR}` and `${file:PATH}`, validates every key (unknown
+keys are errors), and checks the route table for duplicates and rules shadowed by an earlier
+one. Nothing here does I/O beyond reading the file and the files it names (secrets,
+certificates and keys, which are loaded as the gateway would load them), so
+`portcullis-gateway check` and the running gateway agree.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from portcullis import yamlconf
+from portcullis import tls, yamlconf
 from portcullis.addresses import IPNetwork, network
+from portcullis.tls import ServerTls
 from portcullis.yamlconf import ConfigError, LocatedMap, Rate, Reader, Section
 
 from . import rules
@@ -64,6 +67,7 @@ RESERVED_HEADERS = frozenset(
     }
 )
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
+SERVER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")  # a DNS name, for SNI
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,12 @@ class UpstreamSettings:
     path_case: str = "sensitive"
     # How long a request waits for a free pooled connection before 503 (all are in use).
     pool_timeout: timedelta = timedelta(seconds=5)
+    # https upstreams: the CA its certificate chains to (default: the system's), the name
+    # it is checked against and sent as SNI (default: the URL's host), a client certificate.
+    ca_file: str | None = None
+    server_name: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,7 @@ class IssuerSettings:
     # auto: JWTs locally, any other token by introspection.
     mode: str = "jwt"
     introspection: IntrospectionSettings | None = None
+    ca_file: str | None = None  # for discovery, JWKS and introspection; default: system CAs
 
     @property
     def uses_keys(self) -> bool:
@@ -144,6 +155,9 @@ class IdentityHeaders:
     scopes: str = "X-Auth-Scopes"
     issuer: str = "X-Auth-Issuer"
     claims: tuple[tuple[str, str], ...] = ()  # (header, claim name)
+    # Of a client certificate the gateway's TLS listener verified; None: not sent.
+    client_cert_subject: str | None = None  # the subject DN (RFC 4514)
+    client_cert_san: str | None = None  # the subject alternative names
 
     def names(self) -> tuple[str, ...]:
         return (
@@ -152,7 +166,12 @@ class IdentityHeaders:
             self.scopes,
             self.issuer,
             *(header for header, _ in self.claims),
+            *(h for h in (self.client_cert_subject, self.client_cert_san) if h is not None),
         )
+
+    @property
+    def client_cert(self) -> bool:
+        return self.client_cert_subject is not None or self.client_cert_san is not None
 
 
 @dataclass(frozen=True)
@@ -274,6 +293,7 @@ class RouteSettings:
     websocket: WebSocketSettings | None = None  # None: upgrades are not proxied
     path_params: str = "refuse"  # refuse | allow: requests with `;` path parameters
     allow_body_on_get: bool = False  # a body on GET or HEAD is refused (400) unless true
+    client_cert: bool = False  # True: only requests with a verified client certificate
 
 
 @dataclass(frozen=True)
@@ -285,6 +305,7 @@ class Settings:
     listen: Address = Address("0.0.0.0", 8080)
     admin_listen: Address = Address("127.0.0.1", 9901)
     realm: str = "portcullis"
+    server_header: str = ""  # the Server field of the gateway's own answers; "": none
     unmatched: str = "deny"
     jwks: JwksSettings = field(default_factory=JwksSettings)
     identity_headers: IdentityHeaders = field(default_factory=IdentityHeaders)
@@ -301,6 +322,7 @@ class Settings:
     websocket: WebSocketSettings = field(default_factory=WebSocketSettings)
     access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
     reload: ReloadSettings = field(default_factory=ReloadSettings)
+    tls: ServerTls | None = None  # of the public listener; None: plain HTTP
 
     def issuer(self, url: str) -> IssuerSettings | None:
         return next((i for i in self.issuers if i.issuer == url), None)
@@ -309,17 +331,23 @@ class Settings:
 # ---------------------------------------------------------------------------- loading
 
 
-def load(path: str, env: Mapping[str, str] | None = None) -> Settings:
-    """Read and validate a gateway config file; raise ConfigError listing every problem."""
-    return parse(yamlconf.load_file(path, env), path)
+def load(path: str, env: Mapping[str, str] | None = None, *, secrets: bool = True) -> Settings:
+    """Read and validate a gateway config file; raise ConfigError listing every problem.
+
+    `secrets=False` is for commands that use no secret and serve nothing (`explain` without
+    a token): secrets and key material are then neither read nor required.
+    """
+    return parse(yamlconf.load_file(path, env, keep_incomplete=True), path, secrets=secrets)
 
 
-def load_text(text: str, file: str = "<text>", env: Mapping[str, str] | None = None) -> Settings:
-    return parse(yamlconf.load_text(text, file, env), file)
+def load_text(
+    text: str, file: str = "<text>", env: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> Settings:
+    return parse(yamlconf.load_text(text, file, env, keep_incomplete=True), file, secrets=secrets)
 
 
-def parse(data: LocatedMap, file: str) -> Settings:
-    reader = Reader(file)
+def parse(data: LocatedMap, file: str, *, secrets: bool = True) -> Settings:
+    reader = Reader(file, data.incomplete, secrets=secrets)
     top = Section(reader, data, "config")
     upstream = _upstream(reader, top)
     issuers = _issuers(reader, top)
@@ -332,6 +360,7 @@ def parse(data: LocatedMap, file: str) -> Settings:
         listen=top.get("listen", _address, Settings.listen),
         admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
         realm=top.get("realm", _realm, Settings.realm),
+        server_header=top.get("server_header", _server_header, ""),
         unmatched=top.get("unmatched", yamlconf.one_of("deny"), "deny"),
         jwks=_jwks(reader, top),
         identity_headers=_identity_headers(reader, top),
@@ -350,10 +379,16 @@ def parse(data: LocatedMap, file: str) -> Settings:
         websocket=websocket,
         access_log=_access_log(reader, top),
         reload=_reload(reader, top),
+        tls=(
+            tls.parse_server(reader, top.raw("tls"), "tls", top.line_of("tls"), client_auth=True)
+            if top.has("tls")
+            else None
+        ),
     )
     top.finish()
     if _overlap(settings.listen, settings.admin_listen):
         reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
+    _check_client_cert_use(reader, top, settings)
     # Routes with a broken path are already left out, so the rest can be checked now and
     # every problem of the file is reported in one run.
     fold_case = settings.upstream.path_case == "insensitive"
@@ -361,6 +396,19 @@ def parse(data: LocatedMap, file: str) -> Settings:
         reader.problem(conflict.line, conflict.message)
     reader.raise_if_any()
     return settings
+
+
+def _check_client_cert_use(reader: Reader, top: Section, settings: Settings) -> None:
+    """Client certificates are known only when the gateway's own listener verifies them."""
+    if settings.tls is not None and settings.tls.client_ca_file is not None:
+        return
+    need = "needs tls.client_ca_file (the gateway's listener verifies client certificates)"
+    headers = settings.identity_headers
+    if headers.client_cert:
+        reader.problem(top.line_of("identity_headers"), f"identity_headers: client_cert_* {need}")
+    for route in settings.routes:
+        if route.client_cert:
+            reader.problem(route.line, f"route {route.name!r}: client_cert: required {need}")
 
 
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})
@@ -388,6 +436,15 @@ def _realm(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if not re.fullmatch(r"[\x20\x21\x23-\x5B\x5D-\x7E]+", text):
         raise ValueError("may contain printable ASCII except quotes and backslashes")
+    return text
+
+
+def _server_header(value: Any) -> str:
+    """RFC 9110 §10.2.4: product tokens and comments; here any visible ASCII with inner
+    spaces, so the value can never break the header section. Empty: no Server field."""
+    text = yamlconf.string(value)
+    if text and not re.fullmatch(r"[\x21-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?", text):
+        raise ValueError("may contain printable ASCII only, without spaces at either end")
     return text
 
 
@@ -443,11 +500,47 @@ def _upstream(reader: Reader, top: Section) -> UpstreamSettings | None:
             "path_case", yamlconf.one_of("sensitive", "insensitive"), UpstreamSettings.path_case
         ),
         pool_timeout=sec.get("pool_timeout", yamlconf.duration, UpstreamSettings.pool_timeout),
+        ca_file=sec.get("ca_file", yamlconf.non_empty_string, None),
+        server_name=sec.get("server_name", _server_name, None),
+        cert_file=sec.get("cert_file", yamlconf.non_empty_string, None),
+        key_file=sec.get("key_file", yamlconf.non_empty_string, None),
     )
     sec.finish()
+    _check_upstream_tls(reader, sec, result)
     if result.pool_timeout <= timedelta(0):
         reader.problem(sec.line_of("pool_timeout"), "upstream.pool_timeout: must be more than 0s")
     return result
+
+
+def _server_name(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if not SERVER_NAME.match(text):
+        raise ValueError(f"{text!r} is not a host name (no scheme, port or path)")
+    return text
+
+
+def _check_upstream_tls(reader: Reader, sec: Section, up: UpstreamSettings) -> None:
+    """TLS options need an https URL, a client certificate needs its key, and every file
+    named must load as the gateway will load it."""
+    options = [k for k in ("ca_file", "server_name", "cert_file", "key_file") if sec.has(k)]
+    if options and urlsplit(up.url).scheme != "https":
+        for key in options:
+            reader.problem(sec.line_of(key), f"upstream.{key}: only with an https:// url")
+        return
+    if (up.cert_file is None) != (up.key_file is None):
+        missing = "key_file" if up.key_file is None else "cert_file"
+        reader.problem(
+            sec.line,
+            f"upstream: a client certificate needs both cert_file and "
+            f"key_file ({missing} is missing)",
+        )
+        return
+    if not reader.secrets:
+        return
+    if up.ca_file is not None:
+        tls.check_ca(reader, sec, "ca_file", up.ca_file)
+    if up.cert_file is not None and up.key_file is not None:
+        tls.check_client_pair(reader, sec, up.cert_file, up.key_file)
 
 
 def _algorithm(value: Any) -> str:
@@ -518,8 +611,11 @@ def _issuers(reader: Reader, top: Section) -> tuple[IssuerSettings, ...]:
             line=line,
             mode=mode or "jwt",
             introspection=introspection,
+            ca_file=sec.get("ca_file", yamlconf.non_empty_string, None),
         )
         sec.finish()
+        if entry.ca_file is not None and reader.secrets:
+            tls.check_ca(reader, sec, "ca_file", entry.ca_file)
         if issuer:
             if issuer in seen:
                 reader.problem(
@@ -555,9 +651,11 @@ def _introspection(
     if sec is None:
         return None
     d = IntrospectionSettings("", "")
+    if not (sec.has("client_secret") or sec.has("client_secret_file")):
+        reader.problem(sec.line, f"{where}: client_secret (or client_secret_file) is required")
     result = IntrospectionSettings(
         client_id=sec.get("client_id", yamlconf.non_empty_string),
-        client_secret=sec.get("client_secret", _secret),
+        client_secret=sec.secret("client_secret", _secret) or "",
         url=sec.get("url", functools.partial(_url, allow_http=allow_http), None),
         cache_ttl=sec.get("cache_ttl", yamlconf.duration, d.cache_ttl),
         inactive_cache_ttl=sec.get("inactive_cache_ttl", yamlconf.duration, d.inactive_cache_ttl),
@@ -628,6 +726,8 @@ def _identity_headers(reader: Reader, top: Section) -> IdentityHeaders:
         scopes=sec.get("scopes", _header_name, d.scopes),
         issuer=sec.get("issuer", _header_name, d.issuer),
         claims=tuple(claims),
+        client_cert_subject=sec.get("client_cert_subject", _header_name, None),
+        client_cert_san=sec.get("client_cert_san", _header_name, None),
     )
     sec.finish()
     lowered = [n.lower().replace("_", "-") for n in result.names()]
@@ -834,6 +934,8 @@ def _routes(
                 "path_params", yamlconf.one_of("refuse", "allow"), RouteSettings.path_params
             ),
             allow_body_on_get=sec.get("allow_body_on_get", yamlconf.boolean, False),
+            client_cert=sec.get("client_cert", yamlconf.one_of("required", "optional"), "")
+            == "required",
         )
         sec.finish()
         if path is not None:
@@ -1062,7 +1164,7 @@ def _access_log(reader: Reader, top: Section) -> AccessLogSettings:
         output=sec.get("output", yamlconf.non_empty_string, d.output),
         include_query=sec.get("include_query", yamlconf.boolean, d.include_query),
         subject=sec.get("subject", yamlconf.one_of("plain", "hashed", "omitted"), d.subject),
-        subject_hash_key=sec.get("subject_hash_key", _secret, d.subject_hash_key),
+        subject_hash_key=sec.secret("subject_hash_key", _secret) or d.subject_hash_key,
         flush_interval=sec.get("flush_interval", yamlconf.duration, d.flush_interval),
     )
     sec.finish()

@@ -1,17 +1,24 @@
 """Process runtime shared by both services: event loop, JSON-lines logging, serving, shutdown.
 
 `serve()` runs aiohttp applications until SIGTERM or SIGINT, then stops accepting, lets
-in-flight requests finish within a grace period, and closes.
+in-flight requests finish within a grace period, and closes. What keeps a service from
+starting (a port in use, a file it cannot read, a store it cannot reach) becomes a
+`StartupError`: `run_service` prints its one line and the command exits 1, without a
+traceback unless asked for one. A listener with TLS follows its
+certificate files as they change, and reloads them on SIGHUP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +26,8 @@ from typing import Any, TextIO
 
 import orjson
 from aiohttp import web
+
+from .tls import RotatingCertificate
 
 log = logging.getLogger("portcullis.runtime")
 
@@ -69,6 +78,68 @@ def settle_memory() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
+class StartupError(Exception):
+    """What kept the service from starting, in one line for the operator: what and why."""
+
+
+def describe(error: BaseException) -> str:
+    """A one-line account of an error that stopped the service."""
+    if isinstance(error, StartupError):
+        return str(error)
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"cannot use {error.filename}: {reason(error)}"
+    return f"stopped by an unexpected error: {type(error).__name__}: {error}"
+
+
+def _expected(error: BaseException) -> bool:
+    """Errors the operator can act on from their one line: no traceback needed."""
+    return isinstance(error, StartupError) or (
+        isinstance(error, OSError) and error.filename is not None
+    )
+
+
+def reason(error: OSError) -> str:
+    """The system's words for an OSError, without the details asyncio wraps around them."""
+    if error.errno is not None and error.errno > 0:
+        return os.strerror(error.errno).lower()
+    return str(error.strerror or error).lower()
+
+
+def _listen_error(error: OSError, listener: Listener | None) -> StartupError | None:
+    """The bind failing, when `error` is that: an errno without a file name while a
+    listener starts."""
+    if listener is None or error.errno is None or error.filename is not None:
+        return None
+    return StartupError(f"cannot listen on {listener.host}:{listener.port}: {reason(error)}")
+
+
+def print_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_service(
+    main: Coroutine[Any, Any, None],
+    *,
+    debug: bool = False,
+    report: Callable[[str], None] = print_line,
+) -> int:
+    """Run a service until it stops: 0, or 1 once `report` was given the one line saying
+    what kept it from starting (with `debug`, the traceback is printed before it)."""
+    try:
+        run(main)
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were in place
+        return 130
+    except Exception as error:
+        if debug:
+            traceback.print_exception(error, file=sys.stderr)
+        elif not _expected(error):
+            # A fault of ours, not of the setup: its traceback goes to the log (one line).
+            log.critical("unexpected error", exc_info=error)
+        report(describe(error))
+        return 1
+    return 0
+
+
 def run(main: Coroutine[Any, Any, None]) -> None:
     """Run `main` on uvloop when it is installed, else on the standard event loop."""
     try:
@@ -87,6 +158,7 @@ class Listener:
     host: str
     port: int
     name: str
+    tls: RotatingCertificate | None = None
 
 
 async def serve(
@@ -100,17 +172,33 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT, then drain: stop accepting, wait up to `grace`, close.
 
-    With `on_reload`, SIGHUP calls it (the conventional signal to re-read configuration).
+    With `on_reload`, SIGHUP calls it (the conventional signal to re-read configuration);
+    SIGHUP also reloads the certificates of TLS listeners, which are besides watched.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if on_reload is not None:
-        loop.add_signal_handler(signal.SIGHUP, on_reload)
+    certificates = [listener.tls for listener in listeners if listener.tls is not None]
+
+    def hangup() -> None:
+        for certificate in certificates:
+            certificate.reload()
+        if on_reload is not None:
+            on_reload()
+
+    if on_reload is not None or certificates:
+        loop.add_signal_handler(signal.SIGHUP, hangup)
+    watchers = [
+        asyncio.create_task(certificate.watch(), name="certificate watcher")
+        for certificate in certificates
+    ]
     runners: list[web.BaseRunner] = []
+    starting: Listener | None = None  # the listener being set up, for start-up errors
+    serving = False
     try:
         for listener in listeners:
+            starting = listener
             runner: web.BaseRunner
             if isinstance(listener.app, web.Server):
                 runner = web.ServerRunner(listener.app, shutdown_timeout=grace.total_seconds())
@@ -120,18 +208,34 @@ async def serve(
                 )
             await runner.setup()
             runners.append(runner)
-            site = web.TCPSite(runner, listener.host, listener.port, reuse_port=reuse_port)
+            site = web.TCPSite(
+                runner,
+                listener.host,
+                listener.port,
+                reuse_port=reuse_port,
+                ssl_context=listener.tls.context if listener.tls is not None else None,
+            )
             await site.start()
             log.info("listening", extra={"listener": listener.name, "address": site.name})
         if started is not None:
             await started()
+        serving = True
         await stop.wait()
         log.info("draining", extra={"grace_seconds": grace.total_seconds()})
         if on_draining is not None:
             on_draining()
+    except OSError as error:
+        failed = None if serving else _listen_error(error, starting)
+        if failed is None:
+            raise
+        raise failed from error
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        for watcher in watchers:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         # The first runner is the public one: it stops accepting and drains in-flight
         # requests; admin listeners close after it so /readyz reports the drain.
         for runner in runners:

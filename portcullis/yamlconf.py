@@ -1,9 +1,14 @@
 """YAML configuration files turned into plain data that remembers where it came from.
 
-Owns: loading a YAML file with the line of every mapping key and list item, `${VAR}` and
-`${VAR:-default}` interpolation, duration (`30s`, `5m`) and rate (`100/s`) parsing, and a
-small reader that converts a mapping into typed values while collecting *every* problem as
-`FILE:LINE: message` instead of stopping at the first.
+Owns: loading a YAML file with the line of every mapping key and list item, `${VAR}`,
+`${VAR:-default}` and `${file:PATH}` interpolation, duration (`30s`, `5m`) and rate (`100/s`)
+parsing, and a small reader that converts a mapping into typed values while collecting
+*every* problem as `FILE:LINE: message` instead of stopping at the first.
+
+Secrets may come from files (the Docker and Kubernetes secrets convention): `${file:PATH}`
+anywhere, or a `KEY_file` key beside a secret `KEY` (`Section.secret`). A command that needs
+no secret reads the file with `Reader(file, secrets=False)`: secret values whose variable or
+file is missing are then withheld instead of reported.
 
 Knows nothing about OAuth, the gateway or the authserver.
 """
@@ -13,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -43,10 +48,12 @@ class ConfigError(Exception):
 
 
 class LocatedMap(dict[str, Any]):
-    """A YAML mapping: `line` is where it starts, `key_lines[key]` where each key is."""
+    """A YAML mapping: `line` is where it starts, `key_lines[key]` where each key is.
+    The top level of a file also lists its `Incomplete` values (see `load_text`)."""
 
     line: int
     key_lines: dict[str, int]
+    incomplete: tuple[Incomplete, ...] = ()
 
 
 class LocatedList(list[Any]):
@@ -56,31 +63,87 @@ class LocatedList(list[Any]):
     item_lines: list[int]
 
 
-_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_VAR = re.compile(r"\$\$|\$\{file:([^}]+)\}|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def interpolate(text: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
-    """Expand `${VAR}` and `${VAR:-default}`; `$$` is a literal `$`.
+class Unresolved(str):
+    """A `${...}` reference that could not be expanded, as written (`NAME` or `file:PATH`);
+    `problem` says why."""
 
-    Returns the expanded text and the names of variables that are unset with no default.
-    A variable set to the empty string counts as unset for `:-`, as in the shell.
+    problem: str
+
+    def __new__(cls, reference: str, problem: str) -> Unresolved:
+        self = super().__new__(cls, reference)
+        self.problem = problem
+        return self
+
+
+def read_secret_file(path: str) -> str:
+    """The text of a file holding one value (a secret), without its trailing line break:
+    `echo secret > file` and editors add one that is no part of the value. Raises
+    ValueError with the reason it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def interpolate(text: str, env: Mapping[str, str]) -> tuple[str, list[Unresolved]]:
+    """Expand `${VAR}`, `${VAR:-default}` and `${file:PATH}`; `$$` is a literal `$`.
+
+    Returns the expanded text and what could not be expanded: the names of variables that
+    are unset with no default, and `file:PATH` for files that cannot be read (each an
+    `Unresolved` that says why). A variable set to the empty string counts as unset for
+    `:-`, as in the shell.
     """
-    missing: list[str] = []
+    missing: list[Unresolved] = []
 
     def expand(m: re.Match[str]) -> str:
         if m.group(0) == "$$":
             return "$"
-        name, default = m.group(1), m.group(2)
+        path = m.group(1)
+        if path is not None:
+            try:
+                return read_secret_file(path)
+            except ValueError as exc:
+                missing.append(Unresolved(f"file:{path}", f"cannot read {path}: {exc}"))
+                return ""
+        name, default = m.group(2), m.group(3)
         value = env.get(name)
         if value:
             return value
         if default is not None:
             return default
         if value is None:
-            missing.append(name)
+            advice = f"use ${{{name}:-default}}"
+            missing.append(Unresolved(name, f"environment variable {name} is not set ({advice})"))
         return ""
 
     return _VAR.sub(expand, text), missing
+
+
+class Incomplete(str):
+    """A configuration value in which a reference could not be expanded: it reads as the
+    text that could be expanded, and carries the problems to report (or, for a secret a
+    command does not need, to excuse)."""
+
+    problems: tuple[Problem, ...]
+
+    def __new__(cls, text: str, problems: tuple[Problem, ...]) -> Incomplete:
+        self = super().__new__(cls, text)
+        self.problems = problems
+        return self
+
+
+class Withheld(str):
+    """A secret left unread because the command needs none (`keys list`); never used."""
+
+
+WITHHELD = Withheld("(withheld)")
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -96,6 +159,7 @@ class _Loader(yaml.SafeLoader):
         self.problems: list[Problem] = []
         self._explicitly_tagged: set[Node] = set()
         self._interpolated: dict[Node, Any] = {}
+        self.incomplete: list[Incomplete] = []
 
     def _problem(self, node: Node, message: str) -> None:
         self.problems.append(Problem(self.file, node.start_mark.line + 1, message))
@@ -119,10 +183,16 @@ class _Loader(yaml.SafeLoader):
             if node in self._interpolated:
                 return self._interpolated[node]
             value, missing = interpolate(node.value, self.env)
-            for name in missing:
-                self._problem(
-                    node, f"environment variable {name} is not set (use ${{{name}:-default}})"
+            if missing:
+                # Kept as text whatever its tag: no value can be made of what is missing.
+                line = node.start_mark.line + 1
+                incomplete = Incomplete(
+                    value,
+                    tuple(Problem(self.file, line, m.problem) for m in missing),
                 )
+                self.incomplete.append(incomplete)
+                self._interpolated[node] = incomplete
+                return incomplete
             # A plain (unquoted) scalar gets its type from the expanded text, so `port: ${PORT}`
             # is still an integer; a quoted or explicitly tagged one keeps its type.
             tag = (
@@ -174,8 +244,15 @@ _Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_located_map)
 _Loader.add_constructor("tag:yaml.org,2002:seq", _Loader.construct_located_list)
 
 
-def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> LocatedMap:
-    """Parse YAML text whose top level must be a mapping; raise ConfigError on any problem."""
+def load_text(
+    text: str, file: str, env: Mapping[str, str] | None = None, *, keep_incomplete: bool = False
+) -> LocatedMap:
+    """Parse YAML text whose top level must be a mapping; raise ConfigError on any problem.
+
+    With `keep_incomplete`, values whose variable or file is missing are no problem here:
+    they are `Incomplete` values, also listed in the result's `incomplete`, for a `Reader`
+    to report (or excuse, for secrets a command does not need).
+    """
     loader = _Loader(text, file, os.environ if env is None else env)
     try:
         data = loader.get_single_data()
@@ -189,14 +266,20 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> Loc
         raise ConfigError([Problem(file, 1, f"YAML: {exc}")]) from None
     finally:
         loader.dispose()
-    if loader.problems:
-        raise ConfigError(loader.problems)
+    problems = list(loader.problems)
+    if not keep_incomplete:
+        problems += [p for value in loader.incomplete for p in value.problems]
+    if problems:
+        raise ConfigError(problems)
     if not isinstance(data, LocatedMap):
         raise ConfigError([Problem(file, 1, "the file must hold a mapping of settings")])
+    data.incomplete = tuple(loader.incomplete)
     return data
 
 
-def load_file(path: str, env: Mapping[str, str] | None = None) -> LocatedMap:
+def load_file(
+    path: str, env: Mapping[str, str] | None = None, *, keep_incomplete: bool = False
+) -> LocatedMap:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -204,13 +287,15 @@ def load_file(path: str, env: Mapping[str, str] | None = None) -> LocatedMap:
         raise ConfigError([Problem(path, 0, f"cannot read: {exc.strerror}")]) from None
     except UnicodeDecodeError:
         raise ConfigError([Problem(path, 0, "not UTF-8 text")]) from None
-    return load_text(text, path, env)
+    return load_text(text, path, env, keep_incomplete=keep_incomplete)
 
 
 # ---------------------------------------------------------------------------- value parsers
 # Each takes the raw YAML value and returns the typed value or raises ValueError(message).
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+# ASCII only: `\d` would otherwise take any script's digits, and a value that reads as a
+# number to Python but not to the editor's JSON Schema (or a reader) is a trap.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$", re.ASCII)
 _UNIT = {
     "ms": timedelta(milliseconds=1),
     "s": timedelta(seconds=1),
@@ -234,6 +319,16 @@ def duration(value: Any) -> timedelta:
     raise ValueError(f"{value!r} is not a duration (write it like 30s, 5m, 250ms, 2h or 14d)")
 
 
+def duration_text(value: timedelta) -> str:
+    """A duration as it would be written: the largest unit that gives a whole number."""
+    millis = value / timedelta(milliseconds=1)
+    for unit in ("d", "h", "m", "s"):
+        count = value / _UNIT[unit]
+        if count == int(count) and count != 0:
+            return f"{int(count)}{unit}"
+    return f"{millis:g}ms" if millis else "0s"
+
+
 @dataclass(frozen=True)
 class Rate:
     """`count` events per `per`."""
@@ -249,7 +344,7 @@ class Rate:
         return f"{self.count:g}/{self.per.total_seconds():g}s"
 
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)\s*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)?\s*(ms|s|m|h|d)\s*$", re.ASCII)
 
 
 def rate(value: Any) -> Rate:
@@ -280,6 +375,13 @@ def non_empty_string(value: Any) -> str:
     return text
 
 
+def secret(value: Any) -> str:
+    """A password or key: a non-empty string whose value never appears in a message."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string (quote it; the value is not shown)")
+    return value
+
+
 def boolean(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -299,7 +401,7 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[
     return parse
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|K|M|G)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|k|K|M|G)?\s*$", re.ASCII)
 _SIZE_UNIT = {
     None: 1,
     "B": 1,
@@ -354,11 +456,24 @@ _MISSING: Any = object()
 
 
 class Reader:
-    """Collects problems for one file while settings are being built."""
+    """Collects problems for one file while settings are being built.
 
-    def __init__(self, file: str) -> None:
+    `incomplete` are the values whose variable or file was missing (from `load_text` with
+    `keep_incomplete`): each is reported by `raise_if_any` unless it is a secret withheld
+    because `secrets` is False (a command that needs no secret, like `keys list`).
+    """
+
+    def __init__(
+        self, file: str, incomplete: Iterable[Incomplete] = (), *, secrets: bool = True
+    ) -> None:
         self.file = file
         self.problems: list[Problem] = []
+        self.secrets = secrets
+        self._incomplete = {id(value): value for value in incomplete}
+
+    def withhold(self, value: Incomplete) -> None:
+        """A secret the command does not need: what is missing in it is no problem."""
+        self._incomplete.pop(id(value), None)
 
     def problem(self, line: int, message: str) -> None:
         self.problems.append(Problem(self.file, line, message))
@@ -381,8 +496,9 @@ class Reader:
             yield index, data.item_lines[index], item
 
     def raise_if_any(self) -> None:
-        if self.problems:
-            raise ConfigError(self.problems)
+        problems = self.problems + [p for v in self._incomplete.values() for p in v.problems]
+        if problems:
+            raise ConfigError(problems)
 
 
 class Section:
@@ -419,11 +535,57 @@ class Section:
                 self.reader.problem(self.line, f"{self.where}: {key} is required")
                 return None  # type: ignore[return-value]
             return default
+        if isinstance(self.data[key], Incomplete):
+            # What is missing is reported; parsing what is left would only add confusion.
+            return default if default is not _MISSING else None  # type: ignore[return-value]
         try:
             return parse(self.data[key])
         except ValueError as exc:
             self.reader.problem(self.line_of(key), f"{self.where}.{key}: {exc}")
             return default if default is not _MISSING else None  # type: ignore[return-value]
+
+    def secret(self, key: str, parse: Callable[[Any], str] | None = None) -> str | None:
+        """A secret given as `key` (the value, or `${VAR}` / `${file:PATH}` in it) or as
+        `key_file` (a file holding it); None when neither is given.
+
+        Without `reader.secrets`, a secret whose variable or file is missing, and any
+        `key_file`, is `WITHHELD`: a command that uses no secret need not have them.
+        """
+        file_key = f"{key}_file"
+        given = [k for k in (key, file_key) if self.has(k)]
+        if not given:
+            self._seen.update((key, file_key))
+            return None
+        if len(given) == 2:
+            self._seen.update((key, file_key))
+            self.reader.problem(
+                self.line_of(file_key), f"{self.where}: give {key} or {file_key}, not both"
+            )
+            return None
+        parse = parse or non_empty_string
+        if given[0] == file_key:
+            path = self.get(file_key, non_empty_string)
+            if path is None:
+                return None
+            if not self.reader.secrets:
+                return WITHHELD
+            try:
+                text = read_secret_file(path)
+            except ValueError as exc:
+                self.reader.problem(
+                    self.line_of(file_key), f"{self.where}.{file_key}: cannot read {path}: {exc}"
+                )
+                return None
+            try:
+                return parse(text)
+            except ValueError as exc:
+                self.reader.problem(self.line_of(file_key), f"{self.where}.{file_key}: {exc}")
+                return None
+        raw = self.raw(key)
+        if isinstance(raw, Incomplete) and not self.reader.secrets:
+            self.reader.withhold(raw)
+            return WITHHELD
+        return self.get(key, parse)
 
     def subsection(self, key: str) -> Section | None:
         """An optional mapping under `key`: None when the key is absent (the caller's
@@ -447,6 +609,8 @@ class Section:
             return default
         out: list[T] = []
         for index, line, item in self.reader.items(raw, f"{self.where}.{key}", self.line_of(key)):
+            if isinstance(item, Incomplete):
+                continue
             try:
                 out.append(parse(item))
             except ValueError as exc:

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from gateway import settings as gateway_settings
 from gateway.app import Gateway, admin_app, public_server, upstream_session
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.jwks import keys_session
+from portcullis.tls import RotatingCertificate
 
 # Ports: a server in this process listens on a port the OS chooses (port 0, or a socket bound
 # to port 0 and passed in), read back once it is bound, so tests never race for one and run
@@ -118,9 +120,14 @@ def reserve_port() -> int:
 
 
 async def start_site(
-    app: web.Application | web.Server, port: int = 0, *, sock: socket.socket | None = None
+    app: web.Application | web.Server,
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
+    *,
+    sock: socket.socket | None = None,
 ) -> tuple[Any, str]:
-    """Serve `app` on 127.0.0.1: on `sock`, else on `port` (0: one the OS chooses)."""
+    """Serve `app` on 127.0.0.1: on `sock`, else on `port` (0: one the OS chooses); over
+    TLS with `ssl_context`."""
     runner: web.BaseRunner
     if isinstance(app, web.Server):
         runner = web.ServerRunner(app, shutdown_timeout=1)
@@ -128,11 +135,13 @@ async def start_site(
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
     await runner.setup()
     site: web.BaseSite = (
-        web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, "127.0.0.1", port)
+        web.SockSite(runner, sock, ssl_context=ssl_context)
+        if sock is not None
+        else web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
     )
     await site.start()
     host, bound = runner.addresses[0][:2]
-    return runner, f"http://{host}:{bound}"
+    return runner, f"{'https' if ssl_context else 'http'}://{host}:{bound}"
 
 
 # ---------------------------------------------------------------------------- issuer
@@ -294,19 +303,20 @@ class TestIssuer:
         algorithm = get_default_algorithms()[alg or key.alg]
         return compact(header, payload, lambda data: algorithm.sign(data, key.private))
 
-    async def start(self, port: int = 0) -> TestIssuer:
-        """Serve on `port` (0: any free one; give the old port to restart after `stop`)."""
+    async def start(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> TestIssuer:
+        """Serve on `port` (0: any free one; give the old port to restart after `stop`),
+        over https with `ssl_context`."""
         app = web.Application(middlewares=[self._record])
         app.router.add_get("/.well-known/openid-configuration", self._oidc)
         app.router.add_get("/.well-known/oauth-authorization-server", self._rfc8414)
         app.router.add_get("/jwks", self._jwks)
         held, self.held = self.held, None
         if held is not None and port == held.getsockname()[1]:
-            self.runner, self.url = await start_site(app, sock=held)
+            self.runner, self.url = await start_site(app, ssl_context=ssl_context, sock=held)
         else:
             if held is not None:
                 held.close()
-            self.runner, self.url = await start_site(app, port)
+            self.runner, self.url = await start_site(app, port, ssl_context)
         return self
 
     async def stop(self, *, keep_port: bool = False) -> None:
@@ -376,8 +386,8 @@ class EchoUpstream:
     runner: Any = None
     requests: list[dict[str, Any]] = field(default_factory=list)
 
-    async def start(self) -> EchoUpstream:
-        self.runner, self.url = await start_site(web.Server(self._handle))
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> EchoUpstream:
+        self.runner, self.url = await start_site(web.Server(self._handle), 0, ssl_context)
         return self
 
     async def stop(self) -> None:
@@ -401,6 +411,10 @@ class EchoUpstream:
             "body_size": size,
             "body_sha256": digest.hexdigest(),
         }
+        transport = request.transport
+        peer = transport.get_extra_info("peercert") if transport is not None else None
+        if peer:
+            seen["client_cert_subject"] = peer["subject"]  # over TLS with a client certificate
         self.requests.append(seen)
         return web.Response(
             body=json.dumps(seen).encode(),
@@ -492,8 +506,14 @@ class RunningGateway:
     admin_url: str
     runners: list[Any]
     sessions: list[Any]
+    certificate: RotatingCertificate | None = None  # the public listener's, with `tls`
+    watcher: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watcher
         for runner in self.runners:
             await runner.cleanup()
         await self.gateway.close()
@@ -522,9 +542,21 @@ async def start_gateway(
     up, keys = upstream_session(settings), keys_session()
     gateway = Gateway(settings, up, keys, clock)
     gateway.start()
-    public_runner, url = await start_site(public_server(gateway))
+    # With `tls`, the public listener is served as `run` serves it: rotated files followed.
+    certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
+    public_runner, url = await start_site(
+        public_server(gateway), 0, certificate.context if certificate is not None else None
+    )
     admin_runner, admin_url = await start_site(admin_app(gateway))
-    running = RunningGateway(gateway, url, admin_url, [public_runner, admin_runner], [up, keys])
+    running = RunningGateway(
+        gateway,
+        url,
+        admin_url,
+        [public_runner, admin_runner],
+        [up, keys],
+        certificate,
+        asyncio.create_task(certificate.watch()) if certificate is not None else None,
+    )
     if wait_ready:
         deadline = time.monotonic() + 10
         while gateway.not_ready():
@@ -654,6 +686,7 @@ class RawResponse:
     reason: str
     headers: CIMultiDict[str]
     body: bytes
+    version: str = "HTTP/1.1"  # as the status line gave it
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -686,9 +719,10 @@ class RawConnection:
         self.writer = writer
 
     @classmethod
-    async def open(cls, url: str) -> RawConnection:
+    async def open(cls, url: str, ssl_context: ssl.SSLContext | None = None) -> RawConnection:
+        """A connection to `url`'s host and port; over TLS with `ssl_context`."""
         host, port = url.split("://", 1)[1].rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=ssl_context)
         return cls(reader, writer)
 
     async def send(self, data: bytes) -> None:
@@ -699,7 +733,7 @@ class RawConnection:
         """The next response; its body framed by Content-Length, chunked coding or EOF."""
         async with asyncio.timeout(timeout):
             status_line = (await self.reader.readuntil(b"\r\n")).decode("latin-1").rstrip()
-            _, status, *reason = status_line.split(" ", 2)
+            version, status, *reason = status_line.split(" ", 2)
             headers: CIMultiDict[str] = CIMultiDict()
             while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
                 name, _, value = line.decode("latin-1").partition(":")
@@ -713,7 +747,7 @@ class RawConnection:
                 body = await self.reader.readexactly(int(headers["Content-Length"]))
             else:
                 body = await self.reader.read()
-        return RawResponse(code, reason[0] if reason else "", headers, body)
+        return RawResponse(code, reason[0] if reason else "", headers, body, version)
 
     async def _chunked(self) -> bytes:
         parts = []
@@ -853,9 +887,10 @@ class GatewayProcess:
         self.config.write_text(with_reserved_listeners(config_text))
         self.log_path = directory / "gateway.log"
         settings = gateway_settings.load(str(self.config))
-        self.url = f"http://{settings.listen}"
+        self.url = f"{'https' if settings.tls else 'http'}://{settings.listen}"
         self.admin_url = f"http://{settings.admin_listen}"
         self.port = settings.listen.port
+        self.admin_port = settings.admin_listen.port
         self.grace = settings.shutdown_grace.total_seconds()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -948,12 +983,14 @@ class IntrospectionServer:
     in_flight: int = 0
     runner: Any = None
 
-    async def start(self, port: int = 0) -> IntrospectionServer:
+    async def start(
+        self, port: int = 0, ssl_context: ssl.SSLContext | None = None
+    ) -> IntrospectionServer:
         app = web.Application()
         app.router.add_get("/.well-known/openid-configuration", self._metadata)
         app.router.add_get("/.well-known/oauth-authorization-server", self._metadata)
         app.router.add_post("/introspect", self._introspect)
-        self.runner, self.url = await start_site(app, port)
+        self.runner, self.url = await start_site(app, port, ssl_context)
         return self
 
     async def stop(self) -> None:

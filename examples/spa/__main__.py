@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--public-url",
-        help="where browsers reach this app (http://HOST:PORT): its origin is the one the "
-        "gateway's CORS policy must allow, PUBLIC_URL/callback a registered redirect URI",
+        help="where browsers reach this app (http://HOST:PORT): PUBLIC_URL/callback must be a "
+        "registered redirect URI (the authorization server then allows its origin's pages to "
+        "call its token endpoint), and the gateway's CORS policy must allow the origin",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

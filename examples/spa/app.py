@@ -1,5 +1,5 @@
-"""The single-page app's server: the page, its settings, and a pass-through to the token and
-revocation endpoints. It holds no token, no session and no secret.
+"""The single-page app's server: the page and its settings. It holds no token, no session
+and no secret, and takes part in no OAuth exchange.
 
 Routes:
   GET  /, /callback   the page (index.html); /callback is where the provider sends the
@@ -7,15 +7,11 @@ Routes:
   GET  /app.js, /style.css
   GET  /config.json   issuer, client id, scope, API and the provider's endpoints (from its
                       discovery document), for the script
-  POST /oauth/token   passed unchanged to the provider's token endpoint
-  POST /oauth/revoke  passed unchanged to its revocation endpoint
 
-Why the pass-through: the script calls the token endpoint with fetch(), and a browser lets a
-page read another origin's answer only when that origin allows it (CORS), which this
-authorization server does not do yet. Through this server the call is same-origin; it
-forwards the form as the browser sent it (a public client: no credentials are added) and
-the answer as it came, and keeps nothing. Authorization requests and sign-out are
-navigations of the whole page, which need no CORS, and go to the provider directly.
+The script calls the provider's token and revocation endpoints itself, with fetch(), across
+origins: the authorization server lets this page read the answers (CORS) because this page's
+origin is that of the client's registered redirect URI. Authorization requests and sign-out
+are navigations of the whole page, which need no CORS.
 """
 
 from __future__ import annotations
@@ -39,10 +35,9 @@ log = logging.getLogger("spa")
 HERE = Path(__file__).resolve().parent
 DEFAULT_SCOPE = "openid profile offline_access orders:read"
 TIMEOUT = aiohttp.ClientTimeout(total=10)
-MAX_FORM_BYTES = 16 * 1024
+MAX_REQUEST_BYTES = 16 * 1024
 MAX_DOCUMENT_BYTES = 256 * 1024
 STATIC = {"/app.js": "application/javascript", "/style.css": "text/css"}
-RELAYED = {"/oauth/token": "token_endpoint", "/oauth/revoke": "revocation_endpoint"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -52,7 +47,7 @@ class Config:
     issuer: str  # exactly as the provider's tokens name it
     client_id: str  # a public client (token_endpoint_auth_method: none)
     api: str  # the gateway in front of the orders API
-    base_url: str  # where browsers reach this app; its origin is the one CORS must allow
+    base_url: str  # where browsers reach this app: the origin both servers' CORS allow
     scope: str = DEFAULT_SCOPE
 
     @property
@@ -75,19 +70,16 @@ class Provider:
     def __init__(self, issuer: str, http: aiohttp.ClientSession) -> None:
         self.issuer = issuer
         self.http = http
-        self.document: dict[str, Any] | None = None
         self.metadata: Metadata | None = None
         self._lock = asyncio.Lock()
 
-    async def discover(self) -> tuple[Metadata, dict[str, Any]]:
+    async def discover(self) -> Metadata:
         async with self._lock:
-            if self.metadata is None or self.document is None:
-                document = await self._fetch()
+            if self.metadata is None:
                 # Metadata.parse checks that the document names this very issuer (OpenID
                 # Connect Discovery §4.3).
-                self.metadata = Metadata.parse(document, self.issuer)
-                self.document = document
-            return self.metadata, self.document
+                self.metadata = Metadata.parse(await self._fetch(), self.issuer)
+            return self.metadata
 
     async def _fetch(self) -> dict[str, Any]:
         url = self.issuer + "/.well-known/openid-configuration"
@@ -124,7 +116,7 @@ async def access_log(request: web.Request, handler: Handler) -> web.StreamRespon
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(client_max_size=MAX_FORM_BYTES, middlewares=[access_log])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[access_log])
     app[CONFIG] = config
 
     async def lifecycle(app: web.Application) -> Any:
@@ -138,8 +130,6 @@ def create_app(config: Config) -> web.Application:
     for path in STATIC:
         app.router.add_get(path, static)
     app.router.add_get("/config.json", settings)
-    for path in RELAYED:
-        app.router.add_post(path, relay)
     return app
 
 
@@ -148,10 +138,10 @@ def create_app(config: Config) -> web.Application:
 
 def content_security_policy(config: Config) -> str:
     """Scripts and styles from this origin only, nothing inline; fetch() may reach this
-    origin and the API's, nothing else."""
+    origin, the API's and the authorization server's, nothing else."""
     return (
         "default-src 'none'; script-src 'self'; style-src 'self'; "
-        f"connect-src 'self' {origin(config.api)}; "
+        f"connect-src 'self' {origin(config.api)} {origin(config.issuer)}; "
         "form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
     )
 
@@ -195,10 +185,16 @@ def problem(status: int, error: str, description: str) -> web.Response:
 async def settings(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     try:
-        metadata, document = await request.app[PROVIDER].discover()
+        metadata = await request.app[PROVIDER].discover()
     except ProviderError as exc:
         log.warning("provider unavailable: %s", exc)
         return problem(502, "provider_unavailable", str(exc))
+    # The page's Content-Security-Policy lets fetch() reach the issuer's origin only.
+    called = (metadata.token_endpoint, metadata.revocation_endpoint)
+    if any(url is not None and origin(url) != origin(config.issuer) for url in called):
+        description = "the provider's token or revocation endpoint is not on the issuer's origin"
+        log.warning("provider unusable: %s", description)
+        return problem(502, "provider_unavailable", description)
     body = {
         "issuer": config.issuer,
         "clientId": config.client_id,
@@ -209,54 +205,7 @@ async def settings(request: web.Request) -> web.Response:
         "authorizationEndpoint": metadata.authorization_endpoint,
         "endSessionEndpoint": metadata.end_session_endpoint,
         "issParameterSupported": metadata.iss_parameter_supported,
-        "tokenEndpoint": "/oauth/token",
-        "revocationEndpoint": "/oauth/revoke" if "revocation_endpoint" in document else None,
+        "tokenEndpoint": metadata.token_endpoint,
+        "revocationEndpoint": metadata.revocation_endpoint,
     }
     return web.json_response(body, headers={"Cache-Control": "no-store"})
-
-
-# ---------------------------------------------------------------------------- pass-through
-
-
-async def relay(request: web.Request) -> web.Response:
-    """POST the browser's form to the provider's endpoint; answer with what it answered."""
-    config = request.app[CONFIG]
-    # Only this app's own pages: a browser sends Origin with every POST from a script.
-    if request.headers.get("Origin") != origin(config.base_url):
-        return problem(403, "invalid_request", "only this application's pages may call this")
-    if request.content_type != "application/x-www-form-urlencoded":
-        return problem(415, "invalid_request", "send application/x-www-form-urlencoded")
-    try:
-        _, document = await request.app[PROVIDER].discover()
-    except ProviderError as exc:
-        log.warning("provider unavailable: %s", exc)
-        return problem(502, "provider_unavailable", str(exc))
-    target = document.get(RELAYED[request.path])
-    if not isinstance(target, str):
-        return problem(404, "not_found", "the provider has no such endpoint")
-    form = await request.read()
-    try:
-        async with request.app[PROVIDER].http.post(
-            target,
-            data=form,
-            headers={
-                "Content-Type": "application/x-www-form-urlencoded",
-                "Accept": "application/json",
-            },
-            timeout=TIMEOUT,
-            allow_redirects=False,
-        ) as answer:
-            body = await answer.content.read(MAX_DOCUMENT_BYTES + 1)
-            status, content_type = answer.status, answer.content_type
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("provider unreachable: %s", exc.__class__.__name__)
-        return problem(502, "provider_unavailable", "the authorization server did not answer")
-    if len(body) > MAX_DOCUMENT_BYTES:
-        return problem(502, "provider_unavailable", "the answer is too large")
-    # RFC 6749 §5.1: token answers are never cached.
-    return web.Response(
-        status=status,
-        body=body,
-        content_type=content_type or "application/json",
-        headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
-    )

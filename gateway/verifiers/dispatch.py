@@ -93,11 +93,17 @@ class DispatchingVerifier:
 
 def keyset_identity(issuer: IssuerSettings, jwks: JwksSettings) -> tuple[object, ...]:
     """What a key set depends on: the same values mean the same keys (kept on reload)."""
-    return (issuer.issuer, issuer.jwks_uri, issuer.allow_http, jwks)
+    return (issuer.issuer, issuer.jwks_uri, issuer.allow_http, issuer.ca_file, jwks)
 
 
 def introspector_identity(issuer: IssuerSettings) -> tuple[object, ...]:
-    return (issuer.issuer, issuer.allow_http, issuer.leeway, issuer.introspection)
+    return (
+        issuer.issuer,
+        issuer.allow_http,
+        issuer.leeway,
+        issuer.introspection,
+        issuer.ca_file,
+    )
 
 
 @dataclass

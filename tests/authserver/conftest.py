@@ -28,15 +28,16 @@ import aiohttp
 import jwt
 import pytest
 import yaml
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from authserver import settings as authserver_settings
-from authserver.app import build_app
-from authserver.endpoints.common import SERVICES, Services
+from authserver.app import LIVE, Components, build_app
 from authserver.keys import KeyRing
 from authserver.settings import Settings
-from tests.support import bound_socket, start_site
+from portcullis.tls import RotatingCertificate
+from tests.support import bound_socket, reserve_port, start_site
 
 PASSWORD = "wonderland"
 
@@ -176,7 +177,7 @@ def _key_template(root: Path) -> Path:
 
 
 def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> str:
-    """The full YAML text: `config` plus the issuer, listen address, storage and keys."""
+    """The full YAML text: `config` plus the issuer, listen addresses, storage and keys."""
     body = yaml.safe_load(config) if isinstance(config, str) else copy.deepcopy(config)
     body = dict(body or {})
     keys = dict(body.pop("keys", None) or {})
@@ -184,20 +185,37 @@ def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> s
     head = {
         "issuer": f"http://127.0.0.1:{port}",
         "listen": f"127.0.0.1:{port}",
+        "admin_listen": f"127.0.0.1:{reserve_port()}",
         "storage": f"sqlite:///{directory / 'authserver.db'}",
         "keys": keys,
     }
-    # A test may give its own issuer (with "{port}" for the server's port) or storage.
+    # A test may give its own issuer (with "{port}" for the server's port), storage or
+    # admin listener.
     if "issuer" in body:
         head["issuer"] = str(body["issuer"]).replace("{port}", str(port))
-    if "storage" in body:
-        head["storage"] = body["storage"]
+    for given in ("storage", "admin_listen"):
+        if given in body:
+            head[given] = body[given]
     rest = {k: v for k, v in body.items() if k not in head}
     return yaml.safe_dump({**head, **rest}, sort_keys=False)
 
 
 def load_settings(config: dict[str, Any] | str, directory: Path, port: int) -> Settings:
     return authserver_settings.load_text(render_config(config, directory, port))
+
+
+class MovableClock:
+    """A clock a test moves instead of sleeping; it starts at the real time, so that tokens
+    signed by a server on it are valid for every verifier."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @dataclass
@@ -208,9 +226,10 @@ class RunningAuthServer:
 
     settings: Settings
     url: str
-    services: Services
+    services: Components  # what the composition root built: store, key ring, minter
     runner: Any = None
     port: int = 0
+    clock: Callable[[], float] = time.time
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -219,9 +238,9 @@ class RunningAuthServer:
 
     async def restart(self) -> None:
         await self.stop()
-        app = build_app(self.settings)
+        app = build_app(self.settings, clock=self.clock)
         self.runner, self.url = await start_site(app, self.port)
-        self.services = app[SERVICES]
+        self.services = started_components(app)
 
     def subject(self, username: str) -> str:
         """The `sub` the server gives a configured user."""
@@ -234,25 +253,45 @@ class RunningAuthServer:
         return self.settings.issuer + path
 
 
+def started_components(app: web.Application) -> Components:
+    """The Components a started application serves with."""
+    components = app[LIVE].components
+    assert components is not None, "the application has not started"
+    return components
+
+
 async def run_authserver(
-    settings: Settings, sock: socket.socket | None = None
+    settings: Settings,
+    clock: Callable[[], float] = time.time,
+    sock: socket.socket | None = None,
 ) -> RunningAuthServer:
-    """Serve on `sock` (bound to the port the settings name), else on that port."""
-    app = build_app(settings)
+    """Serve on `sock` (bound to the port the settings name), else on that port; over TLS,
+    as `run` serves it, when it has `tls`."""
+    app = build_app(settings, clock=clock)
     port = settings.listen.port
-    runner, url = await start_site(app, port, sock=sock)
+    certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
+    runner, url = await start_site(
+        app, port, certificate.context if certificate else None, sock=sock
+    )
     return RunningAuthServer(
-        settings=settings, url=url, services=app[SERVICES], runner=runner, port=port
+        settings=settings,
+        url=url,
+        services=started_components(app),
+        runner=runner,
+        port=port,
+        clock=clock,
     )
 
 
-async def serve_authserver(config: dict[str, Any] | str, directory: Path) -> RunningAuthServer:
+async def serve_authserver(
+    config: dict[str, Any] | str, directory: Path, clock: Callable[[], float] = time.time
+) -> RunningAuthServer:
     """A server from `config` on a port the OS chooses: bound first, since the issuer URL
     in its settings names it."""
     sock = bound_socket()
     try:
         settings = load_settings(config, directory, sock.getsockname()[1])
-        return await run_authserver(settings, sock)
+        return await run_authserver(settings, clock, sock)
     except BaseException:
         sock.close()
         raise
@@ -272,14 +311,20 @@ async def start_authserver(tmp_path: Path, key_root: Path) -> AsyncIterator[Star
     started: list[RunningAuthServer] = []
 
     async def start(
-        config: dict[str, Any] | str | None = None, *, fresh_keys: bool = False
+        config: dict[str, Any] | str | None = None,
+        *,
+        fresh_keys: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> RunningAuthServer:
-        """`fresh_keys`: let the server generate its own keys on first start."""
+        """`fresh_keys`: let the server generate its own keys on first start; `clock`: the
+        time the server sees (a MovableClock to move it)."""
         directory = tmp_path / f"authserver{len(started)}"
         directory.mkdir()
         if not fresh_keys:
             shutil.copytree(_key_template(key_root), directory / "keys")
-        server = await serve_authserver(default_config() if config is None else config, directory)
+        server = await serve_authserver(
+            default_config() if config is None else config, directory, clock
+        )
         started.append(server)
         return server
 

@@ -18,6 +18,10 @@ from urllib.parse import urljoin
 import pytest
 import requests
 from authlib.integrations.requests_client import OAuth2Session, OAuthError
+from authlib.oauth2.rfc7523 import PrivateKeyJWT
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
 
 with warnings.catch_warnings():
     # Authlib announces a move of its JOSE module to a separate package; it still works.
@@ -30,6 +34,8 @@ from tests.authserver.conftest import (
     REDIRECT,
     SECRET,
     RunningAuthServer,
+    StartAuthServer,
+    default_config,
     parse_form,
     query_of,
 )
@@ -194,3 +200,46 @@ async def test_authlib_public_client_code_flow_refresh_userinfo_and_revocation(
 
 async def test_authlib_confidential_client_code_flow(authserver: RunningAuthServer) -> None:
     await asyncio.to_thread(confidential_code_flow_scenario, authserver.settings.issuer)
+
+
+# An RSA key pair for a private_key_jwt client: Authlib signs assertions with RS256 by default.
+JWT_CLIENT_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def private_key_jwt_scenario(issuer: str) -> None:
+    """Authlib's PrivateKeyJWT as it comes: RS256 and an assertion that expires in an hour."""
+    meta = metadata(issuer)
+    pem = JWT_CLIENT_KEY.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    session = OAuth2Session(
+        client_id="machine-rsa",
+        client_secret=pem.decode(),
+        token_endpoint_auth_method=PrivateKeyJWT(meta["token_endpoint"]),
+        scope="orders:read",
+    )
+    token = session.fetch_token(meta["token_endpoint"], grant_type="client_credentials")
+    assert token["token_type"] == "Bearer"
+    # Each request carries a new assertion (a new jti): a second one works too.
+    again = session.fetch_token(meta["token_endpoint"], grant_type="client_credentials")
+    assert again["access_token"] != token["access_token"]
+
+
+async def test_authlib_private_key_jwt_with_its_default_assertion_lifetime(
+    start_authserver: StartAuthServer,
+) -> None:
+    jwk = RSAAlgorithm.to_jwk(JWT_CLIENT_KEY.public_key(), as_dict=True)
+    config = default_config()
+    config["clients"].append(
+        {
+            "client_id": "machine-rsa",
+            "token_endpoint_auth_method": "private_key_jwt",
+            "jwks": {"keys": [jwk]},
+            "grant_types": ["client_credentials"],
+            "scope": "orders:read",
+        }
+    )
+    server = await start_authserver(config)
+    await asyncio.to_thread(private_key_jwt_scenario, server.settings.issuer)

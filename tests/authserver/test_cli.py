@@ -3,12 +3,11 @@ refresh token issued before a restart, or before `kill -9`, still works afterwar
 
 from __future__ import annotations
 
-import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,11 @@ from tests.authserver.conftest import (
     load_settings,
     post_token,
     query_of,
-    render_config,
     run_authserver,
     tokens_for,
     verify_jwt,
 )
+from tests.authserver.process_support import Process, write_config
 from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,12 +50,6 @@ def cli(
         timeout=timeout,
         check=False,
     )
-
-
-def write_config(directory: Path, config: dict[str, Any] | str, port: int | None = None) -> Path:
-    path = directory / "authserver.yaml"
-    path.write_text(render_config(config, directory, port or reserve_port()))
-    return path
 
 
 # ---------------------------------------------------------------------------- check
@@ -105,6 +98,113 @@ def test_run_refuses_an_invalid_config_with_its_problems(tmp_path):
     assert result.returncode == 1
     assert f"{path}:1: config.issuer: " in result.stderr
     assert f"{path}:1: config: storage is required" in result.stderr
+
+
+def line_of(text: str, marker: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if marker in line)
+
+
+def config_needing_what_is_missing(directory: Path) -> dict[str, Any]:
+    """A config whose secrets, certificate files and database directory are all missing."""
+    config = default_config()
+    config["issuer"] = "https://127.0.0.1:{port}"
+    clients = {c["client_id"]: c for c in config["clients"]}
+    clients["machine"]["client_secret"] = "${PORTCULLIS_TEST_UNSET_SECRET}"
+    del clients["web"]["client_secret"]
+    clients["web"]["client_secret_file"] = str(directory / "secrets" / "web")
+    config["tls"] = {
+        "cert_file": str(directory / "tls" / "tls.crt"),
+        "key_file": str(directory / "tls" / "tls.key"),
+    }
+    config["storage"] = f"sqlite://{directory / 'absent' / 'authserver.db'}"
+    return config
+
+
+def test_check_reports_missing_secrets_certificates_and_database_directory_on_their_lines(
+    tmp_path,
+):
+    path = write_config(tmp_path, config_needing_what_is_missing(tmp_path))
+    text = path.read_text()
+    result = cli("check", "--config", str(path))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{path}:{line_of(text, 'storage:')}: config.storage: the database's directory "
+        f"{tmp_path / 'absent'} does not exist",
+        f"{path}:{line_of(text, 'PORTCULLIS_TEST_UNSET_SECRET')}: environment variable "
+        "PORTCULLIS_TEST_UNSET_SECRET is not set (use ${PORTCULLIS_TEST_UNSET_SECRET:-default})",
+        f"{path}:{line_of(text, 'client_secret_file')}: client 'web'.client_secret_file: "
+        f"cannot read {tmp_path / 'secrets' / 'web'}: No such file or directory",
+        f"{path}:{line_of(text, 'cert_file')}: tls.cert_file: cannot read "
+        f"{tmp_path / 'tls' / 'tls.crt'}: No such file or directory",
+        f"{path}:{line_of(text, 'key_file')}: tls.key_file: cannot read "
+        f"{tmp_path / 'tls' / 'tls.key'}: No such file or directory",
+    ]
+    run = cli("run", "--config", str(path))
+    assert run.returncode == 1
+    assert run.stderr.splitlines() == result.stderr.splitlines()
+
+
+def test_key_commands_need_no_secret_certificate_or_database(tmp_path):
+    path = write_config(tmp_path, config_needing_what_is_missing(tmp_path))
+    rotated = cli("keys", "rotate", "--config", str(path), "--alg", "ES256")
+    assert rotated.returncode == 0, rotated.stderr
+    listed = cli("keys", "list", "--config", str(path), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {key["alg"] for key in json.loads(listed.stdout)} >= {"ES256"}
+    assert not (tmp_path / "absent").exists()
+
+
+def test_check_reports_a_database_directory_that_is_not_writable(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root may write anywhere: no directory is unwritable to it")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    config = default_config()
+    config["storage"] = f"sqlite://{locked / 'authserver.db'}"
+    path = write_config(tmp_path, config)
+    result = cli("check", "--config", str(path))
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(f"the database's directory {locked} is not writable")
+
+
+def test_check_reports_a_database_path_under_a_regular_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    config = default_config()
+    config["storage"] = f"sqlite://{tmp_path / 'file' / 'authserver.db'}"
+    path = write_config(tmp_path, config)
+    result = cli("check", "--config", str(path))
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"{path}:{line_of(path.read_text(), 'storage:')}: config.storage: the database's "
+        f"directory {tmp_path / 'file'} does not exist\n"
+    )
+
+
+def test_the_config_file_may_be_named_by_the_environment(tmp_path):
+    path = write_config(tmp_path, default_config())
+    env = {**os.environ, "PORTCULLIS_AUTHSERVER_CONFIG": str(path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "authserver", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, f"{path}: OK"), result.stderr
+    env.pop("PORTCULLIS_AUTHSERVER_CONFIG")
+    missing = subprocess.run(
+        [sys.executable, "-m", "authserver", "keys", "list"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert missing.returncode == 2
+    assert "--config FILE is required (or set PORTCULLIS_AUTHSERVER_CONFIG)" in missing.stderr
 
 
 # ---------------------------------------------------------------------------- hash-password
@@ -163,7 +263,9 @@ async def refresh(
 
 
 async def test_refresh_token_issued_before_a_restart_works_after_it(start_authserver, http):
-    server = await start_authserver()
+    config = default_config()
+    config["refresh_grace"] = "0s"  # a second use right after the rotation is reuse
+    server = await start_authserver(config)
     before = await tokens_for(http, server)
     kid = jwt.get_unverified_header(before["access_token"])["kid"]
 
@@ -178,54 +280,6 @@ async def test_refresh_token_issued_before_a_restart_works_after_it(start_authse
     # The rotation happened before the restart's successor: reuse is still detected.
     status, reused = await refresh(http, server, before["refresh_token"])
     assert (status, reused["error"]) == (400, "invalid_grant")
-
-
-class Process:
-    """`python -m authserver run` on a free port, with its output in a file."""
-
-    def __init__(self, config: Path, url: str, log: Path) -> None:
-        self.config, self.url, self.log = config, url, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "authserver", "run", "--config", str(self.config)],
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            try:
-                async with http.get(self.url + "/healthz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"the server did not start:\n{self.log.read_text()}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL: no cleanup of any kind
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture

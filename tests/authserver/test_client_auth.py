@@ -8,6 +8,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import time
 from typing import Any
 
@@ -341,8 +342,8 @@ async def test_private_key_jwt_with_a_bad_assertion_is_invalid_client(
         assertion = client_assertion(authserver.endpoint("/userinfo"))
     elif case == "expired":
         assertion = client_assertion(token_url, now=time.time() - 600)
-    elif case == "exp_too_far":
-        assertion = client_assertion(token_url, lifetime=3600)
+    elif case == "exp_too_far":  # beyond the default client_assertion_max_lifetime (1h)
+        assertion = client_assertion(token_url, lifetime=3600 + 120)
     elif case == "no_exp":
         assertion = client_assertion(token_url, exp=None)
     elif case == "no_jti":
@@ -394,6 +395,34 @@ async def test_private_key_jwt_assertion_cannot_be_replayed(
         http, authserver, client_assertion(authserver.endpoint("/token"))
     )
     assert status == 200, body
+
+
+@pytest.mark.parametrize(("lifetime", "accepted"), [(600, True), (660 + 60, False)])
+async def test_client_assertion_max_lifetime_bounds_how_far_ahead_exp_may_be(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession, lifetime: int, accepted: bool
+) -> None:
+    config = default_config()
+    config["client_assertion_max_lifetime"] = "10m"  # pyoidc's default assertion lifetime
+    server = await start_authserver(config)
+    assertion = client_assertion(server.endpoint("/token"), lifetime=lifetime)
+    status, body, response = await token_with_assertion(http, server, assertion)
+    if accepted:
+        assert status == 200, body
+    else:
+        assert_invalid_client(status, body, response, basic=False)
+
+
+async def test_an_assertion_accepted_in_the_leeway_after_its_exp_cannot_be_replayed(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    """The clock leeway lets an assertion through a few seconds after its `exp`: its `jti`
+    must still be remembered then, or the same assertion works twice."""
+    token_url = authserver.endpoint("/token")
+    assertion = client_assertion(token_url, now=time.time() - 70, lifetime=60)  # exp 10 s ago
+    status, body, _ = await token_with_assertion(http, authserver, assertion)
+    assert status == 200, body
+    status, body, response = await token_with_assertion(http, authserver, assertion)
+    assert_invalid_client(status, body, response, basic=False)
 
 
 async def test_wrong_assertion_type_is_invalid_client(
@@ -503,6 +532,75 @@ async def test_the_assertion_algorithms_discovery_advertises_are_exactly_those_a
         if status == 200:
             accepted.append(alg)
     assert accepted == advertised
+
+
+# ---------------------------------------------------------------------------- the log
+
+
+WRONG_SECRET = "not-the-secret-but-long-enough-0123456789"
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("unknown_client", "unknown_client"),
+        ("wrong_secret_basic", "wrong_secret"),
+        ("wrong_secret_post", "wrong_secret"),
+        ("wrong_method", "wrong_method (registered private_key_jwt)"),
+        ("expired", "assertion_expired"),
+        ("lifetime_too_long", "assertion_lifetime_too_long"),
+        ("replayed", "replayed_jti"),
+        ("wrong_audience", "wrong_audience"),
+        ("bad_signature", "bad_signature"),
+    ],
+)
+async def test_every_invalid_client_is_logged_with_its_reason_and_never_the_credential(
+    authserver: RunningAuthServer,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    case: str,
+    reason: str,
+) -> None:
+    token_url = authserver.endpoint("/token")
+    credential = WRONG_SECRET
+    auth: tuple[str, str] | None = None
+    form: dict[str, str] = dict(CC)
+    if case == "unknown_client":
+        auth = ("nobody", WRONG_SECRET)
+    elif case == "wrong_secret_basic":
+        auth = ("machine", WRONG_SECRET)
+    elif case == "wrong_secret_post":
+        form.update(client_id="machine-post", client_secret=WRONG_SECRET)
+    elif case == "wrong_method":
+        auth = ("machine-jwt", WRONG_SECRET)
+    else:
+        if case == "expired":
+            credential = client_assertion(token_url, now=time.time() - 600)
+        elif case == "lifetime_too_long":
+            credential = client_assertion(token_url, lifetime=2 * 3600)
+        elif case == "wrong_audience":
+            credential = client_assertion("https://someone-else.example/token")
+        elif case == "bad_signature":
+            credential = client_assertion(token_url, key=_other_ec_key())
+        else:  # replayed
+            credential = client_assertion(token_url)
+            status, body, _ = await token_with_assertion(http, authserver, credential)
+            assert status == 200, body
+        form.update(client_assertion_type=JWT_BEARER, client_assertion=credential)
+    caplog.clear()
+    caplog.set_level(logging.DEBUG)
+    status, body, response = await post_token(http, authserver, form, auth=auth)
+    assert_invalid_client(status, body, response, basic=auth is not None)
+
+    refusals = [r for r in caplog.records if r.getMessage() == "client authentication failed"]
+    assert [r.__dict__["reason"] for r in refusals] == [reason]
+    expected_id = auth[0] if auth else form.get("client_id", "machine-jwt")
+    assert refusals[0].__dict__["client_id"] == expected_id
+    # Neither the secret nor the assertion (nor its signature alone) is in any record.
+    for record in caplog.records:
+        text = record.getMessage() + " " + " ".join(map(str, record.__dict__.values()))
+        assert credential not in text
+        assert credential.rsplit(".", 1)[-1] not in text
 
 
 # ---------------------------------------------------------------------------- helpers

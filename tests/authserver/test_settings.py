@@ -129,7 +129,9 @@ def test_minimal_config_loads_with_the_documented_defaults(tmp_path):
     assert loaded.login_throttle == LoginThrottle(
         max_failures=5, max_failures_per_address=20, window=timedelta(minutes=15)
     )
-    assert loaded.refresh_grace == timedelta(0)
+    assert loaded.refresh_grace == timedelta(seconds=5)
+    assert loaded.admin_listen == Address("127.0.0.1", 9902)
+    assert loaded.client_assertion_max_lifetime == timedelta(hours=1)
     assert (loaded.clients, loaded.users, loaded.scopes) == ((), (), ())
     assert loaded.secure_cookies is False
 
@@ -313,9 +315,39 @@ def test_issuer_may_be_plain_http_on_loopback_and_may_have_a_path(tmp_path, issu
         ("log_level: loud", "'loud' is not one of debug, info, warning, error"),
         ("default_audience: ''", "default_audience: must not be empty"),
         ("scopes: {name: x}", "scopes must be a list"),
+        ("admin_listen: 9902", "admin_listen: expected a string, got int 9902"),
+        ('admin_listen: "127.0.0.1"', "is not host:port"),
+        ('admin_listen: "0.0.0.0:9000"', "admin_listen must differ from listen"),
+        ("client_assertion_max_lifetime: 0s", "between 1s and 1d"),
+        ("client_assertion_max_lifetime: 2d", "between 1s and 1d"),
+        ("client_assertion_max_lifetime: soon", "'soon' is not a duration"),
     ],
 )
 def test_invalid_values_are_reported_on_their_line(tmp_path, section, message):
+    problem = one_problem(tmp_path, BASE + section + "\n")
+    assert problem.startswith("4: "), problem
+    assert message in problem
+
+
+def test_password_hashing_loads_its_pool_and_queue_with_small_defaults(tmp_path):
+    assert settings.load(write(tmp_path, BASE), {}).password_hashing == (
+        settings.PasswordHashing(workers=2, max_waiting=16)
+    )
+    text = BASE + "password_hashing: {workers: 4, max_waiting: 0}\n"
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.password_hashing == settings.PasswordHashing(workers=4, max_waiting=0)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("password_hashing: {workers: 0}", "password_hashing.workers: must be at least 1"),
+        ("password_hashing: {max_waiting: -1}", "password_hashing.max_waiting: must be at least 0"),
+        ("password_hashing: {queue: 3}", "password_hashing"),
+        ("password_hashing: 4", "password_hashing must be a mapping"),
+    ],
+)
+def test_invalid_password_hashing_is_reported_on_its_line(tmp_path, section, message):
     problem = one_problem(tmp_path, BASE + section + "\n")
     assert problem.startswith("4: "), problem
     assert message in problem
@@ -616,6 +648,51 @@ def test_a_client_id_listed_twice_is_reported(tmp_path):
     client = f'{{client_id: m, client_secret: "{SECRET}", grant_types: [client_credentials]}}'
     text = BASE + f"clients:\n  - {client}\n  - {client}\n"
     assert one_problem(tmp_path, text) == "6: client 'm': client_id is listed twice"
+
+
+# ---------------------------------------------------------------------------- CORS
+
+
+def test_cors_origins_load_as_browsers_send_them(tmp_path):
+    text = BASE + textwrap.dedent(
+        """\
+        cors:
+          allow_origins: ["HTTPS://App.Example.com:443", "https://tv.example:8443", "http://[::1]:8083"]
+        """
+    )
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.cors.allow_origins == (
+        "https://app.example.com",
+        "https://tv.example:8443",
+        "http://[::1]:8083",
+    )
+    assert settings.load(write(tmp_path, BASE), {}).cors.allow_origins == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('"*"', "'*' is not allowed: the token endpoint never answers every origin"),
+        ('"https://app.example.com/"', "is not an origin"),
+        ('"https://app.example.com/spa"', "is not an origin"),
+        ('"https://user@app.example.com"', "is not an origin"),
+        ('"null"', "is not an origin"),
+        ('"app.example.com"', "is not an origin"),
+        ('"http://app.example.com"', "plain http origins are for loopback only"),
+    ],
+)
+def test_cors_origins_that_are_no_origin_or_would_expose_tokens_are_reported(
+    tmp_path, value, message
+):
+    problem = one_problem(tmp_path, BASE + f"cors:\n  allow_origins:\n    - {value}\n")
+    assert problem.startswith("6: cors.allow_origins[0]: "), problem
+    assert message in problem
+
+
+def test_cors_accepts_only_its_documented_key(tmp_path):
+    problem = one_problem(tmp_path, BASE + "cors:\n  allow_methods: [GET]\n")
+    assert problem.startswith("5: "), problem
+    assert "allow_methods" in problem
 
 
 def test_load_raises_config_error_with_every_problem(tmp_path):

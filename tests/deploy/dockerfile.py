@@ -173,3 +173,10 @@ def pins(path: Path = CONSTRAINTS) -> dict[str, Requirement]:
 def pinned_version(requirement: Requirement) -> str:
     (specifier,) = requirement.specifier
     return specifier.version
+
+
+def with_data_volume(text: str, tmp_path: Path) -> str:
+    """A config with /var/lib/portcullis, the image's data volume, at a directory that exists."""
+    data = tmp_path / "var-lib-portcullis"
+    data.mkdir(exist_ok=True)
+    return text.replace("/var/lib/portcullis", str(data))

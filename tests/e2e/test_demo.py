@@ -41,6 +41,7 @@ PORT_VARIABLES = (
     "DEMO_AUTH_PORT",
     "DEMO_WEB_PORT",
     "DEMO_SPA_PORT",
+    "DEMO_AUTH_ADMIN_PORT",
 )
 DEMO_PASSWORD = "wonderland"  # alice's, as the walkthrough and README give it
 
@@ -123,17 +124,17 @@ def ok_lines(out: str) -> list[str]:
     ("module", "path"),
     [("gateway", "config/gateway.yaml"), ("authserver", "config/authserver.yaml")],
 )
-def test_demo_config_passes_its_check(module, path):
+def test_demo_config_passes_its_check(module, path, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", module, "check", "--config", path],
         cwd=ROOT,
-        env=clean_env(),
+        env=clean_env(DEMO_STATE_DIR=str(tmp_path)),  # as demo.sh sets it
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{path}: OK"
+    assert result.stdout.splitlines()[0] == f"{path}: OK"
     assert result.stderr == ""
 
 
@@ -159,6 +160,7 @@ def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overri
     default = authserver_settings.load(str(AUTH_CONFIG), env={})
     assert default.issuer == "http://127.0.0.1:9000"
     assert (default.listen.host, default.listen.port) == ("127.0.0.1", 9000)
+    assert (default.admin_listen.host, default.admin_listen.port) == ("127.0.0.1", 9902)
     assert default.storage == "sqlite:///.demo/authserver.db"
     assert default.keys.dir == ".demo/keys"
     assert default.default_audience == "orders-api"
@@ -172,6 +174,7 @@ def test_authserver_config_defaults_to_the_documented_addresses_and_takes_overri
     moved = authserver_settings.load(str(AUTH_CONFIG), env=env)
     assert moved.issuer == f"http://127.0.0.1:{env['DEMO_AUTH_PORT']}"
     assert moved.listen.port == int(env["DEMO_AUTH_PORT"])
+    assert moved.admin_listen.port == int(env["DEMO_AUTH_ADMIN_PORT"])
     assert moved.storage == f"sqlite:///{state}/authserver.db"
     assert moved.keys.dir == f"{state}/keys"
     web = moved.client("demo-web")

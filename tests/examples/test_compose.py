@@ -20,7 +20,7 @@ import pytest
 from gateway import settings as gateway_settings
 from portcullis.yamlconf import duration
 from tests.deploy import compose
-from tests.deploy.dockerfile import ROOT, parse
+from tests.deploy.dockerfile import ROOT, parse, with_data_volume
 
 SECRET = "compose-test-machine-secret-0123456789abcdef"
 ENV = {"MACHINE_CLIENT_SECRET": SECRET}  # what .env provides
@@ -128,8 +128,13 @@ def test_every_mounted_config_exists_and_passes_its_programs_check(model, tmp_pa
                 **compose.environment(service),
                 "PYTHONPATH": str(ROOT),
             }
+            # Checked as the container runs it: its data volume is there (a temporary
+            # directory standing in for /var/lib/portcullis, which `check` requires).
+            mounted = tmp_path / name / path.name
+            mounted.parent.mkdir(parents=True, exist_ok=True)
+            mounted.write_text(with_data_volume(path.read_text(), tmp_path))
             result = subprocess.run(
-                [sys.executable, "-m", program, "check", "--config", str(path)],
+                [sys.executable, "-m", program, "check", "--config", str(mounted)],
                 env=env,
                 capture_output=True,
                 text=True,

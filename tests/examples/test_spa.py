@@ -1,6 +1,7 @@
 """The single-page app's server (examples/spa) on real sockets, with `make demo`'s
 authorization server and gateway configs: what it hands the page, the headers that confine
-the page, and the pass-through to the token endpoint, which must stay a pass-through.
+the page, and the authorization server's CORS answers to the page's origin, which let the
+page call the token endpoint itself.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import aiohttp
 
+from examples import spa
 from tests.examples.conftest import SpaStack
+from tests.support import TestIssuer, start_site
 
 STATIC = Path(__file__).resolve().parents[2] / "examples" / "spa" / "static"
 
@@ -33,13 +36,13 @@ async def test_settings_name_the_public_client_the_api_and_the_providers_endpoin
         "authorizationEndpoint": issuer + "/authorize",
         "endSessionEndpoint": issuer + "/logout",
         "issParameterSupported": True,
-        # Same-origin: the authorization server gives no CORS answers.
-        "tokenEndpoint": "/oauth/token",
-        "revocationEndpoint": "/oauth/revoke",
+        # On the authorization server's origin: the page calls them across origins.
+        "tokenEndpoint": issuer + "/token",
+        "revocationEndpoint": issuer + "/revoke",
     }
 
 
-async def test_the_page_may_run_only_its_own_script_and_reach_only_itself_and_the_api(
+async def test_the_page_may_run_only_its_own_script_and_reach_only_itself_the_api_and_the_issuer(
     spa_stack: SpaStack, http: aiohttp.ClientSession
 ):
     for path in ("/", "/callback"):
@@ -50,7 +53,7 @@ async def test_the_page_may_run_only_its_own_script_and_reach_only_itself_and_th
             headers = response.headers
         assert headers["Content-Security-Policy"] == (
             "default-src 'none'; script-src 'self'; style-src 'self'; "
-            f"connect-src 'self' {spa_stack.gateway.url}; "
+            f"connect-src 'self' {spa_stack.gateway.url} {spa_stack.auth.url}; "
             "form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
         )
         assert headers["Referrer-Policy"] == "no-referrer"
@@ -63,40 +66,74 @@ async def test_the_page_may_run_only_its_own_script_and_reach_only_itself_and_th
         assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
-async def test_token_requests_pass_through_unchanged_and_uncached(
+async def test_the_authorization_server_lets_the_pages_origin_read_its_token_answers(
     spa_stack: SpaStack, http: aiohttp.ClientSession
 ):
+    # The origin comes from demo-spa's redirect URI in config/authserver.yaml: nothing else
+    # configures it.
     form = {
-        "grant_type": "authorization_code",
-        "code": "not-a-code",
-        "redirect_uri": spa_stack.spa_url + "/callback",
+        "grant_type": "refresh_token",
+        "refresh_token": "not-a-refresh-token",
         "client_id": "demo-spa",
-        "code_verifier": "v" * 43,
     }
-    headers = {"Origin": spa_stack.spa_url}
-    async with http.post(spa_stack.spa_url + "/oauth/token", data=form, headers=headers) as relayed:
-        assert relayed.status == 400
-        assert relayed.headers["Cache-Control"] == "no-store"
-        relayed_body = await relayed.json()
-    async with http.post(spa_stack.auth.endpoint("/token"), data=form) as direct:
-        assert relayed_body == await direct.json()
-    assert relayed_body["error"] == "invalid_grant"
+    for path, status in (("/token", 400), ("/revoke", 200)):
+        data = form if path == "/token" else {"token": "x", "client_id": "demo-spa"}
+        async with http.post(
+            spa_stack.auth.endpoint(path), data=data, headers={"Origin": spa_stack.spa_url}
+        ) as response:
+            assert response.status == status
+            assert response.headers["Access-Control-Allow-Origin"] == spa_stack.spa_url
+            assert "Access-Control-Allow-Credentials" not in response.headers
+    # Another page gets nothing to read; nor does the page for another client.
+    async with http.post(
+        spa_stack.auth.endpoint("/token"), data=form, headers={"Origin": "http://localhost:1"}
+    ) as response:
+        assert "Access-Control-Allow-Origin" not in response.headers
+    async with http.post(
+        spa_stack.auth.endpoint("/token"),
+        data={**form, "client_id": "demo-cli"},
+        headers={"Origin": spa_stack.spa_url},
+    ) as response:
+        assert "Access-Control-Allow-Origin" not in response.headers
 
 
-async def test_the_pass_through_serves_only_this_apps_pages_and_forms(
+async def test_the_apps_server_takes_no_part_in_token_requests(
     spa_stack: SpaStack, http: aiohttp.ClientSession
 ):
-    url = spa_stack.spa_url + "/oauth/token"
-    form = {"grant_type": "refresh_token", "refresh_token": "x", "client_id": "demo-spa"}
-    for headers in ({}, {"Origin": "http://127.0.0.1:1"}, {"Origin": "null"}):
-        async with http.post(url, data=form, headers=headers) as response:
-            assert response.status == 403, headers
-            assert (await response.json())["error"] == "invalid_request"
-            assert "Access-Control-Allow-Origin" not in response.headers
-    async with http.post(
-        url, json=form, headers={"Origin": spa_stack.spa_url}
-    ) as response:  # JSON is no token request (RFC 6749 §3.2)
-        assert response.status == 415
+    for path in ("/oauth/token", "/oauth/revoke", "/token"):
+        async with http.post(
+            spa_stack.spa_url + path,
+            data={"grant_type": "refresh_token", "refresh_token": "x", "client_id": "demo-spa"},
+            headers={"Origin": spa_stack.spa_url},
+        ) as response:
+            assert response.status in (404, 405), path
+
+
+async def test_a_provider_whose_token_endpoint_is_on_another_origin_is_refused_clearly(
+    http: aiohttp.ClientSession,
+):
+    # The page may fetch from the issuer's origin only (its Content-Security-Policy).
+    issuer = await TestIssuer().start()
+    issuer.metadata_overrides.update(
+        authorization_endpoint=issuer.url + "/authorize",
+        token_endpoint="https://tokens.example/token",
+    )
+    config = spa.Config(
+        issuer=issuer.url, client_id="demo-spa", api="http://127.0.0.1:1", base_url="x"
+    )
+    runner, url = await start_site(spa.create_app(config))
+    try:
+        async with http.get(url + "/config.json") as response:
+            assert response.status == 502
+            assert await response.json() == {
+                "error": "provider_unavailable",
+                "error_description": (
+                    "the provider's token or revocation endpoint is not on the issuer's origin"
+                ),
+            }
+    finally:
+        await runner.cleanup()
+        await issuer.stop()
 
 
 def test_the_script_keeps_tokens_out_of_web_storage():

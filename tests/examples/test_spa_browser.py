@@ -1,10 +1,13 @@
 """The single-page app (examples/spa) in a real browser (Debian's Chromium, driven by
 Playwright), against `make demo`'s authorization server and gateway configs.
 
-A browser is what makes CORS real: before the page may send its access token to the gateway
-(another origin), Chromium asks the gateway with a preflight, and a page on an origin the
-gateway does not list never gets to send it. The gateway's metrics and the orders API's own
-record of requests show what reached whom. Any Content-Security-Policy violation the page
+A browser is what makes CORS real: the page redeems its code and refreshes and revokes its
+tokens at the authorization server's own endpoints (another origin), and reads the answers
+only because the authorization server allows the origin of the client's redirect URI; before
+the page may send its access token to the gateway (a third origin), Chromium asks the gateway
+with a preflight, and a page on an origin neither lists never gets to send its token or read
+a token answer. The gateway's metrics and the orders API's own record of requests show what
+reached whom. Any Content-Security-Policy violation the page
 reports fails the test. Playwright never downloads a browser.
 """
 
@@ -29,16 +32,21 @@ EXPIRY_WAIT_MS = (SPA_ACCESS_TOKEN_LIFETIME + 10) * 1000
 
 
 class TokenCalls:
-    """Each token request the page makes (through its own origin) and the answer to it."""
+    """Each token request the page makes and the answer to it; any request to a token
+    endpoint that is not the authorization server's fails the test."""
 
-    def __init__(self, tab: Any) -> None:
+    def __init__(self, tab: Any, endpoint: str) -> None:
+        self._endpoint = endpoint
         self._reads: list[asyncio.Task[tuple[str, int, dict[str, Any] | None]]] = []
+        self.elsewhere: list[str] = []
         tab.on("requestfinished", self._finished)
 
     def _finished(self, request: Any) -> None:
         # The body is read at once: after a navigation the browser no longer has it.
-        if request.url.endswith("/oauth/token"):
+        if request.url == self._endpoint:
             self._reads.append(asyncio.ensure_future(self._read(request)))
+        elif request.url.endswith("/token"):
+            self.elsewhere.append(request.url)
 
     @staticmethod
     async def _read(request: Any) -> tuple[str, int, dict[str, Any] | None]:
@@ -100,12 +108,22 @@ async def test_a_person_signs_in_lists_orders_across_origins_stays_signed_in_and
     page: tuple[Any, list[str]], spa_stack: SpaStack, http: aiohttp.ClientSession
 ):
     tab, blocked = page
-    tokens = TokenCalls(tab)
+    tokens = TokenCalls(tab, spa_stack.auth.endpoint("/token"))
     await tab.goto(spa_stack.spa_url + "/")
     await tab.locator("#signed-out").wait_for()
 
-    # Sign-in: code flow with PKCE, then the code redeemed by the page itself.
-    await sign_in(tab, spa_stack)
+    # Sign-in: code flow with PKCE, then the code redeemed by the page itself, across origins
+    # at the authorization server's token endpoint, which lets the page read the answer.
+    auth_origin = spa_stack.auth.url
+    assert auth_origin != spa_stack.spa_url
+    async with tab.expect_request(spa_stack.auth.endpoint("/token")) as redeeming:
+        await sign_in(tab, spa_stack)
+    redeem = await redeeming.value
+    assert redeem.method == "POST"
+    assert (await redeem.all_headers())["origin"] == spa_stack.spa_url
+    answer = await redeem.response()
+    assert answer is not None
+    assert (await answer.all_headers())["access-control-allow-origin"] == spa_stack.spa_url
     assert await tab.text_content("#signed-in h1") == "Hello, Alice Liddell"
     assert tab.url == spa_stack.spa_url + "/"  # the code is gone from the address bar
     assert await tokens.grants() == [("authorization_code", 200)]
@@ -141,12 +159,13 @@ async def test_a_person_signs_in_lists_orders_across_origins_stays_signed_in_and
     ) as response:
         assert response.status == 200
     await wait_for_expiry(tab)
-    # The page is at spa_url/ before the click too: wait for the sign-in's navigation to
-    # happen, or the checks below could run on the page it is about to leave.
-    async with tab.expect_navigation():
+    # The page is on its own address already: wait for the new sign-in's callback to load,
+    # lest the old page's elements be taken for the new one's.
+    callback = spa_stack.spa_url + "/callback?"
+    async with tab.expect_event("framenavigated", lambda frame: frame.url.startswith(callback)):
         await tab.click("#list-orders")
-    await tab.wait_for_url(spa_stack.spa_url + "/")
     await tab.locator("#signed-in").wait_for()
+    await tab.wait_for_url(spa_stack.spa_url + "/")
     await list_orders(tab)
     assert await tokens.grants() == [
         ("authorization_code", 200),
@@ -156,9 +175,12 @@ async def test_a_person_signs_in_lists_orders_across_origins_stays_signed_in_and
     ]
     last = await tokens.last_answer()
 
-    # Sign-out: the refresh token is revoked, and the authorization server's session ends.
-    async with tab.expect_request(lambda r: r.url.endswith("/oauth/revoke")):
+    # Sign-out: the refresh token is revoked at the authorization server, and its session ends.
+    async with tab.expect_request(spa_stack.auth.endpoint("/revoke")) as revoking:
         await tab.click("#sign-out")
+    revocation = await (await revoking.value).response()
+    assert revocation is not None and revocation.status == 200
+    assert (await revocation.all_headers())["access-control-allow-origin"] == spa_stack.spa_url
     await tab.wait_for_url(spa_stack.spa_url + "/")
     notice = tab.locator("#notice")
     await notice.filter(has_text="signed out").wait_for()
@@ -180,6 +202,7 @@ async def test_a_person_signs_in_lists_orders_across_origins_stays_signed_in_and
     await tab.click("#sign-in")
     await tab.wait_for_url(spa_stack.auth.endpoint("/authorize") + "*")
     assert await tab.locator("#password").count() == 1  # the password is asked again
+    assert tokens.elsewhere == []
     assert blocked == []
 
 
@@ -225,4 +248,43 @@ async def test_a_page_on_another_origin_cannot_send_a_token_to_the_gateway(
     # The gateway refused the preflight itself; the API saw nothing, the token was never sent.
     assert preflights(await scrape(spa_stack.gateway.admin_url), "403") == before + 1
     assert spa_stack.api_requests == []
+    assert blocked == []
+
+
+async def test_a_page_on_another_origin_cannot_read_the_token_endpoints_answers(
+    page: tuple[Any, list[str]], spa_stack: SpaStack
+):
+    # The same page from an origin that is no registered redirect URI's (localhost is not
+    # 127.0.0.1 to a browser). Its Content-Security-Policy lets it reach the authorization
+    # server, so only CORS stands in the way; the script tries as the real page does.
+    tab, blocked = page
+    other_origin = spa_stack.spa_url.replace("127.0.0.1", "localhost")
+    await tab.goto(other_origin + "/")
+    await tab.locator("#signed-out").wait_for()
+    console: list[str] = []
+    tab.on("console", lambda message: console.append(message.text))
+    async with tab.expect_request(spa_stack.auth.endpoint("/token")) as sending:
+        outcome = await tab.evaluate(
+            """async (url) => {
+                try {
+                    const response = await fetch(url, {
+                        method: "POST",
+                        body: new URLSearchParams({
+                            grant_type: "refresh_token",
+                            refresh_token: "a-refresh-token",
+                            client_id: "demo-spa",
+                        }),
+                        credentials: "omit",
+                    });
+                    return `answered ${response.status}`;
+                } catch (error) {
+                    return `refused: ${error.message}`;
+                }
+            }""",
+            spa_stack.auth.endpoint("/token"),
+        )
+    # A form POST needs no preflight: the request went, but the page reads nothing back.
+    assert (await sending.value).method == "POST"
+    assert outcome == "refused: Failed to fetch"
+    assert any("blocked by CORS policy" in line for line in console), console
     assert blocked == []

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from gateway.ratelimit import BUCKET_BYTES
+from gateway.verifiers.cache import ENTRY_BYTES
+from gateway.verifiers.introspection import ACTIVE_ENTRY_BYTES, INACTIVE_ENTRY_BYTES
 from tests.support import TestIssuer
 
 
@@ -72,13 +77,25 @@ routes:
 """
 
 
+# ---------------------------------------------------------------------------- version
+
+
+async def test_version_is_the_installed_distributions() -> None:
+    result = await gateway_cli("--version")
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout == f"portcullis-gateway {metadata.version('portcullis')}\n"
+
+
 # ---------------------------------------------------------------------------- check
 
 
 async def test_check_of_a_valid_file_exits_zero_and_says_ok(tmp_path: Path) -> None:
     path = write(tmp_path, explain_config("https://auth.example.com"))
     result = await gateway_cli("check", "--config", path)
-    assert (result.code, result.stdout, result.stderr) == (0, f"{path}: OK\n", "")
+    assert (result.code, result.stderr) == (0, "")
+    ok, memory = result.stdout.splitlines()
+    assert ok == f"{path}: OK"
+    assert memory.startswith("worst-case memory: about ")
 
 
 async def test_check_of_a_broken_file_prints_every_problem_as_file_line_message(
@@ -133,7 +150,7 @@ async def test_check_warns_of_a_public_rule_taking_case_variants_of_a_protected_
     )
     path = write(tmp_path, text)
     result = await gateway_cli("check", "--config", path)
-    assert (result.code, result.stdout) == (0, f"{path}: OK\n")
+    assert (result.code, result.stdout.splitlines()[0]) == (0, f"{path}: OK")
     assert result.stderr == (
         f"{path}:{line_of(text, 'name: docs')}: warning: route 'docs' (auth: none) takes "
         "GET /docs/INTERNAL, which differs only in letter case from paths of the protected "
@@ -142,7 +159,58 @@ async def test_check_warns_of_a_public_rule_taking_case_variants_of_a_protected_
     )
     ignoring = write(tmp_path, text.replace('9"}', '9", path_case: insensitive}'), "ci.yaml")
     quiet = await gateway_cli("check", "--config", ignoring)
-    assert (quiet.code, quiet.stdout, quiet.stderr) == (0, f"{ignoring}: OK\n", "")
+    assert (quiet.code, quiet.stdout.splitlines()[0], quiet.stderr) == (0, f"{ignoring}: OK", "")
+
+
+def worst_case_mib(outcome: Outcome) -> int:
+    """The figure of the `worst-case memory: about N MiB (...)` line of a check."""
+    assert outcome.code == 0, outcome.stderr
+    (line,) = [line for line in outcome.stdout.splitlines() if line.startswith("worst-case")]
+    found = re.fullmatch(r"worst-case memory: about (\d+) MiB \((.+)\)", line)
+    assert found is not None, line
+    return int(found.group(1))
+
+
+async def test_check_prints_the_worst_case_memory_which_grows_with_the_cache_sizes(
+    tmp_path: Path,
+) -> None:
+    async def check(extra: str, introspection: str = "") -> tuple[int, str]:
+        text = explain_config("https://auth.example.com").replace(
+            "    algorithms: [ES256]\n", "    algorithms: [ES256]\n" + introspection
+        )
+        path = write(tmp_path, extra + text)
+        outcome = await gateway_cli("check", "--config", path)
+        return worst_case_mib(outcome), outcome.stdout
+
+    small = "token_cache_size: 1000\n"
+    base, stdout = await check(small)
+    assert "token cache 1000 × 2.4 KiB" in stdout
+    assert "client connections 10000 × " in stdout  # limits.max_connections, the default
+    assert "rate-limit buckets" not in stdout and "introspection" not in stdout
+
+    def grew(by_entries: int, each: int) -> int:
+        return round(by_entries * each / (1024 * 1024))
+
+    tokens, stdout = await check("token_cache_size: 201000\n")
+    assert "token cache 201000 × 2.4 KiB" in stdout
+    assert abs(tokens - base - grew(200_000, ENTRY_BYTES)) <= 1
+
+    limited = small + "rate_limits: {default: {rate: 10/s, burst: 20}, max_keys: 200000}\n"
+    buckets, stdout = await check(limited)
+    assert "rate-limit buckets 200000 × " in stdout
+    assert abs(buckets - base - grew(200_000, BUCKET_BYTES)) <= 1
+
+    asked = (
+        "    mode: auto\n    introspection: {client_id: gw, client_secret: s, cache_size: 50000}\n"
+    )
+    introspected, stdout = await check(small, asked)
+    assert "introspection cache 50000 × " in stdout
+    grown = grew(50_000, ACTIVE_ENTRY_BYTES + INACTIVE_ENTRY_BYTES)
+    assert abs(introspected - base - grown) <= 2
+
+    workers, stdout = await check(small + "workers: 3\n")
+    assert "3 workers × " in stdout
+    assert workers > 3 * base
 
 
 async def test_check_reports_an_unset_environment_variable_with_its_line(tmp_path: Path) -> None:
@@ -161,6 +229,97 @@ async def test_check_reports_an_unset_environment_variable_with_its_line(tmp_pat
         env=child_env(PORTCULLIS_TEST_ISSUER="https://auth.example.com"),
     )
     assert (fixed.code, fixed.stderr) == (0, "")
+
+
+def introspecting_config(secret: str) -> str:
+    """A config whose introspection credentials come from `secret` (YAML text of the key)."""
+    return f"""\
+upstream: {{url: "http://127.0.0.1:9"}}
+issuers:
+  - issuer: "https://auth.example.com"
+    audiences: [orders-api]
+    mode: auto
+    introspection:
+      client_id: gateway
+      {secret}
+routes:
+  - {{name: all, path: "/**"}}
+"""
+
+
+async def test_check_reports_a_missing_secret_file_on_the_line_of_the_value(
+    tmp_path: Path,
+) -> None:
+    absent = tmp_path / "run" / "secrets" / "gateway"
+    for secret in (f'client_secret_file: "{absent}"', f'client_secret: "${{file:{absent}}}"'):
+        text = introspecting_config(secret)
+        path = write(tmp_path, text)
+        result = await gateway_cli("check", "--config", path)
+        assert result.code == 1
+        [problem] = result.stderr.splitlines()
+        assert problem.startswith(f"{path}:{line_of(text, 'client_secret')}: ")
+        assert problem.endswith(f"cannot read {absent}: No such file or directory")
+
+    absent.parent.mkdir(parents=True)
+    absent.write_text("gateway-secret\n")
+    fixed = await gateway_cli("check", "--config", path)
+    assert (fixed.code, fixed.stderr) == (0, "")
+
+
+async def test_the_config_file_may_be_named_by_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, explain_config("https://auth.example.com"))
+    env = child_env(PORTCULLIS_GATEWAY_CONFIG=path)
+    result = await gateway_cli("check", env=env)
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[0] == f"{path}: OK"
+    explained = await gateway_cli("explain", "GET", "/healthz", env=env)
+    assert explained.code == 0 and "route: health" in explained.stdout
+
+    # --config wins over the variable.
+    other = write(tmp_path, "routes: []\n", "other.yaml")
+    overridden = await gateway_cli("check", "--config", other, env=env)
+    assert overridden.code == 1 and overridden.stderr.startswith(f"{other}:")
+
+
+async def test_without_config_or_variable_the_cli_says_how_to_name_the_file() -> None:
+    env = {k: v for k, v in child_env().items() if k != "PORTCULLIS_GATEWAY_CONFIG"}
+    result = await gateway_cli("check", env=env)
+    assert result.code == 2
+    assert "--config FILE is required (or set PORTCULLIS_GATEWAY_CONFIG)" in result.stderr
+
+
+async def test_explain_without_a_token_needs_no_secret_and_no_certificate(
+    tmp_path: Path,
+) -> None:
+    text = introspecting_config(f'client_secret_file: "{tmp_path / "absent"}"') + (
+        f'tls: {{cert_file: "{tmp_path / "absent.crt"}", key_file: "{tmp_path / "absent.key"}"}}\n'
+    )
+    path = write(tmp_path, text)
+    result = await gateway_cli("explain", "--config", path, "GET", "/x")
+    assert (result.code, result.stderr) == (0, "")
+    assert (
+        result.stdout.splitlines()[-1]
+        == "decision without a token: 401 (pass --token to check one)"
+    )
+    checked = await gateway_cli("check", "--config", path)
+    assert checked.code == 1
+    assert len(checked.stderr.splitlines()) == 3  # the secret file, the certificate, the key
+
+
+async def test_explain_says_when_a_route_requires_a_client_certificate(tmp_path: Path) -> None:
+    text = introspecting_config('client_secret: "s"').replace(
+        '  - {name: all, path: "/**"}',
+        '  - {name: machines, path: "/machines/**", auth: none, client_cert: required}',
+    ) + (
+        f'tls: {{cert_file: "{tmp_path}/c", key_file: "{tmp_path}/k", '
+        f'client_ca_file: "{tmp_path}/ca"}}\n'
+    )
+    result = await gateway_cli("explain", "--config", write(tmp_path, text), "GET", "/machines/1")
+    assert (result.code, result.stderr) == (0, "")
+    assert (
+        "  client certificate: required (verified by the gateway's TLS; else 403)"
+        in result.stdout.splitlines()
+    )
 
 
 async def test_check_of_broken_yaml_reports_the_syntax_error_with_a_line(tmp_path: Path) -> None:

@@ -262,8 +262,8 @@ def test_unknown_key_message_names_the_keys_that_are_known() -> None:
     found = problems(config(routes="  - {name: r, path: /**, scope: {any: [a]}}\n"))
     assert found == [
         f"{FILE}:5: route 'r': unknown key 'scope'; known keys: allow_body_on_get, audience, "
-        "auth, cors, issuers, max_body_size, methods, mode, name, path, path_params, rate_limit, "
-        "scopes, websocket"
+        "auth, client_cert, cors, issuers, max_body_size, methods, mode, name, path, path_params, "
+        "rate_limit, scopes, websocket"
     ]
 
 
@@ -676,8 +676,8 @@ def test_check_lists_every_problem_as_file_line_message(tmp_path: Path) -> None:
     assert settings.check(str(path), {}) == [
         f"{path}:4: config.workers: expected an integer, got str 'x'",
         f"{path}:6: route 'r': unknown key 'colour'; known keys: allow_body_on_get, audience, "
-        "auth, cors, issuers, max_body_size, methods, mode, name, path, path_params, rate_limit, "
-        "scopes, websocket",
+        "auth, client_cert, cors, issuers, max_body_size, methods, mode, name, path, path_params, "
+        "rate_limit, scopes, websocket",
     ]
 
 
@@ -735,4 +735,15 @@ def test_bad_pool_timeout_and_allow_body_on_get_are_refused_on_their_line() -> N
     assert problems(text) == [
         f"{FILE}:1: upstream.pool_timeout: must be more than 0s",
         f"{FILE}:5: route 'r'.allow_body_on_get: expected true or false, got str 'sometimes'",
+    ]
+
+
+def test_server_header_is_none_by_default_and_must_be_a_plain_header_value() -> None:
+    assert settings.load_text(config(), FILE, {}).server_header == ""
+    got = settings.load_text(config(extra='server_header: "portcullis"\n'), FILE, {})
+    assert got.server_header == "portcullis"
+    text = config(extra='server_header: "bad\\r\\nX-Injected: 1"\n')
+    assert problems(text) == [
+        f"{FILE}:4: config.server_header: may contain printable ASCII only, without spaces at "
+        "either end"
     ]

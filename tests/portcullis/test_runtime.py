@@ -9,8 +9,9 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
@@ -18,6 +19,8 @@ import pytest
 from aiohttp import web
 
 from portcullis import runtime
+from portcullis.tls import RotatingCertificate, ServerTls
+from tests.certificates import CertificateAuthority, client_context
 from tests.support import reserve_port
 
 
@@ -159,3 +162,133 @@ async def test_serve_answers_until_sigterm_then_drains_and_returns():
             await session.get(f"http://127.0.0.1:{port}/slow")
     # The signal handlers are gone again: SIGTERM has its default meaning after serve.
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
+
+
+# ---------------------------------------------------------------------------- start-up errors
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+@pytest.mark.parametrize("which", [0, 1])
+async def test_serve_on_a_port_in_use_raises_a_startup_error_naming_the_address(which):
+    ports = [reserve_port(), reserve_port()]
+    cleaned: list[str] = []
+
+    async def lifetime(_: web.Application) -> AsyncIterator[None]:
+        yield
+        cleaned.append("cleaned up")
+
+    apps = [web.Application(), web.Application()]
+    apps[0].cleanup_ctx.append(lifetime)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[which]))
+        taken.listen()
+        with pytest.raises(runtime.StartupError) as raised:
+            await runtime.serve(
+                [
+                    runtime.Listener(apps[0], "127.0.0.1", ports[0], "public"),
+                    runtime.Listener(apps[1], "127.0.0.1", ports[1], "admin"),
+                ],
+                grace=timedelta(seconds=1),
+            )
+    assert str(raised.value) == f"cannot listen on 127.0.0.1:{ports[which]}: address already in use"
+    assert isinstance(raised.value.__cause__, OSError)
+    assert cleaned == ["cleaned up"]  # what had started is closed again
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
+
+
+def test_run_service_reports_one_line_for_a_startup_error_and_returns_1(capsys):
+    async def failing() -> None:
+        raise runtime.StartupError("cannot open the store sqlite:///x.db: disk I/O error")
+
+    lines: list[str] = []
+    assert runtime.run_service(failing(), report=lines.append) == 1
+    assert lines == ["cannot open the store sqlite:///x.db: disk I/O error"]
+    assert capsys.readouterr().err == ""
+
+
+def test_run_service_names_a_file_it_could_not_use(capsys):
+    async def failing() -> None:
+        open("/nonexistent-dir/access.log", "ab")  # noqa: SIM115
+
+    lines: list[str] = []
+    assert runtime.run_service(failing(), report=lines.append) == 1
+    assert lines == ["cannot use /nonexistent-dir/access.log: no such file or directory"]
+    assert capsys.readouterr().err == ""
+
+
+def test_run_service_logs_the_traceback_of_an_unexpected_error(restore_logging, capsys):
+    stream = io.StringIO()
+    runtime.configure_logging("info", stream)
+
+    async def failing() -> None:
+        raise ValueError("boom")
+
+    lines: list[str] = []
+    assert runtime.run_service(failing(), report=lines.append) == 1
+    assert lines == ["stopped by an unexpected error: ValueError: boom"]
+    [entry] = logged_lines(stream)  # one JSON line, the traceback inside it
+    assert entry["level"] == "critical"
+    assert "ValueError: boom" in str(entry["exception"])
+    assert capsys.readouterr().err == ""
+
+
+def test_run_service_with_debug_prints_the_traceback_before_the_line(capsys):
+    async def failing() -> None:
+        raise runtime.StartupError("cannot use the key directory /keys: not a directory")
+
+    lines: list[str] = []
+    assert runtime.run_service(failing(), debug=True, report=lines.append) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "StartupError: cannot use the key directory /keys: not a directory" in err
+    assert lines == ["cannot use the key directory /keys: not a directory"]
+
+
+def test_run_service_returns_0_when_the_service_stops():
+    async def stops() -> None:
+        return None
+
+    assert runtime.run_service(stops()) == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_sighup_reloads_the_certificate_of_a_tls_listener_and_calls_on_reload(tmp_path):
+    ca = CertificateAuthority()
+    cert_file, key_file = ca.server("first").write(tmp_path, "server")
+    # Watching is pushed out of the way: only the signal can make the change seen here.
+    certificate = RotatingCertificate(
+        ServerTls(str(cert_file), str(key_file)), interval=timedelta(hours=1)
+    )
+    port = reserve_port()
+    app = web.Application()
+    reloads: list[str] = []
+    names: list[str] = []
+    context = client_context(ca)
+
+    async def common_name() -> str:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        subject = writer.get_extra_info("peercert")["subject"]
+        writer.transport.abort()
+        return str(dict(rdn[0] for rdn in subject)["commonName"])
+
+    async def started() -> None:
+        async def exercise() -> None:
+            names.append(await common_name())
+            ca.server("second").write(tmp_path, "server")
+            names.append(await common_name())  # files changed, nothing reloaded yet
+            os.kill(os.getpid(), signal.SIGHUP)
+            while not reloads:
+                await asyncio.sleep(0.01)
+            names.append(await common_name())
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        asyncio.get_running_loop().create_task(exercise())
+
+    await runtime.serve(
+        [runtime.Listener(app, "127.0.0.1", port, "test", certificate)],
+        grace=timedelta(seconds=1),
+        on_reload=lambda: reloads.append("config"),
+        started=started,
+    )
+    assert names == ["first", "first", "second"]
+    assert certificate.reloads == 1

@@ -107,6 +107,90 @@ def test_variables_are_expanded_in_keys_too() -> None:
     assert load("${K}: 1\n", {"K": "name"}) == {"name": 1}
 
 
+def test_file_reference_is_replaced_by_the_file_without_its_trailing_line_break(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cr3t value\n")
+    crlf = tmp_path / "crlf"
+    crlf.write_bytes(b"two\nlines\r\n")
+    port = tmp_path / "port"
+    port.write_text("8080\n")
+    data = load(f'a: "${{file:{secret}}}"\nb: pre-${{file:{crlf}}}-post\nc: ${{file:{port}}}\n')
+    assert data["a"] == "s3cr3t value"
+    assert data["b"] == "pre-two\nlines-post"
+    assert data["c"] == 8080  # a plain scalar takes its type from the expanded text
+
+
+def test_unreadable_file_reference_is_an_error_on_its_line_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    absent = tmp_path / "absent"
+    text = f"a: ok\nb:\n  c: ${{file:{absent}}}\nd: [x, '${{file:{absent}}}']\n"
+    assert problems_of(text) == [
+        f"conf.yaml:3: cannot read {absent}: No such file or directory",
+        f"conf.yaml:4: cannot read {absent}: No such file or directory",
+    ]
+
+
+def test_interpolate_lists_an_unreadable_file_with_the_reason(tmp_path: Path) -> None:
+    text, missing = yamlconf.interpolate(f"x${{file:{tmp_path}}}y$${{file:/etc/hostname}}", {})
+    assert text == "xy${file:/etc/hostname}"
+    assert missing == [f"file:{tmp_path}"]
+    assert missing[0].problem == f"cannot read {tmp_path}: Is a directory"
+
+
+def test_a_value_with_something_missing_is_reported_by_the_reader_unless_it_is_a_withheld_secret(
+    tmp_path: Path,
+) -> None:
+    text = "port: ${PORT}\nsecret: ${SECRET}\nother_file: /nowhere\n"
+    data = yamlconf.load_text(text, "conf.yaml", {}, keep_incomplete=True)
+    assert [v.problems[0].line for v in data.incomplete] == [1, 2]
+
+    reader = Reader("conf.yaml", data.incomplete)
+    section = Section(reader, data, "s")
+    assert section.get("port", yamlconf.integer()) is None  # no "expected an integer" too
+    assert section.secret("secret") is None
+    assert section.secret("other") is None  # other_file cannot be read
+    section.finish()
+    with pytest.raises(ConfigError) as caught:
+        reader.raise_if_any()
+    assert [str(p) for p in caught.value.problems] == [
+        "conf.yaml:1: environment variable PORT is not set (use ${PORT:-default})",
+        "conf.yaml:2: environment variable SECRET is not set (use ${SECRET:-default})",
+        "conf.yaml:3: s.other_file: cannot read /nowhere: No such file or directory",
+    ]
+
+    # A command that needs no secret: the secrets are withheld, everything else still counts.
+    reader = Reader("conf.yaml", data.incomplete, secrets=False)
+    section = Section(reader, data, "s")
+    section.get("port", yamlconf.integer())
+    assert section.secret("secret") is yamlconf.WITHHELD
+    assert section.secret("other") is yamlconf.WITHHELD
+    section.finish()
+    with pytest.raises(ConfigError) as caught:
+        reader.raise_if_any()
+    assert [str(p) for p in caught.value.problems] == [
+        "conf.yaml:1: environment variable PORT is not set (use ${PORT:-default})"
+    ]
+
+
+def test_a_secret_comes_from_its_key_or_its_file_key_but_not_both(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("from-the-file\n")
+    data = load(f'one: inline\ntwo_file: "{secret}"\nthree: x\nthree_file: "{secret}"\n')
+    reader = Reader("conf.yaml")
+    section = Section(reader, data, "s")
+    assert section.secret("one") == "inline"
+    assert section.secret("two") == "from-the-file"
+    assert section.secret("three") is None
+    assert section.secret("four") is None
+    section.finish()
+    assert [str(p) for p in reader.problems] == [
+        "conf.yaml:4: s: give three or three_file, not both"
+    ]
+
+
 # ---------------------------------------------------------------------------- structure
 
 
@@ -383,3 +467,48 @@ def test_reader_section_refuses_something_that_is_not_a_mapping() -> None:
     ]
     with pytest.raises(ConfigError):
         reader.raise_if_any()
+
+
+@pytest.mark.parametrize(
+    ("parse", "value"),
+    [
+        (yamlconf.duration, "\u0663s"),  # ARABIC-INDIC DIGIT THREE
+        (yamlconf.duration, "3\u2003s"),  # EM SPACE
+        (yamlconf.rate, "\u0661/s"),
+        (yamlconf.rate, "1/\u0662s"),
+        (yamlconf.size, "\u0663KiB"),
+        (yamlconf.size, "3\u2003KiB"),
+    ],
+)
+def test_digits_and_spaces_outside_ascii_are_not_numbers(parse: Any, value: str) -> None:
+    # Python's \d takes every script's digits; an editor's JSON Schema (and a reader) does not.
+    with pytest.raises(ValueError, match=r"is not a (duration|rate|size)"):
+        parse(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (timedelta(0), "0s"),
+        (timedelta(milliseconds=250), "250ms"),
+        (timedelta(microseconds=1500), "1.5ms"),
+        (timedelta(seconds=30), "30s"),
+        (timedelta(seconds=90), "90s"),
+        (timedelta(minutes=5), "5m"),
+        (timedelta(hours=36), "36h"),
+        (timedelta(days=14), "14d"),
+    ],
+)
+def test_duration_text_is_what_a_person_would_write_and_reads_back(
+    value: timedelta, text: str
+) -> None:
+    assert yamlconf.duration_text(value) == text
+    assert yamlconf.duration(text) == value
+
+
+@pytest.mark.parametrize("value", [5, "", "  ", None, ["hunter2"]])
+def test_secret_refuses_what_is_not_a_string_without_showing_the_value(value: Any) -> None:
+    assert yamlconf.secret("hunter2") == "hunter2"
+    with pytest.raises(ValueError) as caught:
+        yamlconf.secret(value)
+    assert str(caught.value) == "must be a non-empty string (quote it; the value is not shown)"

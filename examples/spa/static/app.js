@@ -10,6 +10,10 @@
 // sign-in in progress keeps its verifier, state and nonce in sessionStorage, to survive the
 // redirect; they are removed as soon as the answer comes back.
 //
+// The token and revocation endpoints are the authorization server's, on its own origin: it
+// lets this page read their answers (CORS) because this page's origin is that of the
+// client's registered redirect URI. A form-encoded POST needs no preflight.
+//
 // The API is called through the gateway, another origin: the browser first asks it with a
 // CORS preflight whether this origin may send an Authorization header, and the gateway's
 // `cors` policy says yes.
@@ -69,6 +73,7 @@ async function tokenRequest(form) {
     method: "POST",
     headers: { "Content-Type": "application/x-www-form-urlencoded" },
     body: new URLSearchParams({ ...form, client_id: settings.clientId }),
+    credentials: "omit", // a public client: no cookie, nothing but the form
   });
   const body = await response.json().catch(() => ({}));
   if (!response.ok) throw new TokenError(response.status, body);
@@ -238,6 +243,7 @@ async function signOut() {
         token_type_hint: "refresh_token",
         client_id: settings.clientId,
       }),
+      credentials: "omit",
     }).catch(() => undefined);
   }
   if (!settings.endSessionEndpoint || !idToken) {

@@ -1,28 +1,14 @@
-"""What every endpoint shares: the services it may use, form parsing, rendering of pages and
-OAuth errors, and the security headers of HTML pages."""
+"""Reading requests: url-encoded forms and queries, strictly (UTF-8, each parameter once),
+and building redirect URIs with parameters."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
-import jinja2
-import orjson
 from aiohttp import web
 
-from portcullis.addresses import ClientAddresses
-
-from ..clients import ClientAuthError
-from ..grants.base import Registry
-from ..keys import KeyRing
 from ..protocol.errors import OAuthError, invalid_request
-from ..sessions import Sessions
-from ..settings import Settings
-from ..store.base import Store
-from ..tokens import Minter
 
 FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 64 * 1024
@@ -82,42 +68,6 @@ def given_more_than_once(names: Iterable[str]) -> OAuthError:
     return invalid_request(f"{' and '.join(parts)} {verb} given more than once")
 
 
-@dataclass
-class Services:
-    settings: Settings
-    store: Store
-    keyring: KeyRing
-    minter: Minter
-    grants: Registry
-    sessions: Sessions
-    pages: jinja2.Environment
-    base_path: str  # the issuer's path, prefix of every endpoint
-    addresses: ClientAddresses  # who the client is, behind the trusted proxies
-
-    def client_address(self, request: web.Request) -> str:
-        """The address the throttles count a request under: the socket peer, or the client
-        a trusted proxy names in X-Forwarded-For."""
-        return self.addresses.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
-
-    def url(self, path: str) -> str:
-        return self.settings.issuer + path
-
-
-SERVICES = web.AppKey("services", Services)
-
-
-def services(request: web.Request) -> Services:
-    return request.app[SERVICES]
-
-
-def page_environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).resolve().parent.parent / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-
-
 def single_valued(items: Iterable[tuple[str, object]], where: str) -> dict[str, str]:
     """Pairs from `form_items` or `query_items` as a dict; a parameter given twice is invalid
     (RFC 6749 §3.1, §3.2)."""
@@ -175,84 +125,8 @@ async def read_form(request: web.Request) -> dict[str, str]:
     return single_valued(await form_items(request), "form")
 
 
-def oauth_json_error(error: OAuthError) -> web.Response:
-    """RFC 6749 §5.2 error body; invalid_client after Basic gets a Basic challenge."""
-    headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
-    if isinstance(error, ClientAuthError) and error.basic:
-        headers["WWW-Authenticate"] = 'Basic realm="portcullis", charset="UTF-8"'
-    return json_no_store(error.body(), status=error.status, headers=headers)
-
-
-def json_no_store(
-    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    all_headers = {"Cache-Control": "no-store", "Pragma": "no-cache", **(headers or {})}
-    return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=all_headers
-    )
-
-
-def _origin(uri: str) -> str | None:
-    parts = urlsplit(uri)
-    if parts.scheme in ("http", "https") and parts.netloc:
-        return f"{parts.scheme}://{parts.netloc}"
-    return None
-
-
-def page(
-    request: web.Request,
-    template: str,
-    *,
-    status: int = 200,
-    form_targets: Iterable[str] = (),
-    **context: Any,
-) -> web.Response:
-    """An HTML page with the security headers every page carries.
-
-    `form_targets` are URIs a form on the page may end up redirecting to (the client's
-    redirect URI after consent): browsers apply `form-action` to redirects too.
-    """
-    svc = services(request)
-    body = svc.pages.get_template(template).render(
-        static=svc.base_path + "/static", title=context.pop("title", "Portcullis"), **context
-    )
-    sources = ["'self'", *dict.fromkeys(o for o in map(_origin, form_targets) if o)]
-    csp = (
-        "default-src 'none'; style-src 'self'; img-src 'self'; "
-        f"form-action {' '.join(sources)}; frame-ancestors 'none'; base-uri 'none'"
-    )
-    return web.Response(
-        text=body,
-        status=status,
-        content_type="text/html",
-        charset="utf-8",
-        headers={
-            "Content-Security-Policy": csp,
-            "X-Frame-Options": "DENY",
-            "Referrer-Policy": "no-referrer",
-            "X-Content-Type-Options": "nosniff",
-            "Cache-Control": "no-store",
-            "Pragma": "no-cache",
-        },
-    )
-
-
-def error_page(
-    request: web.Request, status: int, heading: str, message: str, code: str = ""
-) -> web.Response:
-    return page(
-        request,
-        "error.html",
-        status=status,
-        title=heading,
-        heading=heading,
-        message=message,
-        code=code,
-    )
-
-
 def with_query(uri: str, params: Mapping[str, str | None]) -> str:
-    """Append parameters to a URI that may already have a query (RFC 6749 §3.1.2)."""
+    """Append parameters to a URI that may already have a query (RFC 6749 §3.1)."""
     query = urlencode({k: v for k, v in params.items() if v is not None})
     separator = "&" if "?" in uri else "?"
     return uri + separator + query if query else uri

@@ -1,0 +1,190 @@
+"""Prometheus metrics of the authorization server, served at `/metrics` on the admin listener.
+
+Counted in plain dicts as things happen (a request costs a dict lookup and an addition) and
+turned into metric families by prometheus-client when scraped:
+  portcullis_authserver_requests_total{endpoint, status}    endpoint: the route's name
+  portcullis_authserver_tokens_issued_total{grant_type}
+  portcullis_authserver_refresh_reuse_detected_total         a rotated token shown again
+  portcullis_authserver_logins_failed_total                 wrong username or password
+  portcullis_authserver_logins_throttled_total              refused by login_throttle
+  portcullis_authserver_store_call_duration_seconds{operation}   histogram
+  portcullis_authserver_config_reloads_total{result}        applied | rejected
+  portcullis_build_info{version}                            always 1
+
+Every label has a bounded set of values: endpoints are the names of the routes (`unmatched`
+for paths no route serves), statuses are three digits, grant types are the ones the token
+endpoint dispatches to, operations are the Store's method names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from portcullis.buildinfo import BuildInfo
+from portcullis.histogram import Bounds, PlainHistogram
+
+if TYPE_CHECKING:
+    from .store.base import Store
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "portcullis_authserver_"
+# Store calls take from tens of microseconds (SQLite, page in cache) to the busy timeout.
+STORE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+_BOUNDS = Bounds(STORE_BUCKETS)
+
+
+class Metrics:
+    """What the server counts; one instance for the life of the process (reloads keep it)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests: dict[tuple[str, int], int] = {}
+        self.tokens_issued: dict[str, int] = {}
+        self.refresh_reuse_detected = 0
+        self.logins_failed = 0
+        self.logins_throttled = 0
+        self.store_calls: dict[str, PlainHistogram] = {}
+        self.reloads: dict[str, int] = {"applied": 0, "rejected": 0}
+        self.registry.register(_Collector(self))
+        self.registry.register(BuildInfo())
+
+    def request(self, endpoint: str, status: int) -> None:
+        key = (endpoint, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def token_issued(self, grant_type: str) -> None:
+        self.tokens_issued[grant_type] = self.tokens_issued.get(grant_type, 0) + 1
+
+    def refresh_reused(self) -> None:
+        self.refresh_reuse_detected += 1
+
+    def login_failed(self) -> None:
+        self.logins_failed += 1
+
+    def login_throttled(self) -> None:
+        self.logins_throttled += 1
+
+    def store_call(self, operation: str, seconds: float) -> None:
+        histogram = self.store_calls.get(operation)
+        if histogram is None:
+            histogram = self.store_calls[operation] = PlainHistogram(_BOUNDS)
+        histogram.observe(seconds)
+
+    def reloaded(self, applied: bool) -> None:
+        self.reloads["applied" if applied else "rejected"] += 1
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        requests = CounterMetricFamily(
+            PREFIX + "requests",
+            "Requests answered, by endpoint (route name) and status.",
+            labels=["endpoint", "status"],
+        )
+        for (endpoint, status), value in list(m.requests.items()):
+            requests.add_metric([endpoint, str(status)], value)
+        yield requests
+        tokens = CounterMetricFamily(
+            PREFIX + "tokens_issued",
+            "Successful token responses, by grant type.",
+            labels=["grant_type"],
+        )
+        for grant_type, value in list(m.tokens_issued.items()):
+            tokens.add_metric([grant_type], value)
+        yield tokens
+        yield CounterMetricFamily(
+            PREFIX + "refresh_reuse_detected",
+            "Rotated or revoked refresh tokens presented again (their family was revoked).",
+            value=m.refresh_reuse_detected,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "logins_failed",
+            "Sign-ins refused for a wrong username or password.",
+            value=m.logins_failed,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "logins_throttled",
+            "Sign-ins refused unchecked because of too many recent failures.",
+            value=m.logins_throttled,
+        )
+        store = HistogramMetricFamily(
+            PREFIX + "store_call_duration_seconds",
+            "Time a store call took, waiting for the store's worker included, by operation.",
+            labels=["operation"],
+        )
+        for operation, histogram in list(m.store_calls.items()):
+            store.add_metric([operation], histogram.buckets(), histogram.sum)
+        yield store
+        reloads = CounterMetricFamily(
+            PREFIX + "config_reloads",
+            "Configuration reloads, by result (applied, rejected).",
+            labels=["result"],
+        )
+        for result, value in m.reloads.items():
+            reloads.add_metric([result], value)
+        yield reloads
+
+
+class _TimedStore:
+    """A Store that times every coroutine call into `metrics`, by the operation's name.
+
+    Generic over the protocol's methods, so a method added to the Store is timed without
+    an edit here; anything that is not a coroutine function (attributes) passes through."""
+
+    def __init__(self, store: Store, metrics: Metrics) -> None:
+        self._store = store
+        self._metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._store, name)
+        if not inspect.iscoroutinefunction(target):
+            return target
+        observe = self._metrics.store_call
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await target(*args, **kwargs)
+            finally:
+                observe(name, time.perf_counter() - started)
+
+        setattr(self, name, timed)  # wrapped once per method
+        return timed
+
+
+def timed_store(store: Store, metrics: Metrics) -> Store:
+    """`store` with every call timed into `metrics`."""
+    return cast("Store", _TimedStore(store, metrics))
