@@ -30,8 +30,11 @@ $(CHROMIUM):
 	  { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
 	else echo "chromium not installed (needs root and apt-get): browser tests will skip"; fi
 
+# One pytest worker per core (pytest-xdist); a test file runs whole in one worker, so its
+# module-scoped fixtures (the built image, above all) are made once. Every server a test
+# starts listens on a port the OS chose, or on one reserved for that worker.
 test: lint $(CHROMIUM)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto --dist loadfile
 
 bench: $(STAMP)
 	bash bench/run.sh

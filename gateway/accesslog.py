@@ -27,6 +27,7 @@ from .settings import AccessLogSettings
 
 _MILLISECONDS = tuple(f".{ms:03d}Z" for ms in range(1000))
 _MAX_WAITING = 256 * 1024  # bytes of lines held before writing at once
+_SUBJECTS_REMEMBERED = 16_384
 
 
 class AccessLog:
@@ -34,8 +35,8 @@ class AccessLog:
         self.settings = settings
         self._include_query = settings.include_query
         self._subject = settings.subject
-        self._memo_key = ("access_log.subject", settings.subject_hash_key)
         self._key = settings.subject_hash_key.encode()
+        self._hashed: dict[str, str] = {}  # subject -> its digest, for the latest subjects
         # One growing buffer: holding each line as its own bytes object until the flush
         # costs several times more than serialising it (the allocator suffers).
         self._buffer = bytearray()
@@ -59,9 +60,9 @@ class AccessLog:
             if self._subject == "plain":
                 subject = principal.subject
             elif self._subject == "hashed":
-                subject = principal.memo.get(self._memo_key)
+                subject = self._hashed.get(principal.subject)
                 if subject is None:
-                    subject = principal.memo[self._memo_key] = self._hash(principal.subject)
+                    subject = self._hash(principal.subject)
         upstream = exchange.upstream_seconds
         entry: dict[str, Any] = {
             "time": self._time(finished),
@@ -86,7 +87,12 @@ class AccessLog:
             self._flush_handle = asyncio.get_running_loop().call_later(self._interval, self.flush)
 
     def _hash(self, subject: str) -> str:
-        return hmac.new(self._key, subject.encode(), hashlib.sha256).hexdigest()[:32]
+        """The subject's keyed digest, remembered for the most recent subjects."""
+        digest = hmac.new(self._key, subject.encode(), hashlib.sha256).hexdigest()[:32]
+        if len(self._hashed) >= _SUBJECTS_REMEMBERED:
+            del self._hashed[next(iter(self._hashed))]  # the oldest
+        self._hashed[subject] = digest
+        return digest
 
     def _time(self, finished: float) -> str:
         now = finished + self._clock_offset

@@ -1,18 +1,8 @@
 """Composition root of the gateway: everything built once from settings, and the one handler.
 
-`Pipeline.handle` is the whole request path of one configuration, read top to bottom:
- 1. route = match(method, path)           unmatched → 404; CORS preflights answered here;
-                                          403 without a verified client certificate when
-                                          the route requires one
- 2. token = bearer.extract(headers)       unless the route is public
- 3. principal = verifier.verify(token)    cache, then keys in memory or introspection
- 4. policy.decide(route, principal)       401 audience/issuer, 403 insufficient_scope
- 5. limiter.take(policy, key)             429 with Retry-After and the RateLimit fields
- 6. forward.send(request, principal)      identity headers replaced, bodies streamed; a body
-                                          on GET/HEAD refused unless the route allows it
-In monitor mode (global or per route) a refusal at any step is recorded as would_deny with
-its reason and the request goes on; identity headers still come only from a token valid for
-the route.
+The request path of one configuration is `pipeline.Pipeline` (match, certificate, extract,
+verify, decide, limit, forward); this module chooses and builds what each step runs: the verifier
+(`verifiers.dispatch.build`), the rate limiter and its backend, the forwarder.
 
 `Gateway` holds what lives as long as the process: connection pools, metrics, the access log,
 and per issuer the key set and introspection cache, which a reload keeps while that issuer's
@@ -31,8 +21,8 @@ import os
 import ssl
 import time
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
 from typing import Any, cast
@@ -45,18 +35,17 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import ERROR as UNPARSABLE_MESSAGE
 
 from portcullis import runtime, tls
-from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
-from . import bearer, clientcert, errors, policy, rules, tracecontext
+from . import errors, tracecontext
 from . import settings as settings_module
 from .accesslog import AccessLog
 from .capacity import BodiesInFlight, Slots
-from .cors import CorsPolicy, CorsRefused
-from .exchange import PREFLIGHT, Exchange
+from .clock import SYSTEM_CLOCK, Clock
+from .exchange import Exchange
 from .forward import LEFT_OUT, Forwarder, Upstream
-from .jwks import KeySet
+from .jwks import KeySet, keys_session
 from .metrics import (
     CONTENT_TYPE,
     IssuerCounts,
@@ -65,307 +54,19 @@ from .metrics import (
     SharedMetrics,
     StateCounts,
 )
-from .principal import Principal
-from .ratelimit import Buckets, Limiter, Policy, buckets_for
-from .settings import IssuerSettings, RouteSettings, Settings, WebSocketSettings
+from .pipeline import Pipeline
+from .ratelimit import Buckets, Limiter, buckets_for
+from .settings import IssuerSettings, Settings
 from .verifiers import dispatch
-from .verifiers.base import InvalidToken, VerifierUnavailable
 from .verifiers.cache import TokenCache
-from .verifiers.dispatch import TokenVerifier
 from .verifiers.introspection import Introspector
 
 log = logging.getLogger("portcullis.gateway")
 
-USER_AGENT = "portcullis-gateway"
 _MAX_LINGERING = timedelta(seconds=10)
-_VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
-# RFC 9110 §9.3.1, §9.3.2: content on GET or HEAD has no defined semantics.
-_NO_BODY_METHODS = frozenset({"GET", "HEAD"})
 # Descriptors kept for listeners, log files, key fetches and the like, beyond the pools.
 _SPARE_DESCRIPTORS = 64
 _REFUSAL_LOG_INTERVAL = timedelta(seconds=10)
-
-
-@dataclass(frozen=True, slots=True)
-class RoutePlan:
-    """What a rule needs beyond matching, compiled once per configuration."""
-
-    monitor: bool
-    cors: CorsPolicy | None
-    limit: Policy | None
-    websocket: WebSocketSettings | None
-    max_body: int | None
-    allow_body_on_get: bool
-    client_cert: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a step refused, and the answer enforce mode gives."""
-
-    reason: str  # a short code: the metrics label and the access log's reason
-    response: web.Response
-    principal: Principal | None = None  # a token valid for the route (for monitor mode)
-
-
-class Pipeline:
-    """The request path for one configuration, with everything it reads built up front."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        verifier: TokenVerifier,
-        limiter: Limiter,
-        forwarder: Forwarder,
-        metrics: Metrics,
-    ) -> None:
-        self.settings = settings
-        self.realm = settings.realm
-        self.router = rules.compile_rules(
-            settings.routes,
-            settings.issuers,
-            fold_case=settings.upstream.path_case == "insensitive",
-        )
-        self.verifier = verifier
-        self.limiter = limiter
-        self.forwarder = forwarder
-        self.metrics = metrics
-        self.monitor = settings.mode == "monitor"
-        self.traceparent = settings.forward.traceparent
-        self.addresses = ClientAddresses(settings.trusted_proxies)
-        limits = settings.rate_limits
-        self._limit_headers = limits.headers
-        self._pre_auth = (
-            Policy("pre_auth", limits.pre_auth, self.addresses) if limits.pre_auth else None
-        )
-        self._max_body = settings.limits.max_body_size
-        self._plans = tuple(self._plan(route) for route in settings.routes)
-        self._preflights = any(plan.cors is not None for plan in self._plans)
-        self.inflight = 0
-        self.drained: asyncio.Event | None = None  # set when retired and the last request ends
-        # Resources of this pipeline alone (a key set of an issuer it dropped, ...), closed
-        # by the gateway once the last request on this pipeline is done.
-        self.retired: list[KeySet | Introspector | Buckets | Upstream] = []
-
-    def _plan(self, route: RouteSettings) -> RoutePlan:
-        settings = self.settings
-        cors = settings.cors if route.cors is None else route.cors
-        limit_rule = settings.rate_limits.default if route.rate_limit is None else route.rate_limit
-        mode = route.mode or settings.mode
-        max_body = route.max_body_size if route.max_body_size is not None else self._max_body
-        return RoutePlan(
-            monitor=mode == "monitor",
-            cors=CorsPolicy(cors) if cors else None,
-            limit=Policy(route.name, limit_rule, self.addresses) if limit_rule else None,
-            websocket=route.websocket,
-            max_body=max_body,
-            allow_body_on_get=route.allow_body_on_get,
-            client_cert=route.client_cert,
-        )
-
-    async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
-        target = request.raw_path
-        # RFC 9112 §3.2: a request target carries no fragment, yet the parser lets `#` through.
-        # The upstream would be sent the URL without it while the rules saw it, so a public
-        # `/docs/**` would carry `/docs/secret#` to a protected `/docs/secret`.
-        if "#" in target:
-            exchange.deny("fragment", False)
-            return errors.bad_request("The request target must not contain '#'.")
-
-        # 1. route (a CORS preflight is matched by the method it asks about). A refused path
-        # is refused in monitor mode too: which rule it meets is not known.
-        headers = request.headers
-        try:
-            path = self.router.read(target.partition("?")[0])
-            if (
-                self._preflights
-                and request.method == "OPTIONS"
-                and "Access-Control-Request-Method" in headers
-                and "Origin" in headers
-            ):
-                answer = self._preflight(request, path, exchange)
-                if answer is not None:
-                    return answer
-            rule = self.router.route(request.method, path)
-        except rules.BadPath as exc:
-            exchange.deny(exc.reason, False)
-            return errors.bad_request(f"The request path is refused: {exc}.")
-        if rule is None:
-            exchange.deny("no_route", self.monitor)
-            if not self.monitor:
-                return errors.not_found()
-            if request.body_exists:
-                refused = _refuse_body(request, False, self._max_body, exchange)
-                if refused is not None:
-                    return refused
-            return await self.forwarder.send(request, None, exchange, self._max_body)
-        exchange.route = rule.name
-        plan = self._plans[rule.index]
-        monitor = plan.monitor
-        extra = plan.cors.actual(headers.get("Origin")) if plan.cors is not None else ()
-        if plan.client_cert and clientcert.of(request) is None:
-            exchange.deny("no_client_certificate", monitor)
-            if not monitor:
-                return _with_headers(errors.client_certificate_required(), extra)
-
-        # 2-4. token, verify, policy
-        principal = None
-        if not rule.public:
-            authorization = headers.getall("Authorization", ())
-            # The common case first: one `Bearer <token>` header whose token was verified
-            # before. A hit means this exact string passed every check below already.
-            if len(authorization) == 1 and authorization[0].startswith("Bearer "):
-                principal = self.verifier.cached(authorization[0][7:])
-            refusal: Refusal | None = None
-            if principal is None:
-                verified = await self._verify(request, authorization, rule)
-                if isinstance(verified, Refusal):
-                    refusal = verified
-                else:
-                    principal = verified
-            if principal is not None:
-                refusal = self._decide(rule, principal)
-            if refusal is not None:
-                exchange.deny(refusal.reason, monitor)
-                if not monitor:
-                    return _with_headers(refusal.response, extra)
-                principal = refusal.principal
-            exchange.principal = principal
-
-        # 5. limit
-        limit = plan.limit
-        if limit is not None:
-            key = limit.key(principal, headers, request.remote)
-            take_now = self.limiter.take_now
-            verdict = take_now(limit, key) if take_now else await self.limiter.take(limit, key)
-            limit_headers = limit.headers(verdict) if self._limit_headers else []
-            if not verdict.allowed:
-                exchange.deny("rate_limited", monitor)
-                self.metrics.rate_limit_rejected(rule.name, limit.name)
-                if not monitor:
-                    refused = (
-                        errors.too_many_requests(verdict.retry_after, limit_headers)
-                        if verdict.known
-                        else errors.rate_limit_unavailable()
-                    )
-                    return _with_headers(refused, extra)
-            extra = (*extra, *limit_headers)
-
-        # 6. forward
-        if request.body_exists:
-            refused = _refuse_body(request, plan.allow_body_on_get, plan.max_body, exchange)
-            if refused is not None:
-                return _with_headers(refused, extra)
-        if plan.websocket is not None and self.forwarder.is_websocket_upgrade(request):
-            return await self.forwarder.websocket(
-                request, principal, exchange, plan.websocket, extra
-            )
-        return await self.forwarder.send(
-            request, principal, exchange, plan.max_body, extra, plan.cors is not None
-        )
-
-    async def _verify(
-        self, request: web.BaseRequest, authorization: Sequence[str], rule: rules.Rule
-    ) -> Principal | Refusal:
-        """Steps 2 and 3 for a token not in the cache: its principal, or why not."""
-        try:
-            token = bearer.extract(authorization)
-        except bearer.MalformedAuthorization as exc:
-            return Refusal("malformed_authorization", errors.invalid_request(self.realm, str(exc)))
-        if token is None:
-            return Refusal("no_token", errors.unauthorized(self.realm))
-        pre_auth = self._pre_auth
-        if pre_auth is not None:
-            # Only tokens that must be verified are counted: floods of made-up tokens are
-            # what this protects the verifier (and the issuer) from.
-            verdict = await self.limiter.take(
-                pre_auth, pre_auth.key(None, request.headers, request.remote)
-            )
-            if not verdict.allowed:
-                self.metrics.rate_limit_rejected(rule.name, pre_auth.name)
-                return Refusal(
-                    "pre_auth_rate_limited",
-                    errors.too_many_requests(verdict.retry_after, pre_auth.headers(verdict))
-                    if verdict.known
-                    else errors.rate_limit_unavailable(),
-                )
-        try:
-            return await self.verifier.verify(token)
-        except InvalidToken as exc:
-            return Refusal("invalid_token", errors.invalid_token(self.realm, exc.description))
-        except VerifierUnavailable:
-            return Refusal(
-                "verifier_unavailable",
-                errors.unavailable(
-                    _VERIFIER_RETRY_AFTER,
-                    "The gateway cannot verify tokens right now; try again shortly.",
-                ),
-            )
-
-    def _decide(self, rule: rules.Rule, principal: Principal) -> Refusal | None:
-        """Step 4: whether the verified principal may use the route."""
-        decision = policy.decide(rule, principal)
-        if isinstance(decision, policy.Allow):
-            return None
-        if decision.code == "insufficient_scope":
-            # The token is valid for this API; only the scope is missing.
-            return Refusal(
-                "insufficient_scope",
-                errors.insufficient_scope(self.realm, decision.reason, decision.scope or ""),
-                principal,
-            )
-        return Refusal("invalid_token", errors.invalid_token(self.realm, decision.reason))
-
-    def _preflight(
-        self, request: web.BaseRequest, path: rules.RequestPath, exchange: Exchange
-    ) -> web.StreamResponse | None:
-        """The answer to a CORS preflight, or None when the route it asks about has no CORS
-        policy (then it is an ordinary OPTIONS request)."""
-        headers = request.headers
-        asked = headers["Access-Control-Request-Method"].strip()
-        rule = self.router.route(asked, path)
-        if rule is None:
-            return None
-        plan = self._plans[rule.index]
-        if plan.cors is None:
-            return None
-        exchange.route = rule.name
-        try:
-            allowed = plan.cors.preflight(
-                headers["Origin"], asked, headers.get("Access-Control-Request-Headers")
-            )
-        except CorsRefused as exc:
-            exchange.deny("cors_refused", plan.monitor)
-            if plan.monitor:
-                return None
-            return errors.cors_refused(str(exc))
-        exchange.decision = PREFLIGHT
-        return web.Response(status=204, headers=allowed)
-
-
-def _refuse_body(
-    request: web.BaseRequest, allow_on_get: bool, max_body: int | None, exchange: Exchange
-) -> web.Response | None:
-    """Why a request with a body is refused before any of the body is read, if it is: a body
-    on GET or HEAD where the route does not allow one (400), a Content-Length over the
-    route's limit (413). A refusal is counted as a denial, in monitor mode too."""
-    if not allow_on_get and request.method in _NO_BODY_METHODS:
-        exchange.deny("body_on_get", False)
-        return errors.body_not_allowed(request.method)
-    if max_body is not None:
-        length = request.content_length
-        if length is not None and length > max_body:
-            exchange.deny("body_too_large", False)
-            return errors.payload_too_large(max_body)
-    return None
-
-
-def _with_headers(
-    response: web.StreamResponse, extra: Iterable[tuple[str, str]]
-) -> web.StreamResponse:
-    response.headers.extend(extra)
-    return response
 
 
 # ---------------------------------------------------------------------------- the process
@@ -426,12 +127,14 @@ class Gateway:
         settings: Settings,
         upstream_session: aiohttp.ClientSession,
         keys_session: aiohttp.ClientSession,
+        clock: Clock = SYSTEM_CLOCK,
         *,
         shared_metrics: str | None = None,
     ) -> None:
         """`shared_metrics`: the directory where the workers of one supervisor add up their
         metrics (metrics.SharedMetrics); None for a gateway of one process."""
         self.settings = settings
+        self.clock = clock
         # Opened first: it is the one step here that can fail on the file system, and it
         # must fail before a client session below exists that nothing would close.
         self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
@@ -448,10 +151,10 @@ class Gateway:
             if shared_metrics is None
             else SharedMetrics(self._counts, shared_metrics)
         )
-        self.token_cache = TokenCache(settings.token_cache_size)
+        self.token_cache = TokenCache(settings.token_cache_size, clock.wall)
         self._keysets: dict[tuple[object, ...], KeySet] = {}
         self._introspectors: dict[tuple[object, ...], Introspector] = {}
-        self._buckets: Buckets = buckets_for(settings.rate_limits)
+        self._buckets: Buckets = buckets_for(settings.rate_limits, clock.monotonic)
         self._retired_backend_errors = 0  # counted by bucket stores replaced on reload
         self._forwarders: weakref.WeakSet[Forwarder] = weakref.WeakSet()  # for open WebSockets
         self.pipeline = self._build(settings)
@@ -463,16 +166,20 @@ class Gateway:
 
     # ------------------------------------------------------------------ building
 
-    def _build(self, settings: Settings) -> Pipeline:
+    def _build(self, settings: Settings) -> Pipeline[Forwarder]:
         verification = dispatch.build(
-            settings.issuers, settings.jwks, self._keys_session, self.token_cache
+            settings.issuers,
+            settings.jwks,
+            self._keys_session,
+            self.token_cache,
+            clock=self.clock,
         )
         self._keysets, self._introspectors = verification.keysets, verification.introspectors
         pipeline = Pipeline(
             settings,
             verifier=verification.verifier,
-            limiter=Limiter(settings.rate_limits, self._buckets),
-            forwarder=Forwarder(settings, self._upstream, self._bodies),
+            limiter=Limiter(settings.rate_limits, self._buckets, self.clock.monotonic),
+            forwarder=Forwarder(settings, self._upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
         )
         self._forwarders.add(pipeline.forwarder)
@@ -572,6 +279,11 @@ class Gateway:
         except asyncio.CancelledError:
             status = 499  # the client went away before the answer
             raise
+        except Exception:
+            # A fault of the gateway's own: logged with the request id, answered with 500
+            # by the connection's error handler.
+            log.exception("request failed", extra={"request_id": exchange.request_id})
+            raise
         finally:
             pipeline.inflight -= 1
             if not pipeline.inflight and pipeline.drained is not None:
@@ -633,10 +345,10 @@ class Gateway:
                     extra={"file": path, "problems": len(exc.problems)},
                 )
                 self.metrics.reloaded(False)
-                self._file_state = _file_state(path)
+                self._file_state = await _file_state_off_loop(path)
                 return False
             await self._apply(new)
-            self._file_state = _file_state(path)
+            self._file_state = await _file_state_off_loop(path)
             self.metrics.reloaded(True)
             log.info("config reloaded", extra={"file": path})
             return True
@@ -664,7 +376,7 @@ class Gateway:
         buckets = self._buckets
         if _bucket_store(new) != _bucket_store(old_settings):
             retired.append(buckets)
-            buckets = buckets_for(new.rate_limits)
+            buckets = buckets_for(new.rate_limits, self.clock.monotonic)
             buckets.start()
         verification = dispatch.build(
             new.issuers,
@@ -673,6 +385,7 @@ class Gateway:
             self.token_cache,
             self._keysets,
             self._introspectors,
+            self.clock,
         )
         fresh_keysets = [
             keyset for key, keyset in verification.keysets.items() if key not in self._keysets
@@ -698,8 +411,8 @@ class Gateway:
         pipeline = Pipeline(
             new,
             verifier=verification.verifier,
-            limiter=Limiter(new.rate_limits, buckets),
-            forwarder=Forwarder(new, upstream, self._bodies),
+            limiter=Limiter(new.rate_limits, buckets, self.clock.monotonic),
+            forwarder=Forwarder(new, upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
         )
 
@@ -734,7 +447,7 @@ class Gateway:
         old.retired.extend(retired)
         self._in_background(self._retire(old, new.shutdown_grace))
 
-    async def _retire(self, old: Pipeline, grace: timedelta) -> None:
+    async def _retire(self, old: Pipeline[Forwarder], grace: timedelta) -> None:
         """Close what only `old` used, once its in-flight requests are done (or after a
         grace period, for a stream that never ends; or at once when the gateway closes)."""
         try:
@@ -745,8 +458,14 @@ class Gateway:
                         await old.drained.wait()
         finally:
             for resource in old.retired:
-                with contextlib.suppress(Exception):
+                try:
                     await resource.close()
+                except Exception:
+                    # Closing must go on with the others; the failure is not hidden.
+                    log.exception(
+                        "closing a retired resource failed",
+                        extra={"resource": type(resource).__name__},
+                    )
 
     async def _watch(self) -> None:
         """Reload when the file changes (its size, modification time or inode)."""
@@ -754,7 +473,7 @@ class Gateway:
             await asyncio.sleep(self.settings.reload.interval.total_seconds())
             if not self.settings.reload.watch:
                 continue
-            state = _file_state(self.settings.file)
+            state = await _file_state_off_loop(self.settings.file)
             if state is not None and state != self._file_state:
                 self._file_state = state
                 try:
@@ -770,6 +489,12 @@ class Gateway:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _file_state_off_loop(path: str) -> tuple[int, int, int, str] | None:
+    """`_file_state` in a worker thread: reading and hashing the file (on a slow or network
+    disk above all) must not hold up the requests on the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, _file_state, path)
 
 
 def _file_state(path: str) -> tuple[int, int, int, str] | None:
@@ -846,12 +571,6 @@ def upstream_session(settings: Settings, *, single_use: bool = False) -> aiohttp
 
 def _single_use_session(settings: Settings) -> aiohttp.ClientSession:
     return upstream_session(settings, single_use=True)
-
-
-def keys_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        cookie_jar=aiohttp.DummyCookieJar(), headers={"User-Agent": USER_AGENT}
-    )
 
 
 def settle_head(response: web.StreamResponse, server_header: str) -> None:
@@ -969,6 +688,7 @@ class _Server(web.Server):
         self.max_connections = max_connections
         self.open_connections = 0
         self.refused_connections = 0
+        self._now = gateway.clock.monotonic
         self._warned_at = -_REFUSAL_LOG_INTERVAL.total_seconds()
 
     def __call__(self) -> web.RequestHandler:
@@ -992,7 +712,7 @@ class _Server(web.Server):
             self.open_connections += 1
             return True
         self.refused_connections += 1
-        now = time.monotonic()
+        now = self._now()
         # Once in a while, not per connection: a flood of them must not flood the log.
         if now - self._warned_at >= _REFUSAL_LOG_INTERVAL.total_seconds():
             self._warned_at = now

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 
 from . import bearer, policy, rules
-from .app import keys_session
 from .cors import CorsPolicy
+from .jwks import keys_session
 from .principal import Principal
 from .settings import CorsSettings, LimitRule, Settings
 from .verifiers import dispatch

@@ -37,7 +37,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import json
 import logging
@@ -51,6 +50,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 from aiohttp.client_middlewares import ClientHandlerType
+from aiohttp.http import HttpProcessingError
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -58,6 +58,7 @@ from portcullis.addresses import ClientAddresses
 
 from . import clientcert, errors
 from .capacity import BodiesInFlight, Slots
+from .clock import Now
 from .exchange import Exchange
 from .principal import Principal
 from .settings import Settings, WebSocketSettings
@@ -91,6 +92,15 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 # addresses in real use, so it can be written into Forwarded without breaking its syntax.
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _NO_BODY_STATUS = frozenset({204, 304})
+# What reading a client's body raises when the client broke it off: the connection lost or
+# reset, a body shorter than announced, chunked coding or a length the parser refused.
+# Anything else is a fault of the gateway's own, not a client gone, and is not hidden as one.
+_BODY_BROKEN = (
+    asyncio.IncompleteReadError,
+    ConnectionError,
+    aiohttp.ClientPayloadError,
+    HttpProcessingError,
+)
 # Fields aiohttp puts on an answer's head when the answer has none. An upstream may leave
 # them out: Content-Type when it does not know the media type (RFC 9110 §8.3), Server when
 # it keeps its software to itself (§10.2.5). A relayed answer names the ones its upstream
@@ -117,6 +127,8 @@ _EXPIRED_CLOSE = 1008  # RFC 6455 §7.4.1: policy violation
 _WS_GOING_AWAY = 1001
 _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
+# Principals whose identity headers are remembered, the most recently verified ones.
+_IDENTITIES_REMEMBERED = 16_384
 # A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
 # (servers strip them at either end: RFC 9110 §5.5), not starting with `"` (the JSON form).
 _BARE_STRING = re.compile(r"[\x21\x23-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?")
@@ -285,8 +297,16 @@ async def _refused_upgrade(
 
 
 class Forwarder:
-    def __init__(self, settings: Settings, upstream: Upstream, bodies: BodiesInFlight) -> None:
-        """`bodies` counts bodies arriving per client, for the whole process."""
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: Upstream,
+        bodies: BodiesInFlight,
+        now: Now = time.time,
+    ) -> None:
+        """`bodies` counts bodies arriving per client, for the whole process; `now` is the
+        wall clock tokens expire by."""
+        self._now = now
         self._session = upstream.pooled
         self._upgrades = upstream.upgrades
         self._single_use = upstream.single_use
@@ -329,6 +349,9 @@ class Forwarder:
         self.websockets_open = 0
         self._keep: dict[str, bool] = {}
         self._hosts: dict[str, bool] = {}
+        # id(principal) -> (principal, its identity headers). The entry holds the principal,
+        # so its id cannot be reused by another object while the entry is here.
+        self._identities: dict[int, tuple[Principal, tuple[tuple[str, str], ...]]] = {}
 
     # ------------------------------------------------------------------ headers
 
@@ -403,17 +426,26 @@ class Forwarder:
                 del out["tracestate"]
 
         if principal is not None:
-            # Keyed by the header settings, so a principal cached across a config change is
-            # never sent with the names of the old one.
-            identity = principal.memo.get(self.identity)
-            if identity is None:
-                identity = principal.memo[self.identity] = self.identity_headers(principal)
-            out.extend(identity)
+            # A cached token is the same principal on every request: its headers are
+            # computed once. (A reload builds a new Forwarder, with new names, and no memory.)
+            known = self._identities.get(id(principal))
+            if known is None or known[0] is not principal:
+                known = self._remember_identity(principal)
+            out.extend(known[1])
         if self._client_cert:
             certificate = clientcert.of(request)
             if certificate is not None:
                 out.extend(self.client_cert_headers(certificate))
         return out
+
+    def _remember_identity(
+        self, principal: Principal
+    ) -> tuple[Principal, tuple[tuple[str, str], ...]]:
+        identities = self._identities
+        if len(identities) >= _IDENTITIES_REMEMBERED:
+            del identities[next(iter(identities))]  # the oldest
+        known = identities[id(principal)] = (principal, self.identity_headers(principal))
+        return known
 
     def client_cert_headers(
         self, certificate: clientcert.ClientCertificate
@@ -501,7 +533,7 @@ class Forwarder:
                 return await request.content.readexactly(length)
         except TimeoutError:
             raise BodyFailure("timeout") from None
-        except (asyncio.IncompleteReadError, ConnectionError, aiohttp.ClientPayloadError):
+        except _BODY_BROKEN:
             raise BodyFailure("client_gone") from None
 
     async def _next_chunk(self, request: web.BaseRequest, deadline: float) -> bytes:
@@ -513,7 +545,7 @@ class Forwarder:
                 return await request.content.readany()
         except TimeoutError:
             raise BodyFailure("timeout") from None
-        except Exception:
+        except _BODY_BROKEN:
             raise BodyFailure("client_gone") from None
 
     async def _read_start(self, request: web.BaseRequest, upload: _Upload) -> bytes:
@@ -769,11 +801,7 @@ class Forwarder:
         extra: Sequence[tuple[str, str]] = (),
     ) -> web.StreamResponse:
         """Open the upstream WebSocket, then accept the client's and relay messages."""
-        client = web.WebSocketResponse(
-            max_msg_size=settings.max_message_size,
-            heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
-        )
-        if not client.can_prepare(request).ok:
+        if not _client_websocket(settings).can_prepare(request).ok:
             return errors.bad_request("The WebSocket upgrade request is not valid (RFC 6455).")
         headers = self.upstream_headers(request, principal, exchange)
         for name in [n for n in headers if n.lower() in _WEBSOCKET_HANDSHAKE]:
@@ -799,7 +827,9 @@ class Forwarder:
                 exchange.upstream_seconds = time.perf_counter() - started
                 return upstream
             try:
-                client._protocols = (upstream.protocol,) if upstream.protocol else ()
+                # The client is answered with the subprotocol the upstream chose (RFC 6455
+                # §4.2.2), now that it is known.
+                client = _client_websocket(settings, upstream.protocol)
                 client.headers[self._request_id_header] = exchange.request_id
                 client.headers.extend(extra)
                 await client.prepare(request)
@@ -882,7 +912,7 @@ class Forwarder:
             asyncio.create_task(_pump(upstream, client)): "upstream",
         }
         if settings.close_on_token_expiry and principal is not None:
-            left = principal.expires_at - time.time()
+            left = principal.expires_at - self._now()
             if left < float("inf"):
                 tasks[asyncio.create_task(asyncio.sleep(max(0.0, left)))] = "expiry"
         try:
@@ -890,6 +920,8 @@ class Forwarder:
         finally:
             for task in tasks:
                 task.cancel()
+            # Waited for, so that no pump outlives the exchange (and its sockets).
+            await asyncio.wait(tasks)
         first = next(iter(done))
         ended_by = tasks[first]
         if ended_by == "expiry":
@@ -897,12 +929,22 @@ class Forwarder:
             log.info("websocket closed: token expired", extra={"request_id": exchange.request_id})
         else:
             code, reason = first.result() if not first.cancelled() else (_WS_GOING_AWAY, b"")
-        with contextlib.suppress(Exception):
-            await asyncio.gather(
-                client.close(code=code, message=reason),
-                upstream.close(code=code, message=reason),
-                return_exceptions=True,
-            )
+        # Either side may be gone already: a failed close has nobody left to tell.
+        await asyncio.gather(
+            client.close(code=code, message=reason),
+            upstream.close(code=code, message=reason),
+            return_exceptions=True,
+        )
+
+
+def _client_websocket(
+    settings: WebSocketSettings, protocol: str | None = None
+) -> web.WebSocketResponse:
+    return web.WebSocketResponse(
+        protocols=(protocol,) if protocol else (),
+        max_msg_size=settings.max_message_size,
+        heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
+    )
 
 
 def _keep_out_of_pool(upstream: aiohttp.ClientResponse) -> None:

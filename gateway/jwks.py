@@ -33,10 +33,12 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from portcullis import tls
 
+from .clock import Now
 from .settings import IssuerSettings, JwksSettings
 
 log = logging.getLogger("portcullis.gateway.jwks")
 
+USER_AGENT = "portcullis-gateway"
 MAX_DOCUMENT_BYTES = 1024 * 1024
 # Memory an issuer's keys hold at most, as measured by bench/memory.py (jwks-1mib-ec): a key
 # set of MAX_DOCUMENT_BYTES made of P-256 keys, the type that costs most per byte of JWKS,
@@ -213,6 +215,13 @@ async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None
     return bytes(body)
 
 
+def keys_session() -> aiohttp.ClientSession:
+    """The session key sets fetch with (discovery documents and JWKS)."""
+    return aiohttp.ClientSession(
+        cookie_jar=aiohttp.DummyCookieJar(), headers={"User-Agent": USER_AGENT}
+    )
+
+
 class KeySet:
     """The verification keys of one issuer."""
 
@@ -221,10 +230,12 @@ class KeySet:
         issuer: IssuerSettings,
         settings: JwksSettings,
         session: aiohttp.ClientSession,
+        now: Now = time.monotonic,
     ) -> None:
         self.issuer = issuer
         self.settings = settings
         self._session = session
+        self._now = now  # a monotonic clock: the schedule and the cool-downs
         self._tls = issuer_tls(issuer)
         self._jwks_uri = issuer.jwks_uri
         self._keys: dict[str | None, tuple[VerifyKey, ...]] = {}
@@ -264,7 +275,7 @@ class KeySet:
         if self._inflight is not None:
             await asyncio.shield(self._inflight)
             return
-        now = time.monotonic()
+        now = self._now()
         cooldown = self.settings.refetch_cooldown.total_seconds()
         if now - self._last_kid_refetch < cooldown:
             return
@@ -303,7 +314,7 @@ class KeySet:
         max_backoff = max(self.settings.max_backoff, MIN_INTERVAL).total_seconds()
         backoff = first_backoff
         while True:
-            wait = self._next_refresh - time.monotonic()
+            wait = self._next_refresh - self._now()
             if wait > 0:
                 await asyncio.sleep(wait)
                 continue
@@ -312,11 +323,11 @@ class KeySet:
             else:
                 # Not loaded yet, or the endpoint is failing while stale keys serve: retry
                 # sooner than the cache lifetime, doubling up to max_backoff.
-                self._next_refresh = time.monotonic() + backoff
+                self._next_refresh = self._now() + backoff
                 backoff = min(backoff * 2, max_backoff)
 
     async def _fetch(self) -> bool:
-        self._last_attempt = time.monotonic()
+        self._last_attempt = self._now()
         self.fetches += 1
         timeout = self.settings.fetch_timeout.total_seconds()
         try:
@@ -351,7 +362,7 @@ class KeySet:
         self.loaded = True
         self.last_error = None
         ttl = max(cache_lifetime(cache_control, self.settings), MIN_INTERVAL.total_seconds())
-        self._next_refresh = time.monotonic() + ttl
+        self._next_refresh = self._now() + ttl
         log.info(
             "jwks loaded",
             extra={"issuer": self.issuer.issuer, "keys": len(self._all), "next_refresh_s": ttl},

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """Immutable, claims included: one principal serves every request with the same token
+    (through the verified-token cache), so nothing is written to it after verification;
+    what is derived from it per use is kept by whoever derives it."""
+
     issuer: str
     subject: str
     client_id: str | None
@@ -20,9 +25,6 @@ class Principal:
     audiences: tuple[str, ...]
     expires_at: float  # seconds since the epoch
     claims: Mapping[str, Any]
-    # Values derived once from the principal by whoever uses it (the identity headers a
-    # cached token forwards on every request); not part of its identity.
-    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class MalformedScope(ValueError):
@@ -86,5 +88,5 @@ def from_claims(claims: Mapping[str, Any]) -> Principal:
         scopes=normalise_scopes(claims),
         audiences=audiences_of(claims),
         expires_at=float(claims["exp"]),
-        claims=claims,
+        claims=MappingProxyType(dict(claims)),  # a read-only copy
     )

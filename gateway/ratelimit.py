@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -38,6 +39,7 @@ from multidict import MultiMapping
 
 from portcullis.addresses import ClientAddresses
 
+from .clock import Now
 from .principal import Principal
 from .settings import LimitRule, RateLimitSettings
 
@@ -90,9 +92,9 @@ class Policy:
         kind = self.key_kind
         if principal is not None:
             if kind == "subject":
-                return _per_issuer(principal, _SUBJECT, principal.subject)
+                return _per_issuer(_SUBJECT, principal.issuer, principal.subject)
             if kind == "client_id" and principal.client_id is not None:
-                return _per_issuer(principal, _CLIENT, principal.client_id)
+                return _per_issuer(_CLIENT, principal.issuer, principal.client_id)
             if kind == "claim":
                 value = principal.claims.get(self.key_name)
                 if value is not None:
@@ -117,22 +119,18 @@ class Policy:
         ]
 
 
-# Keys of Principal.memo for the bucket keys below; their second item prefixes the key.
-_SUBJECT = ("ratelimit", "s:")
-_CLIENT = ("ratelimit", "c:")
+_SUBJECT = "s:"
+_CLIENT = "c:"
 
 
-def _per_issuer(principal: Principal, kind: tuple[str, str], value: str) -> str:
+@functools.lru_cache(maxsize=4096)
+def _per_issuer(kind: str, issuer: str, value: str) -> str:
     """A key for a value its issuer alone makes unique: a subject is unique within its issuer
     (RFC 7519 §4.1.2), a client id within its authorization server (RFC 6749 §2.2), so two
-    issuers' "alice" are two buckets. Derived once per verified token (its memo), not per
-    request."""
-    key: str | None = principal.memo.get(kind)
-    if key is None:
-        # The issuer's length first: no issuer and value can run into another pair's.
-        issuer = principal.issuer
-        key = principal.memo[kind] = kind[1] + _bounded(f"{len(issuer)}:{issuer}{value}")
-    return key
+    issuers' "alice" are two buckets. Remembered for the busiest principals (a long key is
+    a digest), not recomputed on every request."""
+    # The issuer's length first: no issuer and value can run into another pair's.
+    return kind + _bounded(f"{len(issuer)}:{issuer}{value}")
 
 
 def _bounded(text: str) -> str:
@@ -155,6 +153,11 @@ class Buckets(Protocol):
     name: str
     errors: int  # checks the backend could not answer
 
+    def take_now(self, policy: Policy, key: str) -> Verdict | None:
+        """Take one token when the backend answers without waiting (memory), else None:
+        then `take` asks it."""
+        ...
+
     async def take(self, policy: Policy, key: str) -> Verdict:
         """Take one token; raises BackendUnavailable when the backend cannot answer."""
         ...
@@ -169,7 +172,7 @@ class MemoryBuckets:
 
     name = "memory"
 
-    def __init__(self, max_keys: int, clock: Any = time.monotonic) -> None:
+    def __init__(self, max_keys: int, clock: Now = time.monotonic) -> None:
         self.errors = 0
         self.max_keys = max_keys
         self._clock = clock
@@ -268,11 +271,25 @@ class RedisBuckets:
     name = "redis"
 
     def __init__(
-        self, url: str, timeout: timedelta, key_prefix: str, max_connections: int = 32
+        self,
+        url: str,
+        timeout: timedelta,
+        key_prefix: str,
+        max_connections: int = 32,
+        now: Now = time.monotonic,
     ) -> None:
         import redis.asyncio as redis_asyncio
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
+        from redis.exceptions import RedisError
+
+        # How Redis being unreachable, slow or in trouble shows: anything else is a fault of
+        # the gateway's own and is not taken for one.
+        self._backend_failures: tuple[type[BaseException], ...] = (
+            RedisError,
+            OSError,
+            TimeoutError,
+        )
 
         seconds = timeout.total_seconds()
         self._timeout = seconds
@@ -291,6 +308,7 @@ class RedisBuckets:
         self._client: Any = redis_asyncio.Redis(connection_pool=self._pool)
         self._script = self._client.register_script(BUCKET_SCRIPT)
         self._prefix = key_prefix
+        self._now = now  # monotonic: the rest after failures
         self._failures_in_a_row = 0
         self._resting_until = 0.0
         self.errors = 0
@@ -302,12 +320,18 @@ class RedisBuckets:
         self._warming = asyncio.create_task(self._warm_up())
 
     async def _warm_up(self) -> None:
-        with contextlib.suppress(Exception):
+        try:
             async with asyncio.timeout(max(self._timeout, 1.0)):
                 await self._client.script_load(BUCKET_SCRIPT)
+        except self._backend_failures as exc:
+            log.info("rate limit backend not warmed up", extra={"reason": type(exc).__name__})
+
+    def take_now(self, policy: Policy, key: str) -> None:
+        """Never: every check is a round trip to Redis."""
+        return None
 
     async def take(self, policy: Policy, key: str) -> Verdict:
-        if time.monotonic() < self._resting_until:
+        if self._now() < self._resting_until:
             raise BackendUnavailable("resting after a failure")
         redis_key = f"{self._prefix}{policy.name}:{key}"
         try:
@@ -317,12 +341,10 @@ class RedisBuckets:
                 allowed, tokens = await self._script(
                     keys=[redis_key], args=[repr(policy.rate), policy.burst]
                 )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except self._backend_failures as exc:
             self._failures_in_a_row += 1
             if self._failures_in_a_row >= FAILURES_BEFORE_RESTING:
-                self._resting_until = time.monotonic() + BACKEND_RETRY.total_seconds()
+                self._resting_until = self._now() + BACKEND_RETRY.total_seconds()
             raise BackendUnavailable(type(exc).__name__) from None
         self._failures_in_a_row = 0
         return verdict_from(float(tokens), bool(allowed), policy)
@@ -330,31 +352,37 @@ class RedisBuckets:
     async def close(self) -> None:
         if self._warming is not None:
             self._warming.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._warming
-        with contextlib.suppress(Exception):
+        # A server already gone cannot be said goodbye to.
+        with contextlib.suppress(*self._backend_failures):
             await self._client.aclose()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*self._backend_failures):
             await self._pool.disconnect()
 
 
-def buckets_for(settings: RateLimitSettings) -> Buckets:
+def buckets_for(settings: RateLimitSettings, now: Now = time.monotonic) -> Buckets:
+    """The backend the settings name; `now` is a monotonic clock."""
     if settings.redis:
         return RedisBuckets(
-            settings.backend, settings.timeout, settings.key_prefix, settings.max_connections
+            settings.backend, settings.timeout, settings.key_prefix, settings.max_connections, now
         )
-    return MemoryBuckets(settings.max_keys)
+    return MemoryBuckets(settings.max_keys, now)
 
 
 class Limiter:
     """Checks a policy for a request through the backend; a backend failure becomes the
-    configured answer, never an error or a wait."""
+    configured answer, never an error or a wait.
 
-    def __init__(self, settings: RateLimitSettings, buckets: Buckets) -> None:
+    The request path asks the backend's `take_now` first: one that answers without waiting
+    (memory) costs no coroutine and cannot fail; otherwise (None) it awaits `take` here."""
+
+    def __init__(
+        self, settings: RateLimitSettings, buckets: Buckets, now: Now = time.monotonic
+    ) -> None:
         self.settings = settings
         self.buckets = buckets
-        # Memory buckets answer without waiting: the request path calls them directly.
-        self.take_now = buckets.take_now if isinstance(buckets, MemoryBuckets) else None
+        self._now = now  # monotonic: the pace of warnings
         self._fail_open = settings.on_backend_error == "allow"
         self._unknown_allow = Verdict(True, 0, 0.0, 0.0, known=False)
         self._unknown_deny = Verdict(False, 0, 0.0, BACKEND_RETRY.total_seconds(), known=False)
@@ -365,7 +393,7 @@ class Limiter:
             return await self.buckets.take(policy, key)
         except BackendUnavailable as exc:
             self.buckets.errors += 1
-            now = time.monotonic()
+            now = self._now()
             if now - self._last_warning >= 10:
                 self._last_warning = now
                 log.warning(

@@ -111,6 +111,7 @@ class IntrospectionSettings:
     cache_size: int = 10_000
     timeout: timedelta = timedelta(seconds=2)
     max_connections: int = 32
+    max_pending: int = 1024  # distinct tokens being asked about at once; more get 503
 
 
 @dataclass(frozen=True)
@@ -661,6 +662,7 @@ def _introspection(
         cache_size=sec.get("cache_size", yamlconf.integer(0, 10_000_000), d.cache_size),
         timeout=sec.get("timeout", yamlconf.duration, d.timeout),
         max_connections=sec.get("max_connections", yamlconf.integer(1, 10_000), d.max_connections),
+        max_pending=sec.get("max_pending", yamlconf.integer(1, 1_000_000), d.max_pending),
     )
     sec.finish()
     if result.timeout <= timedelta(0):

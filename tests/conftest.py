@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
 
-from tests.support import EchoUpstream, RunningGateway, TestIssuer, gateway_yaml, start_gateway
+from tests.support import (
+    EchoUpstream,
+    RunningGateway,
+    TestIssuer,
+    gateway_yaml,
+    refusing_port,
+    start_gateway,
+)
 
 
 @pytest.fixture
@@ -32,6 +39,13 @@ async def gateway(issuer: TestIssuer, upstream: EchoUpstream) -> AsyncIterator[R
     running = await start_gateway(gateway_yaml(issuer.url, upstream.url))
     yield running
     await running.stop()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port of 127.0.0.1 that refuses connections for the whole test."""
+    with refusing_port() as port:
+        yield port
 
 
 @pytest.fixture

@@ -12,13 +12,15 @@ import contextlib
 import hashlib
 import json
 import os
+import re
+import secrets
 import socket
 import ssl
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,27 +33,112 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm, get_default_
 from multidict import CIMultiDict
 
 from gateway import settings as gateway_settings
-from gateway.app import Gateway, admin_app, keys_session, public_server, upstream_session
+from gateway.app import Gateway, admin_app, public_server, upstream_session
+from gateway.clock import SYSTEM_CLOCK, Clock
+from gateway.jwks import keys_session
 from portcullis.tls import RotatingCertificate
 
+# Ports: a server in this process listens on a port the OS chooses (port 0, or a socket bound
+# to port 0 and passed in), read back once it is bound, so tests never race for one and run
+# side by side under pytest-xdist.
 
-def free_port() -> int:
+# What an in-process gateway's `listen` and `admin_listen` say: start_gateway serves the
+# Gateway on ports the OS chooses and never binds these.
+UNBOUND_LISTEN = "127.0.0.1:1"
+UNBOUND_ADMIN_LISTEN = "127.0.0.1:2"
+# The port in a configuration nothing serves (checked, or read by a command that binds none).
+UNBOUND_PORT = 1
+
+
+def bound_socket() -> socket.socket:
+    """A TCP socket bound to a port of 127.0.0.1 the OS chose, for a server in this process
+    that must name its own port before it is built (an issuer's URL does): serve it with
+    `start_site(app, sock=...)`."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A port where connections are refused for as long as the block runs: bound (by the
+    OS's choice) but not listening, so nothing else can take it meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _port_slice() -> Iterator[int]:
+    """This test process's own ports below the ephemeral range, from a random start."""
+    high = _ephemeral_floor()
+    low = max(1024, high - 12_000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker) if worker.isdigit() else 0
+    size = (high - low) // max(1, workers)
+    first = low + index * size
+    start = secrets.randbelow(size)
+    for n in range(size):
+        yield first + (start + n) % size
+
+
+_PORTS = _port_slice()
+
+
+def reserve_port() -> int:
+    """A port for a server in another process, which must be told its port in its
+    configuration before it starts (the programs bind the port their configuration names;
+    an issuer's URL names it): the one case where a port is chosen rather than bound.
+
+    Chosen below the kernel's ephemeral range, which the OS never hands out for port 0 or
+    outgoing connections, from a slice of that range of this xdist worker's own, never the
+    same twice in a run, and checked free by binding it. So no other test of the run can
+    take it before the server binds it.
+    """
+    for port in _PORTS:
+        if _bindable(port):
+            return port
+    raise AssertionError("no free port left in this worker's range")
 
 
 async def start_site(
-    app: web.Application | web.Server, port: int = 0, ssl_context: ssl.SSLContext | None = None
+    app: web.Application | web.Server,
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
+    *,
+    sock: socket.socket | None = None,
 ) -> tuple[Any, str]:
-    """Serve on 127.0.0.1 (`port` 0: any free one), over TLS with `ssl_context`."""
+    """Serve `app` on 127.0.0.1: on `sock`, else on `port` (0: one the OS chooses); over
+    TLS with `ssl_context`."""
     runner: web.BaseRunner
     if isinstance(app, web.Server):
         runner = web.ServerRunner(app, shutdown_timeout=1)
     else:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
+    site: web.BaseSite = (
+        web.SockSite(runner, sock, ssl_context=ssl_context)
+        if sock is not None
+        else web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
+    )
     await site.start()
     host, bound = runner.addresses[0][:2]
     return runner, f"{'https' if ssl_context else 'http'}://{host}:{bound}"
@@ -136,6 +223,7 @@ class TestIssuer:
     requests: list[str] = field(default_factory=list)
     metadata_overrides: dict[str, Any] = field(default_factory=dict)
     runner: Any = None
+    held: socket.socket | None = None  # the port, while stopped
 
     def add_key(
         self,
@@ -222,14 +310,35 @@ class TestIssuer:
         app.router.add_get("/.well-known/openid-configuration", self._oidc)
         app.router.add_get("/.well-known/oauth-authorization-server", self._rfc8414)
         app.router.add_get("/jwks", self._jwks)
-        self.runner, self.url = await start_site(app, port, ssl_context)
+        held, self.held = self.held, None
+        if held is not None and port == held.getsockname()[1]:
+            self.runner, self.url = await start_site(app, ssl_context=ssl_context, sock=held)
+        else:
+            if held is not None:
+                held.close()
+            self.runner, self.url = await start_site(app, port, ssl_context)
         return self
 
-    async def stop(self) -> None:
-        """Stop serving (the port is then refused); safe to call twice."""
+    async def stop(self, *, keep_port: bool = False) -> None:
+        """Stop serving (the port is then refused); safe to call twice. With `keep_port`,
+        until `start(port)` serves again the port stays bound to this issuer without
+        listening, so no other server of the run can take it meanwhile."""
+        if self.held is not None:
+            self.held.close()
+            self.held = None
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()
+            if not keep_port:
+                return
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", self.port))
+            except OSError:
+                sock.close()  # taken in the instant between: a restart will say so
+            else:
+                self.held = sock
 
     @property
     def port(self) -> int:
@@ -370,8 +479,8 @@ def gateway_yaml(
     """
     trusted = "\n".join(issuers) if issuers is not None else issuer_entry(issuer)
     return f"""
-listen: "127.0.0.1:{free_port()}"
-admin_listen: "127.0.0.1:{free_port()}"
+listen: "{UNBOUND_LISTEN}"
+admin_listen: "{UNBOUND_ADMIN_LISTEN}"
 upstream: {{url: "{upstream}", connect_timeout: 1s, read_timeout: 2s}}
 issuers:
 {trusted}
@@ -413,12 +522,17 @@ class RunningGateway:
 
 
 async def start_gateway(
-    config_text: str, *, wait_ready: bool = True, config_file: Path | None = None
+    config_text: str,
+    *,
+    wait_ready: bool = True,
+    config_file: Path | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> RunningGateway:
     """The gateway in this process and event loop, on real sockets.
 
     With `config_file`, the text is written there and loaded from it, as `run --config`
-    does: the gateway then reloads it when it changes.
+    does: the gateway then reloads it when it changes. With `clock` (a `ManualClock`'s),
+    the gateway's time is what the test makes it.
     """
     if config_file is not None:
         config_file.write_text(config_text)
@@ -426,7 +540,7 @@ async def start_gateway(
     else:
         settings = gateway_settings.load_text(config_text, "test.yaml")
     up, keys = upstream_session(settings), keys_session()
-    gateway = Gateway(settings, up, keys)
+    gateway = Gateway(settings, up, keys, clock)
     gateway.start()
     # With `tls`, the public listener is served as `run` serves it: rotated files followed.
     certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
@@ -454,14 +568,38 @@ async def start_gateway(
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    config_text: str, *, wait_ready: bool = True, config_file: Path | None = None
+    config_text: str,
+    *,
+    wait_ready: bool = True,
+    config_file: Path | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[RunningGateway]:
     """`start_gateway` for one `async with` block; stopped however the block ends."""
-    running = await start_gateway(config_text, wait_ready=wait_ready, config_file=config_file)
+    running = await start_gateway(
+        config_text, wait_ready=wait_ready, config_file=config_file, clock=clock
+    )
     try:
         yield running
     finally:
         await running.stop()
+
+
+class ManualClock:
+    """Time a test moves by hand, for a gateway started with `clock=manual.clock`.
+
+    Both readings start at the real ones and move only by `advance`, together: expiries,
+    cache lifetimes, cool-downs and refills happen when the test says, however slow the
+    machine. Background tasks that sleep (scheduled key refreshes) still sleep for real.
+    """
+
+    def __init__(self) -> None:
+        self.wall = time.time()
+        self.monotonic = time.monotonic()
+        self.clock = Clock(wall=lambda: self.wall, monotonic=lambda: self.monotonic)
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.monotonic += seconds
 
 
 async def wait_for(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
@@ -729,12 +867,24 @@ def tcp_sockets(local_port: int) -> list[TcpSocket]:
     return found
 
 
+_LISTENERS = re.compile(r'^(listen|admin_listen): "127\.0\.0\.1:\d+"$', re.MULTILINE)
+
+
+def with_reserved_listeners(config_text: str) -> str:
+    """The text with its `listen` and `admin_listen` on ports reserved for a process."""
+    return _LISTENERS.sub(lambda m: f'{m.group(1)}: "127.0.0.1:{reserve_port()}"', config_text)
+
+
 class GatewayProcess:
-    """`python -m gateway run --config FILE` in a child process, started as operators do."""
+    """`python -m gateway run --config FILE` in a child process, started as operators do.
+
+    The process listens on ports reserved for it (`reserve_port`): whatever ports the
+    text's `listen` and `admin_listen` name are replaced.
+    """
 
     def __init__(self, config_text: str, directory: Path) -> None:
         self.config = directory / "gateway.yaml"
-        self.config.write_text(config_text)
+        self.config.write_text(with_reserved_listeners(config_text))
         self.log_path = directory / "gateway.log"
         settings = gateway_settings.load(str(self.config))
         self.url = f"{'https' if settings.tls else 'http'}://{settings.listen}"

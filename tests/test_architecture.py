@@ -4,6 +4,10 @@
 - gateway and authserver never import each other;
 - the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
   through other modules of the package, so they are tested without a server;
+- inside the gateway, `app → {pipeline, forward}`, `pipeline → {verifiers, rules, policy,
+  ratelimit}`, `verifiers → {jwks, bearer, principal}`: the request path knows nothing of
+  forwarding (its last step is given to it), verifiers nothing of the path they serve, and
+  nothing imports the composition root but the command line that runs it.
 - the authserver is layered: app (the composition root) → endpoints, CORS → grants →
   tokens, client authentication, sessions → key ring, store protocol, registry, metrics →
   settings → protocol.
@@ -115,6 +119,62 @@ def test_the_import_scan_sees_imports_through_other_modules():
     assert "aiohttp" in _top(GRAPH["gateway.forward"])
     assert "gateway.forward" in _closure("gateway.app")
     assert "aiohttp" in _top(_closure("gateway.explain"))
+
+
+def _gateway_modules(under: str) -> list[str]:
+    return sorted(m for m in GRAPH if m == under or m.startswith(under + "."))
+
+
+def _gateway_imports(module: str) -> set[str]:
+    """The gateway modules `module` imports directly (names of objects mapped to modules)."""
+    return {name for name in GRAPH[module] if name in GRAPH and name.startswith("gateway.")}
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in GRAPH if m.startswith("gateway") and m != "gateway.__main__")
+)
+def test_nothing_in_the_gateway_imports_its_composition_root(module):
+    assert "gateway.app" not in _gateway_imports(module)
+
+
+# What the request path, the verifiers and the step modules must never reach, even
+# through other modules.
+_FORBIDDEN = {
+    "gateway.pipeline": {"gateway.app", "gateway.forward"},
+    "gateway.verifiers": {
+        "gateway.app",
+        "gateway.pipeline",
+        "gateway.forward",
+        "gateway.ratelimit",
+        "gateway.policy",
+    },
+    "gateway.ratelimit": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
+    "gateway.policy": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
+    "gateway.forward": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    [
+        (module, forbidden)
+        for package, forbidden in sorted(_FORBIDDEN.items())
+        for module in _gateway_modules(package)
+    ],
+)
+def test_gateway_layers_import_only_downwards(module, forbidden):
+    reached = {name for name in _closure(module) if name in GRAPH}
+    assert not reached & forbidden
+
+
+def test_the_composition_root_builds_the_pipeline_and_the_forwarder():
+    assert {"gateway.pipeline", "gateway.forward"} <= _gateway_imports("gateway.app")
+    assert "gateway.verifiers.dispatch" in _closure("gateway.pipeline") | _gateway_imports(
+        "gateway.app"
+    )
+    assert {"gateway.rules", "gateway.policy", "gateway.ratelimit"} <= _gateway_imports(
+        "gateway.pipeline"
+    )
 
 
 # The authserver's layers, top to bottom; a module belongs to the first entry it falls under.

@@ -24,6 +24,13 @@ class VerifierUnavailable(Exception):
 
 
 class Verifier(Protocol):
+    """What the request path asks about a token: first `cached`, without waiting; on a miss,
+    `verify`."""
+
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified (or found active) before and still valid."""
+        ...
+
     async def verify(self, token: str) -> Principal:
         """The principal of a valid token; raises InvalidToken or VerifierUnavailable."""
         ...

@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..clock import Now
 from ..principal import Principal
 
 # Memory one entry holds at most, as measured by bench/memory.py (token-cache): the digest,
@@ -25,8 +26,10 @@ def token_key(token: str) -> bytes:
 
 
 class TokenCache:
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, now: Now = time.time) -> None:
+        """`now` reads the wall clock: entries expire with the tokens' own `exp`."""
         self.max_entries = max_entries
+        self._now = now
         self._entries: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
         self.hits = 0
         self.misses = 0
@@ -38,16 +41,14 @@ class TokenCache:
         """The digests held, least recently used first (for diagnostics and tests)."""
         return tuple(self._entries)
 
-    def get(
-        self, key: bytes, now: float | None = None, *, count_miss: bool = True
-    ) -> Principal | None:
+    def get(self, key: bytes, *, count_miss: bool = True) -> Principal | None:
         """The cached principal; `count_miss=False` for a look that a full check will follow."""
         entry = self._entries.get(key)
         if entry is None:
             self.misses += count_miss
             return None
         principal, valid_until = entry
-        if (time.time() if now is None else now) >= valid_until:
+        if self._now() >= valid_until:
             del self._entries[key]
             self.misses += count_miss
             return None

@@ -7,6 +7,9 @@
 At most one issuer takes the tokens nobody claims (settings enforce it): a token is never
 sent to an issuer that could not have made it.
 
+`build` chooses the verifier's class once per configuration: `JwtVerifier` alone when no
+issuer introspects, else `DispatchingVerifier` in front of it and the introspectors.
+
 The `iss` of a JWT is read before any signature check only to choose the verifier; the
 verifier then checks everything as if it had not been read.
 """
@@ -21,9 +24,11 @@ import aiohttp
 import orjson
 
 from ..bearer import looks_like_jwt
+from ..clock import SYSTEM_CLOCK, Clock
 from ..jwks import KeySet
 from ..principal import Principal
 from ..settings import IssuerSettings, JwksSettings
+from .base import Verifier
 from .cache import TokenCache, token_key
 from .introspection import Introspector
 from .jwt import JwtVerifier, TrustedIssuer, b64url_decode
@@ -39,8 +44,9 @@ def unverified_issuer(token: str) -> str | None:
     return iss if isinstance(iss, str) else None
 
 
-class TokenVerifier:
-    """The verified-token cache in front of local JWT verification and introspection."""
+class DispatchingVerifier:
+    """Local JWT verification and introspection, each token sent to the one its issuer's
+    mode names; each behind its own cache of verified tokens."""
 
     def __init__(
         self,
@@ -59,12 +65,6 @@ class TokenVerifier:
         self._caches: Sequence[Introspector] = tuple(introspectors.values())
         self._unclaimed = unclaimed
         self._unclaimed_jwts = unclaimed_jwts  # unknown-iss JWTs go to `unclaimed` too
-        if not self._caches:
-            self.cached = jwt.cached  # type: ignore[method-assign]
-
-    @property
-    def introspectors(self) -> Mapping[str, Introspector]:
-        return self._introspectors
 
     def cached(self, token: str) -> Principal | None:
         """The principal of a token verified (or found active) before and still valid."""
@@ -78,8 +78,6 @@ class TokenVerifier:
         return principal
 
     async def verify(self, token: str) -> Principal:
-        if not self._caches:
-            return await self._jwt.verify(token)
         if looks_like_jwt(token):
             iss = unverified_issuer(token)
             introspector = self._introspected_jwts.get(iss) if iss is not None else None
@@ -112,7 +110,7 @@ def introspector_identity(issuer: IssuerSettings) -> tuple[object, ...]:
 class Verification:
     """A verifier and the per-issuer state it reads, by identity."""
 
-    verifier: TokenVerifier
+    verifier: Verifier
     keysets: dict[tuple[object, ...], KeySet]
     introspectors: dict[tuple[object, ...], Introspector]
 
@@ -124,6 +122,7 @@ def build(
     cache: TokenCache,
     keysets: Mapping[tuple[object, ...], KeySet] | None = None,
     introspectors: Mapping[tuple[object, ...], Introspector] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Verification:
     """The verifier for these issuers, reusing the key sets and introspectors given whose
     settings are the same (new ones are not started)."""
@@ -137,7 +136,7 @@ def build(
     for issuer in issuers:
         if issuer.uses_keys:
             identity = keyset_identity(issuer, jwks)
-            keyset = keysets.get(identity) or KeySet(issuer, jwks, keys_session)
+            keyset = keysets.get(identity) or KeySet(issuer, jwks, keys_session, clock.monotonic)
             used_keysets[identity] = keyset
             trusted[issuer.issuer] = TrustedIssuer(
                 settings=issuer,
@@ -147,15 +146,20 @@ def build(
             )
         if issuer.introspection is not None and issuer.takes_opaque_tokens:
             identity = introspector_identity(issuer)
-            introspector = introspectors.get(identity) or Introspector(issuer, issuer.introspection)
+            introspector = introspectors.get(identity) or Introspector(
+                issuer, issuer.introspection, clock
+            )
             used_introspectors[identity] = introspector
             by_issuer[issuer.issuer] = introspector
             unclaimed = introspector
-    verifier = TokenVerifier(
-        JwtVerifier(trusted, cache),
-        cache,
-        by_issuer,
-        unclaimed,
-        unclaimed_jwts=unclaimed is not None and unclaimed.issuer.mode == "introspection",
-    )
+    jwt = JwtVerifier(trusted, cache, clock.wall)
+    verifier: Verifier = jwt
+    if by_issuer:
+        verifier = DispatchingVerifier(
+            jwt,
+            cache,
+            by_issuer,
+            unclaimed,
+            unclaimed_jwts=unclaimed is not None and unclaimed.issuer.mode == "introspection",
+        )
     return Verification(verifier, used_keysets, used_introspectors)

@@ -11,7 +11,9 @@ One `Introspector` per issuer in mode `introspection` or `auto`:
     `Cache-Control: no-store` on the answer is meant for shared caches between us and the
     issuer, and the gateway's own cache stays bounded by cache_ttl (§4 leaves the trade-off
     between freshness and load to the resource server);
- 4. concurrent requests with the same token share one call (single flight);
+ 4. concurrent requests with the same token share one call (single flight), and at most
+    `max_pending` distinct tokens are asked about at once: past that a new one fails at once
+    with VerifierUnavailable (503 with Retry-After) rather than queue without bound;
  5. an endpoint that cannot be reached, is slow, or answers anything but a JSON object with
     a boolean `active` makes the request fail closed: VerifierUnavailable (503), never a
     guess;
@@ -27,31 +29,33 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import math
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote_plus, urlsplit
 
 import aiohttp
 import orjson
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..jwks import FetchError, discovery_urls, fetch_json, issuer_tls, read_bounded
 from ..principal import MalformedScope, Principal, audiences_of, normalise_scopes
 from ..settings import IntrospectionSettings, IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache
+from .validity import check_validity
 
 log = logging.getLogger("portcullis.gateway.introspection")
 
 MAX_ANSWER_BYTES = 64 * 1024
 FIRST_RETRY = timedelta(milliseconds=500)  # discovery after a failure; doubles up to a minute
 MAX_RETRY = timedelta(minutes=1)
+_BUSY_LOG_INTERVAL = timedelta(seconds=10)
 # RFC 7662 §2.2 token_type values (RFC 6749 §7.1 types, RFC 8693 §3 identifiers) that name
 # an access token; anything else (refresh_token, ...) is refused.
 _ACCESS_TOKEN_TYPES = frozenset(
@@ -70,10 +74,6 @@ INACTIVE_ENTRY_BYTES = 240
 def _basic(client_id: str, secret: str) -> str:
     raw = f"{quote_plus(client_id)}:{quote_plus(secret)}".encode()
     return "Basic " + base64.b64encode(raw).decode()
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class InactiveTokens:
@@ -109,18 +109,29 @@ class InactiveTokens:
 class Introspector:
     """Introspection at one issuer: endpoint, credentials, caches and calls in flight."""
 
-    def __init__(self, issuer: IssuerSettings, settings: IntrospectionSettings) -> None:
+    def __init__(
+        self,
+        issuer: IssuerSettings,
+        settings: IntrospectionSettings,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.issuer = issuer
         self.settings = settings
+        self._now = clock.wall  # answers' exp and the caches' deadlines
+        self._monotonic = clock.monotonic  # the pace of discovery attempts
         self._authorization = _basic(settings.client_id, settings.client_secret)
         self._endpoint: str | None = settings.url
         self._leeway = issuer.leeway.total_seconds()
         self._cache_ttl = settings.cache_ttl.total_seconds()
         self._inactive_ttl = settings.inactive_cache_ttl.total_seconds()
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
-        self.cache = TokenCache(settings.cache_size)
+        self.cache = TokenCache(settings.cache_size, clock.wall)
         self.inactive = InactiveTokens(settings.cache_size)
         self._flights: dict[bytes, asyncio.Task[Principal]] = {}
+        self._max_pending = settings.max_pending
+        self._log_issuer = {"issuer": issuer.issuer}
+        self.refused_busy = 0
+        self._busy_warned_at = -math.inf
         self._session: aiohttp.ClientSession | None = None
         self._discovery: asyncio.Task[str | None] | None = None
         self._last_discovery = -math.inf
@@ -156,8 +167,12 @@ class Introspector:
         for task in (self._runner, self._discovery, *self._flights.values()):
             if task is not None and not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
+                try:
                     await task
+                except (asyncio.CancelledError, InvalidToken, VerifierUnavailable):
+                    pass  # how a call ends when cancelled, or when it ended meanwhile
+                except Exception:
+                    log.exception("introspection task failed", extra=self._log_issuer)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -182,10 +197,13 @@ class Introspector:
         principal = self.cache.get(key)
         if principal is not None:
             return principal
-        if self.inactive.contains(key, time.time()):
+        if self.inactive.contains(key, self._now()):
             raise InvalidToken("the token is not active")
         flight = self._flights.get(key)
         if flight is None:
+            if len(self._flights) >= self._max_pending:
+                self._refuse_busy()
+                raise VerifierUnavailable("too many introspections in flight")
             flight = asyncio.create_task(self._introspect(token, key))
             self._flights[key] = flight
             flight.add_done_callback(lambda done: self._landed(key, done))
@@ -225,7 +243,7 @@ class Introspector:
             self._failed(FetchError("the answer has no boolean active member"))
             raise VerifierUnavailable("introspection failed")
         self.last_error = None
-        now = time.time()
+        now = self._now()
         if not answer["active"]:
             self.inactive_answers += 1
             self.inactive.put(key, now + self._inactive_ttl)
@@ -240,6 +258,21 @@ class Introspector:
         if ttl > 0:
             self.cache.put(key, principal, now + ttl)
         return principal
+
+    def _refuse_busy(self) -> None:
+        self.refused_busy += 1
+        now = self._monotonic()
+        # Once in a while, not per request: a flood of tokens must not flood the log.
+        if now - self._busy_warned_at >= _BUSY_LOG_INTERVAL.total_seconds():
+            self._busy_warned_at = now
+            log.warning(
+                "introspection refused: too many distinct tokens in flight",
+                extra={
+                    "issuer": self.issuer.issuer,
+                    "max_pending": self._max_pending,
+                    "refused_so_far": self.refused_busy,
+                },
+            )
 
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
@@ -260,17 +293,8 @@ class Introspector:
             not isinstance(token_type, str) or token_type.lower() not in _ACCESS_TOKEN_TYPES
         ):
             raise InvalidToken("the token is not an access token")
-        exp = answer.get("exp")
-        if exp is not None and not _is_number(exp):
-            raise InvalidToken("the token has no usable expiry")
-        if exp is not None and now >= exp + self._leeway:
-            raise InvalidToken("the token has expired")
-        nbf = answer.get("nbf")
-        if nbf is not None and (not _is_number(nbf) or now + self._leeway < nbf):
-            raise InvalidToken("the token is not valid yet")
-        sub = answer.get("sub")
-        if not isinstance(sub, str) or not sub:
-            raise InvalidToken("the token has no subject")
+        expires_at = check_validity(answer, now, self._leeway, exp_required=False, check_iat=False)
+        sub: str = answer["sub"]
         client_id = answer.get("client_id")
         claims = {k: v for k, v in answer.items() if k != "active"}
         claims["iss"] = self.issuer.issuer
@@ -284,8 +308,8 @@ class Introspector:
             client_id=client_id if isinstance(client_id, str) and client_id else None,
             scopes=scopes,
             audiences=audiences_of(claims),
-            expires_at=float(exp) if exp is not None else math.inf,
-            claims=claims,
+            expires_at=expires_at,
+            claims=MappingProxyType(claims),
         )
 
     # ------------------------------------------------------------------ discovery
@@ -302,9 +326,10 @@ class Introspector:
         if self._endpoint is not None:
             return self._endpoint
         if self._discovery is None:
-            if time.monotonic() - self._last_discovery < 1:
+            now = self._monotonic()
+            if now - self._last_discovery < 1:
                 return None
-            self._last_discovery = time.monotonic()
+            self._last_discovery = now
             self._discovery = asyncio.create_task(self._discover())
             self._discovery.add_done_callback(self._discovered)
         return await asyncio.shield(self._discovery)

@@ -33,11 +33,13 @@ from typing import Any
 import orjson
 from jwt.algorithms import Algorithm, get_default_algorithms
 
+from ..clock import Now
 from ..jwks import KeySet, VerifyKey
 from ..principal import MalformedScope, Principal, from_claims
 from ..settings import IssuerSettings
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache, token_key
+from .validity import check_validity
 
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 _ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
@@ -74,10 +76,6 @@ def _json_object(part: str, what: str) -> dict[str, Any]:
     return value
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class TrustedIssuer:
     settings: IssuerSettings
@@ -87,9 +85,15 @@ class TrustedIssuer:
 
 
 class JwtVerifier:
-    def __init__(self, issuers: Mapping[str, TrustedIssuer], cache: TokenCache) -> None:
+    """The verifier when every issuer's tokens are JWTs checked here: the verified-token
+    cache, then the checks above."""
+
+    def __init__(
+        self, issuers: Mapping[str, TrustedIssuer], cache: TokenCache, now: Now = time.time
+    ) -> None:
         self._issuers = issuers
         self._cache = cache
+        self._now = now  # the wall clock, the scale of exp, nbf and iat
         self._accepted_algorithms = frozenset(
             alg for issuer in issuers.values() for alg in issuer.algorithms
         )
@@ -150,21 +154,8 @@ class JwtVerifier:
         if not _ALGORITHMS[alg].verify(signing_input, verify_key.key, signature):
             raise InvalidToken("the token signature is invalid")
 
-        now = time.time()
         leeway = issuer.leeway
-        exp: float = claims.get("exp")  # type: ignore[assignment]
-        if not _is_number(exp):
-            raise InvalidToken("the token has no expiry")
-        if now >= exp + leeway:
-            raise InvalidToken("the token has expired")
-        nbf = claims.get("nbf")
-        if nbf is not None and (not _is_number(nbf) or now + leeway < nbf):
-            raise InvalidToken("the token is not valid yet")
-        iat = claims.get("iat")
-        if iat is not None and (not _is_number(iat) or iat > now + leeway):
-            raise InvalidToken("the token was issued in the future")
-        if not isinstance(claims.get("sub"), str) or not claims["sub"]:
-            raise InvalidToken("the token has no subject")
+        exp = check_validity(claims, self._now(), leeway, exp_required=True, check_iat=True)
         aud = claims.get("aud")
         if not (isinstance(aud, str) or (isinstance(aud, list) and aud)):
             raise InvalidToken("the token has no audience")
@@ -174,7 +165,7 @@ class JwtVerifier:
             principal = from_claims(claims)
         except MalformedScope:
             raise InvalidToken("the token's scope is not a list of scope tokens") from None
-        return principal, float(exp) + leeway
+        return principal, exp + leeway
 
     @staticmethod
     async def _key_for(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:

@@ -14,6 +14,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,7 +37,7 @@ from authserver.app import LIVE, Components, build_app
 from authserver.keys import KeyRing
 from authserver.settings import Settings
 from portcullis.tls import RotatingCertificate
-from tests.support import free_port, start_site
+from tests.support import bound_socket, reserve_port, start_site
 
 PASSWORD = "wonderland"
 
@@ -184,7 +185,7 @@ def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> s
     head = {
         "issuer": f"http://127.0.0.1:{port}",
         "listen": f"127.0.0.1:{port}",
-        "admin_listen": f"127.0.0.1:{free_port()}",
+        "admin_listen": f"127.0.0.1:{reserve_port()}",
         "storage": f"sqlite:///{directory / 'authserver.db'}",
         "keys": keys,
     }
@@ -199,10 +200,8 @@ def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> s
     return yaml.safe_dump({**head, **rest}, sort_keys=False)
 
 
-def load_settings(
-    config: dict[str, Any] | str, directory: Path, port: int | None = None
-) -> Settings:
-    return authserver_settings.load_text(render_config(config, directory, port or free_port()))
+def load_settings(config: dict[str, Any] | str, directory: Path, port: int) -> Settings:
+    return authserver_settings.load_text(render_config(config, directory, port))
 
 
 class MovableClock:
@@ -262,13 +261,18 @@ def started_components(app: web.Application) -> Components:
 
 
 async def run_authserver(
-    settings: Settings, clock: Callable[[], float] = time.time
+    settings: Settings,
+    clock: Callable[[], float] = time.time,
+    sock: socket.socket | None = None,
 ) -> RunningAuthServer:
-    """The server on its configured port; over TLS, as `run` serves it, when it has `tls`."""
+    """Serve on `sock` (bound to the port the settings name), else on that port; over TLS,
+    as `run` serves it, when it has `tls`."""
     app = build_app(settings, clock=clock)
     port = settings.listen.port
     certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
-    runner, url = await start_site(app, port, certificate.context if certificate else None)
+    runner, url = await start_site(
+        app, port, certificate.context if certificate else None, sock=sock
+    )
     return RunningAuthServer(
         settings=settings,
         url=url,
@@ -277,6 +281,20 @@ async def run_authserver(
         port=port,
         clock=clock,
     )
+
+
+async def serve_authserver(
+    config: dict[str, Any] | str, directory: Path, clock: Callable[[], float] = time.time
+) -> RunningAuthServer:
+    """A server from `config` on a port the OS chooses: bound first, since the issuer URL
+    in its settings names it."""
+    sock = bound_socket()
+    try:
+        settings = load_settings(config, directory, sock.getsockname()[1])
+        return await run_authserver(settings, clock, sock)
+    except BaseException:
+        sock.close()
+        raise
 
 
 StartAuthServer = Callable[..., Awaitable[RunningAuthServer]]
@@ -304,8 +322,9 @@ async def start_authserver(tmp_path: Path, key_root: Path) -> AsyncIterator[Star
         directory.mkdir()
         if not fresh_keys:
             shutil.copytree(_key_template(key_root), directory / "keys")
-        settings = load_settings(default_config() if config is None else config, directory)
-        server = await run_authserver(settings, clock)
+        server = await serve_authserver(
+            default_config() if config is None else config, directory, clock
+        )
         started.append(server)
         return server
 

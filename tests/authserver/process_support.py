@@ -23,7 +23,7 @@ import aiohttp
 
 from authserver import settings as authserver_settings
 from tests.authserver.conftest import RunningAuthServer, render_config
-from tests.support import free_port
+from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ("-m", "authserver", "run")
@@ -31,7 +31,7 @@ SERVE = ("-m", "authserver", "run")
 
 def write_config(directory: Path, config: dict[str, Any] | str, port: int | None = None) -> Path:
     path = directory / "authserver.yaml"
-    path.write_text(render_config(config, directory, port or free_port()))
+    path.write_text(render_config(config, directory, port or reserve_port()))
     return path
 
 

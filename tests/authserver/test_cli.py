@@ -33,7 +33,7 @@ from tests.authserver.conftest import (
     verify_jwt,
 )
 from tests.authserver.process_support import Process, write_config
-from tests.support import free_port
+from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -284,7 +284,7 @@ async def test_refresh_token_issued_before_a_restart_works_after_it(start_authse
 
 @pytest.fixture
 def process(tmp_path: Path) -> Iterator[Process]:
-    port = free_port()
+    port = reserve_port()
     path = write_config(tmp_path, default_config(), port)
     running = Process(path, f"http://127.0.0.1:{port}", tmp_path / "server.log")
     yield running

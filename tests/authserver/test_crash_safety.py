@@ -24,7 +24,7 @@ import pytest
 
 from tests.authserver.conftest import default_config, introspect, tokens_for
 from tests.authserver.process_support import Process, write_config
-from tests.support import free_port
+from tests.support import reserve_port
 
 DIES_AFTER_COMMIT = ("-m", "tests.authserver.die_after_commit")
 
@@ -34,7 +34,7 @@ async def replicas(
 ) -> tuple[Process, Process]:
     """Two servers on one database and key directory: the first dies after a rotation.
     Each is added to `running` as it starts, so that it is stopped whatever happens."""
-    first_port, second_port = free_port(), free_port()
+    first_port, second_port = reserve_port(), reserve_port()
     dying = Process(
         write_config(tmp_path, config, first_port),
         f"http://127.0.0.1:{first_port}",
@@ -51,7 +51,7 @@ async def replicas(
     issuer = f"http://127.0.0.1:{first_port}"
     text = text.replace(f"issuer: http://127.0.0.1:{second_port}", f"issuer: {issuer}")
     # An admin listener of its own.
-    text = re.sub(r"(?m)^admin_listen: .*$", f"admin_listen: 127.0.0.1:{free_port()}", text)
+    text = re.sub(r"(?m)^admin_listen: .*$", f"admin_listen: 127.0.0.1:{reserve_port()}", text)
     (other / "authserver.yaml").write_text(text)
     replica = Process(
         other / "authserver.yaml", f"http://127.0.0.1:{second_port}", tmp_path / "replica.log"

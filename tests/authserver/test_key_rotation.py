@@ -40,7 +40,7 @@ from tests.authserver.rotation_support import (
     rotate,
     sleep_until,
 )
-from tests.support import free_port
+from tests.support import UNBOUND_PORT
 
 NOTICE = NOTICE_WITHIN.total_seconds()
 
@@ -141,7 +141,7 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
 
 async def test_keys_list_prints_each_keys_kid_algorithm_state_and_dates(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, free_port()))
+    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
     out = await rotate(path, "--alg", "ES256")
     status, table, err = await keys_command("list", "--config", str(path))
     assert status == 0, err
@@ -165,7 +165,7 @@ async def test_keys_list_prints_each_keys_kid_algorithm_state_and_dates(tmp_path
 
 async def test_a_second_rotate_keeps_the_key_already_waiting(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, free_port()))
+    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
     first = await rotate(path)
     second = await rotate(path)
     kids = lambda out: sorted(line.split()[0] for line in out.splitlines())  # noqa: E731
@@ -182,7 +182,7 @@ async def test_a_second_rotate_keeps_the_key_already_waiting(tmp_path: Path) -> 
 
 async def test_rotate_refuses_an_algorithm_the_server_does_not_sign_with(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, free_port()))
+    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
     status, out, err = await keys_command("rotate", "--config", str(path), "--alg", "EdDSA")
     assert status == 1
     assert out == ""
@@ -191,7 +191,7 @@ async def test_rotate_refuses_an_algorithm_the_server_does_not_sign_with(tmp_pat
 
 async def test_list_says_when_there_are_no_keys_yet(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, free_port()))
+    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
     status, _, err = await keys_command("list", "--config", str(path))
     assert status == 1
     assert "no keys in" in err and "when it first starts" in err
@@ -200,7 +200,7 @@ async def test_list_says_when_there_are_no_keys_yet(tmp_path: Path) -> None:
 
 async def test_key_commands_wait_for_the_lock_another_process_holds(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, free_port()))
+    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
     keys_dir = tmp_path / "keys"
     KeyRing(keys_dir).load(["ES256", "RS256"])
     metadata = (keys_dir / "keyring.json").read_text()
@@ -321,7 +321,7 @@ async def test_the_jwks_cache_time_is_keys_jwks_max_age(
 def settings_problems(tmp_path: Path, keys: dict[str, Any]) -> list[str]:
     config = default_config()
     config["keys"] = keys
-    text = render_config(config, tmp_path, free_port())
+    text = render_config(config, tmp_path, UNBOUND_PORT)
     try:
         authserver_settings.load_text(text, "authserver.yaml")
     except ConfigError as exc:
@@ -353,7 +353,7 @@ def test_key_times_that_would_let_a_key_sign_before_verifiers_have_it_are_refuse
 def test_publish_ahead_defaults_to_the_jwks_cache_time(tmp_path: Path) -> None:
     config = default_config()
     config["keys"] = {"jwks_max_age": "2m", "rotate_every": "30d"}
-    settings = authserver_settings.load_text(render_config(config, tmp_path, free_port()))
+    settings = authserver_settings.load_text(render_config(config, tmp_path, UNBOUND_PORT))
     assert settings.keys.publish_ahead.total_seconds() == 120
     assert settings.keys.rotate_every is not None
     assert settings.keys.rotate_every.days == 30

@@ -42,7 +42,7 @@ from tests.authserver.conftest import (
 from tests.authserver.test_authorize import auth_params, send
 from tests.authserver.test_cli import ROOT, Process, cli
 from tests.authserver.test_login_throttle import attempt
-from tests.support import RawConnection, free_port, raw_request, read_json_lines, sample, scrape
+from tests.support import RawConnection, raw_request, read_json_lines, reserve_port, sample, scrape
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -53,7 +53,7 @@ class Server(Process):
     def __init__(self, directory: Path, key_root: Path, config: dict[str, Any]) -> None:
         directory.mkdir(exist_ok=True)
         shutil.copytree(_key_template(key_root), directory / "keys", dirs_exist_ok=True)
-        port = free_port()
+        port = reserve_port()
         path = directory / "authserver.yaml"
         path.write_text(render_config(config, directory, port))
         super().__init__(path, f"http://127.0.0.1:{port}", directory / "server.log")
@@ -428,7 +428,9 @@ async def test_sighup_applies_a_new_configuration_keeping_sessions_and_requests_
             )
             config["scopes"].append({"name": "orders:admin", "description": "Run the shop"})
             config["users"].append({"username": "carol", "password_hash": PASSWORD_HASH})
-            config["listen"] = f"127.0.0.1:{free_port()}"  # needs a restart: kept, with a warning
+            config["listen"] = (
+                f"127.0.0.1:{reserve_port()}"  # needs a restart: kept, with a warning
+            )
 
         running.rewrite(change)
         running.signal(signal.SIGHUP)

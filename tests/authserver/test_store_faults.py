@@ -29,7 +29,7 @@ from tests.authserver.conftest import (
 )
 from tests.authserver.device_support import device_config
 from tests.authserver.process_support import Process, write_config
-from tests.support import free_port
+from tests.support import reserve_port
 
 # A valid request from a browser without a session: the login page needs a new session.
 AUTHORIZE = "/authorize?" + urlencode(
@@ -58,7 +58,7 @@ RESOURCE_SERVER = {
 async def process(tmp_path: Path, http: aiohttp.ClientSession) -> AsyncIterator[Process]:
     config = device_config()
     config["clients"].append(RESOURCE_SERVER)
-    port = free_port()
+    port = reserve_port()
     running = Process(
         write_config(tmp_path, config, port), f"http://127.0.0.1:{port}", tmp_path / "server.log"
     )

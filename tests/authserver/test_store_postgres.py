@@ -53,7 +53,6 @@ from tests.authserver.store_conformance import (
     rotate,
     start_family,
 )
-from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough that many tests in parallel stay far below the server's max_connections.
@@ -271,8 +270,8 @@ def silent_server() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{listener.getsockname()[1]}/test"
 
 
-async def test_a_refused_connection_raises_unavailable(tmp_path: Path) -> None:
-    store = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/test", QUICK)
+async def test_a_refused_connection_raises_unavailable(refused_port: int) -> None:
+    store = PostgresStore(f"postgresql://postgres@127.0.0.1:{refused_port}/test", QUICK)
     with pytest.raises(StoreUnavailable, match="PostgreSQL"):
         await asyncio.wait_for(store.open(), 10)
     with pytest.raises(RuntimeError, match="not open"):
@@ -537,9 +536,11 @@ async def test_migrate_command_applies_the_migrations_once(
     assert await applied_migrations(postgres_url, schema) == shipped
 
 
-async def test_migrate_command_reports_an_unreachable_database(tmp_path: Path) -> None:
+async def test_migrate_command_reports_an_unreachable_database(
+    tmp_path: Path, refused_port: int
+) -> None:
     config = default_config()
-    config["storage"] = f"postgresql://postgres@127.0.0.1:{free_port()}/test"
+    config["storage"] = f"postgresql://postgres@127.0.0.1:{refused_port}/test"
     config["storage_pool"] = {"connect_timeout": "1s"}
     result = await asyncio.to_thread(
         cli, "migrate", "--config", str(write_config(tmp_path, config))

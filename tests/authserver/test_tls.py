@@ -24,7 +24,7 @@ from tests.authserver.conftest import (
     render_config,
 )
 from tests.certificates import CertificateAuthority, client_context, legacy_client_context
-from tests.support import RawConnection, free_port
+from tests.support import UNBOUND_PORT, RawConnection, reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ async def test_a_client_secret_from_a_file_authenticates_the_client(start_authse
 @pytest.mark.slow
 async def test_run_serves_tls_and_follows_a_rotated_certificate(tmp_path):
     ca = CertificateAuthority()
-    port = free_port()
+    port = reserve_port()
     config = tmp_path / "authserver.yaml"
     config.write_text(render_config(tls_config(ca, tmp_path), tmp_path, port))
     log = tmp_path / "server.log"
@@ -138,6 +138,6 @@ def test_a_password_hash_may_come_from_a_file(tmp_path):
     alice = next(u for u in config["users"] if u["username"] == "alice")
     del alice["password_hash"]
     alice["password_hash_file"] = str(hash_file)
-    settings = load_settings(config, tmp_path)
+    settings = load_settings(config, tmp_path, UNBOUND_PORT)
     user = settings.user("alice")
     assert user is not None and user.password_hash == PASSWORD_HASH

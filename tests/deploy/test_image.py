@@ -35,7 +35,7 @@ from packaging.utils import canonicalize_name
 
 from tests.deploy import compose
 from tests.deploy.dockerfile import ROOT, Ignore, parse, pinned_version, pins
-from tests.support import free_port
+from tests.support import reserve_port
 
 pytestmark = pytest.mark.slow
 
@@ -343,7 +343,7 @@ def running(image: Image) -> Iterator[Running]:
     for leftover in list(image.state.iterdir()) + list(image.etc.iterdir()):
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     services = compose.load(compose.BASE, env=compose_env())["services"]
-    ports = Ports(free_port(), free_port(), free_port(), free_port())
+    ports = Ports(reserve_port(), reserve_port(), reserve_port(), reserve_port())
     for name in ("gateway", "authserver"):
         for target, (source, _) in compose.mounts(services[name]).items():
             if target.startswith("/etc/portcullis/"):

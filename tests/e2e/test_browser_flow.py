@@ -31,8 +31,7 @@ from tests.authserver.conftest import (
     PASSWORD,
     RunningAuthServer,
     default_config,
-    load_settings,
-    run_authserver,
+    serve_authserver,
 )
 from tests.support import start_site
 
@@ -201,7 +200,7 @@ async def browser() -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def authserver(tmp_path: Path) -> AsyncIterator[RunningAuthServer]:
-    server = await run_authserver(load_settings(default_config(), tmp_path))
+    server = await serve_authserver(default_config(), tmp_path)
     yield server
     await server.stop()
 

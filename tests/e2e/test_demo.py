@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -29,6 +28,7 @@ from authserver import settings as authserver_settings
 from authserver import users
 from gateway import rules
 from gateway import settings as gateway_settings
+from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config" / "gateway.yaml"
@@ -57,34 +57,10 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _ephemeral_floor() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def demo_ports() -> dict[str, str]:
-    """Free ports below the ephemeral range, one per DEMO_*_PORT variable.
-
-    The demo binds them a second or two after they are chosen; a port the kernel hands out
-    for outgoing connections (as `bind(0)` ports are) may be taken by then on a busy machine.
-    """
-    high = _ephemeral_floor()
-    candidates = random.sample(range(max(1024, high - 10_000), high), 200)
-    ports = [p for p in candidates if _bindable(p)][: len(PORT_VARIABLES)]
-    assert len(ports) == len(PORT_VARIABLES), "no free ports"
-    return dict(zip(PORT_VARIABLES, (str(p) for p in ports), strict=True))
+    """Ports reserved for the demo's processes (`reserve_port`), one per DEMO_*_PORT
+    variable: the demo binds them a second or two after they are chosen."""
+    return {name: str(reserve_port()) for name in PORT_VARIABLES}
 
 
 def run_demo(env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:

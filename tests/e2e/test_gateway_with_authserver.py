@@ -11,7 +11,13 @@ from tests.authserver.conftest import (
     default_config,
     tokens_for,
 )
-from tests.support import EchoUpstream, free_port, header_values, running_gateway
+from tests.support import (
+    UNBOUND_ADMIN_LISTEN,
+    UNBOUND_LISTEN,
+    EchoUpstream,
+    header_values,
+    running_gateway,
+)
 
 ROUTES = """
   - {name: orders-read, path: "/orders/**", methods: [GET], scopes: {any: ["orders:read"]}}
@@ -21,8 +27,8 @@ ROUTES = """
 
 def gateway_config(issuer: str, upstream: str, leeway: str = "30s") -> str:
     return f"""
-listen: "127.0.0.1:{free_port()}"
-admin_listen: "127.0.0.1:{free_port()}"
+listen: "{UNBOUND_LISTEN}"
+admin_listen: "{UNBOUND_ADMIN_LISTEN}"
 upstream: {{url: "{upstream}"}}
 issuers:
   - {{issuer: "{issuer}", audiences: [orders-api], algorithms: [ES256], leeway: {leeway}}}

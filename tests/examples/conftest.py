@@ -10,6 +10,7 @@ client's port is chosen first, because its redirect URI is registered with it.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from tests.authserver.conftest import (
 from tests.support import (
     EchoUpstream,
     RunningGateway,
-    free_port,
+    bound_socket,
     gateway_yaml,
     start_gateway,
     start_site,
@@ -122,6 +123,7 @@ class Stack:
     gateway: RunningGateway
     upstream: EchoUpstream
     web_port: int
+    web_socket: socket.socket  # bound to web_port, for the web app to serve
 
     @property
     def web_url(self) -> str:
@@ -136,11 +138,13 @@ EXTRA_ROUTES = """
 
 @pytest.fixture
 async def stack(start_authserver: StartAuthServer) -> AsyncIterator[Stack]:
-    web_port = free_port()
+    web_socket = bound_socket()  # the web app's, whose redirect URI names its port
+    web_port = web_socket.getsockname()[1]
     auth = await start_authserver(demo_clients_config(web_port))
     upstream = await EchoUpstream().start()
     gateway = await start_gateway(gateway_yaml(auth.url, upstream.url, EXTRA_ROUTES))
-    yield Stack(auth, gateway, upstream, web_port)
+    yield Stack(auth, gateway, upstream, web_port, web_socket)
+    web_socket.close()
     await gateway.stop()
     await upstream.stop()
 
@@ -157,9 +161,9 @@ class RunningWebApp:
         return session
 
 
-async def run_web_app(config: Config, port: int) -> tuple[RunningWebApp, Any]:
+async def run_web_app(config: Config, sock: socket.socket) -> tuple[RunningWebApp, Any]:
     app = create_app(config)
-    runner, url = await start_site(app, port)
+    runner, url = await start_site(app, sock=sock)
     return RunningWebApp(app, url), runner
 
 
@@ -173,7 +177,7 @@ async def web_app(stack: Stack) -> AsyncIterator[RunningWebApp]:
         api=stack.gateway.url,
         base_url=stack.web_url,
     )
-    running, runner = await run_web_app(config, stack.web_port)
+    running, runner = await run_web_app(config, stack.web_socket)
     yield running
     await runner.cleanup()
 
@@ -212,7 +216,9 @@ def demo_authserver_config() -> dict[str, Any]:
 async def spa_stack(
     start_authserver: StartAuthServer, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[SpaStack]:
-    spa_port, api_port = free_port(), free_port()
+    # Bound first: the demo configuration names their ports.
+    spa_socket, api_socket = bound_socket(), bound_socket()
+    spa_port, api_port = spa_socket.getsockname()[1], api_socket.getsockname()[1]
     for name, port in (("DEMO_SPA_PORT", spa_port), ("DEMO_API_PORT", api_port)):
         monkeypatch.setenv(name, str(port))
     auth = await start_authserver(demo_authserver_config())
@@ -225,7 +231,7 @@ async def spa_stack(
 
     api = legacy_api.create_app()
     api.on_response_prepare.append(record)
-    api_runner, _ = await start_site(api, api_port)
+    api_runner, _ = await start_site(api, sock=api_socket)
     gateway = await start_gateway((ROOT / "config" / "gateway.yaml").read_text())
     spa_config = spa.Config(
         issuer=auth.settings.issuer,
@@ -233,7 +239,7 @@ async def spa_stack(
         api=gateway.url,
         base_url=f"http://127.0.0.1:{spa_port}",
     )
-    spa_runner, spa_url = await start_site(spa.create_app(spa_config), spa_port)
+    spa_runner, spa_url = await start_site(spa.create_app(spa_config), sock=spa_socket)
     yield SpaStack(auth, gateway, spa_url, api_requests)
     await spa_runner.cleanup()
     await gateway.stop()

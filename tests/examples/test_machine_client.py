@@ -19,7 +19,7 @@ import pytest
 from examples import machine_client
 from tests.authserver.conftest import SECRET, verify_jwt
 from tests.examples.conftest import ODD_CLIENT_ID, ODD_SECRET, Stack
-from tests.support import free_port, header_values
+from tests.support import header_values
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "machine_client.py"
@@ -162,8 +162,8 @@ async def test_a_call_the_gateway_refuses_makes_the_exit_status_1_and_shows_the_
     assert [r["raw_path"] for r in stack.upstream.requests] == ["/orders"]
 
 
-async def test_an_unreachable_issuer_gets_no_token(stack: Stack):
-    closed = f"http://127.0.0.1:{free_port()}"
+async def test_an_unreachable_issuer_gets_no_token(stack: Stack, refused_port: int):
+    closed = f"http://127.0.0.1:{refused_port}"
     status, out = await run_in_loop(stack, issuer=closed)
     assert status == 2
     assert out.startswith(f"no access token: cannot reach {closed} (")

@@ -35,7 +35,7 @@ from examples.web_client.app import DEFAULT_SCOPE
 from examples.web_client.sessions import COOKIE
 from tests.authserver.conftest import PASSWORD, SECRET, parse_form, verify_jwt
 from tests.examples.conftest import EVIL_NAME, WEB_SECRET, RunningWebApp, Stack, run_web_app
-from tests.support import compact, free_port, header_values, public_jwk, start_site
+from tests.support import bound_socket, compact, header_values, public_jwk, start_site
 
 CLAIM_ROW = re.compile(r'<tr><th scope="row">(.*?)</th><td>(.*?)</td></tr>', re.S)
 CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]*)"')
@@ -646,7 +646,8 @@ async def rogue() -> AsyncIterator[RogueProvider]:
 async def rogue_visitor(
     rogue: RogueProvider, http: aiohttp.ClientSession
 ) -> AsyncIterator[Visitor]:
-    port = free_port()
+    sock = bound_socket()
+    port = sock.getsockname()[1]
     config = Config(
         issuer=rogue.url,
         client_id=rogue.client_id,
@@ -654,7 +655,7 @@ async def rogue_visitor(
         api="http://127.0.0.1:9",  # never called here
         base_url=f"http://127.0.0.1:{port}",
     )
-    running, runner = await run_web_app(config, port)
+    running, runner = await run_web_app(config, sock)
     yield Visitor(http, running.url)
     await runner.cleanup()
 

@@ -30,7 +30,6 @@ from tests.support import (
     RawConnection,
     RunningGateway,
     TestIssuer,
-    free_port,
     gateway_yaml,
     header_values,
     raw_exchange,
@@ -1199,8 +1198,8 @@ async def test_an_upstream_answering_before_the_body_is_sent_gets_a_new_connecti
 # ---------------------------------------------------------------------------- upstream failures
 
 
-async def test_upstream_refusing_connections_gives_502_bad_gateway(issuer, client):
-    nobody = f"http://127.0.0.1:{free_port()}"
+async def test_upstream_refusing_connections_gives_502_bad_gateway(issuer, client, refused_port):
+    nobody = f"http://127.0.0.1:{refused_port}"
     async with running_gateway(gateway_yaml(issuer.url, nobody)) as gw:
         async with client.get(gw.url + "/public/x", headers={"X-Request-Id": "r-502"}) as resp:
             assert resp.status == 502

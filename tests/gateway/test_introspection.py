@@ -18,15 +18,16 @@ from tests.authserver.conftest import SECRET, basic_auth, client_credentials, to
 from tests.support import (
     EchoUpstream,
     IntrospectionServer,
+    ManualClock,
     TestIssuer,
     assert_invalid_token,
     assert_unavailable,
     call,
-    free_port,
     gateway_yaml,
     header_values,
     issuer_entry,
     running_gateway,
+    wait_for,
 )
 
 
@@ -115,20 +116,30 @@ async def test_an_active_answer_is_reused_until_cache_ttl_then_asked_again(
     server, upstream, client
 ):
     server.active("opaque-1")
-    async with running_gateway(config(server.url, upstream.url, cache_ttl="300ms")) as gateway:
+    clock = ManualClock()
+    text = config(server.url, upstream.url, cache_ttl="300ms")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         for _ in range(3):
             assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
         assert len(server.calls) == 1
-        await asyncio.sleep(0.35)
+        clock.advance(0.29)
+        assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
+        assert len(server.calls) == 1
+        clock.advance(0.02)
         assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
         assert len(server.calls) == 2
 
 
 async def test_the_cache_never_outlives_the_tokens_expiry(server, upstream, client):
-    server.active("opaque-1", exp=time.time() + 0.3)
-    async with running_gateway(config(server.url, upstream.url, cache_ttl="10s")) as gateway:
+    clock = ManualClock()
+    server.active("opaque-1", exp=clock.wall + 3)
+    text = config(server.url, upstream.url, cache_ttl="10s")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
-        await asyncio.sleep(0.35)
+        clock.advance(2.9)
+        assert (await call(client, gateway.url + "/orders/7", "opaque-1")).status == 200
+        assert len(server.calls) == 1
+        clock.advance(0.2)
         server.answers["opaque-1"] = {"active": False}
         answer = await call(client, gateway.url + "/orders/7", "opaque-1")
     assert_invalid_token(answer, "the token is not active")
@@ -145,14 +156,14 @@ async def test_no_store_on_the_answer_still_allows_caching_within_the_ttl(server
 
 
 async def test_an_inactive_token_is_refused_and_remembered_only_briefly(server, upstream, client):
-    async with running_gateway(
-        config(server.url, upstream.url, inactive_cache_ttl="200ms")
-    ) as gateway:
+    clock = ManualClock()
+    text = config(server.url, upstream.url, inactive_cache_ttl="200ms")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         for _ in range(2):
             answer = await call(client, gateway.url + "/orders/7", "unknown-token")
             assert_invalid_token(answer, "the token is not active")
         assert len(server.calls) == 1
-        await asyncio.sleep(0.25)
+        clock.advance(0.21)
         server.active("unknown-token")  # activated meanwhile: seen once the brief entry ends
         assert (await call(client, gateway.url + "/orders/7", "unknown-token")).status == 200
     assert len(server.calls) == 2
@@ -173,12 +184,41 @@ async def test_concurrent_requests_with_one_token_share_a_single_introspection_c
     assert len(upstream.requests) == 20
 
 
+async def test_distinct_tokens_in_flight_are_bounded_and_the_rest_get_503_at_once(
+    server, upstream, client
+):
+    """A flood of distinct made-up tokens cannot pile up calls (and tasks) without end, even
+    with no pre_auth limit: past max_pending distinct tokens being asked about, a new one is
+    refused at once with 503 and Retry-After; a token already being asked about still
+    waits for that answer."""
+    for token in ("t1", "t2", "t3"):
+        server.active(token)
+    server.delay = 1.0
+    async with running_gateway(config(server.url, upstream.url, max_pending="2")) as gateway:
+        first = [
+            asyncio.create_task(call(client, gateway.url + "/orders/1", token))
+            for token in ("t1", "t2")
+        ]
+        await wait_for(lambda: server.in_flight == 2, what="two calls in flight")
+        joining = asyncio.create_task(call(client, gateway.url + "/orders/1", "t1"))
+        refused = await call(client, gateway.url + "/orders/1", "t3")
+        assert_unavailable(refused)
+        assert len(server.calls) == 2
+        assert [a.status for a in await asyncio.gather(*first, joining)] == [200] * 3
+        server.delay = 0
+        assert (await call(client, gateway.url + "/orders/1", "t3")).status == 200
+    assert len(server.calls) == 3
+    assert len(upstream.requests) == 4
+
+
 # ---------------------------------------------------------------------------- failing closed
 
 
-async def test_an_unreachable_introspection_endpoint_fails_closed_with_503(upstream, client):
+async def test_an_unreachable_introspection_endpoint_fails_closed_with_503(
+    upstream, client, refused_port
+):
     issuer = "http://127.0.0.1:9"
-    dead = f'"http://127.0.0.1:{free_port()}/introspect"'
+    dead = f'"http://127.0.0.1:{refused_port}/introspect"'
     async with running_gateway(config(issuer, upstream.url, url=dead)) as gateway:
         answer = await call(client, gateway.url + "/orders/7", "opaque-1")
     assert_unavailable(answer)
@@ -351,7 +391,8 @@ async def test_an_authserver_token_passes_by_introspection_until_revoked(start_a
             cache_ttl="300ms",
             inactive_cache_ttl="100ms",
         )
-        async with running_gateway(gateway_config) as gateway:
+        clock = ManualClock()
+        async with running_gateway(gateway_config, clock=clock.clock) as gateway:
             status, body = await client_credentials(http, authserver, scope="orders:read")
             assert status == 200, body
             token = body["access_token"]
@@ -368,7 +409,7 @@ async def test_an_authserver_token_passes_by_introspection_until_revoked(start_a
                 assert revoked.status == 200
             # Still cached: the revocation shows only once the active answer's TTL is over.
             assert (await call(http, gateway.url + "/orders/1", token)).status == 200
-            await asyncio.sleep(0.35)
+            clock.advance(0.31)
             answer = await call(http, gateway.url + "/orders/1", token)
             assert_invalid_token(answer, "the token is not active")
     finally:

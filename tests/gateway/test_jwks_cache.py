@@ -24,6 +24,7 @@ from gateway.settings import JwksSettings
 from tests.support import (
     Answer,
     EchoUpstream,
+    ManualClock,
     RunningGateway,
     TestIssuer,
     assert_invalid_token,
@@ -116,7 +117,9 @@ def test_discovery_urls_follow_oidc_then_rfc8414_path_insertion():
 async def test_key_added_by_rotation_is_fetched_once_the_cooldown_has_passed(
     issuer, upstream, client
 ):
-    async with running_gateway(config(issuer, upstream, "{refetch_cooldown: 300ms}")) as gateway:
+    clock = ManualClock()
+    text = config(issuer, upstream, "{refetch_cooldown: 300ms}")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         old = issuer.key("ES256")
         new = issuer.add_key("ES256")
         old.published = False
@@ -125,7 +128,7 @@ async def test_key_added_by_rotation_is_fetched_once_the_cooldown_has_passed(
         # cool-down, being shorter than MIN_REFETCH_GAP), an unknown kid does not fetch.
         assert_invalid_token(await orders(client, gateway, token), UNKNOWN_KEY)
         assert issuer.jwks_fetches == 1
-        await asyncio.sleep(0.35)
+        clock.advance(0.31)
         answer = await orders(client, gateway, token)
         assert answer.status == 200, answer.body
         assert issuer.jwks_fetches == 2
@@ -142,42 +145,55 @@ async def test_key_rotated_in_after_the_start_up_load_is_fetched_within_the_cool
     """The cool-down limits refetches for unknown kids, not the first one after a load: an
     issuer that starts signing with a key it had not published is followed at once (after
     the short gap any fetch imposes), not 30 s later."""
-    async with running_gateway(config(issuer, upstream, "{refetch_cooldown: 30s}")) as gateway:
+    clock = ManualClock()
+    text = config(issuer, upstream, "{refetch_cooldown: 30s}")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         assert issuer.jwks_fetches == 1
         old = issuer.key("ES256")
         new = issuer.add_key("ES256")
         old.published = False
-        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
-        answer = await orders(client, gateway, issuer.token("ES256", key=new))
+        token = issuer.token("ES256", key=new)
+        clock.advance(MIN_REFETCH_GAP.total_seconds() - 0.01)
+        assert_invalid_token(await orders(client, gateway, token), UNKNOWN_KEY)
+        assert issuer.jwks_fetches == 1
+        clock.advance(0.02)
+        answer = await orders(client, gateway, token)
         assert answer.status == 200, answer.body
         assert issuer.jwks_fetches == 2
         # Further unknown kids within the cool-down of that refetch do not fetch again.
-        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        clock.advance(29.97)
         newer = issuer.add_key("ES256")
         token = issuer.token("ES256", key=newer)
         assert_invalid_token(await orders(client, gateway, token), UNKNOWN_KEY)
         assert issuer.jwks_fetches == 2
-        assert len(upstream.requests) == 1
+        clock.advance(0.04)  # the cool-down is over
+        assert (await orders(client, gateway, token)).status == 200
+        assert issuer.jwks_fetches == 3
+        assert len(upstream.requests) == 2
 
 
 async def test_a_scheduled_refresh_does_not_start_the_cooldown_of_unknown_kids(
     issuer, upstream, client
 ):
-    async with running_gateway(config(issuer, upstream, "{refetch_cooldown: 30s}")) as gateway:
+    clock = ManualClock()
+    text = config(issuer, upstream, "{refetch_cooldown: 30s}")
+    async with running_gateway(text, clock=clock.clock) as gateway:
         keys = keyset(gateway, issuer)
-        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        clock.advance(MIN_REFETCH_GAP.total_seconds() + 0.01)
         assert await keys.refresh()  # what the refresh schedule runs
         assert issuer.jwks_fetches == 2
         new = issuer.add_key("EdDSA")
-        await asyncio.sleep(MIN_REFETCH_GAP.total_seconds() + 0.05)
+        clock.advance(MIN_REFETCH_GAP.total_seconds() + 0.01)
         answer = await orders(client, gateway, issuer.token("EdDSA", key=new))
         assert answer.status == 200, answer.body
         assert issuer.jwks_fetches == 3
 
 
 async def test_requests_arriving_during_a_fetch_wait_for_it_and_share_it(issuer, upstream, client):
-    async with running_gateway(config(issuer, upstream, "{refetch_cooldown: 500ms}")) as gateway:
-        await asyncio.sleep(0.55)
+    clock = ManualClock()
+    text = config(issuer, upstream, "{refetch_cooldown: 500ms}")
+    async with running_gateway(text, clock=clock.clock) as gateway:
+        clock.advance(0.51)
         new = issuer.add_key("ES256")
         issuer.jwks_delay = 0.3
         tokens = [issuer.token("ES256", key=new, sub=f"user-{i}") for i in range(50)]
@@ -208,13 +224,14 @@ async def test_flood_of_unknown_kids_fetches_at_most_once_per_cooldown(issuer, u
         for answer in answers:
             assert_invalid_token(answer, UNKNOWN_KEY)
 
-    async with running_gateway(text) as gateway:
+    clock = ManualClock()
+    async with running_gateway(text, clock=clock.clock) as gateway:
         assert issuer.jwks_fetches == 1
         batch = flood()
         await send(batch)  # within the gap after the start-up load (cool-down = the gap)
         assert issuer.jwks_fetches == 1
 
-        await asyncio.sleep(cooldown + 0.05)
+        clock.advance(cooldown + 0.01)
         issuer.jwks_delay = 0.1  # later requests join the fetch in flight
         batch = flood()
         await send(batch)
@@ -224,7 +241,10 @@ async def test_flood_of_unknown_kids_fetches_at_most_once_per_cooldown(issuer, u
         await send(batch)
         assert issuer.jwks_fetches == 2
 
-        await asyncio.sleep(cooldown + 0.05)
+        clock.advance(cooldown - 0.02)
+        await send(flood())
+        assert issuer.jwks_fetches == 2
+        clock.advance(0.03)
         batch = flood()
         await send(batch)
         assert issuer.jwks_fetches == 3
@@ -260,7 +280,7 @@ async def test_stopped_issuer_keeps_serving_the_last_good_keys(issuer, upstream,
     async with running_gateway(config(issuer, upstream, FAST_REFRESH)) as gateway:
         keys = keyset(gateway, issuer)
         port = issuer.port
-        await issuer.stop()
+        await issuer.stop(keep_port=True)
         await wait_for(lambda: keys.failures >= 2, what="two failed refreshes")
         assert "discovery failed" in keys.last_error
         assert (await orders(client, gateway, issuer.token("ES256"))).status == 200
@@ -302,7 +322,7 @@ async def test_gateway_becomes_ready_when_an_unreachable_issuer_comes_up(upstrea
     issuer.add_key("ES256")
     await issuer.start()
     port = issuer.port
-    await issuer.stop()
+    await issuer.stop(keep_port=True)
     try:
         text = config(issuer, upstream, "{max_backoff: 100ms}")
         async with running_gateway(text, wait_ready=False) as gateway:

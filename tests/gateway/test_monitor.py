@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import (
+    UNBOUND_ADMIN_LISTEN,
+    UNBOUND_LISTEN,
     call,
-    free_port,
     gateway_yaml,
     header_values,
     read_json_lines,
@@ -160,8 +161,8 @@ async def test_global_monitor_mode_forwards_even_requests_no_route_matches(
 ):
     log = tmp_path / "access.log"
     config = f"""
-listen: "127.0.0.1:{free_port()}"
-admin_listen: "127.0.0.1:{free_port()}"
+listen: "{UNBOUND_LISTEN}"
+admin_listen: "{UNBOUND_ADMIN_LISTEN}"
 upstream: {{url: "{upstream.url}"}}
 issuers:
   - {{issuer: "{issuer.url}", audiences: [orders-api], algorithms: [ES256]}}

@@ -15,7 +15,6 @@ from tests.support import (
     GatewayProcess,
     IntrospectionServer,
     call,
-    free_port,
     gateway_yaml,
     header_values,
     issuer_entry,
@@ -96,12 +95,14 @@ async def test_metrics_count_requests_decisions_latencies_keys_and_rate_limits(
     assert sample(samples, "portcullis_gateway_token_cache_entries") == 1
 
 
-async def test_metrics_count_introspection_outcomes_cache_hits_and_upstream_errors(client):
+async def test_metrics_count_introspection_outcomes_cache_hits_and_upstream_errors(
+    client, refused_port
+):
     server = await IntrospectionServer().start()
     server.active("good")
     section = "{client_id: gateway, client_secret: gateway-secret, inactive_cache_ttl: 10s}"
     entry = issuer_entry(server.url, mode="introspection", introspection=section)
-    dead_upstream = f"http://127.0.0.1:{free_port()}"
+    dead_upstream = f"http://127.0.0.1:{refused_port}"
     try:
         async with running_gateway(
             gateway_yaml(server.url, dead_upstream, issuers=[entry])

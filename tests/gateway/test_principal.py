@@ -196,3 +196,18 @@ def test_principal_carries_issuer_subject_expiry_and_the_claims() -> None:
         claims=claims,
     )
     assert isinstance(from_claims(claims).expires_at, float)
+
+
+def test_a_principal_cannot_be_changed_once_built_claims_included():
+    """One principal serves every request with the same token (through the verified-token
+    cache): nothing a request does may change what the next one sees."""
+    claims = {"iss": "https://a.example", "sub": "alice", "exp": 2e9, "email": "a@example.com"}
+    principal = from_claims(claims)
+    with pytest.raises(AttributeError):
+        principal.subject = "mallory"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        principal.claims["email"] = "m@example.com"  # type: ignore[index]
+    claims["email"] = "m@example.com"  # the verifier's own dict, changed afterwards
+    assert principal.claims["email"] == "a@example.com"
+    assert not hasattr(principal, "memo")
+    assert not hasattr(principal, "__dict__")

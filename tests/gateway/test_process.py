@@ -29,11 +29,11 @@ from tests.support import (
     RawConnection,
     TestIssuer,
     child_pids,
-    free_port,
     gateway_yaml,
     raw_exchange,
     raw_request,
     read_json_lines,
+    reserve_port,
     sample,
     scrape,
     socket_inodes,
@@ -444,7 +444,7 @@ def run_to_exit(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 def startup_config(tmp_path: Path, extra: str = "") -> tuple[Path, str, str]:
     """A valid config on free ports (nothing needs to answer at start): path, listen,
     admin_listen."""
-    listen, admin = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    listen, admin = f"127.0.0.1:{reserve_port()}", f"127.0.0.1:{reserve_port()}"
     config = tmp_path / "gateway.yaml"
     config.write_text(
         f'listen: "{listen}"\n'

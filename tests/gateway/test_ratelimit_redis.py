@@ -20,7 +20,6 @@ from tests.support import (
     REDIS_URL,
     GatewayProcess,
     call,
-    free_port,
     gateway_yaml,
     redis_or_skip,
     running_gateway,
@@ -141,9 +140,9 @@ async def test_two_gateway_processes_sharing_redis_hold_the_combined_limit(
     ("on_error", "expected"), [("allow", 200), ("deny", 503)], ids=["allow", "deny"]
 )
 async def test_an_unreachable_redis_answers_at_once_as_configured_and_is_counted(
-    issuer, upstream, client, on_error, expected
+    issuer, upstream, client, on_error, expected, refused_port
 ):
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = f"redis://127.0.0.1:{refused_port}/0"
     config = redis_config(
         issuer.url, upstream.url, backend=dead, extra=f", on_backend_error: {on_error}"
     )

@@ -18,7 +18,6 @@ from tests.support import (
     GatewayProcess,
     IntrospectionServer,
     call,
-    free_port,
     gateway_yaml,
     header_values,
     issuer_entry,
@@ -51,12 +50,9 @@ async def test_a_changed_file_applies_to_new_requests_while_in_flight_ones_finis
     path = tmp_path / "gateway.yaml"
     section = "{client_id: gateway, client_secret: gateway-secret}"
     entry = issuer_entry(server.url, mode="introspection", introspection=section)
-    listen = f'listen: "127.0.0.1:{free_port()}"\nadmin_listen: "127.0.0.1:{free_port()}"\n'
 
     def config(upstream: str, extra: str = "") -> str:
-        text = gateway_yaml(server.url, upstream, issuers=[entry], extra=WATCH + "\n" + extra)
-        kept = [ln for ln in text.splitlines() if not ln.startswith(("listen:", "admin_listen:"))]
-        return listen + "\n".join(kept) + "\n"
+        return gateway_yaml(server.url, upstream, issuers=[entry], extra=WATCH + "\n" + extra)
 
     try:
         async with running_gateway(config(old_upstream.url), config_file=path) as gateway:
@@ -214,8 +210,10 @@ async def test_the_introspection_cache_of_an_issuer_that_stays_survives_a_reload
 async def test_sighup_reloads_a_running_process_and_a_broken_file_leaves_it_serving(
     issuer, upstream, tmp_path
 ):
-    text = gateway_yaml(issuer.url, upstream.url, extra="reload: {watch: false}")
-    process = GatewayProcess(text, tmp_path)
+    process = GatewayProcess(
+        gateway_yaml(issuer.url, upstream.url, extra="reload: {watch: false}"), tmp_path
+    )
+    text = process.config.read_text()  # with the ports the process listens on
     try:
         await process.wait_ready()
         async with aiohttp.ClientSession() as session:
@@ -255,8 +253,11 @@ async def test_sighup_reloads_a_running_process_and_a_broken_file_leaves_it_serv
 
 
 async def test_sighup_to_the_supervisor_reloads_every_worker(issuer, upstream, tmp_path):
-    text = gateway_yaml(issuer.url, upstream.url, extra="workers: 2\nreload: {watch: false}")
-    process = GatewayProcess(text, tmp_path)
+    process = GatewayProcess(
+        gateway_yaml(issuer.url, upstream.url, extra="workers: 2\nreload: {watch: false}"),
+        tmp_path,
+    )
+    text = process.config.read_text()  # with the ports the process listens on
     try:
         await process.wait_ready()
         process.config.write_text(

@@ -36,6 +36,7 @@ issuers:
       cache_size: 100
       timeout: 1s
       max_connections: 4
+      max_pending: 64
   - {issuer: "https://other.example.com", audiences: [api]}
 rate_limits:
   backend: "redis://127.0.0.1:6379/2"
@@ -99,6 +100,7 @@ def test_every_new_section_parses_into_its_dataclass():
         cache_size=100,
         timeout=timedelta(seconds=1),
         max_connections=4,
+        max_pending=64,
     )
     assert "s3cret" not in repr(first)  # a secret never shows in a repr
     assert got.issuers[1].mode == "jwt" and got.issuers[1].introspection is None
@@ -207,6 +209,15 @@ def test_introspection_settings_must_fit_the_mode():
         "(client_id and client_secret of the gateway)",
         f"{FILE}:5: issuers[1].introspection: only used with mode introspection or auto",
     ]
+
+
+def test_max_pending_introspections_must_be_a_positive_count():
+    text = config(
+        issuers='  - {issuer: "https://a.example", audiences: [api], mode: introspection,\n'
+        "     introspection: {client_id: g, client_secret: s, max_pending: 0}}\n"
+    )
+    [problem] = problems(text)
+    assert problem.startswith(f"{FILE}:4: issuers[0].introspection.max_pending: ")
 
 
 def test_only_one_issuer_may_take_tokens_that_are_not_jwts():

@@ -4,15 +4,14 @@ end with the token's expiry, the cache is bounded, and it holds digests rather t
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import time
 
 import aiohttp
 
 from gateway.verifiers.cache import TokenCache
 from tests.support import (
     Answer,
+    ManualClock,
     RunningGateway,
     assert_invalid_token,
     call,
@@ -56,15 +55,16 @@ async def test_second_request_with_the_same_token_is_not_verified_again(
 
 async def test_cached_token_is_refused_once_it_expires(issuer, upstream, client):
     config = gateway_yaml(issuer.url, upstream.url, issuers=[issuer_entry(issuer.url, leeway="0s")])
-    async with running_gateway(config) as gateway:
+    clock = ManualClock()
+    async with running_gateway(config, clock=clock.clock) as gateway:
         cache = cache_of(gateway)
-        expires = time.time() + 0.6
-        token = issuer.token("ES256", exp=expires)
+        token = issuer.token("ES256", exp=clock.wall + 60, iat=clock.wall)
         assert (await orders(client, gateway, token)).status == 200
+        clock.advance(59.9)
         assert (await orders(client, gateway, token)).status == 200
         assert cache.hits == 1
 
-        await asyncio.sleep(max(0.0, expires - time.time()) + 0.05)
+        clock.advance(0.2)
         assert_invalid_token(await orders(client, gateway, token), "the token has expired")
         assert cache.hits == 1, "an expired entry must not be served"
         assert len(cache) == 0

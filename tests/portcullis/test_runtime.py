@@ -21,7 +21,7 @@ from aiohttp import web
 from portcullis import runtime
 from portcullis.tls import RotatingCertificate, ServerTls
 from tests.certificates import CertificateAuthority, client_context
-from tests.support import free_port
+from tests.support import reserve_port
 
 
 @pytest.fixture
@@ -119,7 +119,7 @@ def test_configure_logging_replaces_earlier_handlers(restore_logging):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 async def test_serve_answers_until_sigterm_then_drains_and_returns():
-    port = free_port()
+    port = reserve_port()
     events: list[str] = []
     release = asyncio.Event()
 
@@ -170,7 +170,7 @@ async def test_serve_answers_until_sigterm_then_drains_and_returns():
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 @pytest.mark.parametrize("which", [0, 1])
 async def test_serve_on_a_port_in_use_raises_a_startup_error_naming_the_address(which):
-    ports = [free_port(), free_port()]
+    ports = [reserve_port(), reserve_port()]
     cleaned: list[str] = []
 
     async def lifetime(_: web.Application) -> AsyncIterator[None]:
@@ -259,7 +259,7 @@ async def test_sighup_reloads_the_certificate_of_a_tls_listener_and_calls_on_rel
     certificate = RotatingCertificate(
         ServerTls(str(cert_file), str(key_file)), interval=timedelta(hours=1)
     )
-    port = free_port()
+    port = reserve_port()
     app = web.Application()
     reloads: list[str] = []
     names: list[str] = []
