@@ -58,7 +58,7 @@ from .grants.refresh_token import RefreshToken
 from .keys import CHECK_EVERY, Event, KeyRing, RotationPolicy, jwks_cache_control
 from .metrics import CONTENT_TYPE, Metrics, timed_store
 from .sessions import Sessions
-from .settings import Settings, default_subject
+from .settings import Settings
 from .store import open_store
 from .store.base import Store
 from .tokens import Minter
@@ -243,15 +243,7 @@ class AuthServer:
                     "a changed setting takes effect only after a restart",
                     extra={"setting": name},
                 )
-        users = new.users
-        if new.issuer != old.issuer:
-            # A subject derived from the issuer stays the one the running issuer derives.
-            users = tuple(
-                replace(user, subject=default_subject(old.issuer, user.username))
-                if user.subject == default_subject(new.issuer, user.username)
-                else user
-                for user in new.users
-            )
+        # Subjects derived from the issuer stay those the running issuer derives, as it is kept.
         return replace(
             new,
             listen=old.listen,
@@ -259,7 +251,6 @@ class AuthServer:
             storage=old.storage,
             issuer=old.issuer,
             keys=old.keys,
-            users=users,
         )
 
     def request_reload(self) -> None:

@@ -147,10 +147,10 @@ class Pipeline:
             monitor=mode == "monitor",
             cors=CorsPolicy(cors) if cors else None,
             limit=Policy(route.name, limit_rule, self.addresses) if limit_rule else None,
-            websocket=route.websocket,
+            websocket=settings.websocket_of(route),
             max_body=max_body,
             allow_body_on_get=route.allow_body_on_get,
-            client_cert=route.client_cert,
+            client_cert=route.needs_client_cert,
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
@@ -255,7 +255,10 @@ class Pipeline:
         )
 
     async def _verify(
-        self, request: web.BaseRequest, authorization: Sequence[str], rule: rules.Rule
+        self,
+        request: web.BaseRequest,
+        authorization: Sequence[str],
+        rule: rules.Rule[RouteSettings],
     ) -> Principal | Refusal:
         """Steps 2 and 3 for a token not in the cache: its principal, or why not."""
         try:
@@ -292,7 +295,7 @@ class Pipeline:
                 ),
             )
 
-    def _decide(self, rule: rules.Rule, principal: Principal) -> Refusal | None:
+    def _decide(self, rule: rules.Rule[RouteSettings], principal: Principal) -> Refusal | None:
         """Step 4: whether the verified principal may use the route."""
         decision = policy.decide(rule, principal)
         if isinstance(decision, policy.Allow):
@@ -419,7 +422,8 @@ class Gateway:
         self.settings = settings
         # Opened first: it is the one step here that can fail on the file system, and it
         # must fail before a client session below exists that nothing would close.
-        self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
+        log = settings.request_log
+        self.access_log = AccessLog(log) if log.enabled else None
         self._keys_session = keys_session
         self._upstream = Upstream(
             upstream_session,
@@ -702,10 +706,10 @@ class Gateway:
         }
         self.token_cache.retain(lambda principal: principal.issuer in kept)
         self.token_cache.max_entries = new.token_cache_size
-        if new.access_log != old_settings.access_log:
+        if new.request_log != old_settings.request_log:
             if self.access_log is not None:
                 self.access_log.close()
-            self.access_log = AccessLog(new.access_log) if new.access_log.enabled else None
+            self.access_log = AccessLog(new.request_log) if new.request_log.enabled else None
         if new.log_level != old_settings.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
         self.settings, self.pipeline = new, pipeline

@@ -443,7 +443,7 @@ async def login(request: web.Request) -> web.StreamResponse:
             return await login_page(
                 request, auth, error=signin.WRONG, status=400, username=username
             )
-        new_session = await svc.sessions.login(request, outcome.subject)
+        new_session = await svc.sessions.login(request, svc.settings.subject_of(outcome))
         return await proceed(request, auth, new_session, login_done=True)
     except PageError as exc:
         return error_page(request, 400, "This sign-in request cannot be handled", exc.message)

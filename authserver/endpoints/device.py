@@ -256,7 +256,7 @@ async def login(request: web.Request) -> web.Response:
         return _login_page(
             request, session, client, code, error=signin.WRONG, status=400, username=username
         )
-    new_session = await svc.sessions.login(request, outcome.subject)
+    new_session = await svc.sessions.login(request, svc.settings.subject_of(outcome))
     return _consent_page(request, new_session, client, record)
 
 

@@ -58,4 +58,5 @@ async def userinfo(request: web.Request) -> web.Response:
     user = svc.settings.user_by_subject(str(claims["sub"]))
     if user is None:
         return _challenge(401, "invalid_token", "the token's user no longer exists")
-    return json_no_store({"sub": user.subject, **released(user.claims, scopes)})
+    sub = svc.settings.subject_of(user)
+    return json_no_store({"sub": sub, **released(user.claims, scopes)})
