@@ -1,4 +1,4 @@
-"""portcullis-authserver: run · check · keys rotate · keys list · hash-password."""
+"""portcullis-authserver: run · check · migrate · keys rotate · keys list · hash-password."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     check = commands.add_parser("check", help="validate a config file, print every problem")
     check.add_argument("--config", help=CONFIG_HELP)
+    migrating = commands.add_parser(
+        "migrate", help="apply the storage's pending schema migrations, then exit"
+    )
+    migrating.add_argument("--config", help=CONFIG_HELP)
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
     keys = commands.add_parser("keys", help="signing keys in the configured key directory")
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         _replay(held)
         return _keys(args, settings)
+    if args.command == "migrate":
+        return _migrate(settings)
     # The server's imports (aiohttp, uvloop) only when serving: the other commands start fast.
     from portcullis import runtime
 
@@ -113,6 +119,25 @@ def main(argv: list[str] | None = None) -> int:
 def _replay(held: logging.handlers.BufferingHandler) -> None:
     for record in held.buffer:
         logging.getLogger(record.name).handle(record)
+
+
+def _migrate(settings: settings_module.Settings) -> int:
+    """Apply pending migrations under the backend's lock: safe while servers run or start."""
+    import asyncio
+
+    from portcullis import runtime
+
+    from .app import migrate
+    from .store.base import StoreUnavailable
+
+    runtime.configure_logging(settings.log_level)
+    try:
+        asyncio.run(migrate(settings))
+    except StoreUnavailable as exc:
+        print(f"storage unavailable: {exc}", file=sys.stderr)
+        return 1
+    print("storage: every migration is applied")
+    return 0
 
 
 def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:

@@ -2,13 +2,16 @@
 
 Only this module names a concrete store (through `store.open_store`).
 
-`AuthServer` holds what lives as long as the process (the store, the key ring, metrics) and
-the configuration it serves, as one `Services` value. SIGHUP reloads the configuration file:
-a valid one becomes a new `Services`, swapped in at once, so a request finishes on the
-configuration it started with; login sessions and everything else in the store stay valid.
-An invalid one changes nothing: its problems are logged and the old configuration serves on.
-Settings bound to what was opened at start (listen addresses, storage, issuer, keys) keep
-their old values until a restart, with a warning.
+`AuthServer` holds what lives as long as the process (the store, the key ring, the
+password-hashing pool, metrics, the pages) and the `Components` built from the configuration
+in force: the registry of clients and users, the grants, the endpoints, the discovery
+document and the CORS policy. Endpoints never see either: each is given the few parts it
+uses. SIGHUP reloads the configuration file: a valid one becomes new `Components`, swapped
+in at once (`Live`), so a request finishes on the configuration it started with; login
+sessions and everything else in the store stay valid. An invalid one changes nothing: its
+problems are logged and the old configuration serves on. Settings bound to what was opened
+at start (listen addresses, storage, issuer, keys, the password-hashing pool) keep their old
+values until a restart, with a warning.
 
 Two listeners: the public one (`listen`) and the admin one (`admin_listen`) with /healthz,
 /readyz and /metrics, for probes and scrapers that the public network need not reach.
@@ -21,14 +24,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp.typedefs import Middleware
 
 from portcullis import runtime
 from portcullis.addresses import ClientAddresses
@@ -36,32 +39,38 @@ from portcullis.http import json_response
 from portcullis.tls import RotatingCertificate
 from portcullis.yamlconf import ConfigError
 
-from . import cors
+from . import cors, registry
 from . import settings as settings_module
-from .endpoints import (
-    authorize,
-    device,
-    device_authorization,
-    discovery,
-    introspect,
-    logout,
-    revoke,
-    token,
-    userinfo,
-)
-from .endpoints.common import LIVE, Live, Services, page_environment
+from .clients import ClientAuthenticator
+from .clock import Clock
+from .endpoints import discovery
+from .endpoints.authorize import AuthorizationEndpoint
+from .endpoints.device import DevicePages
+from .endpoints.device_authorization import DeviceAuthorizationEndpoint
+from .endpoints.errors import Handler, json_errors
+from .endpoints.introspect import IntrospectionEndpoint
+from .endpoints.logout import LogoutEndpoint
+from .endpoints.pages import Pages, page_environment
+from .endpoints.resource_tokens import AccessTokens
+from .endpoints.revoke import RevocationEndpoint
+from .endpoints.signin import PasswordCheck
+from .endpoints.token import TokenEndpoint
+from .endpoints.userinfo import UserInfoEndpoint
 from .grants.authorization_code import AuthorizationCode
-from .grants.base import GrantContext, Registry
+from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
 from .grants.device_code import DeviceCode
+from .grants.issuance import TokenIssuer
 from .grants.refresh_token import RefreshToken
 from .keys import CHECK_EVERY, Event, KeyRing, RotationPolicy, jwks_cache_control
 from .metrics import CONTENT_TYPE, Metrics, timed_store
+from .protocol.cors import CorsPolicy
 from .sessions import Sessions
 from .settings import Settings
 from .store import open_store
-from .store.base import Store
+from .store.base import Store, StoreUnavailable
 from .tokens import Minter
+from .users import PasswordHasher
 
 log = logging.getLogger("portcullis.authserver")
 
@@ -77,22 +86,65 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
     "storage": lambda s: s.storage,
     "issuer": lambda s: s.issuer,
     "keys": lambda s: s.keys,
+    "password_hashing": lambda s: s.password_hashing,
 }
 
 
-class AuthServer:
-    """One authorization server process: the store, the key ring and metrics for its whole
-    life, and the Services in force (`live`), replaced whole by a reload."""
+@dataclass(frozen=True)
+class Components:
+    """What requests are served with, built from one configuration and replaced whole by a
+    reload. The store, key ring and hasher are the process's, the same in every one."""
 
-    def __init__(self, settings: Settings) -> None:
+    settings: Settings
+    store: Store
+    keyring: KeyRing
+    minter: Minter
+    hasher: PasswordHasher
+    cors: CorsPolicy  # which browser pages may read which answers
+    document: discovery.Document  # the metadata document
+    jwks: discovery.Jwks
+    token: TokenEndpoint
+    introspection: IntrospectionEndpoint
+    revocation: RevocationEndpoint
+    device_authorization: DeviceAuthorizationEndpoint
+    userinfo: UserInfoEndpoint
+    authorize: AuthorizationEndpoint
+    device: DevicePages
+    logout: LogoutEndpoint
+
+
+@dataclass
+class Live:
+    """The Components in force. A configuration reload replaces `components` whole; a
+    request reads it once, when it starts, and finishes on what it got."""
+
+    components: Components | None = None  # None until the server has started
+
+    def current(self) -> Components:
+        if self.components is None:
+            raise RuntimeError("the authorization server has not started")
+        return self.components
+
+
+LIVE = web.AppKey("live", Live)
+
+
+class AuthServer:
+    """One authorization server process: the store, the key ring, the password-hashing pool
+    and metrics for its whole life, and the Components in force (`live`), replaced whole by
+    a reload."""
+
+    def __init__(self, settings: Settings, clock: Clock = time.time) -> None:
         self.settings = settings
+        self.clock = clock
         self.metrics = Metrics()
         self.live = Live()
         self.draining = False
-        self._base = urlsplit(settings.issuer).path.rstrip("/")
-        self._pages = page_environment()
+        self.base = urlsplit(settings.issuer).path.rstrip("/")
+        self.pages = Pages(page_environment(), self.base + "/static")
         self._store: Store | None = None
         self._keyring: KeyRing | None = None
+        self._hasher: PasswordHasher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._reload_lock = asyncio.Lock()
@@ -102,15 +154,15 @@ class AuthServer:
     async def open(self) -> None:
         """Open the store and the key ring, then serve the configuration; StartupError with
         one line when either cannot be used."""
-        settings = self.settings
-        store = timed_store(open_store(settings.storage), self.metrics)
+        settings, clock = self.settings, self.clock
+        store = timed_store(open_store(settings.storage, settings.storage_pool), self.metrics)
         try:
             await store.open()
         except Exception as exc:
             raise runtime.StartupError(
                 f"cannot open the store {_redacted(settings.storage)}: {_why(exc)}"
             ) from exc
-        keyring = KeyRing(settings.keys.dir, RotationPolicy.from_settings(settings))
+        keyring = KeyRing(settings.keys.dir, RotationPolicy.from_settings(settings), clock=clock)
         try:
             _log_key_events(await asyncio.to_thread(keyring.load, settings.signing_algs))
         except Exception as exc:
@@ -118,11 +170,13 @@ class AuthServer:
             raise runtime.StartupError(
                 f"cannot use the key directory {settings.keys.dir}: {_why(exc)}"
             ) from exc
+        hashing = settings.password_hashing
         self._store, self._keyring = store, keyring
-        self.live.services = self._services(settings)
+        self._hasher = PasswordHasher(hashing.workers, hashing.max_waiting)
+        self.live.components = self._components(settings)
         self._tasks = [
-            asyncio.create_task(_purge(store)),
-            asyncio.create_task(_watch_keys(keyring)),
+            asyncio.create_task(_purge(store, clock)),
+            asyncio.create_task(_watch_keys(keyring, clock)),
         ]
 
     async def close(self) -> None:
@@ -131,50 +185,121 @@ class AuthServer:
         for task in [*self._tasks, *self._background]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._hasher is not None:
+            self._hasher.close()
         if self._store is not None:
             await self._store.close()
 
-    def _services(self, settings: Settings) -> Services:
+    def _components(self, settings: Settings) -> Components:
         """Everything a request uses that the configuration decides, built from `settings`."""
-        assert self._store is not None and self._keyring is not None
-        minter = Minter(settings, self._keyring)
-        context = GrantContext(settings, self._store, minter, self.metrics)
-        registry = Registry(
+        store, keyring, hasher = self._store, self._keyring, self._hasher
+        assert store is not None and keyring is not None and hasher is not None
+        clock, metrics, pages, base = self.clock, self.metrics, self.pages, self.base
+        issuer = settings.issuer
+        default_audience = settings.default_audience or settings.issuer
+        clients, users = registry.from_settings(settings)
+        minter = Minter(settings, keyring)
+        issuer_of_tokens = TokenIssuer(minter, settings.lifetimes)
+        grants = Registry(
             [
-                AuthorizationCode(context),
-                ClientCredentials(context),
-                RefreshToken(context),
-                DeviceCode(context),
+                AuthorizationCode(store, users, issuer_of_tokens),
+                ClientCredentials(minter, default_audience),
+                RefreshToken(
+                    store,
+                    users,
+                    issuer_of_tokens,
+                    settings.refresh_grace.total_seconds(),
+                    metrics,
+                ),
+                DeviceCode(store, users, issuer_of_tokens),
             ]
         )
-        return Services(
+        authenticator = ClientAuthenticator(
+            clients, store, issuer, settings.client_assertion_max_lifetime, clock
+        )
+        access_tokens = AccessTokens(keyring, settings.keys.access_token_alg, issuer, store)
+        sessions = Sessions(settings, store, users, clock)
+        addresses = ClientAddresses(settings.trusted_proxies)
+        passwords = PasswordCheck(
+            store, users, hasher, settings.login_throttle, addresses, clock, metrics
+        )
+        return Components(
             settings=settings,
-            store=self._store,
-            keyring=self._keyring,
+            store=store,
+            keyring=keyring,
             minter=minter,
-            grants=registry,
-            sessions=Sessions(settings, self._store),
-            pages=self._pages,
-            base_path=self._base,
-            addresses=ClientAddresses(settings.trusted_proxies),
-            metrics=self.metrics,
-            discovery=discovery.Document(
-                discovery.metadata(settings, registry.names()), max_age=3600
-            ),
+            hasher=hasher,
             cors=cors.policy(settings),
+            document=discovery.Document(discovery.metadata(settings, grants.names()), max_age=3600),
+            jwks=discovery.Jwks(keyring, jwks_cache_control(settings)),
+            token=TokenEndpoint(grants, authenticator, issuer + "/token", clock, metrics),
+            introspection=IntrospectionEndpoint(
+                authenticator, access_tokens, store, issuer, issuer + "/introspect", clock
+            ),
+            revocation=RevocationEndpoint(
+                authenticator, access_tokens, store, issuer + "/revoke", clock
+            ),
+            device_authorization=DeviceAuthorizationEndpoint(
+                authenticator,
+                store,
+                default_audience=default_audience,
+                lifetime=settings.lifetimes.device_code,
+                interval=settings.device.interval,
+                verification_uri=issuer + "/device",
+                url=issuer + "/device_authorization",
+                clock=clock,
+            ),
+            userinfo=UserInfoEndpoint(access_tokens, users),
+            authorize=AuthorizationEndpoint(
+                clients=clients,
+                users=users,
+                store=store,
+                sessions=sessions,
+                pages=pages,
+                passwords=passwords,
+                issuer=issuer,
+                default_audience=default_audience,
+                code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
+                scope_description=settings.scope_description,
+                base_path=base,
+                clock=clock,
+            ),
+            device=DevicePages(
+                store=store,
+                clients=clients,
+                users=users,
+                sessions=sessions,
+                pages=pages,
+                passwords=passwords,
+                settings=settings.device,
+                addresses=addresses,
+                scope_description=settings.scope_description,
+                base_path=base,
+                clock=clock,
+            ),
+            logout=LogoutEndpoint(
+                clients=clients,
+                users=users,
+                sessions=sessions,
+                pages=pages,
+                keyring=keyring,
+                issuer=issuer,
+                id_token_algs=settings.id_token_algs,
+                base_path=base,
+            ),
         )
 
     # ------------------------------------------------------------------ readiness
 
     async def not_ready(self) -> dict[str, str]:
         """Why this process should not get traffic; empty when ready."""
-        svc = self.live.services
-        if svc is None:
+        current = self.live.components
+        if current is None:
             return {"authserver": "starting"}
         reasons: dict[str, str] = {}
         try:
             async with asyncio.timeout(STORE_PING_TIMEOUT.total_seconds()):
-                await svc.store.ping()
+                await current.store.ping()
         except TimeoutError:
             reasons["store"] = (
                 f"no answer within {STORE_PING_TIMEOUT.total_seconds():g}s (busy or unreachable)"
@@ -182,13 +307,13 @@ class AuthServer:
         except Exception as exc:
             reasons["store"] = f"unreachable: {_why(exc)}"
         missing = []
-        for alg in svc.settings.signing_algs:
+        for alg in current.settings.signing_algs:
             try:
-                svc.keyring.active(alg)
+                current.keyring.active(alg)
             except LookupError:
                 missing.append(alg)
         if missing:
-            reasons["keys"] = f"no signing key for {', '.join(missing)} in {svc.keyring.dir}"
+            reasons["keys"] = f"no signing key for {', '.join(missing)} in {current.keyring.dir}"
         if self.draining:
             reasons["authserver"] = "shutting down"
         return reasons
@@ -216,12 +341,13 @@ class AuthServer:
                     _log_key_events(await asyncio.to_thread(keyring.load, added))
             except Exception as exc:
                 return self._rejected(path, f"cannot add signing keys: {_why(exc)}")
-            # The swap: nothing awaited from here on.
+            # Built before anything is changed; then the swap: nothing awaited from here on.
+            components = self._components(new)
             keyring.policy = RotationPolicy.from_settings(new)
             if new.log_level != self.settings.log_level:
                 logging.getLogger().setLevel(new.log_level.upper())
             self.settings = new
-            self.live.services = self._services(new)
+            self.live.components = components
             self.metrics.reloaded(True)
             log.info("config reloaded", extra={"file": path})
             return True
@@ -251,6 +377,7 @@ class AuthServer:
             storage=old.storage,
             issuer=old.issuer,
             keys=old.keys,
+            password_hashing=old.password_hashing,
         )
 
     def request_reload(self) -> None:
@@ -284,18 +411,19 @@ def _redacted(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-def build_app(settings: Settings, server: AuthServer | None = None) -> web.Application:
-    """The public application; `server` (made from `settings` when not given) is opened
-    when the application starts and closed when it is cleaned up."""
-    server = server or AuthServer(settings)
-    app = web.Application(client_max_size=1024 * 1024, middlewares=[_counted(server.metrics)])
-    app[LIVE] = server.live
-    app[discovery.JWKS_CACHE_CONTROL] = jwks_cache_control(settings)
-    base = urlsplit(settings.issuer).path.rstrip("/")
+def build_app(
+    settings: Settings, server: AuthServer | None = None, *, clock: Clock = time.time
+) -> web.Application:
+    """The public application; `server` (made from `settings` and `clock` when not given)
+    is opened when the application starts and closed when it is cleaned up."""
+    server = server or AuthServer(settings, clock)
     live = server.live
+    app = web.Application(client_max_size=1024 * 1024, middlewares=[_counted(server.metrics)])
+    app[LIVE] = live
+    base = server.base
     # Preflights are answered there, before routing.
     app.middlewares.append(
-        cors.middleware(lambda: live.services.cors if live.services else None, base)
+        cors.middleware(lambda: live.components.cors if live.components else None, base)
     )
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
@@ -304,42 +432,49 @@ def build_app(settings: Settings, server: AuthServer | None = None) -> web.Appli
         await server.close()
 
     app.cleanup_ctx.append(lifecycle)
+
+    def json(pick: Callable[[Components], Handler]) -> Handler:
+        return json_errors(_current(live, pick))
+
+    def page(pick: Callable[[Components], Handler]) -> Handler:
+        return server.pages.guard(_current(live, pick))
+
+    document = _current(live, lambda c: c.document.respond)
     # Each route is named: the name is the `endpoint` label of the request metrics.
     r = app.router
-    r.add_get(base + "/.well-known/openid-configuration", discovery.discovery, name="discovery")
-    r.add_get(
-        base + "/.well-known/oauth-authorization-server",
-        discovery.discovery,
-        name="oauth_metadata",
-    )
+    r.add_get(base + "/.well-known/openid-configuration", document, name="discovery")
+    r.add_get(base + "/.well-known/oauth-authorization-server", document, name="oauth_metadata")
     if base:
         # RFC 8414 §3.1: for an issuer with a path, the well-known segment comes first.
         r.add_get(
             "/.well-known/oauth-authorization-server" + base,
-            discovery.discovery,
+            document,
             name="oauth_metadata_path_first",
         )
-    r.add_get(base + "/jwks", discovery.jwks, name="jwks")
-    r.add_route("GET", base + "/authorize", authorize.authorize, name="authorize")
-    r.add_route("POST", base + "/authorize", authorize.authorize, name="authorize")
-    r.add_post(base + "/login", authorize.login, name="login")
-    r.add_post(base + "/consent", authorize.consent, name="consent")
-    r.add_post(base + "/token", token.token, name="token")
-    r.add_route("GET", base + "/userinfo", userinfo.userinfo, name="userinfo")
-    r.add_route("POST", base + "/userinfo", userinfo.userinfo, name="userinfo")
-    r.add_post(base + "/introspect", introspect.introspect, name="introspect")
-    r.add_post(base + "/revoke", revoke.revoke, name="revoke")
+    r.add_get(base + "/jwks", _current(live, lambda c: c.jwks.respond), name="jwks")
+    authorize = page(lambda c: c.authorize.authorize)
+    r.add_route("GET", base + "/authorize", authorize, name="authorize")
+    r.add_route("POST", base + "/authorize", authorize, name="authorize")
+    r.add_post(base + "/login", page(lambda c: c.authorize.login), name="login")
+    r.add_post(base + "/consent", page(lambda c: c.authorize.consent), name="consent")
+    r.add_post(base + "/token", json(lambda c: c.token.handle), name="token")
+    userinfo = json(lambda c: c.userinfo.handle)
+    r.add_route("GET", base + "/userinfo", userinfo, name="userinfo")
+    r.add_route("POST", base + "/userinfo", userinfo, name="userinfo")
+    r.add_post(base + "/introspect", json(lambda c: c.introspection.handle), name="introspect")
+    r.add_post(base + "/revoke", json(lambda c: c.revocation.handle), name="revoke")
     r.add_post(
         base + "/device_authorization",
-        device_authorization.device_authorization,
+        json(lambda c: c.device_authorization.handle),
         name="device_authorization",
     )
-    r.add_get(base + "/device", device.device_page, name="device")
-    r.add_post(base + "/device", device.check_code, name="device")
-    r.add_post(base + "/device/login", device.login, name="device_login")
-    r.add_post(base + "/device/consent", device.consent, name="device_consent")
-    r.add_route("GET", base + "/logout", logout.logout, name="logout")
-    r.add_route("POST", base + "/logout", logout.logout, name="logout")
+    r.add_get(base + "/device", page(lambda c: c.device.device_page), name="device")
+    r.add_post(base + "/device", page(lambda c: c.device.check_code), name="device")
+    r.add_post(base + "/device/login", page(lambda c: c.device.login), name="device_login")
+    r.add_post(base + "/device/consent", page(lambda c: c.device.consent), name="device_consent")
+    logout = page(lambda c: c.logout.handle)
+    r.add_route("GET", base + "/logout", logout, name="logout")
+    r.add_route("POST", base + "/logout", logout, name="logout")
     r.add_get(base + "/healthz", _healthz, name="healthz")
     r.add_static(
         base + "/static",
@@ -348,6 +483,16 @@ def build_app(settings: Settings, server: AuthServer | None = None) -> web.Appli
         name="static",
     )
     return app
+
+
+def _current(live: Live, pick: Callable[[Components], Handler]) -> Handler:
+    """A handler that serves each request with the handler `pick` chooses from the
+    Components in force when the request starts."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await pick(live.current())(request)
+
+    return handle
 
 
 def _counted(metrics: Metrics) -> Middleware:
@@ -402,25 +547,28 @@ async def _healthz(_: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-async def _purge(store: Store) -> None:
+async def _purge(store: Store, clock: Clock) -> None:
     """Delete expired rows."""
     while True:
         await asyncio.sleep(PURGE_EVERY.total_seconds())
         try:
-            removed = await store.purge_expired(time.time())
+            removed = await store.purge_expired(clock())
             log.info("expired rows purged", extra={"rows": removed})
+        except StoreUnavailable as exc:
+            log.warning("purge postponed: the store is unavailable", extra={"reason": str(exc)})
         except Exception:
+            # A bug: logged with its traceback; the loop goes on so that it is not silent.
             log.exception("purge failed")
 
 
-async def _watch_keys(keyring: KeyRing) -> None:
+async def _watch_keys(keyring: KeyRing, clock: Clock) -> None:
     """Pick up keys other processes wrote (`keys rotate`) and write the transitions that are
     due: activation, retirement, removal, automatic rotation. In a worker thread: it reads
     files, may wait for another process's lock, and generating an RSA key takes a while."""
     while True:
         await asyncio.sleep(CHECK_EVERY.total_seconds())
         try:
-            _log_key_events(await asyncio.to_thread(keyring.check, time.time()))
+            _log_key_events(await asyncio.to_thread(keyring.check, clock()))
         except Exception:
             log.exception("key ring check failed")
 
@@ -452,3 +600,11 @@ async def serve(settings: Settings) -> None:
         on_draining=lambda: setattr(server, "draining", True),
         on_reload=server.request_reload,
     )
+
+
+async def migrate(settings: Settings) -> None:
+    """`portcullis-authserver migrate`: apply the storage's pending migrations, then close it.
+    A server applies them at start too; this lets a deployment do it once, beforehand."""
+    store = open_store(settings.storage, settings.storage_pool)
+    await store.open()
+    await store.close()

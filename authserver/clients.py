@@ -32,8 +32,9 @@ from urllib.parse import unquote_plus
 
 import jwt
 
+from .clock import Clock
 from .protocol.errors import ErrorCode, OAuthError, invalid_request
-from .settings import ClientSettings, Settings
+from .registry import Client, ClientRegistry
 from .store.base import Store
 
 ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
@@ -147,61 +148,145 @@ def presented(form: Mapping[str, str], authorization: str | None) -> Presented:
     return Presented("none", form_id)
 
 
-def _secret_matches(client: ClientSettings, secret: str) -> bool:
+def _secret_matches(client: Client, secret: str) -> bool:
     if client.client_secret_sha256 is None:
         return False
     digest = hashlib.sha256(secret.encode()).digest()
     return hmac.compare_digest(digest, client.client_secret_sha256)
 
 
-async def authenticate(
-    form: Mapping[str, str],
-    authorization: str | None,
-    settings: Settings,
-    store: Store,
-    endpoint_url: str,
-) -> ClientSettings:
-    """The authenticated client, or ClientAuthError / invalid_request.
+class ClientAuthenticator:
+    """Authenticates clients against the registry; assertion ids are kept in the store.
 
-    Each refusal is logged with its reason and the client_id presented (if any)."""
-    offer: Presented | None = None
-    try:
-        offer = presented(form, authorization)
-        return await _authenticate(offer, settings, store, endpoint_url)
-    except ClientAuthError as error:
-        client_id = offer.client_id if offer is not None else form.get("client_id", "")
-        log.info(
-            "client authentication failed",
-            extra={
-                "reason": error.reason,
-                # Whatever the caller sent, bounded: registered ids are at most 128 long.
-                "client_id": client_id[:128],
-                "method": offer.method if offer is not None else "-",
-                "endpoint": endpoint_url,
-            },
-        )
-        raise
+    `max_assertion_lifetime` is `client_assertion_max_lifetime`: the longest a
+    private_key_jwt assertion may live (exp - now)."""
+
+    def __init__(
+        self,
+        clients: ClientRegistry,
+        store: Store,
+        issuer: str,
+        max_assertion_lifetime: timedelta,
+        clock: Clock = time.time,
+    ) -> None:
+        self.clients = clients
+        self.store = store
+        self.issuer = issuer
+        self.max_assertion_lifetime = max_assertion_lifetime.total_seconds()
+        self.clock = clock
+
+    async def authenticate(
+        self, form: Mapping[str, str], authorization: str | None, endpoint_url: str
+    ) -> Client:
+        """The authenticated client, or ClientAuthError / invalid_request.
+
+        Each refusal is logged with its reason and the client_id presented (if any)."""
+        offer: Presented | None = None
+        try:
+            offer = presented(form, authorization)
+            return await self._authenticate(offer, endpoint_url)
+        except ClientAuthError as error:
+            client_id = offer.client_id if offer is not None else form.get("client_id", "")
+            log.info(
+                "client authentication failed",
+                extra={
+                    "reason": error.reason,
+                    # Whatever the caller sent, bounded: registered ids are at most 128 long.
+                    "client_id": client_id[:128],
+                    "method": offer.method if offer is not None else "-",
+                    "endpoint": endpoint_url,
+                },
+            )
+            raise
+
+    async def _authenticate(self, offer: Presented, endpoint_url: str) -> Client:
+        basic = offer.method == "client_secret_basic"
+        client = await self.clients.client(offer.client_id)
+        if client is None:
+            raise ClientAuthError(FAILED, basic=basic, reason="unknown_client")
+        if client.token_endpoint_auth_method != offer.method:
+            raise ClientAuthError(
+                FAILED,
+                basic=basic,
+                reason=f"wrong_method (registered {client.token_endpoint_auth_method})",
+            )
+        if offer.method in ("client_secret_basic", "client_secret_post"):
+            if offer.secret is None or not _secret_matches(client, offer.secret):
+                raise ClientAuthError(FAILED, basic=basic, reason="wrong_secret")
+        elif offer.method == "private_key_jwt":
+            await self._check_assertion(client, offer.assertion or "", endpoint_url)
+        return client
+
+    async def _check_assertion(self, client: Client, assertion: str, endpoint_url: str) -> None:
+        """RFC 7523 §3 with RFC 7521 §5.2: signature, then claims, then the jti's single use."""
+
+        def failed(reason: str) -> ClientAuthError:
+            return ClientAuthError(FAILED, basic=False, reason=reason)
+
+        try:
+            header = jwt.get_unverified_header(assertion)
+        except jwt.InvalidTokenError:
+            raise failed("assertion_not_a_jwt") from None
+        alg = header.get("alg")
+        if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
+            raise failed("algorithm_not_allowed")
+        keys = _candidate_keys(client.jwks, header.get("kid"), alg)
+        if not keys:
+            raise failed("no_matching_key")
+        leeway = ASSERTION_LEEWAY.total_seconds()
+        now = self.clock()
+        claims: dict[str, Any] | None = None
+        for key in keys:
+            try:
+                claims = jwt.decode(
+                    assertion,
+                    key,
+                    algorithms=[alg],
+                    audience=[self.issuer, endpoint_url],
+                    issuer=client.client_id,
+                    options={"require": ["iss", "sub", "aud", "exp", "jti"]},
+                    leeway=leeway,
+                )
+            except (jwt.InvalidSignatureError, TypeError, ValueError):
+                # Another of the client's keys, or one of another type than `alg` needs (PyJWT
+                # raises TypeError then).
+                continue
+            except jwt.PyJWTError as error:
+                # PyJWT checks the signature first: this key signed it, and a claim is wrong.
+                raise failed(_claims_reason(error)) from None
+            break
+        if claims is None:
+            raise failed("bad_signature")
+        if claims.get("sub") != client.client_id:
+            raise failed("assertion_sub_mismatch")
+        expires = float(claims["exp"])
+        if expires > now + self.max_assertion_lifetime + leeway:
+            raise failed("assertion_lifetime_too_long")
+        # Remembered until the last moment the leeway would still accept it (RFC 7523 §3
+        # item 7).
+        jti, kept_until = str(claims["jti"]), expires + leeway
+        if not await self.store.use_jti(client.client_id, jti, kept_until, now):
+            raise failed("replayed_jti")
 
 
-async def _authenticate(
-    offer: Presented, settings: Settings, store: Store, endpoint_url: str
-) -> ClientSettings:
-    basic = offer.method == "client_secret_basic"
-    client = settings.client(offer.client_id)
-    if client is None:
-        raise ClientAuthError(FAILED, basic=basic, reason="unknown_client")
-    if client.token_endpoint_auth_method != offer.method:
-        raise ClientAuthError(
-            FAILED,
-            basic=basic,
-            reason=f"wrong_method (registered {client.token_endpoint_auth_method})",
-        )
-    if offer.method in ("client_secret_basic", "client_secret_post"):
-        if offer.secret is None or not _secret_matches(client, offer.secret):
-            raise ClientAuthError(FAILED, basic=basic, reason="wrong_secret")
-    elif offer.method == "private_key_jwt":
-        await _check_assertion(client, offer.assertion or "", settings, store, endpoint_url)
-    return client
+# What a claim check PyJWT makes after the signature verified says about the assertion.
+_CLAIM_FAILURES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
+    (jwt.ExpiredSignatureError, "assertion_expired"),
+    (jwt.ImmatureSignatureError, "assertion_not_yet_valid"),
+    (jwt.InvalidAudienceError, "wrong_audience"),
+    (jwt.InvalidIssuerError, "wrong_issuer"),
+    (jwt.MissingRequiredClaimError, "missing_claim"),
+    (jwt.DecodeError, "malformed_assertion"),
+)
+
+
+def _claims_reason(error: jwt.PyJWTError) -> str:
+    for kind, reason in _CLAIM_FAILURES:
+        if isinstance(error, kind):
+            if isinstance(error, jwt.MissingRequiredClaimError):
+                return f"{reason} ({error.claim})"
+            return reason
+    return "invalid_claims"
 
 
 def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[Any]:
@@ -226,75 +311,3 @@ def _candidate_keys(jwks: Mapping[str, Any] | None, kid: Any, alg: str) -> list[
         except jwt.PyJWTError:
             continue
     return keys
-
-
-# What a claim check PyJWT makes after the signature verified says about the assertion.
-_CLAIM_FAILURES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
-    (jwt.ExpiredSignatureError, "assertion_expired"),
-    (jwt.ImmatureSignatureError, "assertion_not_yet_valid"),
-    (jwt.InvalidAudienceError, "wrong_audience"),
-    (jwt.InvalidIssuerError, "wrong_issuer"),
-    (jwt.MissingRequiredClaimError, "missing_claim"),
-    (jwt.DecodeError, "malformed_assertion"),
-)
-
-
-def _claims_reason(error: jwt.PyJWTError) -> str:
-    for kind, reason in _CLAIM_FAILURES:
-        if isinstance(error, kind):
-            if isinstance(error, jwt.MissingRequiredClaimError):
-                return f"{reason} ({error.claim})"
-            return reason
-    return "invalid_claims"
-
-
-async def _check_assertion(
-    client: ClientSettings, assertion: str, settings: Settings, store: Store, endpoint_url: str
-) -> None:
-    """RFC 7523 §3 with RFC 7521 §5.2: signature, then claims, then the jti's single use."""
-
-    def failed(reason: str) -> ClientAuthError:
-        return ClientAuthError(FAILED, basic=False, reason=reason)
-
-    try:
-        header = jwt.get_unverified_header(assertion)
-    except jwt.InvalidTokenError:
-        raise failed("assertion_not_a_jwt") from None
-    alg = header.get("alg")
-    if alg not in ASSERTION_ALGORITHMS:  # never `none` or a MAC keyed with public data
-        raise failed("algorithm_not_allowed")
-    keys = _candidate_keys(client.jwks, header.get("kid"), alg)
-    if not keys:
-        raise failed("no_matching_key")
-    leeway = ASSERTION_LEEWAY.total_seconds()
-    now = time.time()
-    claims: dict[str, Any] | None = None
-    for key in keys:
-        try:
-            claims = jwt.decode(
-                assertion,
-                key,
-                algorithms=[alg],
-                audience=[settings.issuer, endpoint_url],
-                issuer=client.client_id,
-                options={"require": ["iss", "sub", "aud", "exp", "jti"]},
-                leeway=leeway,
-            )
-        except (jwt.InvalidSignatureError, TypeError, ValueError):
-            # Another of the client's keys, or one of another type than `alg` needs (PyJWT
-            # raises TypeError then).
-            continue
-        except jwt.PyJWTError as error:
-            # PyJWT checks the signature first: this key signed it, and a claim is wrong.
-            raise failed(_claims_reason(error)) from None
-        break
-    if claims is None:
-        raise failed("bad_signature")
-    if claims.get("sub") != client.client_id:
-        raise failed("assertion_sub_mismatch")
-    expires = float(claims["exp"])
-    if expires > now + settings.client_assertion_max_lifetime.total_seconds() + leeway:
-        raise failed("assertion_lifetime_too_long")
-    # Remembered until the last moment the leeway would still accept it (RFC 7523 §3 item 7).
-    if not await store.use_jti(client.client_id, str(claims["jti"]), expires + leeway, now):
-        raise failed("replayed_jti")

@@ -39,7 +39,7 @@ from .settings import Settings
 log = logging.getLogger("portcullis.authserver.cors")
 
 FORM = "application/x-www-form-urlencoded"
-# The token endpoint refuses larger forms without reading them (endpoints/common.py): the
+# The token endpoint refuses larger forms without reading them (endpoints/forms.py): the
 # client of such a request is not looked for.
 MAX_FORM_BYTES = 64 * 1024
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -47,11 +48,13 @@ from typing import Any
 
 import jwt
 import orjson
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
+from .clock import Clock
 from .settings import Settings
 
 METADATA = "keyring.json"
@@ -249,10 +252,14 @@ def _rotation_due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPoli
 
 class KeyRing:
     def __init__(
-        self, directory: str | os.PathLike[str], policy: RotationPolicy | None = None
+        self,
+        directory: str | os.PathLike[str],
+        policy: RotationPolicy | None = None,
+        clock: Clock = time.time,
     ) -> None:
         self.dir = Path(directory)
         self.policy = policy
+        self.clock = clock  # decides which key signs: see the module's description
         self._snap = _snapshot({}, {}, None)
         # Encoded protected headers by (kid, typ); a few per key, kept for the process.
         self._headers: dict[tuple[str, str], bytes] = {}
@@ -346,7 +353,7 @@ class KeyRing:
         """Read the ring, generating an active key for any algorithm that has none, and
         writing the transitions that are due."""
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        now = time.time()
+        now = self.clock()
         with self._locked(exclusive=True):
             infos, private, stamp = self._read()
             events = self._advance(infos, private, now)
@@ -484,14 +491,14 @@ class KeyRing:
 
     def active(self, alg: str, now: float | None = None) -> KeyInfo:
         """The key that signs `alg` at `now`: the newest one whose activation has come."""
-        return _signing_key(self._snap, alg, time.time() if now is None else now)
+        return _signing_key(self._snap, alg, self.clock() if now is None else now)
 
     def sign(self, alg: str, claims: Mapping[str, Any], typ: str = "JWT") -> str:
         """A JWS compact serialisation (RFC 7515 §7.1) of `claims`, signed by the key that
         signs for `alg` now. On the token endpoint's hot path: the protected header of a
         (kid, typ) is encoded once, and the signature is made with cryptography directly."""
         snap = self._snap
-        info = _signing_key(snap, alg, time.time())
+        info = _signing_key(snap, alg, self.clock())
         header = self._headers.get((info.kid, typ))
         if header is None:
             header = _b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
@@ -514,7 +521,20 @@ class KeyRing:
         return jwt.decode(token, key, algorithms=[info.alg], **options)
 
 
-_ECDSA_SHA256 = ec.ECDSA(hashes.SHA256())
+@functools.cache
+def _ecdsa_sha256() -> ec.ECDSA:
+    """Deterministic ECDSA (RFC 6979) where the OpenSSL underneath has it: the same claims
+    signed again give the same token, so a refresh retried within the grace window is
+    answered byte for byte as the first time (its plan is signed again, tokens.py).
+    Verifiers cannot tell the two kinds of signature apart."""
+    deterministic = ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
+    try:
+        ec.generate_private_key(ec.SECP256R1()).sign(b"probe", deterministic)
+    except UnsupportedAlgorithm:
+        return ec.ECDSA(hashes.SHA256())
+    return deterministic
+
+
 _SHA256 = hashes.SHA256()
 _PKCS1V15 = padding.PKCS1v15()
 
@@ -527,7 +547,7 @@ def _jws_signature(alg: str, key: Any, signing_input: bytes) -> bytes:
     """RFC 7518 §3.3 (RS256), §3.4 (ES256: r and s as fixed-size big-endian integers, not
     DER), RFC 8037 §3.1 (EdDSA)."""
     if alg == "ES256":
-        r, s = decode_dss_signature(key.sign(signing_input, _ECDSA_SHA256))
+        r, s = decode_dss_signature(key.sign(signing_input, _ecdsa_sha256()))
         return r.to_bytes(32, "big") + s.to_bytes(32, "big")
     if alg == "RS256":
         return bytes(key.sign(signing_input, _PKCS1V15, _SHA256))

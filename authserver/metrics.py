@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import time
-from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from portcullis.buildinfo import BuildInfo
+from portcullis.histogram import Bounds, PlainHistogram
 
 if TYPE_CHECKING:
     from .store.base import Store
@@ -53,29 +53,7 @@ STORE_BUCKETS = (
     2.5,
     5.0,
 )
-_BUCKET_NAMES = (*(repr(float(b)) for b in STORE_BUCKETS), "+Inf")
-
-
-class _Histogram:
-    """Counts per bucket and a sum; the event loop is the only writer, so no lock."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(STORE_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(STORE_BUCKETS, seconds)] += 1
-        self.sum += seconds
-
-    def buckets(self) -> list[tuple[str, float]]:
-        cumulative = 0
-        out: list[tuple[str, float]] = []
-        for bound, count in zip(_BUCKET_NAMES, self.counts, strict=True):
-            cumulative += count
-            out.append((bound, cumulative))
-        return out
+_BOUNDS = Bounds(STORE_BUCKETS)
 
 
 class Metrics:
@@ -88,7 +66,7 @@ class Metrics:
         self.refresh_reuse_detected = 0
         self.logins_failed = 0
         self.logins_throttled = 0
-        self.store_calls: dict[str, _Histogram] = {}
+        self.store_calls: dict[str, PlainHistogram] = {}
         self.reloads: dict[str, int] = {"applied": 0, "rejected": 0}
         self.registry.register(_Collector(self))
         self.registry.register(BuildInfo())
@@ -112,7 +90,7 @@ class Metrics:
     def store_call(self, operation: str, seconds: float) -> None:
         histogram = self.store_calls.get(operation)
         if histogram is None:
-            histogram = self.store_calls[operation] = _Histogram()
+            histogram = self.store_calls[operation] = PlainHistogram(_BOUNDS)
         histogram.observe(seconds)
 
     def reloaded(self, applied: bool) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from .clock import Clock
+from .registry import UserDirectory
 from .settings import Settings
 from .store.base import SessionRecord, Store
 
@@ -42,9 +44,12 @@ class Session:
 
 
 class Sessions:
-    def __init__(self, settings: Settings, store: Store) -> None:
-        self.settings = settings
+    def __init__(
+        self, settings: Settings, store: Store, users: UserDirectory, clock: Clock = time.time
+    ) -> None:
         self.store = store
+        self.users = users
+        self.clock = clock
         self.secure = settings.secure_cookies
         self.name = "__Host-portcullis_session" if self.secure else "portcullis_session"
         self.lifetime = settings.lifetimes.session.total_seconds()
@@ -53,10 +58,10 @@ class Sessions:
         value = request.cookies.get(self.name)
         if not value or len(value) > 100:
             return None
-        record = await self.store.get_session(hashlib.sha256(value.encode()).digest(), time.time())
+        record = await self.store.get_session(hashlib.sha256(value.encode()).digest(), self.clock())
         if record is None:
             return None
-        if record.subject != ANONYMOUS and self.settings.user_by_subject(record.subject) is None:
+        if record.subject != ANONYMOUS and await self.users.by_subject(record.subject) is None:
             return None  # the user was removed from the configuration since signing in
         return Session(record, None)
 
@@ -68,8 +73,7 @@ class Sessions:
         old = await self.current(request)
         if old is not None:
             await self.store.delete_session(old.record.session_hash)
-        now = time.time()
-        return await self._new(subject, now, self.lifetime)
+        return await self._new(subject, self.clock(), self.lifetime)
 
     async def logout(self, request: web.BaseRequest) -> None:
         old = await self.current(request)
@@ -82,7 +86,7 @@ class Sessions:
             session_hash=hashlib.sha256(value.encode()).digest(),
             subject=subject,
             auth_time=auth_time,
-            expires_at=time.time() + lifetime,
+            expires_at=self.clock() + lifetime,
             csrf_secret=os.urandom(32),
         )
         await self.store.save_session(record)
@@ -98,7 +102,7 @@ class Sessions:
             httponly=True,
             samesite="Lax",
             secure=self.secure,
-            max_age=int(session.record.expires_at - time.time()),
+            max_age=int(session.record.expires_at - self.clock()),
         )
 
     def clear_cookie(self, response: web.StreamResponse) -> None:

@@ -59,6 +59,9 @@ STANDARD_SCOPES = {
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
 _CLIENT_ID = re.compile(r"^[\x21-\x7E]{1,128}$")
 ZERO = timedelta(0)
+# A retry of a lost refresh response gets that response again for this long (README,
+# security notes: a server killed between the commit and the answer logs nobody out).
+REFRESH_GRACE = timedelta(seconds=5)
 BACKOFF_FIRST_DELAY = timedelta(seconds=1)
 ScopeList = NewType("ScopeList", tuple[str, ...])  # `scope: "openid email"`, split
 JwkSet = NewType("JwkSet", dict[str, Any])
@@ -240,6 +243,30 @@ class DeviceSettings:
 
 
 @section
+class PasswordHashing:
+    """Password checks (scrypt, about 32 MiB and tens of milliseconds each): how many run at
+    once, and how many may wait for them before a sign-in is answered 503. Read at start."""
+
+    workers: int = setting("Checks at once, each on a thread of its own.", default=2, minimum=1, maximum=64)
+    max_waiting: int = setting("Checks queued behind them; a sign-in beyond gets a 503 page.", default=16, minimum=0, maximum=10_000)
+
+
+@section
+class StoragePool:
+    """The connections a postgresql:// storage keeps open, and how long a call waits."""
+
+    min_size: int = setting("Connections opened at start and kept.", default=1, minimum=0, maximum=1000)
+    max_size: int = setting("Connections at most; replicas × max_size must fit the database's max_connections.", default=10, minimum=1, maximum=1000)
+    connect_timeout: timedelta = setting("A new connection, login included; then 503.", default=timedelta(seconds=5), more_than=ZERO)
+    command_timeout: timedelta = setting("One statement, lock waits included; then it is cancelled, 503.", default=timedelta(seconds=5), more_than=ZERO)
+    acquire_timeout: timedelta = setting("Waiting for a free connection when all are busy; then 503.", default=timedelta(seconds=5), more_than=ZERO)
+
+    def validate(self, check: Check) -> None:
+        if self.min_size > self.max_size:
+            check.problem("exceeds max_size", key="min_size")
+
+
+@section
 class ScopeSettings:
     """A scope clients may ask for, beyond the OpenID Connect ones."""
 
@@ -387,11 +414,13 @@ class Settings:
     issuer: str = setting("The issuer identifier: https, no query, fragment or trailing slash.", parser=issuer_url)
     storage: str = setting("sqlite:///PATH, or postgresql://user@host/db to scale out.", parser=storage_url)
     keys: KeySettings = setting("Signing keys.")
+    storage_pool: StoragePool = setting("postgresql:// only: the connections each server keeps.", default_factory=StoragePool)
     listen: Address = setting("Where clients connect.", default=Address("0.0.0.0", 9000), parser=address)
     default_audience: str | None = setting("`aud` of access tokens asked for without a resource.", default=None)
     lifetimes: Lifetimes = setting("Lifetimes.", default_factory=Lifetimes)
-    refresh_grace: timedelta = setting("A rotated refresh token still works this long (a retry).", default=ZERO, parser=grace)
+    refresh_grace: timedelta = setting("A retry of a lost refresh response is answered again this long (at most 10s).", default=REFRESH_GRACE, parser=grace)
     login_throttle: LoginThrottle = setting("Wrong passwords.", default_factory=LoginThrottle)
+    password_hashing: PasswordHashing = setting("Password checks off the event loop; restart to change.", default_factory=PasswordHashing)
     trusted_proxies: tuple[IPNetwork, ...] = setting("Peers whose X-Forwarded-For names the client (for the throttles).", default=(), parser=network)
     device: DeviceSettings = setting("The device grant.", default_factory=DeviceSettings)
     scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
@@ -461,6 +490,8 @@ class Settings:
             check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
         if self.tls is not None and urlsplit(self.issuer).scheme != "https":
             check.problem("must be https:// when the server itself serves TLS (tls:)", key="issuer")
+        if check.has("storage_pool") and not self.storage.startswith(("postgresql://", "postgres://")):
+            check.problem("only a postgresql:// storage has a pool", key="storage_pool")
         _once(check, self.scopes, lambda s: s.name, "scope {!r} is listed twice")
         _once(check, self.users, lambda u: u.username, "username {!r} is listed twice")
         _once(check, self.clients, lambda c: c.client_id, "client_id is listed twice")

@@ -1,5 +1,11 @@
-"""Minting access tokens (RFC 9068 JWTs) and ID tokens (OIDC Core §2), and sealing the
-response of a refresh so that a retry within the grace window can be answered again.
+"""Access tokens (RFC 9068 JWTs) and ID tokens (OIDC Core §2): their claims, decided before
+an issuance is committed, and their signatures, made after.
+
+A `TokenPlan` is a token response before signing: every claim set (the access token's `jti`
+included) and the refresh token drawn. The store commits the issuance the plan describes;
+only then does `Minter.sign` turn the plan into the response. The plan of a rotation is also
+sealed under the presented refresh token, so that a retry within the grace window is
+answered with the same tokens, signed again.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .keys import KeyRing
+from .protocol import scopes as scope_rules
 from .protocol.claims import at_hash, released
 from .settings import Settings
 
@@ -30,6 +37,10 @@ def digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
+def new_jti() -> str:
+    return base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+
+
 @dataclass(frozen=True)
 class MintedAccessToken:
     token: str
@@ -38,14 +49,90 @@ class MintedAccessToken:
     expires_in: int
 
 
+@dataclass(frozen=True)
+class TokenPlan:
+    """A token response with every claim decided and nothing signed yet."""
+
+    access_claims: Mapping[str, Any]
+    expires_in: int
+    scopes: tuple[str, ...]
+    refresh_token: str | None = None
+    id_claims: Mapping[str, Any] | None = None  # without at_hash: it hashes the signed token
+    id_alg: str | None = None
+
+    @property
+    def jti(self) -> str:
+        return str(self.access_claims["jti"])
+
+    @property
+    def access_expires_at(self) -> float:
+        return float(self.access_claims["exp"])
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "v": _PLAN_VERSION,
+                "access_claims": self.access_claims,
+                "expires_in": self.expires_in,
+                "scopes": list(self.scopes),
+                "refresh_token": self.refresh_token,
+                "id_claims": self.id_claims,
+                "id_alg": self.id_alg,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TokenPlan | None:
+        """The plan, or None for anything else (a plan of another version included)."""
+        value = orjson.loads(data)
+        if not isinstance(value, dict) or value.get("v") != _PLAN_VERSION:
+            return None
+        return cls(
+            access_claims=value["access_claims"],
+            expires_in=int(value["expires_in"]),
+            scopes=tuple(value["scopes"]),
+            refresh_token=value["refresh_token"],
+            id_claims=value["id_claims"],
+            id_alg=value["id_alg"],
+        )
+
+
+_PLAN_VERSION = 1
+
+
 class Minter:
     def __init__(self, settings: Settings, keyring: KeyRing) -> None:
-        self.settings = settings
+        self.issuer = settings.issuer
         self.keyring = keyring
         self.access_alg = settings.keys.access_token_alg
         self.id_alg = settings.keys.id_token_alg
         self.access_lifetime = int(settings.lifetimes.access_token.total_seconds())
         self.id_lifetime = int(settings.lifetimes.id_token.total_seconds())
+
+    def access_claims(
+        self,
+        *,
+        subject: str,
+        client_id: str,
+        scope: str,
+        audience: str,
+        now: float,
+        auth_time: float | None = None,
+    ) -> dict[str, Any]:
+        iat = int(now)
+        claims: dict[str, Any] = {
+            "iss": self.issuer,
+            "sub": subject,
+            "aud": audience,
+            "exp": iat + self.access_lifetime,
+            "iat": iat,
+            "jti": new_jti(),
+            "client_id": client_id,
+            "scope": scope,
+        }
+        if auth_time is not None:
+            claims["auth_time"] = int(auth_time)
+        return claims
 
     def access_token(
         self,
@@ -57,25 +144,20 @@ class Minter:
         now: float,
         auth_time: float | None = None,
     ) -> MintedAccessToken:
-        iat = int(now)
-        exp = iat + self.access_lifetime
-        jti = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
-        claims: dict[str, Any] = {
-            "iss": self.settings.issuer,
-            "sub": subject,
-            "aud": audience,
-            "exp": exp,
-            "iat": iat,
-            "jti": jti,
-            "client_id": client_id,
-            "scope": scope,
-        }
-        if auth_time is not None:
-            claims["auth_time"] = int(auth_time)
+        """An access token signed at once: for tokens nothing is recorded of
+        (client_credentials)."""
+        claims = self.access_claims(
+            subject=subject,
+            client_id=client_id,
+            scope=scope,
+            audience=audience,
+            now=now,
+            auth_time=auth_time,
+        )
         token = self.keyring.sign(self.access_alg, claims, typ="at+jwt")
-        return MintedAccessToken(token, jti, exp, self.access_lifetime)
+        return MintedAccessToken(token, claims["jti"], claims["exp"], self.access_lifetime)
 
-    def id_token(
+    def id_claims(
         self,
         *,
         subject: str,
@@ -84,14 +166,11 @@ class Minter:
         scopes: Iterable[str],
         nonce: str | None,
         auth_time: float,
-        access_token: str | None,
         now: float,
-        alg: str | None = None,
-    ) -> str:
-        alg = alg or self.id_alg
+    ) -> dict[str, Any]:
         iat = int(now)
         claims: dict[str, Any] = {
-            "iss": self.settings.issuer,
+            "iss": self.issuer,
             "sub": subject,
             "aud": client_id,
             "azp": client_id,
@@ -101,26 +180,40 @@ class Minter:
         }
         if nonce is not None:
             claims["nonce"] = nonce
-        if access_token is not None:
-            claims["at_hash"] = at_hash(access_token, alg)
         claims.update(released(user_claims, scopes))
-        return self.keyring.sign(alg, claims, typ="JWT")
+        return claims
+
+    def sign(self, plan: TokenPlan) -> dict[str, Any]:
+        """The token response of a committed plan (RFC 6749 §5.1)."""
+        access_token = self.keyring.sign(self.access_alg, plan.access_claims, typ="at+jwt")
+        body: dict[str, Any] = {
+            "access_token": access_token,
+            "token_type": "Bearer",
+            "expires_in": plan.expires_in,
+            "scope": scope_rules.render(plan.scopes),
+        }
+        if plan.refresh_token is not None:
+            body["refresh_token"] = plan.refresh_token
+        if plan.id_claims is not None:
+            alg = plan.id_alg or self.id_alg
+            claims = {**plan.id_claims, "at_hash": at_hash(access_token, alg)}
+            body["id_token"] = self.keyring.sign(alg, claims, typ="JWT")
+        return body
 
 
 def _seal_key(refresh_token: str) -> bytes:
     return hashlib.sha256(b"portcullis refresh successor\x00" + refresh_token.encode()).digest()
 
 
-def seal(response: Mapping[str, Any], refresh_token: str) -> bytes:
-    """Encrypt a token response under a key only the presenter of `refresh_token` can derive."""
+def seal(plan: TokenPlan, refresh_token: str) -> bytes:
+    """Encrypt a plan under a key only the presenter of `refresh_token` can derive."""
     nonce = os.urandom(12)
-    return nonce + AESGCM(_seal_key(refresh_token)).encrypt(nonce, orjson.dumps(response), None)
+    return nonce + AESGCM(_seal_key(refresh_token)).encrypt(nonce, plan.to_json(), None)
 
 
-def unseal(sealed: bytes, refresh_token: str) -> dict[str, Any] | None:
+def unseal(sealed: bytes, refresh_token: str) -> TokenPlan | None:
     try:
         plain = AESGCM(_seal_key(refresh_token)).decrypt(sealed[:12], sealed[12:], None)
     except (InvalidTag, ValueError):
         return None
-    value = orjson.loads(plain)
-    return value if isinstance(value, dict) else None
+    return TokenPlan.from_json(plain)

@@ -2,15 +2,22 @@
 
 Stored form: `scrypt$<log2 n>$<r>$<p>$<salt b64>$<hash b64>`, so parameters can be raised
 later without invalidating existing hashes.
+
+The server checks passwords on a `PasswordHasher`: a pool of its own threads with a bounded
+queue, refusing at once what it could not start soon.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
 import hmac
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from .protocol.errors import TemporarilyUnavailable
 
 _LOG2_N, _R, _P = 15, 8, 1  # about 32 MiB and ~50 ms per hash on a current core
 _LENGTH = 32
@@ -59,3 +66,44 @@ def dummy_hash() -> str:
     """A hash to check against when the username is unknown, so that an unknown user and a
     wrong password take the same time and give the same answer."""
     return hash_password(_b64(os.urandom(16)))
+
+
+class HashingBusy(TemporarilyUnavailable):
+    """Every password-hashing slot is taken: the check was not started."""
+
+
+class PasswordHasher:
+    """Password checks off the event loop, at most `workers` at once and `max_waiting`
+    queued behind them.
+
+    A check costs about 32 MiB and tens of milliseconds of a core. One more than the pool
+    can hold is refused at once with HashingBusy (503 with Retry-After) rather than queued:
+    a backlog without bound would only grow the memory held and the wait of every sign-in
+    behind it, until none finished in time. A slot is held until its check has finished,
+    even when the request that asked for it is gone.
+    """
+
+    def __init__(self, workers: int, max_waiting: int) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="password")
+        self._capacity = workers + max_waiting
+        self._taken = 0  # changed on the event loop only
+
+    async def verify(self, password: str, stored: str) -> bool:
+        if self._taken >= self._capacity:
+            raise HashingBusy("every password-hashing slot is taken")
+        loop = asyncio.get_running_loop()
+        self._taken += 1
+        job: Future[bool] = self._executor.submit(verify_password, password, stored)
+        job.add_done_callback(lambda _: self._release_from(loop))
+        return await asyncio.wrap_future(job)
+
+    def _release_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From the worker thread: give the slot back on the loop (if it still runs)."""
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(self._release)
+
+    def _release(self) -> None:
+        self._taken -= 1
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

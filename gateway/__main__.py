@@ -1,4 +1,4 @@
-"""portcullis-gateway: run · check · explain."""
+"""portcullis-gateway: run · check (and the worst-case memory) · explain."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from portcullis import runtime
 from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
+from . import metrics
 from . import settings as settings_module
 
 log = logging.getLogger("portcullis.gateway")
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         for warning in settings_module.warnings(settings):
             print(warning, file=sys.stderr)
         print(f"{args.config}: OK")
+        from .memory import worst_case
+
+        # What to set a container's memory limit from (see bench/memory.py).
+        print(f"worst-case memory: {worst_case(settings)}")
         return 0
 
     if args.command == "explain":
@@ -76,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         from .app import serve
 
         return runtime.run_service(serve(settings), debug=args.debug)
-    return supervise(args.config, settings.workers, settings.shutdown_grace, debug=args.debug)
+    with metrics.shared_directory():
+        return supervise(args.config, settings.workers, settings.shutdown_grace, debug=args.debug)
 
 
 # What a worker tells the supervisor when it cannot start: its pid and the one line why.
@@ -96,11 +102,19 @@ def _worker(config: str, debug: bool, failures: Failures) -> None:
         sys.exit(1)
     runtime.configure_logging(settings.log_level)
     log.info("worker starting", extra={"version": version(), "pid": os.getpid()})
-    sys.exit(runtime.run_service(serve(settings, reuse_port=True), debug=debug, report=report))
+    shared_metrics = os.environ[metrics.SHARED_DIRECTORY]  # set by the supervisor
+    sys.exit(
+        runtime.run_service(
+            serve(settings, reuse_port=True, shared_metrics=shared_metrics),
+            debug=debug,
+            report=report,
+        )
+    )
 
 
 def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = False) -> int:
-    """N worker processes sharing the listening port (SO_REUSEPORT); each has its own caches.
+    """N worker processes sharing the listening port (SO_REUSEPORT); each has its own caches,
+    and their metrics are added up in the directory metrics.shared_directory() names.
 
     A worker that dies is replaced (at most once a second); SIGTERM/SIGINT are passed on
     and the workers drain before the supervisor exits; SIGHUP is passed on as a reload.
@@ -145,14 +159,13 @@ def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = Fals
     first = {process.pid for process in processes}
     log.info("workers started", extra={"workers": workers})
     last_restart = 0.0
-    exit_code = 0
+    why: str | None = None  # why a first worker could not start: printed once all have stopped
     while not stopping:
         time.sleep(0.2)
         while not failures.empty():
             pid, message = failures.get()
             if pid in first:
-                runtime.print_line(message)
-                exit_code = 1
+                why = message
                 stop(signal.SIGTERM, None)
                 break
             log.error("a new worker could not start", extra={"reason": message, "pid": pid})
@@ -161,6 +174,8 @@ def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = Fals
                 if time.monotonic() - last_restart < 1:
                     continue
                 log.error("worker exited; starting another", extra={"exitcode": process.exitcode})
+                if process.pid is not None:
+                    metrics.worker_exited(process.pid)
                 last_restart = time.monotonic()
                 processes[i] = start()
     deadline = time.monotonic() + grace.total_seconds() + 5
@@ -168,7 +183,11 @@ def supervise(config: str, workers: int, grace: timedelta, *, debug: bool = Fals
         process.join(max(0.0, deadline - time.monotonic()))
         if process.is_alive():
             process.kill()
-    return exit_code
+    if why is None:
+        return 0
+    # Last, after the other workers' own log lines: the one line a person reads.
+    runtime.print_line(why)
+    return 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.web_protocol import ERROR as UNPARSABLE_MESSAGE
 
 from portcullis import runtime, tls
 from portcullis.addresses import ClientAddresses
@@ -51,9 +55,16 @@ from .accesslog import AccessLog
 from .capacity import BodiesInFlight, Slots
 from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
-from .forward import Forwarder, Upstream
+from .forward import LEFT_OUT, Forwarder, Upstream
 from .jwks import KeySet
-from .metrics import CONTENT_TYPE, IssuerCounts, Metrics, StateCounts
+from .metrics import (
+    CONTENT_TYPE,
+    IssuerCounts,
+    Metrics,
+    ProcessMetrics,
+    SharedMetrics,
+    StateCounts,
+)
 from .principal import Principal
 from .ratelimit import Buckets, Limiter, Policy, buckets_for
 from .settings import IssuerSettings, RouteSettings, Settings, WebSocketSettings
@@ -418,7 +429,11 @@ class Gateway:
         settings: Settings,
         upstream_session: aiohttp.ClientSession,
         keys_session: aiohttp.ClientSession,
+        *,
+        shared_metrics: str | None = None,
     ) -> None:
+        """`shared_metrics`: the directory where the workers of one supervisor add up their
+        metrics (metrics.SharedMetrics); None for a gateway of one process."""
         self.settings = settings
         # Opened first: it is the one step here that can fail on the file system, and it
         # must fail before a client session below exists that nothing would close.
@@ -432,7 +447,11 @@ class Gateway:
         )
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
         self._owned_sessions: list[aiohttp.ClientSession] = [self._upstream.single_use]
-        self.metrics = Metrics(self._counts)
+        self.metrics: Metrics = (
+            ProcessMetrics(self._counts)
+            if shared_metrics is None
+            else SharedMetrics(self._counts, shared_metrics)
+        )
         self.token_cache = TokenCache(settings.token_cache_size)
         self._keysets: dict[tuple[object, ...], KeySet] = {}
         self._introspectors: dict[tuple[object, ...], Introspector] = {}
@@ -477,6 +496,7 @@ class Gateway:
         return {i.issuer.issuer: i for i in self._introspectors.values()}
 
     def start(self) -> None:
+        self.metrics.start()
         self._buckets.start()
         for keyset in self._keysets.values():
             keyset.start()
@@ -503,6 +523,7 @@ class Gateway:
             await session.close()
         if self.access_log is not None:
             self.access_log.close()
+        await self.metrics.close()
 
     def not_ready(self) -> dict[str, str]:
         """Why this process should not get traffic yet; empty when ready."""
@@ -779,7 +800,11 @@ def admin_app(gateway: Gateway) -> web.Application:
         body = gateway.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
+    async def own_head(_: web.Request, response: web.StreamResponse) -> None:
+        settle_head(response, gateway.settings.server_header)
+
     app = web.Application()
+    app.on_response_prepare.append(own_head)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -833,12 +858,56 @@ def keys_session() -> aiohttp.ClientSession:
     )
 
 
+def settle_head(response: web.StreamResponse, server_header: str) -> None:
+    """The last word on an answer's head, once aiohttp has added its default fields: an
+    upstream's answer loses those its upstream did not send (forward.LEFT_OUT); the gateway's
+    own answers carry `server_header` as their Server field, or none when it is empty, so
+    they never tell the software and version behind them."""
+    headers = response.headers
+    left_out = response.get(LEFT_OUT)
+    if left_out is not None:
+        for name in left_out:
+            headers.popall(name, None)
+    elif server_header:
+        headers["Server"] = server_header
+    else:
+        headers.popall("Server", None)
+
+
+# What aiohttp hands the handler of a request it could not parse, as if the client had
+# spoken HTTP/1.0; the gateway answers as the HTTP/1.1 server it is (RFC 9110 §6.2: the
+# highest version it conforms to), whatever the client's version, which is not known.
+_UNPARSABLE_AS_11 = UNPARSABLE_MESSAGE._replace(version=HttpVersion11)
+_TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's parser, past max_headers
+
+
+def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int:
+    """The status for a request the parser refused: 414 for a request line over its limit
+    (RFC 9112 §3), 431 for a header field over its limit or too many fields (RFC 6585 §5),
+    else 400. aiohttp reports both lines too long alike, with the limit they broke: the
+    field limit it is given always differs from the request-line limit (public_server)."""
+    if isinstance(exc, LineTooLong):
+        return 414 if exc.args[1] == request_line_limit else 431
+    if isinstance(exc, BadHttpMessage) and exc.message == _TOO_MANY_HEADERS:
+        return 431
+    return 400
+
+
+class _PublicRequest(web.BaseRequest):
+    """A request on the public listener: every answer to it, relayed or the gateway's own,
+    gets its head settled (settle_head) just before it is written."""
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        # aiohttp calls this between adding its default fields and writing the head.
+        settle_head(response, cast(_Connection, self.protocol).server_header)
+
+
 class _Connection(web.RequestHandler):
-    """aiohttp's per-connection protocol, answering requests it cannot parse (a header too
-    long, too many headers, a broken request line) with the resource error body instead of a
-    text page that echoes the request, and logging them without a traceback: they are the
-    client's mistake, and a flood of them must not flood the log. They are counted as
-    denials, like every other refusal.
+    """aiohttp's per-connection protocol, answering requests it cannot parse (a request line
+    too long: 414; a header too long, too many headers: 431; a broken request line: 400) in
+    HTTP/1.1 with the resource error body instead of a text page that echoes the request,
+    and logging them without a traceback: they are the client's mistake, and a flood of them
+    must not flood the log. They are counted as denials, like every other refusal.
 
     A connection over `limits.max_connections` is closed as soon as it is accepted, before
     anything is read: a flood of connections (half-sent request heads above all, each held
@@ -880,20 +949,26 @@ class _Connection(web.RequestHandler):
         )
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent on this connection")
+        status = unparsable_status(exc, self._server.request_line_limit)
         self._metrics.unparsable(status)
-        response = errors.bad_request(
-            "The request could not be parsed (see the limits of this API)."
-        )
-        response.set_status(status)
-        response.force_close()
-        return response
+        return errors.unparsable(status)
+
+    @property
+    def server_header(self) -> str:
+        return self._server.gateway.settings.server_header
 
 
 class _Server(web.Server):
     """The public listener's server: its connections, counted against `max_connections`."""
 
-    def __init__(self, gateway: Gateway, *, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(gateway.handle, **kwargs)
+    def __init__(
+        self, gateway: Gateway, *, max_connections: int, max_line_size: int, **kwargs: Any
+    ) -> None:
+        super().__init__(
+            gateway.handle, request_factory=self._request, max_line_size=max_line_size, **kwargs
+        )
+        self.gateway = gateway
+        self.request_line_limit = max_line_size
         self._metrics = gateway.metrics
         self.max_connections = max_connections
         self.open_connections = 0
@@ -902,6 +977,18 @@ class _Server(web.Server):
 
     def __call__(self) -> web.RequestHandler:
         return _Connection(self, self._metrics, loop=self._loop, **self._kwargs)
+
+    def _request(
+        self,
+        message: RawRequestMessage,
+        payload: aiohttp.StreamReader,
+        protocol: web.RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        if message is UNPARSABLE_MESSAGE:
+            message = _UNPARSABLE_AS_11
+        return _PublicRequest(message, payload, protocol, writer, task, self._loop)
 
     def admit(self) -> bool:
         """Count a new connection, or refuse it when `max_connections` are open."""
@@ -985,7 +1072,10 @@ def public_server(gateway: Gateway) -> web.Server:
         # §9.6); a client that sends nothing for body_timeout meanwhile is not waited for.
         lingering_time=min(limits.body_timeout, _MAX_LINGERING).total_seconds(),
         max_line_size=limits.max_line_size,
-        max_field_size=limits.max_field_size,
+        # aiohttp's parser reports a request line and a header field over their limits
+        # alike, naming the limit broken: one byte more for fields tells them apart when
+        # both are configured alike (414 and 431 answer them: unparsable_status).
+        max_field_size=limits.max_field_size + (limits.max_field_size == limits.max_line_size),
         max_headers=limits.max_headers,
         access_log=None,
     )
@@ -995,12 +1085,15 @@ async def _settle() -> None:
     runtime.settle_memory()
 
 
-async def serve(settings: Settings, *, reuse_port: bool = False) -> None:
-    """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config."""
+async def serve(
+    settings: Settings, *, reuse_port: bool = False, shared_metrics: str | None = None
+) -> None:
+    """Run one gateway process until SIGTERM, then drain. SIGHUP reloads the config.
+    A worker is given the directory where the workers add up their metrics."""
     _raise_open_file_limit(settings)
     certificate = tls.RotatingCertificate(settings.tls) if settings.tls is not None else None
     async with upstream_session(settings) as up, keys_session() as keys:
-        gateway = Gateway(settings, up, keys)
+        gateway = Gateway(settings, up, keys, shared_metrics=shared_metrics)
         gateway.start()
         try:
             await runtime.serve(

@@ -83,6 +83,28 @@ def bad_request(message: str) -> web.Response:
     return error_response(400, "bad_request", message)
 
 
+def unparsable(status: int) -> web.Response:
+    """A request the server could not read: 414 for a request line over the limit (RFC 9112
+    §3), 431 for header fields over theirs (RFC 6585 §5), 400 for anything else. The body
+    never echoes what was sent, and the connection closes: where the next request would
+    begin is not known."""
+    code, message = _UNPARSABLE.get(
+        status, ("bad_request", "The request could not be parsed (see the limits of this API).")
+    )
+    response = error_response(status, code, message)
+    response.force_close()
+    return response
+
+
+_UNPARSABLE = {
+    414: ("uri_too_long", "The request line is longer than this API accepts."),
+    431: (
+        "header_fields_too_large",
+        "The request's header fields are larger, or more, than this API accepts.",
+    ),
+}
+
+
 def payload_too_large(limit: int) -> web.Response:
     """The body is refused unread: the connection closes, so the rest of it is not drained."""
     response = error_response(

@@ -22,12 +22,16 @@
   read as one: a body on a method other than POST, PUT or PATCH (sent with
   `Connection: close`), or an answer that came before the body was all sent.
 - A W3C `traceparent` is sent upstream: the client's, continued, or a new one.
+- The upstream's answer comes back as it was given: status, reason, end-to-end headers and
+  body. `Content-Type` and `Server`, which aiohttp adds to an answer without them, are
+  taken back out of an answer whose upstream did not send them (`LEFT_OUT`).
 - Upstream refused or broken → 502; no answer in time → 504.
 - WebSocket upgrades (on routes that allow them) are made to the upstream by the gateway,
   then the client's upgrade is accepted with the subprotocol the upstream chose, and
   messages flow both ways until either side closes; the other side is closed with the same
-  code. With `close_on_token_expiry` the session is closed (1008, policy violation) when the
-  token that opened it expires.
+  code. An upstream that answers the upgrade with anything but 101 has that answer relayed
+  to the client as it was given. With `close_on_token_expiry` the session is closed (1008,
+  policy violation) when the token that opened it expires.
 """
 
 from __future__ import annotations
@@ -41,12 +45,12 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.client_middlewares import ClientHandlerType
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -87,6 +91,17 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 # addresses in real use, so it can be written into Forwarded without breaking its syntax.
 _HOST = re.compile(r"(?:[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
 _NO_BODY_STATUS = frozenset({204, 304})
+# Fields aiohttp puts on an answer's head when the answer has none. An upstream may leave
+# them out: Content-Type when it does not know the media type (RFC 9110 §8.3), Server when
+# it keeps its software to itself (§10.2.5). A relayed answer names the ones its upstream
+# left out, and whoever writes the head takes them back out (app._PublicRequest).
+LEFT_OUT: web.ResponseKey[tuple[str, ...]] = web.ResponseKey("left_out", tuple)
+_LEFT_OUT_BY_PRESENCE: dict[tuple[bool, bool], tuple[str, ...]] = {
+    (True, True): (),
+    (True, False): ("Server",),
+    (False, True): ("Content-Type",),
+    (False, False): ("Content-Type", "Server"),
+}
 _NONE: frozenset[str] = frozenset()
 # The handshake headers of the client's upgrade: the gateway makes its own upstream.
 _WEBSOCKET_HANDSHAKE = frozenset(
@@ -220,25 +235,60 @@ class _Upload:
             self.bodies.leave(self.client)
 
 
-@dataclass(frozen=True)
 class Upstream:
     """How requests reach the upstream, shared by every Forwarder built on the same pool."""
 
-    pooled: aiohttp.ClientSession  # keep-alive connections
-    # Connections that carry one request and are closed: for requests whose body the
-    # upstream may not read, so its bytes can never be taken for a later request.
-    single_use: aiohttp.ClientSession
-    slots: Slots  # exchanges using either session at once
+    def __init__(
+        self, pooled: aiohttp.ClientSession, single_use: aiohttp.ClientSession, slots: Slots
+    ) -> None:
+        self.pooled = pooled  # keep-alive connections
+        # Connections that carry one request and are closed: for requests whose body the
+        # upstream may not read, so its bytes can never be taken for a later request.
+        self.single_use = single_use
+        self.slots = slots  # exchanges using either session at once
+        # WebSocket upgrades, over the pooled connections: a session of its own only so that
+        # an upstream's refusal comes back as an answer to relay (`_refused_upgrade`).
+        self.upgrades = aiohttp.ClientSession(
+            connector=pooled.connector,
+            connector_owner=False,
+            timeout=pooled.timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=pooled.skip_auto_headers,
+            middlewares=(_refused_upgrade,),
+        )
 
     async def close(self) -> None:
+        await self.upgrades.close()
         await self.pooled.close()
         await self.single_use.close()
+
+
+class RefusedUpgrade(Exception):
+    """The upstream answered a WebSocket upgrade with something other than 101."""
+
+    def __init__(self, answer: aiohttp.ClientResponse) -> None:
+        super().__init__(answer.status)
+        self.answer = answer  # headers read, body not yet: the caller relays and releases it
+
+
+async def _refused_upgrade(
+    request: aiohttp.ClientRequest, send: ClientHandlerType
+) -> aiohttp.ClientResponse:
+    """Hands an upgrade's answer other than 101 to the caller whole. The client library would
+    close it and keep only the status and headers; its body is part of what the upstream
+    said."""
+    answer = await send(request)
+    if answer.status != 101:
+        raise RefusedUpgrade(answer)
+    return answer
 
 
 class Forwarder:
     def __init__(self, settings: Settings, upstream: Upstream, bodies: BodiesInFlight) -> None:
         """`bodies` counts bodies arriving per client, for the whole process."""
         self._session = upstream.pooled
+        self._upgrades = upstream.upgrades
         self._single_use = upstream.single_use
         self._slots = upstream.slots
         self._pool_timeout = settings.upstream.pool_timeout.total_seconds()
@@ -657,20 +707,20 @@ class Forwarder:
     ) -> web.StreamResponse:
         request_id = exchange.request_id
         headers = self.response_headers(upstream, request_id, extra, own_cors)
+        sent = upstream.headers
+        left_out = _LEFT_OUT_BY_PRESENCE[("Content-Type" in sent, "Server" in sent)]
         status = upstream.status
         length = upstream.content_length
         no_body = request.method == "HEAD" or status in _NO_BODY_STATUS or status < 200
-        if (
-            not no_body
-            and length is not None
-            and length <= self._buffer_size
-            and "Content-Type" in headers
-        ):
+        if not no_body and length is not None and length <= self._buffer_size:
             body = await upstream.read()
             del headers["Content-Length"]
-            return web.Response(status=status, reason=upstream.reason, headers=headers, body=body)
+            answer = web.Response(status=status, reason=upstream.reason, headers=headers, body=body)
+            answer[LEFT_OUT] = left_out
+            return answer
 
         response = web.StreamResponse(status=status, reason=upstream.reason, headers=headers)
+        response[LEFT_OUT] = left_out
         await response.prepare(request)
         while not no_body:
             try:
@@ -743,9 +793,10 @@ class Forwarder:
         try:
             started = time.perf_counter()
             upstream = await self._connect_websocket(
-                request, headers, protocols, settings, exchange
+                request, headers, protocols, settings, exchange, extra
             )
-            if isinstance(upstream, web.Response):
+            if isinstance(upstream, web.StreamResponse):
+                exchange.upstream_seconds = time.perf_counter() - started
                 return upstream
             try:
                 client._protocols = (upstream.protocol,) if upstream.protocol else ()
@@ -771,11 +822,12 @@ class Forwarder:
         protocols: tuple[str, ...],
         settings: WebSocketSettings,
         exchange: Exchange,
-    ) -> aiohttp.ClientWebSocketResponse | web.Response:
+        extra: Sequence[tuple[str, str]],
+    ) -> aiohttp.ClientWebSocketResponse | web.StreamResponse:
         """The upstream WebSocket, or the answer to give the client when it cannot be had."""
         url = URL(self._base + self._prefix + request.raw_path, encoded=True)
         try:
-            return await self._session.ws_connect(
+            return await self._upgrades.ws_connect(
                 url,
                 method="GET",
                 headers=headers,
@@ -784,9 +836,22 @@ class Forwarder:
                 max_msg_size=settings.max_message_size,
                 heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
             )
-        except aiohttp.WSServerHandshakeError as exc:
-            log.warning(
+        except RefusedUpgrade as refusal:
+            # RFC 6455 §4.1: a client handles an answer other than 101 as any HTTP answer, so
+            # the upstream's refusal (a 401 with its challenge, a 404, ...) is what the
+            # client gets. A 502 is for an answer the gateway cannot use (RFC 9110 §15.6.3).
+            log.info(
                 "upstream refused the websocket upgrade",
+                extra={"request_id": exchange.request_id, "status": refusal.answer.status},
+            )
+            # The gateway's CORS fields, when it adds them, replace the upstream's.
+            own_cors = any(name.lower().startswith("access-control-") for name, _ in extra)
+            async with refusal.answer as answer:
+                return await self._relay(request, answer, exchange, extra, own_cors)
+        except aiohttp.WSServerHandshakeError as exc:
+            # A 101 whose handshake does not hold (RFC 6455 §4.1: a wrong accept key, ...).
+            log.warning(
+                "upstream gave an invalid websocket handshake",
                 extra={"request_id": exchange.request_id, "status": exc.status},
             )
             exchange.upstream_error = "broken"

@@ -38,6 +38,11 @@ from .settings import IssuerSettings, JwksSettings
 log = logging.getLogger("portcullis.gateway.jwks")
 
 MAX_DOCUMENT_BYTES = 1024 * 1024
+# Memory an issuer's keys hold at most, as measured by bench/memory.py (jwks-1mib-ec): a key
+# set of MAX_DOCUMENT_BYTES made of P-256 keys, the type that costs most per byte of JWKS,
+# holds about 18 MiB (a typical set of a few keys, about 2 KiB a key); while a fetch replaces
+# it, the old set and the new one are both held.
+KEY_SET_BYTES = 2 * 18 * 1024 * 1024
 FIRST_RETRY = timedelta(milliseconds=500)  # after a failed fetch; doubles up to max_backoff
 # No schedule fetches more often than this, even when min_ttl or max_backoff is 0s: a key
 # set refreshed in a loop would hammer the issuer and gain nothing.

@@ -21,25 +21,42 @@ And portcullis_build_info{version}, always 1.
 
 Every label has a bounded set of values: route names come from the config, methods outside
 the standard ones are counted as OTHER, statuses are three digits.
+
+With `workers: N`, one scrape answered by any worker shows the sum over every worker
+(`SharedMetrics`): the supervisor makes a private directory and names it in
+PROMETHEUS_MULTIPROC_DIR before it starts them, and each worker keeps its counts in
+memory-mapped files there (prometheus-client's multiprocess mode), written as they change,
+so the counts of a worker that dies stay in the sum and no total ever goes down. The
+figures read from the live state are written there every `SHARE_INTERVAL` and on each
+scrape; the gauges count live workers only.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
+import asyncio
+import contextlib
+import glob
+import os
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import timedelta
+from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 from portcullis.buildinfo import BuildInfo
+from portcullis.histogram import Bounds, PlainHistogram
 
 from .exchange import DENY, UNMATCHED, Exchange
 
@@ -63,6 +80,41 @@ LATENCY_BUCKETS = (
 KNOWN_METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"}
 )
+PREFIX = "portcullis_gateway_"
+# Where the workers of one supervisor keep their metric files; prometheus-client reads it
+# when it is first imported, so the supervisor sets it before it starts any worker.
+SHARED_DIRECTORY = "PROMETHEUS_MULTIPROC_DIR"
+# How often a worker writes the figures read from its live state (token cache, key sets,
+# introspection, ...) to its files, besides on each scrape it answers itself.
+SHARE_INTERVAL = timedelta(seconds=1)
+# The files a scrape adds up: counters, histograms and the gauges of live workers.
+_SHARED_FILES = ("counter_*.db", "histogram_*.db", "gauge_livesum_*.db")
+
+# The name (after PREFIX) and help text of each metric, the same for both kinds of Metrics.
+HELP = {
+    "requests": "Requests answered, by route, method, status and decision "
+    "(allow, deny, would_deny, preflight).",
+    "denials": "Refusals (deny) and refusals monitor mode let through (would_deny), by reason.",
+    "request_duration_seconds": "Time from a request's arrival to the end of its answer.",
+    "upstream_duration_seconds": "Time from sending a request upstream to the end of the "
+    "upstream's answer.",
+    "upstream_errors": "Upstream exchanges that failed, by kind (connect, timeout, broken, busy).",
+    "rate_limit_rejections": "Requests a rate limit refused (or would have, in monitor mode), "
+    "by policy.",
+    "config_reloads": "Configuration reloads, by result (applied, rejected).",
+    "jwks_fetches": "Key set fetches, by issuer.",
+    "jwks_fetch_failures": "Key set fetches that failed.",
+    "introspection_requests": "Introspection calls, by issuer and outcome "
+    "(active, inactive, error).",
+    "introspection_cache_hits": "Tokens answered from the introspection cache "
+    "(active or inactive).",
+    "token_cache_hits": "Requests whose JWT was found in the verified-token cache.",
+    "token_cache_misses": "JWTs that had to be verified.",
+    "token_cache_entries": "Verified JWTs held in the cache.",
+    "rate_limit_backend_errors": "Rate-limit checks the backend could not answer "
+    "(on_backend_error applied).",
+    "websockets_open": "WebSocket sessions open.",
+}
 
 
 @dataclass
@@ -74,6 +126,13 @@ class IssuerCounts:
     introspection_inactive: int | None = None
     introspection_errors: int | None = None
     introspection_cache_hits: int | None = None
+
+    def introspection(self) -> tuple[tuple[str, int], ...]:
+        return (
+            ("active", self.introspection_active or 0),
+            ("inactive", self.introspection_inactive or 0),
+            ("error", self.introspection_errors or 0),
+        )
 
 
 @dataclass
@@ -89,6 +148,44 @@ class StateCounts:
     websockets_open: int = 0
 
 
+class Metrics(ABC):
+    """What the gateway counts, and the Prometheus text of it: one process's own counts
+    (`ProcessMetrics`), or the sum over the workers of one supervisor (`SharedMetrics`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(BuildInfo())  # the same in every worker: never added up
+
+    @abstractmethod
+    def observe(self, exchange: Exchange, status: int, finished: float) -> None:
+        """A request answered: its status, route, decision and timings."""
+
+    @abstractmethod
+    def unparsable(self, status: int) -> None:
+        """A request refused before it could be read (a broken request line, a header too
+        large): no route, method or exchange, but a denial all the same."""
+
+    @abstractmethod
+    def rate_limit_rejected(self, route: str, policy: str) -> None: ...
+
+    @abstractmethod
+    def reloaded(self, applied: bool) -> None: ...
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start what runs beside the requests, if anything (in the event loop)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop it, leaving every count where a later scrape finds it."""
+
+
+# ---------------------------------------------------------------------------- one process
+
+
 class _StateCollector(Collector):
     def __init__(self, read: Callable[[], StateCounts]) -> None:
         self._read = read
@@ -98,103 +195,68 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         state = self._read()
-        prefix = "portcullis_gateway_"
         fetches = CounterMetricFamily(
-            prefix + "jwks_fetches", "Key set fetches, by issuer.", labels=["issuer"]
+            PREFIX + "jwks_fetches", HELP["jwks_fetches"], labels=["issuer"]
         )
         failures = CounterMetricFamily(
-            prefix + "jwks_fetch_failures", "Key set fetches that failed.", labels=["issuer"]
+            PREFIX + "jwks_fetch_failures", HELP["jwks_fetch_failures"], labels=["issuer"]
         )
         introspection = CounterMetricFamily(
-            prefix + "introspection_requests",
-            "Introspection calls, by issuer and outcome (active, inactive, error).",
+            PREFIX + "introspection_requests",
+            HELP["introspection_requests"],
             labels=["issuer", "outcome"],
         )
         hits = CounterMetricFamily(
-            prefix + "introspection_cache_hits",
-            "Tokens answered from the introspection cache (active or inactive).",
-            labels=["issuer"],
+            PREFIX + "introspection_cache_hits", HELP["introspection_cache_hits"], labels=["issuer"]
         )
         for counts in state.issuers:
             if counts.jwks_fetches is not None:
                 fetches.add_metric([counts.issuer], counts.jwks_fetches)
                 failures.add_metric([counts.issuer], counts.jwks_failures or 0)
             if counts.introspection_active is not None:
-                for outcome, value in (
-                    ("active", counts.introspection_active),
-                    ("inactive", counts.introspection_inactive),
-                    ("error", counts.introspection_errors),
-                ):
-                    introspection.add_metric([counts.issuer, outcome], value or 0)
+                for outcome, value in counts.introspection():
+                    introspection.add_metric([counts.issuer, outcome], value)
                 hits.add_metric([counts.issuer], counts.introspection_cache_hits or 0)
         yield from (fetches, failures, introspection, hits)
-        yield CounterMetricFamily(
-            prefix + "token_cache_hits",
-            "Requests whose JWT was found in the verified-token cache.",
-            value=state.token_cache_hits,
-        )
-        yield CounterMetricFamily(
-            prefix + "token_cache_misses",
-            "JWTs that had to be verified.",
-            value=state.token_cache_misses,
-        )
+        for name, value in (
+            ("token_cache_hits", state.token_cache_hits),
+            ("token_cache_misses", state.token_cache_misses),
+        ):
+            yield CounterMetricFamily(PREFIX + name, HELP[name], value=value)
         yield GaugeMetricFamily(
-            prefix + "token_cache_entries",
-            "Verified JWTs held in the cache.",
+            PREFIX + "token_cache_entries",
+            HELP["token_cache_entries"],
             value=state.token_cache_entries,
         )
         backend_errors = CounterMetricFamily(
-            prefix + "rate_limit_backend_errors",
-            "Rate-limit checks the backend could not answer (on_backend_error applied).",
+            PREFIX + "rate_limit_backend_errors",
+            HELP["rate_limit_backend_errors"],
             labels=["backend"],
         )
         backend_errors.add_metric([state.rate_limit_backend], state.rate_limit_backend_errors)
         yield backend_errors
         yield GaugeMetricFamily(
-            prefix + "websockets_open", "WebSocket sessions open.", value=state.websockets_open
+            PREFIX + "websockets_open", HELP["websockets_open"], value=state.websockets_open
         )
 
 
-_BUCKET_NAMES = (*(repr(float(b)) for b in LATENCY_BUCKETS), "+Inf")
+_BOUNDS = Bounds(LATENCY_BUCKETS)
 
 
-class _Histogram:
-    """Counts per bucket and a sum, kept as plain numbers: observing is a bisect and two
-    additions (the event loop is the only writer, so no lock is needed)."""
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)  # the last one is +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(LATENCY_BUCKETS, value)] += 1
-        self.sum += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        cumulative = 0
-        out: list[tuple[str, float]] = []
-        for bound, count in zip(_BUCKET_NAMES, self.counts, strict=True):
-            cumulative += count
-            out.append((bound, cumulative))
-        return out
-
-
-class Metrics:
-    """The request path's counts, in plain dicts, turned into Prometheus text on scrape."""
+class ProcessMetrics(Metrics):
+    """The counts of this process alone, in plain dicts (a request costs a few dict lookups
+    and additions), turned into Prometheus text on scrape."""
 
     def __init__(self, read_state: Callable[[], StateCounts]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        super().__init__()
         self._requests: dict[tuple[str, str, int, str], int] = {}
         self._denials: dict[tuple[str, str, str], int] = {}
-        self._durations: dict[str, tuple[_Histogram, _Histogram]] = {}
+        self._durations: dict[str, tuple[PlainHistogram, PlainHistogram]] = {}
         self._upstream_errors: dict[tuple[str, str], int] = {}
         self._rate_limited: dict[tuple[str, str], int] = {}
         self._reloads: dict[str, int] = {"applied": 0, "rejected": 0}
         self.registry.register(_RequestCollector(self))
         self.registry.register(_StateCollector(read_state))
-        self.registry.register(BuildInfo())
 
     def observe(self, exchange: Exchange, status: int, finished: float) -> None:
         route = exchange.route
@@ -206,7 +268,7 @@ class Metrics:
         requests[key] = requests.get(key, 0) + 1
         timing = self._durations.get(route)
         if timing is None:
-            timing = self._durations[route] = (_Histogram(), _Histogram())
+            timing = self._durations[route] = (PlainHistogram(_BOUNDS), PlainHistogram(_BOUNDS))
         timing[0].observe(finished - exchange.started)
         upstream = exchange.upstream_seconds
         if upstream is not None:
@@ -217,8 +279,6 @@ class Metrics:
             _count(self._denials, (route, exchange.decision, exchange.reason))
 
     def unparsable(self, status: int) -> None:
-        """A request refused before it could be read (a broken request line, a header too
-        large): no route, method or exchange, but a denial all the same."""
         _count(self._requests, (UNMATCHED, "OTHER", status, DENY))
         _count(self._denials, (UNMATCHED, DENY, "unparsable"))
 
@@ -228,8 +288,11 @@ class Metrics:
     def reloaded(self, applied: bool) -> None:
         _count(self._reloads, "applied" if applied else "rejected")
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def start(self) -> None:
+        pass  # everything is counted on the request path or read at scrape time
+
+    async def close(self) -> None:
+        pass
 
 
 def _count(table: dict[Any, int], key: Any) -> None:
@@ -237,7 +300,7 @@ def _count(table: dict[Any, int], key: Any) -> None:
 
 
 class _RequestCollector(Collector):
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: ProcessMetrics) -> None:
         self._metrics = metrics
 
     def describe(self) -> list[Metric]:
@@ -245,32 +308,24 @@ class _RequestCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
-        prefix = "portcullis_gateway_"
         requests = CounterMetricFamily(
-            prefix + "requests",
-            "Requests answered, by route, method, status and decision "
-            "(allow, deny, would_deny, preflight).",
-            labels=["route", "method", "status", "decision"],
+            PREFIX + "requests", HELP["requests"], labels=["route", "method", "status", "decision"]
         )
         for (route, method, status, decision), value in list(m._requests.items()):
             requests.add_metric([route, method, str(status), decision], value)
         yield requests
         denials = CounterMetricFamily(
-            prefix + "denials",
-            "Refusals (deny) and refusals monitor mode let through (would_deny), by reason.",
-            labels=["route", "decision", "reason"],
+            PREFIX + "denials", HELP["denials"], labels=["route", "decision", "reason"]
         )
         for denial, value in list(m._denials.items()):
             denials.add_metric(list(denial), value)
         yield denials
         total = HistogramMetricFamily(
-            prefix + "request_duration_seconds",
-            "Time from a request's arrival to the end of its answer.",
-            labels=["route"],
+            PREFIX + "request_duration_seconds", HELP["request_duration_seconds"], labels=["route"]
         )
         upstream = HistogramMetricFamily(
-            prefix + "upstream_duration_seconds",
-            "Time from sending a request upstream to the end of the upstream's answer.",
+            PREFIX + "upstream_duration_seconds",
+            HELP["upstream_duration_seconds"],
             labels=["route"],
         )
         for route, (whole, part) in list(m._durations.items()):
@@ -279,30 +334,233 @@ class _RequestCollector(Collector):
                 upstream.add_metric([route], part.buckets(), part.sum)
         yield total
         yield upstream
-        tables: tuple[tuple[str, str, list[str], dict[tuple[str, str], int]], ...] = (
-            (
-                "upstream_errors",
-                "Upstream exchanges that failed, by kind (connect, timeout, broken, busy).",
-                ["route", "kind"],
-                m._upstream_errors,
-            ),
-            (
-                "rate_limit_rejections",
-                "Requests a rate limit refused (or would have, in monitor mode), by policy.",
-                ["route", "policy"],
-                m._rate_limited,
-            ),
+        tables: tuple[tuple[str, list[str], dict[tuple[str, str], int]], ...] = (
+            ("upstream_errors", ["route", "kind"], m._upstream_errors),
+            ("rate_limit_rejections", ["route", "policy"], m._rate_limited),
         )
-        for name, documentation, names, table in tables:
-            family = CounterMetricFamily(prefix + name, documentation, labels=names)
+        for name, names, table in tables:
+            family = CounterMetricFamily(PREFIX + name, HELP[name], labels=names)
             for key, value in list(table.items()):
                 family.add_metric(list(key), value)
             yield family
         reloads = CounterMetricFamily(
-            prefix + "config_reloads",
-            "Configuration reloads, by result (applied, rejected).",
-            labels=["result"],
+            PREFIX + "config_reloads", HELP["config_reloads"], labels=["result"]
         )
         for result, value in m._reloads.items():
             reloads.add_metric([result], value)
         yield reloads
+
+
+# ---------------------------------------------------------------------------- workers
+
+_Child = TypeVar("_Child", Counter, Histogram)
+
+
+class SharedMetrics(Metrics):
+    """The counts of every worker of one supervisor, added up on each scrape.
+
+    Each worker writes its own memory-mapped files in `directory` as it counts (the values
+    prometheus-client gives its metrics when PROMETHEUS_MULTIPROC_DIR is set), so a worker
+    that is killed leaves its counts behind for the sum. A request costs a few writes to
+    shared memory more than in `ProcessMetrics`.
+    """
+
+    def __init__(self, read_state: Callable[[], StateCounts], directory: str) -> None:
+        super().__init__()
+        if os.environ.get(SHARED_DIRECTORY) != directory or not getattr(
+            values.ValueClass, "_multiprocess", False
+        ):
+            raise RuntimeError(
+                f"{SHARED_DIRECTORY} must name {directory} before prometheus-client is imported"
+            )
+        self._read_state = read_state
+        self._requests_family = _counter("requests", "route", "method", "status", "decision")
+        self._denials_family = _counter("denials", "route", "decision", "reason")
+        self._total_family = _histogram("request_duration_seconds")
+        self._upstream_family = _histogram("upstream_duration_seconds")
+        self._errors_family = _counter("upstream_errors", "route", "kind")
+        self._limited_family = _counter("rate_limit_rejections", "route", "policy")
+        self._reloads_family = _counter("config_reloads", "result")
+        for result in ("applied", "rejected"):
+            self._reloads_family.labels(result)  # shown at 0 before the first reload
+        # The metric of each label set once looked up: a request does no label lookup.
+        self._requests: dict[tuple[str, str, int, str], Counter] = {}
+        self._denials: dict[tuple[str, str, str], Counter] = {}
+        self._totals: dict[str, Histogram] = {}
+        self._upstream_times: dict[str, Histogram] = {}
+        self._errors: dict[tuple[str, str], Counter] = {}
+        # Figures of the live state: counters grow by what they grew since the last share.
+        self._state_counters = {
+            "jwks_fetches": _counter("jwks_fetches", "issuer"),
+            "jwks_fetch_failures": _counter("jwks_fetch_failures", "issuer"),
+            "introspection_requests": _counter("introspection_requests", "issuer", "outcome"),
+            "introspection_cache_hits": _counter("introspection_cache_hits", "issuer"),
+            "token_cache_hits": _counter("token_cache_hits"),
+            "token_cache_misses": _counter("token_cache_misses"),
+            "rate_limit_backend_errors": _counter("rate_limit_backend_errors", "backend"),
+        }
+        self._shared: dict[tuple[str, tuple[str, ...]], int] = {}
+        self._token_cache_entries = _live_gauge("token_cache_entries")
+        self._websockets_open = _live_gauge("websockets_open")
+        self._sharing: asyncio.Task[None] | None = None
+        self.registry.register(_WorkerFiles(directory))
+
+    # ------------------------------------------------------------------ request path
+
+    def observe(self, exchange: Exchange, status: int, finished: float) -> None:
+        route = exchange.route
+        method = exchange.method
+        if method not in KNOWN_METHODS:
+            method = "OTHER"
+        decision = exchange.decision
+        key = (route, method, status, decision)
+        requests = self._requests.get(key)
+        if requests is None:
+            requests = self._requests[key] = self._requests_family.labels(
+                route, method, str(status), decision
+            )
+        requests.inc()
+        _child(self._totals, self._total_family, route, route).observe(finished - exchange.started)
+        upstream = exchange.upstream_seconds
+        if upstream is not None:
+            _child(self._upstream_times, self._upstream_family, route, route).observe(upstream)
+        kind = exchange.upstream_error
+        if kind is not None:
+            _child(self._errors, self._errors_family, (route, kind), route, kind).inc()
+        reason = exchange.reason
+        if reason is not None:
+            denial = (route, decision, reason)
+            _child(self._denials, self._denials_family, denial, *denial).inc()
+
+    def unparsable(self, status: int) -> None:
+        key = (UNMATCHED, "OTHER", status, DENY)
+        _child(self._requests, self._requests_family, key, *key[:2], str(status), DENY).inc()
+        denial = (UNMATCHED, DENY, "unparsable")
+        _child(self._denials, self._denials_family, denial, *denial).inc()
+
+    def rate_limit_rejected(self, route: str, policy: str) -> None:
+        self._limited_family.labels(route, policy).inc()
+
+    def reloaded(self, applied: bool) -> None:
+        self._reloads_family.labels("applied" if applied else "rejected").inc()
+
+    # ------------------------------------------------------------------ live state
+
+    def share_state(self) -> None:
+        """Write what the live state has counted to this worker's files."""
+        state = self._read_state()
+        grow = self._grow
+        for counts in state.issuers:
+            issuer = counts.issuer
+            if counts.jwks_fetches is not None:
+                grow("jwks_fetches", (issuer,), counts.jwks_fetches)
+                grow("jwks_fetch_failures", (issuer,), counts.jwks_failures or 0)
+            if counts.introspection_active is not None:
+                for outcome, value in counts.introspection():
+                    grow("introspection_requests", (issuer, outcome), value)
+                grow("introspection_cache_hits", (issuer,), counts.introspection_cache_hits or 0)
+        grow("token_cache_hits", (), state.token_cache_hits)
+        grow("token_cache_misses", (), state.token_cache_misses)
+        grow(
+            "rate_limit_backend_errors",
+            (state.rate_limit_backend,),
+            state.rate_limit_backend_errors,
+        )
+        self._token_cache_entries.set(state.token_cache_entries)
+        self._websockets_open.set(state.websockets_open)
+
+    def _grow(self, name: str, labels: tuple[str, ...], total: int) -> None:
+        """Add to a shared counter what a live-state count grew by since it was last shared.
+        A count that starts again lower (a key set replaced on reload) adds nothing until it
+        grows past what it was, so the shared counter never goes down."""
+        key = (name, labels)
+        before = self._shared.get(key, 0)
+        if total > before:
+            family = self._state_counters[name]
+            (family.labels(*labels) if labels else family).inc(total - before)
+        self._shared[key] = total
+
+    def exposition(self) -> bytes:
+        self.share_state()
+        return super().exposition()
+
+    def start(self) -> None:
+        self._sharing = asyncio.create_task(self._share_regularly(), name="metrics sharing")
+
+    async def close(self) -> None:
+        if self._sharing is not None:
+            self._sharing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sharing
+        self.share_state()
+
+    async def _share_regularly(self) -> None:
+        while True:
+            await asyncio.sleep(SHARE_INTERVAL.total_seconds())
+            self.share_state()
+
+
+def _counter(name: str, *labels: str) -> Counter:
+    return Counter(PREFIX + name, HELP[name], labels, registry=None)
+
+
+def _histogram(name: str) -> Histogram:
+    return Histogram(PREFIX + name, HELP[name], ["route"], registry=None, buckets=LATENCY_BUCKETS)
+
+
+def _live_gauge(name: str) -> Gauge:
+    """A gauge summed over the workers alive (a dead worker's value is dropped)."""
+    return Gauge(PREFIX + name, HELP[name], registry=None, multiprocess_mode="livesum")
+
+
+def _child(table: dict[Any, _Child], family: _Child, key: Any, *labels: str) -> _Child:
+    """The metric of one label set, looked up once."""
+    child = table.get(key)
+    if child is None:
+        child = table[key] = family.labels(*labels)
+    return child
+
+
+class _WorkerFiles(Collector):
+    """Every worker's counts, read from the files in the shared directory and added up."""
+
+    def __init__(self, directory: str) -> None:
+        self._directory = directory
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        files = [
+            path
+            for pattern in _SHARED_FILES
+            for path in glob.glob(os.path.join(self._directory, pattern))
+        ]
+        merged: Iterable[Metric] = MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
+            files, accumulate=True
+        )
+        return sorted(merged, key=lambda metric: metric.name)
+
+
+# ---------------------------------------------------------------------------- the supervisor
+
+
+@contextlib.contextmanager
+def shared_directory() -> Iterator[str]:
+    """A private directory (mode 0700) for the metric files of the workers about to be
+    started, named in the environment they inherit; removed with its files at the end."""
+    directory = tempfile.mkdtemp(prefix="portcullis-gateway-metrics-")
+    os.environ[SHARED_DIRECTORY] = directory
+    try:
+        yield directory
+    finally:
+        os.environ.pop(SHARED_DIRECTORY, None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def worker_exited(pid: int) -> None:
+    """A worker is gone: its gauges leave the sum (its open WebSockets and cached tokens went
+    with it); its counters stay in it, so no total goes down."""
+    directory = os.environ.get(SHARED_DIRECTORY)
+    if directory is not None:
+        mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]

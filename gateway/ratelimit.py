@@ -51,6 +51,9 @@ BACKEND_RETRY = timedelta(seconds=1)
 _MAX_RAW_KEY = 64
 # Memory buckets visited per check to drop those that have filled up again.
 _SWEEP_PER_CHECK = 2
+# Memory one bucket of MemoryBuckets holds at most (its key of the longest kind, its state),
+# as measured by bench/memory.py (rate-limit-bucket); `max_keys` of them at most.
+BUCKET_BYTES = 460
 
 
 @dataclass(slots=True)

@@ -102,6 +102,16 @@ def realm(value: Any) -> str:
     return text
 
 
+@accepts({"type": "string", "pattern": r"^([\x21-\x7E]([\x20-\x7E]*[\x21-\x7E])?)?$"})
+def server_header(value: Any) -> str:
+    """RFC 9110 §10.2.4: product tokens and comments; here any visible ASCII with inner
+    spaces, so the value can never break the header section. Empty: no Server field."""
+    text = yamlconf.string(value)
+    if text and not re.fullmatch(r"[\x21-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?", text):
+        raise ValueError("may contain printable ASCII only, without spaces at either end")
+    return text
+
+
 @accepts({"type": "string", "title": "URL", "pattern": "://"})
 def url(value: Any) -> str:
     """An http(s) URL without query or fragment; whether plain http is allowed is the
@@ -577,6 +587,7 @@ class Settings:
     listen: Address = setting("Where clients connect.", default=Address("0.0.0.0", 8080), parser=address)
     admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9901), parser=address)
     realm: str = setting("Realm of WWW-Authenticate challenges.", default="portcullis", parser=realm)
+    server_header: str = setting("Server field of the gateway's own answers; empty: none.", default="", parser=server_header)
     unmatched: Literal["deny"] = setting("What unmatched requests get.", default="deny")
     jwks: JwksSettings = setting("Key set caching.", default_factory=JwksSettings)
     identity_headers: IdentityHeaders = setting("Identity sent upstream.", default_factory=IdentityHeaders)

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import jwt
@@ -548,6 +548,7 @@ class RawResponse:
     reason: str
     headers: CIMultiDict[str]
     body: bytes
+    version: str = "HTTP/1.1"  # as the status line gave it
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -594,7 +595,7 @@ class RawConnection:
         """The next response; its body framed by Content-Length, chunked coding or EOF."""
         async with asyncio.timeout(timeout):
             status_line = (await self.reader.readuntil(b"\r\n")).decode("latin-1").rstrip()
-            _, status, *reason = status_line.split(" ", 2)
+            version, status, *reason = status_line.split(" ", 2)
             headers: CIMultiDict[str] = CIMultiDict()
             while (line := await self.reader.readuntil(b"\r\n")) != b"\r\n":
                 name, _, value = line.decode("latin-1").partition(":")
@@ -608,7 +609,7 @@ class RawConnection:
                 body = await self.reader.readexactly(int(headers["Content-Length"]))
             else:
                 body = await self.reader.read()
-        return RawResponse(code, reason[0] if reason else "", headers, body)
+        return RawResponse(code, reason[0] if reason else "", headers, body, version)
 
     async def _chunked(self) -> bytes:
         parts = []
@@ -739,6 +740,7 @@ class GatewayProcess:
         self.url = f"{'https' if settings.tls else 'http'}://{settings.listen}"
         self.admin_url = f"http://{settings.admin_listen}"
         self.port = settings.listen.port
+        self.admin_port = settings.admin_listen.port
         self.grace = settings.shutdown_grace.total_seconds()
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -921,7 +923,6 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 async def redis_or_skip() -> Any:
     """A client of the machine's Redis at 127.0.0.1:6379. When it is not reachable the test
     is skipped with the reason, except under CI=true, where that is a failure."""
-    import pytest
     import redis.asyncio as redis_asyncio
 
     client = redis_asyncio.Redis.from_url(REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
@@ -929,11 +930,18 @@ async def redis_or_skip() -> Any:
         await client.ping()
     except Exception as exc:
         await client.aclose()
-        reason = f"Redis is not reachable at {REDIS_URL} ({type(exc).__name__})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + "; CI=true requires it")
-        pytest.skip(reason)
+        service_missing(f"Redis is not reachable at {REDIS_URL} ({type(exc).__name__})")
     return client
+
+
+def service_missing(reason: str) -> NoReturn:
+    """Skip a test whose service (Redis, PostgreSQL) is not there, saying why; under
+    CI=true, where every service must be, fail it instead."""
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + "; CI=true requires it")
+    pytest.skip(reason)
 
 
 # ---------------------------------------------------------------------------- metrics, logs

@@ -5,12 +5,18 @@
 - the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
   through other modules of the package, so they are tested without a server;
 - no module of the gateway or the kernel reaches itself through its imports, not even
-  through imports made only for type checking (settings.py reads rules.py, never back).
+  through imports made only for type checking (settings.py reads rules.py, never back);
+- the authserver is layered: app (the composition root) → endpoints, CORS → grants →
+  tokens, client authentication, sessions → key ring, store protocol, registry, metrics →
+  settings → protocol.
+  A module imports only from its own layer or those below; `protocol/` imports the standard
+  library alone; only app.py names a concrete store.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +152,88 @@ def test_the_cycle_check_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
     assert _cycle_through("a", graph) == ["a", "b", "c", "a"]
     assert _cycle_through("d", graph) is None
+
+
+# The authserver's layers, top to bottom; a module belongs to the first entry it falls under.
+AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("authserver.__main__", "authserver.app"),
+    ("authserver.endpoints", "authserver.cors"),
+    ("authserver.grants",),
+    ("authserver.tokens", "authserver.clients", "authserver.sessions"),
+    ("authserver.keys", "authserver.store", "authserver.registry", "authserver.metrics"),
+    ("authserver.settings", "authserver.users", "authserver.clock"),
+    ("authserver.protocol",),
+)
+AUTHSERVER_MODULES = sorted(m for m in GRAPH if m.startswith("authserver."))
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _layer(module: str) -> int | None:
+    for index, members in enumerate(AUTHSERVER_LAYERS):
+        if any(_under(module, member) for member in members):
+            return index
+    return None
+
+
+def _authserver_imports(module: str) -> set[str]:
+    """The authserver modules `module` imports (names imported from them dropped)."""
+    return {
+        name
+        for name in GRAPH[module]
+        if name in GRAPH and name.startswith("authserver.") and name != module
+    }
+
+
+@pytest.mark.parametrize("module", AUTHSERVER_MODULES)
+def test_every_authserver_module_has_a_layer(module):
+    assert _layer(module) is not None
+
+
+@pytest.mark.parametrize("module", AUTHSERVER_MODULES)
+def test_authserver_modules_import_only_their_own_layer_or_those_below(module):
+    layer = _layer(module)
+    assert layer is not None
+    upward = {name for name in _authserver_imports(module) if (_layer(name) or 0) < layer}
+    assert not upward, f"{module} imports from a layer above it: {sorted(upward)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _under(m, "authserver.protocol")))
+def test_authserver_protocol_imports_the_standard_library_only(module):
+    outside = {
+        name
+        for name in GRAPH[module]
+        if not _under(name, "authserver.protocol")
+        and name.split(".")[0] not in sys.stdlib_module_names
+    }
+    assert not outside, f"{module} imports {sorted(outside)}"
+
+
+@pytest.mark.parametrize("module", AUTHSERVER_MODULES)
+def test_only_the_composition_root_names_a_concrete_store(module):
+    if module == "authserver.app" or _under(module, "authserver.store"):
+        return
+    concrete = {
+        name
+        for name in GRAPH[module]
+        if name in ("authserver.store", "authserver.store.open_store")
+        or (_under(name, "authserver.store") and not _under(name, "authserver.store.base"))
+    }
+    assert not concrete, f"{module} names a concrete store: {sorted(concrete)}"
+
+
+def test_nothing_but_the_command_line_imports_the_composition_root():
+    importers = {m for m in GRAPH if "authserver.app" in GRAPH[m]}
+    assert importers == {"authserver.__main__"}
+
+
+def test_the_authserver_scan_sees_the_layers_it_checks():
+    # The token endpoint reaches the grants, the store protocol and the lifecycle tables;
+    # the store package names its SQLite backend: the rules above are not vacuous.
+    reached = _closure("authserver.endpoints.token")
+    assert {"authserver.grants.base", "authserver.store.base"} <= reached
+    assert "authserver.protocol.lifecycle" in reached
+    assert "authserver.store.sqlite" in GRAPH["authserver.store"]
+    assert "authserver.store" in GRAPH["authserver.app"]

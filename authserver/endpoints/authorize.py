@@ -21,31 +21,24 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from ..clock import Clock
 from ..grants.base import audience_for
 from ..protocol import pkce
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
+from ..registry import Client, ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
-from ..settings import ClientSettings
-from ..store.base import CodeRecord
+from ..store.base import CodeRecord, Store
 from ..tokens import digest, random_token
 from . import signin
-from .common import (
-    error_page,
-    form_items,
-    given_more_than_once,
-    page,
-    query_items,
-    services,
-    with_query,
-)
+from .forms import form_items, given_more_than_once, query_items, with_query
+from .pages import Pages
 
 CARRIED = (
     "response_type",
@@ -91,7 +84,7 @@ class Parameters:
 
 @dataclass(frozen=True)
 class AuthorizationRequest:
-    client: ClientSettings
+    client: Client
     redirect_uri: str
     params: dict[str, str]
     scopes: tuple[str, ...]
@@ -137,7 +130,7 @@ def _loopback_ip(host: str | None) -> bool:
         return False  # "localhost" is a name, not the loopback rule (RFC 8252 §8.3)
 
 
-def redirect_uri_registered(client: ClientSettings, uri: str) -> bool:
+def redirect_uri_registered(client: Client, uri: str) -> bool:
     """Exact string match (RFC 9700 §2.1), or, for a public native client only, an http
     loopback IP literal on any port (RFC 8252 §7.3)."""
     if uri in client.redirect_uris:
@@ -166,229 +159,11 @@ def redirect_uri_registered(client: ClientSettings, uri: str) -> bool:
     return False
 
 
-def validate(request: web.Request, given: Parameters) -> AuthorizationRequest:
-    svc = services(request)
-    params = given.values
-    trusted_first = sorted(given.repeated & {"client_id", "redirect_uri"})
-    if trusted_first:
-        raise PageError(f"The request gives {' and '.join(trusted_first)} more than once.")
-    client_id = params.get("client_id")
-    client = svc.settings.client(client_id) if client_id else None
-    if client is None:
-        raise PageError("The application that sent you here is not registered.")
-    if "authorization_code" not in client.grant_types:
-        raise PageError("This application may not ask for sign-in.")
-    redirect_uri = params.get("redirect_uri")
-    if redirect_uri is None:
-        raise PageError("The request has no redirect_uri.")
-    if not redirect_uri_registered(client, redirect_uri):
-        raise PageError("The redirect address is not registered for this application.")
-
-    # A repeated state cannot be echoed: which one would the client expect?
-    state = None if "state" in given.repeated else params.get("state")
-
-    def fail(error: OAuthError) -> RedirectError:
-        return RedirectError(None, redirect_uri, state, error)
-
-    try:
-        if given.repeated:
-            raise given_more_than_once(given.repeated)
-        if "request" in params:
-            raise OAuthError(ErrorCode.REQUEST_NOT_SUPPORTED, "request objects are not supported")
-        if "request_uri" in params:
-            raise OAuthError(ErrorCode.REQUEST_URI_NOT_SUPPORTED, "request_uri is not supported")
-        if "response_type" not in params:
-            raise invalid_request("response_type is required")
-        if params["response_type"] != "code":
-            raise OAuthError(ErrorCode.UNSUPPORTED_RESPONSE_TYPE, "response_type must be code")
-        if params.get("response_mode", "query") != "query":
-            raise invalid_request("response_mode must be query")
-        scopes = scope_rules.parse(params.get("scope"))
-        if not scopes:
-            raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
-        scope_rules.require_allowed(scopes, client.scope)
-        nonce = params.get("nonce")
-        challenge = params.get("code_challenge")
-        if client.require_pkce or challenge is not None or "code_challenge_method" in params:
-            pkce.check_challenge(challenge, params.get("code_challenge_method"))
-        elif not ("openid" in scopes and nonce):
-            # Without PKCE only a legacy OpenID Connect client's nonce protects the code.
-            raise invalid_request("code_challenge is required (PKCE with S256)")
-        prompt = frozenset(params.get("prompt", "").split())
-        if not prompt <= PROMPTS:
-            raise invalid_request("prompt has an unknown value")
-        if "none" in prompt and len(prompt) > 1:
-            raise invalid_request("prompt=none cannot be combined with other values")
-        max_age = None
-        if "max_age" in params:
-            if not _MAX_AGE.match(params["max_age"]):
-                raise invalid_request("max_age must be a non-negative integer")
-            max_age = int(params["max_age"])
-        audience = audience_for(svc.settings, client, params.get("resource"))
-    except OAuthError as error:
-        raise fail(error) from None
-    return AuthorizationRequest(
-        client=client,
-        redirect_uri=redirect_uri,
-        params={k: v for k, v in params.items() if k in CARRIED},
-        scopes=scopes,
-        state=state,
-        nonce=nonce,
-        code_challenge=challenge,
-        prompt=prompt,
-        max_age=max_age,
-        audience=audience,
-    )
-
-
 def _redirect(request: web.Request, location: str) -> web.Response:
     # 303 after a POST so the browser does not re-post to the client; 302 after a GET.
     # Never 307, which would replay the form (with the password) to the client.
     status = 303 if request.method == "POST" else 302
     return web.Response(status=status, headers={"Location": location, "Cache-Control": "no-store"})
-
-
-def error_redirect(request: web.Request, exc: RedirectError) -> web.Response:
-    svc = services(request)
-    return _redirect(
-        request,
-        with_query(
-            exc.redirect_uri,
-            {
-                "error": exc.error.code.value,
-                "error_description": exc.error.description,
-                "state": exc.state,
-                "iss": svc.settings.issuer,  # RFC 9207 §2
-            },
-        ),
-    )
-
-
-def _needs_login(auth: AuthorizationRequest, session: Session | None, login_done: bool) -> bool:
-    if session is None or not session.logged_in:
-        return True
-    if login_done:
-        return False
-    if "login" in auth.prompt or "select_account" in auth.prompt:
-        return True
-    return auth.max_age is not None and time.time() - session.record.auth_time > auth.max_age
-
-
-async def proceed(
-    request: web.Request,
-    auth: AuthorizationRequest,
-    session: Session | None,
-    *,
-    login_done: bool = False,
-    consent_given: bool = False,
-) -> web.Response:
-    """Login, consent or the code, whichever is next for this request and session.
-
-    `login_done`: this session has just signed in for this request, or passed the login
-    checks for it before the consent page was shown; `prompt` and `max_age` are satisfied.
-    """
-    svc = services(request)
-    if _needs_login(auth, session, login_done):
-        if "none" in auth.prompt:
-            raise RedirectError(
-                auth,
-                auth.redirect_uri,
-                auth.state,
-                OAuthError(ErrorCode.LOGIN_REQUIRED, "the user is not signed in"),
-            )
-        return await login_page(request, auth)
-    assert session is not None
-    subject = session.record.subject
-    if not consent_given and not auth.client.skip_consent:
-        granted = await svc.store.granted_scopes(subject, auth.client.client_id)
-        if "consent" in auth.prompt or not set(auth.scopes) <= granted:
-            if "none" in auth.prompt:
-                raise RedirectError(
-                    auth,
-                    auth.redirect_uri,
-                    auth.state,
-                    OAuthError(ErrorCode.CONSENT_REQUIRED, "the user has not consented"),
-                )
-            return consent_page(request, auth, session)
-    now = time.time()
-    code = random_token()
-    await svc.store.save_code(
-        CodeRecord(
-            code_hash=digest(code),
-            client_id=auth.client.client_id,
-            subject=subject,
-            redirect_uri=auth.redirect_uri,
-            scope=scope_rules.render(auth.scopes),
-            audience=auth.audience,
-            nonce=auth.nonce,
-            code_challenge=auth.code_challenge,
-            auth_time=session.record.auth_time,
-            expires_at=now + svc.settings.lifetimes.authorization_code.total_seconds(),
-            created_at=now,
-        )
-    )
-    response = _redirect(
-        request,
-        with_query(
-            auth.redirect_uri, {"code": code, "state": auth.state, "iss": svc.settings.issuer}
-        ),
-    )
-    svc.sessions.set_cookie(response, session)
-    return response
-
-
-async def login_page(
-    request: web.Request,
-    auth: AuthorizationRequest,
-    *,
-    error: str | None = None,
-    status: int = 200,
-    username: str | None = None,
-) -> web.Response:
-    svc = services(request)
-    # A signed-in user asked to sign in again (prompt=login, max_age) keeps the session for
-    # the form's CSRF token; the login replaces it.
-    session = await svc.sessions.ensure(request)
-    response = page(
-        request,
-        "login.html",
-        status=status,
-        title="Sign in",
-        action=svc.base_path + "/login",
-        csrf_token=Sessions.csrf_token(session),
-        carried=auth.carried(),
-        client_name=auth.client.client_name,
-        error=error,
-        username=username or auth.params.get("login_hint"),
-        form_targets=[auth.redirect_uri],
-    )
-    svc.sessions.set_cookie(response, session)
-    return response
-
-
-def consent_page(
-    request: web.Request, auth: AuthorizationRequest, session: Session
-) -> web.Response:
-    svc = services(request)
-    user = svc.settings.user_by_subject(session.record.subject)
-    response = page(
-        request,
-        "consent.html",
-        title="Allow access",
-        action=svc.base_path + "/consent",
-        csrf_token=Sessions.csrf_token(session),
-        carried=[*auth.carried(), (CONSENT_PROOF, Sessions.proof(session, auth.carried()))],
-        client_name=auth.client.client_name,
-        scopes=[{"name": s, "description": svc.settings.scope_description(s)} for s in auth.scopes],
-        user_name=(user.claims.get("name") or user.username) if user else session.record.subject,
-        warning=None,
-        form_targets=[auth.redirect_uri],
-    )
-    svc.sessions.set_cookie(response, session)
-    return response
-
-
-# ---------------------------------------------------------------------------- handlers
 
 
 async def _params(request: web.Request) -> Parameters:
@@ -397,103 +172,342 @@ async def _params(request: web.Request) -> Parameters:
     return Parameters.collect(query_items(request))
 
 
-async def authorize(request: web.Request) -> web.StreamResponse:
-    svc = services(request)
-    try:
+class AuthorizationEndpoint:
+    """GET/POST /authorize, and the login and consent forms posted back to it."""
+
+    def __init__(
+        self,
+        *,
+        clients: ClientRegistry,
+        users: UserDirectory,
+        store: Store,
+        sessions: Sessions,
+        pages: Pages,
+        passwords: signin.PasswordCheck,
+        issuer: str,
+        default_audience: str,
+        code_lifetime: float,
+        scope_description: Callable[[str], str],
+        base_path: str,
+        clock: Clock,
+    ) -> None:
+        self.clients = clients
+        self.users = users
+        self.store = store
+        self.sessions = sessions
+        self.pages = pages
+        self.passwords = passwords
+        self.issuer = issuer
+        self.default_audience = default_audience
+        self.code_lifetime = code_lifetime
+        self.scope_description = scope_description
+        self.base_path = base_path
+        self.clock = clock
+
+    async def validate(self, given: Parameters) -> AuthorizationRequest:
+        params = given.values
+        trusted_first = sorted(given.repeated & {"client_id", "redirect_uri"})
+        if trusted_first:
+            raise PageError(f"The request gives {' and '.join(trusted_first)} more than once.")
+        client_id = params.get("client_id")
+        client = await self.clients.client(client_id) if client_id else None
+        if client is None:
+            raise PageError("The application that sent you here is not registered.")
+        if "authorization_code" not in client.grant_types:
+            raise PageError("This application may not ask for sign-in.")
+        redirect_uri = params.get("redirect_uri")
+        if redirect_uri is None:
+            raise PageError("The request has no redirect_uri.")
+        if not redirect_uri_registered(client, redirect_uri):
+            raise PageError("The redirect address is not registered for this application.")
+
+        # A repeated state cannot be echoed: which one would the client expect?
+        state = None if "state" in given.repeated else params.get("state")
+
+        def fail(error: OAuthError) -> RedirectError:
+            return RedirectError(None, redirect_uri, state, error)
+
         try:
-            params = await _params(request)
+            if given.repeated:
+                raise given_more_than_once(given.repeated)
+            if "request" in params:
+                raise OAuthError(
+                    ErrorCode.REQUEST_NOT_SUPPORTED, "request objects are not supported"
+                )
+            if "request_uri" in params:
+                raise OAuthError(
+                    ErrorCode.REQUEST_URI_NOT_SUPPORTED, "request_uri is not supported"
+                )
+            if "response_type" not in params:
+                raise invalid_request("response_type is required")
+            if params["response_type"] != "code":
+                raise OAuthError(ErrorCode.UNSUPPORTED_RESPONSE_TYPE, "response_type must be code")
+            if params.get("response_mode", "query") != "query":
+                raise invalid_request("response_mode must be query")
+            scopes = scope_rules.parse(params.get("scope"))
+            if not scopes:
+                raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
+            scope_rules.require_allowed(scopes, client.scope)
+            nonce = params.get("nonce")
+            challenge = params.get("code_challenge")
+            if client.require_pkce or challenge is not None or "code_challenge_method" in params:
+                pkce.check_challenge(challenge, params.get("code_challenge_method"))
+            elif not ("openid" in scopes and nonce):
+                # Without PKCE only a legacy OpenID Connect client's nonce protects the code.
+                raise invalid_request("code_challenge is required (PKCE with S256)")
+            prompt = frozenset(params.get("prompt", "").split())
+            if not prompt <= PROMPTS:
+                raise invalid_request("prompt has an unknown value")
+            if "none" in prompt and len(prompt) > 1:
+                raise invalid_request("prompt=none cannot be combined with other values")
+            max_age = None
+            if "max_age" in params:
+                if not _MAX_AGE.match(params["max_age"]):
+                    raise invalid_request("max_age must be a non-negative integer")
+                max_age = int(params["max_age"])
+            audience = audience_for(self.default_audience, client, params.get("resource"))
+        except OAuthError as error:
+            raise fail(error) from None
+        return AuthorizationRequest(
+            client=client,
+            redirect_uri=redirect_uri,
+            params={k: v for k, v in params.items() if k in CARRIED},
+            scopes=scopes,
+            state=state,
+            nonce=nonce,
+            code_challenge=challenge,
+            prompt=prompt,
+            max_age=max_age,
+            audience=audience,
+        )
+
+    def error_redirect(self, request: web.Request, exc: RedirectError) -> web.Response:
+        return _redirect(
+            request,
+            with_query(
+                exc.redirect_uri,
+                {
+                    "error": exc.error.code.value,
+                    "error_description": exc.error.description,
+                    "state": exc.state,
+                    "iss": self.issuer,  # RFC 9207 §2
+                },
+            ),
+        )
+
+    def _needs_login(
+        self, auth: AuthorizationRequest, session: Session | None, login_done: bool
+    ) -> bool:
+        if session is None or not session.logged_in:
+            return True
+        if login_done:
+            return False
+        if "login" in auth.prompt or "select_account" in auth.prompt:
+            return True
+        return auth.max_age is not None and self.clock() - session.record.auth_time > auth.max_age
+
+    async def proceed(
+        self,
+        request: web.Request,
+        auth: AuthorizationRequest,
+        session: Session | None,
+        *,
+        login_done: bool = False,
+        consent_given: bool = False,
+    ) -> web.Response:
+        """Login, consent or the code, whichever is next for this request and session.
+
+        `login_done`: this session has just signed in for this request, or passed the login
+        checks for it before the consent page was shown; `prompt` and `max_age` are satisfied.
+        """
+        if self._needs_login(auth, session, login_done):
+            if "none" in auth.prompt:
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(ErrorCode.LOGIN_REQUIRED, "the user is not signed in"),
+                )
+            return await self.login_page(request, auth)
+        assert session is not None
+        subject = session.record.subject
+        if not consent_given and not auth.client.skip_consent:
+            granted = await self.store.granted_scopes(subject, auth.client.client_id)
+            if "consent" in auth.prompt or not set(auth.scopes) <= granted:
+                if "none" in auth.prompt:
+                    raise RedirectError(
+                        auth,
+                        auth.redirect_uri,
+                        auth.state,
+                        OAuthError(ErrorCode.CONSENT_REQUIRED, "the user has not consented"),
+                    )
+                return await self.consent_page(auth, session)
+        now = self.clock()
+        code = random_token()
+        await self.store.save_code(
+            CodeRecord(
+                code_hash=digest(code),
+                client_id=auth.client.client_id,
+                subject=subject,
+                redirect_uri=auth.redirect_uri,
+                scope=scope_rules.render(auth.scopes),
+                audience=auth.audience,
+                nonce=auth.nonce,
+                code_challenge=auth.code_challenge,
+                auth_time=session.record.auth_time,
+                expires_at=now + self.code_lifetime,
+                created_at=now,
+            )
+        )
+        response = _redirect(
+            request,
+            with_query(auth.redirect_uri, {"code": code, "state": auth.state, "iss": self.issuer}),
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def login_page(
+        self,
+        request: web.Request,
+        auth: AuthorizationRequest,
+        *,
+        error: str | None = None,
+        status: int = 200,
+        username: str | None = None,
+    ) -> web.Response:
+        # A signed-in user asked to sign in again (prompt=login, max_age) keeps the session for
+        # the form's CSRF token; the login replaces it.
+        session = await self.sessions.ensure(request)
+        response = self.pages.render(
+            "login.html",
+            status=status,
+            title="Sign in",
+            action=self.base_path + "/login",
+            csrf_token=Sessions.csrf_token(session),
+            carried=auth.carried(),
+            client_name=auth.client.client_name,
+            error=error,
+            username=username or auth.params.get("login_hint"),
+            form_targets=[auth.redirect_uri],
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def consent_page(self, auth: AuthorizationRequest, session: Session) -> web.Response:
+        user = await self.users.by_subject(session.record.subject)
+        response = self.pages.render(
+            "consent.html",
+            title="Allow access",
+            action=self.base_path + "/consent",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[*auth.carried(), (CONSENT_PROOF, Sessions.proof(session, auth.carried()))],
+            client_name=auth.client.client_name,
+            scopes=[{"name": s, "description": self.scope_description(s)} for s in auth.scopes],
+            user_name=user.display_name if user else session.record.subject,
+            warning=None,
+            form_targets=[auth.redirect_uri],
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    def _cannot_handle(self, message: str) -> web.Response:
+        return self.pages.error(400, "This sign-in request cannot be handled", message)
+
+    def _expired_session(self) -> web.Response:
+        return self.pages.error(
+            403,
+            "Your session expired",
+            "Please go back to the application and try again.",
+            "csrf",
+        )
+
+    # ------------------------------------------------------------------------- handlers
+
+    async def authorize(self, request: web.Request) -> web.StreamResponse:
+        try:
+            try:
+                params = await _params(request)
+            except OAuthError as exc:
+                raise PageError(f"The request is malformed: {exc.description}.") from None
+            auth = await self.validate(params)
+            session = await self.sessions.current(request)
+            return await self.proceed(request, auth, session)
+        except PageError as exc:
+            return self._cannot_handle(exc.message)
+        except RedirectError as exc:
+            return self.error_redirect(request, exc)
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        """POST /login: check the password (throttled), start a session, continue the flow."""
+        try:
+            given = await _params(request)
+            form = given.values
+            auth = await self.validate(given)
+            session = await self.sessions.current(request)
+            if not Sessions.csrf_valid(session, form.get("csrf_token")):
+                return self._expired_session()
+            username = form.get("username", "")
+            outcome = await self.passwords.check(request, username, form.get("password", ""))
+            if isinstance(outcome, signin.Throttled):
+                response = await self.login_page(
+                    request, auth, error=signin.THROTTLED, status=429, username=username
+                )
+                response.headers["Retry-After"] = str(outcome.retry_after)
+                return response
+            if outcome is None:
+                # Not 401: that status promises an HTTP authentication challenge
+                # (RFC 9110 §15.5.2), a form is not one.
+                return await self.login_page(
+                    request, auth, error=signin.WRONG, status=400, username=username
+                )
+            new_session = await self.sessions.login(request, outcome.subject)
+            return await self.proceed(request, auth, new_session, login_done=True)
+        except PageError as exc:
+            return self._cannot_handle(exc.message)
+        except RedirectError as exc:
+            return self.error_redirect(request, exc)
         except OAuthError as exc:
-            raise PageError(f"The request is malformed: {exc.description}.") from None
-        auth = validate(request, params)
-        session = await svc.sessions.current(request)
-        return await proceed(request, auth, session)
-    except PageError as exc:
-        return error_page(request, 400, "This sign-in request cannot be handled", exc.message)
-    except RedirectError as exc:
-        return error_redirect(request, exc)
+            return self._cannot_handle(exc.description)
 
-
-async def login(request: web.Request) -> web.StreamResponse:
-    """POST /login: check the password (throttled), start a session, continue the flow."""
-    svc = services(request)
-    try:
-        given = await _params(request)
-        form = given.values
-        auth = validate(request, given)
-        session = await svc.sessions.current(request)
-        if not Sessions.csrf_valid(session, form.get("csrf_token")):
-            return error_page(
-                request,
-                403,
-                "Your session expired",
-                "Please go back to the application and try again.",
-                "csrf",
+    async def consent(self, request: web.Request) -> web.StreamResponse:
+        """POST /consent: the user's decision, then the code or access_denied."""
+        try:
+            given = await _params(request)
+            form = given.values
+            auth = await self.validate(given)
+            session = await self.sessions.current(request)
+            if (
+                session is None
+                or not session.logged_in
+                or not Sessions.csrf_valid(session, form.get("csrf_token"))
+            ):
+                return self._expired_session()
+            decision = form.get("decision")
+            if decision == "deny":
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(ErrorCode.ACCESS_DENIED, "the user denied the request"),
+                )
+            if decision != "approve":
+                return self.pages.error(400, "No decision", "Choose Allow or Deny.")
+            # Without the proof (a hand-made form) the login checks run again: this session
+            # might never have passed `prompt=login` or `max_age` for this request.
+            checked = Sessions.proof_valid(session, auth.carried(), form.get(CONSENT_PROOF))
+            if checked:
+                await self.store.grant_scopes(
+                    session.record.subject,
+                    auth.client.client_id,
+                    frozenset(auth.scopes),
+                    self.clock(),
+                )
+            return await self.proceed(
+                request, auth, session, login_done=checked, consent_given=checked
             )
-        username = form.get("username", "")
-        outcome = await signin.check_password(svc, request, username, form.get("password", ""))
-        if isinstance(outcome, signin.Throttled):
-            response = await login_page(
-                request, auth, error=signin.THROTTLED, status=429, username=username
-            )
-            response.headers["Retry-After"] = str(outcome.retry_after)
-            return response
-        if outcome is None:
-            # Not 401: that status promises an HTTP authentication challenge
-            # (RFC 9110 §15.5.2), a form is not one.
-            return await login_page(
-                request, auth, error=signin.WRONG, status=400, username=username
-            )
-        new_session = await svc.sessions.login(request, svc.settings.subject_of(outcome))
-        return await proceed(request, auth, new_session, login_done=True)
-    except PageError as exc:
-        return error_page(request, 400, "This sign-in request cannot be handled", exc.message)
-    except RedirectError as exc:
-        return error_redirect(request, exc)
-    except OAuthError as exc:
-        return error_page(request, 400, "This sign-in request cannot be handled", exc.description)
-
-
-async def consent(request: web.Request) -> web.StreamResponse:
-    """POST /consent: the user's decision, then the code or access_denied."""
-    svc = services(request)
-    try:
-        given = await _params(request)
-        form = given.values
-        auth = validate(request, given)
-        session = await svc.sessions.current(request)
-        if (
-            session is None
-            or not session.logged_in
-            or not Sessions.csrf_valid(session, form.get("csrf_token"))
-        ):
-            return error_page(
-                request,
-                403,
-                "Your session expired",
-                "Please go back to the application and try again.",
-                "csrf",
-            )
-        decision = form.get("decision")
-        if decision == "deny":
-            raise RedirectError(
-                auth,
-                auth.redirect_uri,
-                auth.state,
-                OAuthError(ErrorCode.ACCESS_DENIED, "the user denied the request"),
-            )
-        if decision != "approve":
-            return error_page(request, 400, "No decision", "Choose Allow or Deny.")
-        # Without the proof (a hand-made form) the login checks run again: this session
-        # might never have passed `prompt=login` or `max_age` for this request.
-        checked = Sessions.proof_valid(session, auth.carried(), form.get(CONSENT_PROOF))
-        if checked:
-            await svc.store.grant_scopes(
-                session.record.subject, auth.client.client_id, frozenset(auth.scopes)
-            )
-        return await proceed(request, auth, session, login_done=checked, consent_given=checked)
-    except PageError as exc:
-        return error_page(request, 400, "This sign-in request cannot be handled", exc.message)
-    except RedirectError as exc:
-        return error_redirect(request, exc)
-    except OAuthError as exc:
-        return error_page(request, 400, "This sign-in request cannot be handled", exc.description)
+        except PageError as exc:
+            return self._cannot_handle(exc.message)
+        except RedirectError as exc:
+            return self.error_redirect(request, exc)
+        except OAuthError as exc:
+            return self._cannot_handle(exc.description)

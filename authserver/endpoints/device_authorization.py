@@ -12,21 +12,23 @@
 
 from __future__ import annotations
 
-import time
+from datetime import timedelta
 from urllib.parse import urlencode
 
 from aiohttp import web
 
-from .. import clients
+from ..clients import ClientAuthenticator
+from ..clock import Clock
 from ..grants.base import audience_for
 from ..grants.device_code import GRANT_TYPE
 from ..protocol import scopes as scope_rules
 from ..protocol import user_codes
 from ..protocol.errors import ErrorCode, OAuthError
 from ..protocol.lifecycle import Device
-from ..store.base import AlreadyExists, DeviceRecord
+from ..store.base import AlreadyExists, DeviceRecord, Store
 from ..tokens import digest, random_token
-from .common import json_no_store, oauth_json_error, read_form, services
+from .errors import json_no_store, oauth_json_error
+from .forms import read_form
 
 # A clash needs another live code with the same user code: with 20**8 codes, even a
 # hundred thousand pending codes make one draw clash once in 256 000, so three draws in a
@@ -34,67 +36,79 @@ from .common import json_no_store, oauth_json_error, read_form, services
 USER_CODE_DRAWS = 3
 
 
-async def device_authorization(request: web.Request) -> web.Response:
-    svc = services(request)
-    settings = svc.settings
-    try:
-        form = await read_form(request)  # 1
-        client = await clients.authenticate(  # 2
-            form,
-            request.headers.get("Authorization"),
-            settings,
-            svc.store,
-            svc.url("/device_authorization"),
-        )
-        if GRANT_TYPE not in client.grant_types:  # 3
-            raise OAuthError(
-                ErrorCode.UNAUTHORIZED_CLIENT, "this client may not use the device grant"
-            )
-        scopes = scope_rules.parse(form.get("scope"))  # 4
-        if not scopes:
-            raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
-        scope_rules.require_allowed(scopes, client.scope)
-        audience = audience_for(settings, client, form.get("resource"))
+class DeviceAuthorizationEndpoint:
+    def __init__(
+        self,
+        clients: ClientAuthenticator,
+        store: Store,
+        *,
+        default_audience: str,
+        lifetime: timedelta,
+        interval: timedelta,
+        verification_uri: str,
+        url: str,
+        clock: Clock,
+    ) -> None:
+        self.clients = clients
+        self.store = store
+        self.default_audience = default_audience
+        self.lifetime = lifetime.total_seconds()
+        self.interval = interval.total_seconds()
+        self.verification_uri = verification_uri
+        self.url = url
+        self.clock = clock
 
-        now = time.time()  # 5
-        lifetime = settings.lifetimes.device_code.total_seconds()
-        interval = settings.device.interval.total_seconds()
-        device_code = random_token()
-        for draw in range(USER_CODE_DRAWS):
-            user_code = user_codes.generate()
-            try:
-                await svc.store.save_device(
-                    DeviceRecord(
-                        device_code_hash=digest(device_code),
-                        user_code=user_code,
-                        client_id=client.client_id,
-                        scope=scope_rules.render(scopes),
-                        audience=audience,
-                        state=Device.PENDING.value,
-                        subject=None,
-                        interval=interval,
-                        last_poll=None,
-                        expires_at=now + lifetime,
-                        created_at=now,
-                    )
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            form = await read_form(request)  # 1
+            authorization = request.headers.get("Authorization")
+            client = await self.clients.authenticate(form, authorization, self.url)  # 2
+            if GRANT_TYPE not in client.grant_types:  # 3
+                raise OAuthError(
+                    ErrorCode.UNAUTHORIZED_CLIENT, "this client may not use the device grant"
                 )
-                break
-            except AlreadyExists:
-                if draw == USER_CODE_DRAWS - 1:
-                    raise
-        shown = user_codes.display(user_code)
-        verification_uri = svc.url("/device")
-        return json_no_store(  # 6
-            {
-                "device_code": device_code,
-                "user_code": shown,
-                "verification_uri": verification_uri,
-                "verification_uri_complete": verification_uri
-                + "?"
-                + urlencode({"user_code": shown}),
-                "expires_in": int(lifetime),
-                "interval": int(interval),
-            }
-        )
-    except OAuthError as error:
-        return oauth_json_error(error)
+            scopes = scope_rules.parse(form.get("scope"))  # 4
+            if not scopes:
+                raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
+            scope_rules.require_allowed(scopes, client.scope)
+            audience = audience_for(self.default_audience, client, form.get("resource"))
+
+            now = self.clock()  # 5
+            device_code = random_token()
+            for draw in range(USER_CODE_DRAWS):
+                user_code = user_codes.generate()
+                try:
+                    await self.store.save_device(
+                        DeviceRecord(
+                            device_code_hash=digest(device_code),
+                            user_code=user_code,
+                            client_id=client.client_id,
+                            scope=scope_rules.render(scopes),
+                            audience=audience,
+                            state=Device.PENDING.value,
+                            subject=None,
+                            interval=self.interval,
+                            last_poll=None,
+                            expires_at=now + self.lifetime,
+                            created_at=now,
+                        )
+                    )
+                    break
+                except AlreadyExists:
+                    if draw == USER_CODE_DRAWS - 1:
+                        raise
+            shown = user_codes.display(user_code)
+            return json_no_store(  # 6
+                {
+                    "device_code": device_code,
+                    "user_code": shown,
+                    "verification_uri": self.verification_uri,
+                    "verification_uri_complete": self.verification_uri
+                    + "?"
+                    + urlencode({"user_code": shown}),
+                    "expires_in": int(self.lifetime),
+                    "interval": int(self.interval),
+                }
+            )
+        except OAuthError as error:
+            return oauth_json_error(error)

@@ -1,6 +1,7 @@
 """Authorization server metadata (RFC 8414) and OpenID Provider metadata (Discovery 1.0 §3).
 
-One document, served at both well-known paths, built once at start-up, cacheable with an
+One document, served at both well-known paths, built when a configuration is loaded (at
+start and on each reload), cacheable with an
 ETag. It lists only what the server really does.
 """
 
@@ -14,9 +15,9 @@ import orjson
 from aiohttp import web
 
 from ..clients import ASSERTION_ALGORITHMS
+from ..keys import KeyRing
 from ..protocol.claims import supported_claims
 from ..settings import STANDARD_SCOPES, Settings
-from .common import services
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
@@ -74,7 +75,7 @@ class Document:
         )
         self.cache_control = f"public, max-age={max_age}"
 
-    def respond(self, request: web.Request) -> web.Response:
+    async def respond(self, request: web.Request) -> web.Response:
         headers = {"ETag": self.etag, "Cache-Control": self.cache_control}
         if not_modified(request, self.etag):
             return web.Response(status=304, headers=headers)
@@ -94,18 +95,17 @@ def not_modified(request: web.Request, etag: str) -> bool:
     return False
 
 
-# The JWKS response's Cache-Control, from keys.jwks_max_age: the time keys.publish_ahead is
-# measured against.
-JWKS_CACHE_CONTROL = web.AppKey("jwks_cache_control", str)
+class Jwks:
+    """GET /jwks: the key ring's public keys, with the Cache-Control `keys.publish_ahead` is
+    measured against (keys.jwks_max_age)."""
 
+    def __init__(self, keyring: KeyRing, cache_control: str) -> None:
+        self.keyring = keyring
+        self.cache_control = cache_control
 
-async def discovery(request: web.Request) -> web.Response:
-    return services(request).discovery.respond(request)
-
-
-async def jwks(request: web.Request) -> web.Response:
-    ring = services(request).keyring
-    headers = {"ETag": ring.jwks_etag, "Cache-Control": request.app[JWKS_CACHE_CONTROL]}
-    if not_modified(request, ring.jwks_etag):
-        return web.Response(status=304, headers=headers)
-    return web.Response(body=ring.jwks_body, content_type="application/json", headers=headers)
+    async def respond(self, request: web.Request) -> web.Response:
+        ring = self.keyring
+        headers = {"ETag": ring.jwks_etag, "Cache-Control": self.cache_control}
+        if not_modified(request, ring.jwks_etag):
+            return web.Response(status=304, headers=headers)
+        return web.Response(body=ring.jwks_body, content_type="application/json", headers=headers)

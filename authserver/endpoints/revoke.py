@@ -8,52 +8,60 @@ tokens. Unknown or already invalid tokens answer 200 (§2.2): the client's goal 
 
 from __future__ import annotations
 
-import time
-
-import jwt
 from aiohttp import web
 
-from .. import clients
+from ..clients import ClientAuthenticator
+from ..clock import Clock
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
+from ..store.base import Store
 from ..tokens import digest
-from .common import oauth_json_error, read_form, services
+from .errors import oauth_json_error
+from .forms import read_form
+from .resource_tokens import AccessTokens
 
 
-async def revoke(request: web.Request) -> web.Response:
-    svc = services(request)
-    try:
-        form = await read_form(request)
-        client = await clients.authenticate(
-            form, request.headers.get("Authorization"), svc.settings, svc.store, svc.url("/revoke")
-        )
-        token = form.get("token")
-        if token is None:
-            raise invalid_request("token is required")
-        now = time.time()
-        record = await svc.store.get_refresh(digest(token))
+class RevocationEndpoint:
+    def __init__(
+        self,
+        clients: ClientAuthenticator,
+        access_tokens: AccessTokens,
+        store: Store,
+        url: str,
+        clock: Clock,
+    ) -> None:
+        self.clients = clients
+        self.access_tokens = access_tokens
+        self.store = store
+        self.url = url
+        self.clock = clock
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            form = await read_form(request)
+            authorization = request.headers.get("Authorization")
+            client = await self.clients.authenticate(form, authorization, self.url)
+            token = form.get("token")
+            if token is None:
+                raise invalid_request("token is required")
+            await self._revoke(token, client.client_id)
+        except OAuthError as error:
+            return oauth_json_error(error)
+        return web.Response(status=200, headers={"Cache-Control": "no-store"})
+
+    async def _revoke(self, token: str, client_id: str) -> None:
+        now = self.clock()
+        record = await self.store.get_refresh(digest(token))
         if record is not None:
-            if record.client_id != client.client_id:
+            if record.client_id != client_id:
                 raise OAuthError(
                     ErrorCode.UNAUTHORIZED_CLIENT, "the token belongs to another client"
                 )
-            await svc.store.revoke_grant(record.family_id, now)
-        elif token.count(".") == 2:
-            try:
-                claims = svc.keyring.verify(
-                    token,
-                    [svc.settings.keys.access_token_alg],
-                    issuer=svc.settings.issuer,
-                    options={"verify_aud": False, "verify_exp": False, "require": ["jti", "exp"]},
-                )
-            except (jwt.InvalidTokenError, ValueError):
-                claims = None
-            if claims is not None:
-                if claims.get("client_id") != client.client_id:
-                    raise OAuthError(
-                        ErrorCode.UNAUTHORIZED_CLIENT, "the token belongs to another client"
-                    )
-                if claims["exp"] > now:
-                    await svc.store.revoke_access_token(str(claims["jti"]), float(claims["exp"]))
-    except OAuthError as error:
-        return oauth_json_error(error)
-    return web.Response(status=200, headers={"Cache-Control": "no-store"})
+            await self.store.revoke_grant(record.family_id, now)
+            return
+        claims = self.access_tokens.signed(token) if token.count(".") == 2 else None
+        if claims is None:
+            return
+        if claims.get("client_id") != client_id:
+            raise OAuthError(ErrorCode.UNAUTHORIZED_CLIENT, "the token belongs to another client")
+        if claims["exp"] > now:
+            await self.store.revoke_access_token(str(claims["jti"]), float(claims["exp"]))

@@ -23,23 +23,32 @@ Used by the authorization endpoint's login page and the device page's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from .. import users
+from portcullis.addresses import ClientAddresses
+
+from ..clock import Clock
+from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
-from ..settings import BACKOFF_FIRST_DELAY, LoginThrottle, UserSettings
-from .common import Services
+from ..registry import User, UserDirectory
+from ..settings import BACKOFF_FIRST_DELAY, LoginThrottle
+from ..store.base import Store
+from ..users import HashingBusy, PasswordHasher, dummy_hash
 
 log = logging.getLogger("portcullis.authserver.signin")
 
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
 # One answer for an unknown user and a wrong password.
 WRONG = "The username or password is not correct."
+
+
+def client_address(addresses: ClientAddresses, request: web.Request) -> str:
+    """The address the throttles count a request under: the socket peer, or the client a
+    trusted proxy names in X-Forwarded-For."""
+    return addresses.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
 
 
 @dataclass(frozen=True)
@@ -74,28 +83,52 @@ class LoginLimits:
         )
 
 
-async def check_password(
-    svc: Services, request: web.Request, username: str, password: str
-) -> UserSettings | Throttled | None:
-    """The user, Throttled, or None when the username or password is wrong."""
-    now = time.time()
-    limits = LoginLimits.of(svc.settings.login_throttle, username, svc.client_address(request))
-    refused = await svc.store.reserve_attempt(
-        (limits.at_address, limits.address, limits.username), now
-    )
-    if refused is not None:
-        svc.metrics.login_throttled()
-        log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
-        return Throttled(max(1, int(refused.retry_after)))
-    user = svc.settings.user(username)
-    # scrypt takes tens of milliseconds: off the event loop, so one login does not stall
-    # every other request.
-    ok = await asyncio.to_thread(
-        users.verify_password, password, user.password_hash if user else users.dummy_hash()
-    )
-    if user is None or not ok:
-        svc.metrics.login_failed()
-        return None  # the attempt stays charged: it was a failure
-    await svc.store.clear_failures(limits.at_address.key)
-    await svc.store.release_attempt((limits.address.key, limits.username.key), now)
-    return user
+class PasswordCheck:
+    def __init__(
+        self,
+        store: Store,
+        users: UserDirectory,
+        hasher: PasswordHasher,
+        throttle: LoginThrottle,
+        addresses: ClientAddresses,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.users = users
+        self.hasher = hasher
+        self.throttle = throttle
+        self.addresses = addresses
+        self.clock = clock
+        self.metrics = metrics
+
+    async def check(
+        self, request: web.Request, username: str, password: str
+    ) -> User | Throttled | None:
+        """The user, Throttled, or None when the username or password is wrong."""
+        now = self.clock()
+        address = client_address(self.addresses, request)
+        limits = LoginLimits.of(self.throttle, username, address)
+        refused = await self.store.reserve_attempt(
+            (limits.at_address, limits.address, limits.username), now
+        )
+        if refused is not None:
+            self.metrics.login_throttled()
+            log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
+            return Throttled(max(1, int(refused.retry_after)))
+        keys = (limits.at_address.key, limits.address.key, limits.username.key)
+        user = await self.users.by_username(username)
+        # scrypt takes tens of milliseconds: off the event loop, so one login does not stall
+        # every other request. A check the hasher had no room for was not a guess: its
+        # charge is given back and the person gets the 503 page.
+        try:
+            ok = await self.hasher.verify(password, user.password_hash if user else dummy_hash())
+        except HashingBusy:
+            await self.store.release_attempt(keys, now)
+            raise
+        if user is None or not ok:
+            self.metrics.login_failed()
+            return None  # the attempt stays charged: it was a failure
+        await self.store.clear_failures(limits.at_address.key)
+        await self.store.release_attempt((limits.address.key, limits.username.key), now)
+        return user

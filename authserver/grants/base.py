@@ -12,14 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..metrics import Metrics
-from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError
-from ..settings import ClientSettings, Settings
-from ..store.base import Store
-from ..tokens import Minter
+from ..registry import Client
 
 audit = logging.getLogger("portcullis.authserver.audit")
+
+# A compare-and-set that lost means the object's state moved on, and states only move
+# forward (lifecycle.py): decided again, the next attempt needs no compare-and-set. More
+# attempts than this means a bug.
+ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -30,50 +31,29 @@ class TokenRequest:
     endpoint_url: str
 
 
-@dataclass(frozen=True)
-class GrantContext:
-    settings: Settings
-    store: Store
-    minter: Minter
-    metrics: Metrics
-
-
 class Grant(Protocol):
     grant_type: str
 
-    async def issue(self, request: TokenRequest, client: ClientSettings) -> dict[str, Any]:
+    async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
         """The token response, or OAuthError."""
         ...
 
 
-def audience_for(settings: Settings, client: ClientSettings, resource: str | None) -> str:
+def audience_for(default_audience: str, client: Client, resource: str | None) -> str:
     """RFC 8707 §2: `resource` names the audience, and must be one this client may use."""
     if resource is None:
-        return settings.default_audience or settings.issuer
+        return default_audience
     if resource not in client.resources:
         raise OAuthError(ErrorCode.INVALID_TARGET, "resource is not one this client may use")
     return resource
 
 
-def may_refresh(client: ClientSettings, scopes: tuple[str, ...]) -> bool:
+def may_refresh(client: Client, scopes: tuple[str, ...]) -> bool:
     """Refresh tokens only for clients allowed the grant, and for OpenID Connect requests
     only when offline_access was granted (OIDC Core §11)."""
     if "refresh_token" not in client.grant_types:
         return False
     return "openid" not in scopes or "offline_access" in scopes
-
-
-def token_response(
-    access_token: str, expires_in: int, scopes: tuple[str, ...], **extra: str | None
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "access_token": access_token,
-        "token_type": "Bearer",
-        "expires_in": expires_in,
-        "scope": scope_rules.render(scopes),
-    }
-    body.update({k: v for k, v in extra.items() if v is not None})
-    return body
 
 
 class Registry:

@@ -7,8 +7,9 @@ from typing import Any
 
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError
-from ..settings import ClientSettings
-from .base import GrantContext, TokenRequest, audience_for, token_response
+from ..registry import Client
+from ..tokens import Minter, TokenPlan
+from .base import TokenRequest, audience_for
 
 _USER_ONLY_SCOPES = frozenset({"openid", "offline_access", "profile", "email", "address", "phone"})
 
@@ -16,10 +17,11 @@ _USER_ONLY_SCOPES = frozenset({"openid", "offline_access", "profile", "email", "
 class ClientCredentials:
     grant_type = "client_credentials"
 
-    def __init__(self, context: GrantContext) -> None:
-        self.ctx = context
+    def __init__(self, minter: Minter, default_audience: str) -> None:
+        self.minter = minter
+        self.default_audience = default_audience
 
-    async def issue(self, request: TokenRequest, client: ClientSettings) -> dict[str, Any]:
+    async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
         if client.public:
             raise OAuthError(ErrorCode.UNAUTHORIZED_CLIENT, "public clients cannot use this grant")
         machine_scopes = tuple(s for s in client.scope if s not in _USER_ONLY_SCOPES)
@@ -29,12 +31,12 @@ class ClientCredentials:
             granted = requested
         else:
             granted = machine_scopes  # RFC 6749 §3.3: the registered default
-        audience = audience_for(self.ctx.settings, client, request.form.get("resource"))
-        minted = self.ctx.minter.access_token(
+        audience = audience_for(self.default_audience, client, request.form.get("resource"))
+        claims = self.minter.access_claims(
             subject=client.client_id,
             client_id=client.client_id,
             scope=scope_rules.render(granted),
             audience=audience,
             now=request.now,
         )
-        return token_response(minted.token, minted.expires_in, granted)
+        return self.minter.sign(TokenPlan(claims, self.minter.access_lifetime, granted))

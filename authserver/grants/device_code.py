@@ -1,38 +1,38 @@
 """urn:ietf:params:oauth:grant-type:device_code (RFC 8628 §3.4, §3.5): the device polls.
 
-Each poll is recorded atomically by the store, which returns the code as it was before;
-the answer follows `lifecycle.DEVICE`: authorization_pending until the user decides,
-slow_down (and the code's interval raised by 5 s for good) for a poll that comes sooner than
-the interval after the previous one, access_denied after a denial, expired_token once the
-code's lifetime is over, and the tokens exactly once after approval. A code redeemed again
-answers invalid_grant and revokes what it issued, like a replayed authorization code.
-A poll by a client other than the one the code was issued to answers invalid_grant and
-changes nothing: it neither redeems the code nor makes the device's next poll too fast.
-Refresh and ID tokens follow the code flow's rules.
+The code is read, the poll decided by `lifecycle.DEVICE` (authorization_pending until the
+user decides, slow_down, with the code's interval raised by 5 s for good, for a poll that
+comes sooner than the interval after the previous one, access_denied after a denial,
+expired_token once the code's lifetime is over, the tokens exactly once after approval),
+and the decision recorded by one store call, a compare-and-set on the code's state and last
+poll: two polls at once cannot both read the same previous poll. The tokens are issued in
+the same call that redeems the code. A code redeemed again answers invalid_grant and
+revokes what it issued, like a replayed authorization code. A poll by a client other than
+the one the code was issued to answers invalid_grant and changes nothing: it neither
+redeems the code nor makes the device's next poll too fast. Refresh and ID tokens follow
+the code flow's rules.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from functools import partial
 from typing import Any
 
+from ..protocol import lifecycle
 from ..protocol.errors import ErrorCode, OAuthError, invalid_grant, invalid_request
-from ..protocol.lifecycle import DEVICE, Effect, device_poll_event, step
-from ..settings import ClientSettings
-from ..store.base import RefreshRecord
-from ..tokens import digest, random_token
-from .base import GrantContext, TokenRequest, audit, may_refresh, token_response
+from ..protocol.lifecycle import DEVICE, Decision, Effect, device_poll_event
+from ..registry import Client, UserDirectory
+from ..store.base import DeviceRecord, Issuance, Poll, Store
+from ..tokens import TokenPlan, digest
+from .base import ATTEMPTS, TokenRequest, audit, may_refresh
+from .issuance import Terms, TokenIssuer
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
-SLOW_DOWN_STEP = timedelta(seconds=5)  # RFC 8628 §3.5
-# A poll counts as too fast only when it comes this much sooner than the interval: the
-# device waits after it reads an answer, the server measures between arrivals, and the
-# two differ by network and scheduling jitter. The interval protects load, not a secret.
-POLL_TOLERANCE = timedelta(milliseconds=100)
+UNKNOWN = "the device code is unknown or was issued to another client"
 
 
 def family_of_device_code(code_hash: bytes) -> str:
-    """Tokens issued from a device code live in a family named after it, so a second
+    """Tokens issued from a device code live in a grant named after it, so a second
     redemption finds them."""
     return "d" + code_hash.hex()[:31]
 
@@ -40,96 +40,84 @@ def family_of_device_code(code_hash: bytes) -> str:
 class DeviceCode:
     grant_type = GRANT_TYPE
 
-    def __init__(self, context: GrantContext) -> None:
-        self.ctx = context
+    def __init__(self, store: Store, users: UserDirectory, issuer: TokenIssuer) -> None:
+        self.store = store
+        self.users = users
+        self.issuer = issuer
 
-    async def issue(self, request: TokenRequest, client: ClientSettings) -> dict[str, Any]:
-        form, now, store, settings = request.form, request.now, self.ctx.store, self.ctx.settings
+    async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
+        form, now = request.form, request.now
         device_code = form.get("device_code")
         if not device_code:
             raise invalid_request("device_code is required")
         code_hash = digest(device_code)
-        # The store checks the client before it records anything: a poll by another client
-        # neither redeems the code nor counts towards the device's slow_down.
-        before = await store.poll_device(code_hash, client.client_id, now)
-        if before is None:
-            raise invalid_grant("the device code is unknown or was issued to another client")
-        if before.expires_at <= now:
+        record = await self._owned(code_hash, client)
+        if lifecycle.expired(record.expires_at, now):
             raise OAuthError(ErrorCode.EXPIRED_TOKEN, "the device code has expired")
+        grant_id = family_of_device_code(code_hash)
 
-        too_fast = (
-            before.last_poll is not None
-            and now - before.last_poll < before.interval - POLL_TOLERANCE.total_seconds()
-        )
-        transition = step(DEVICE, before.state, device_poll_event(before.state, too_fast))
-        family_id = family_of_device_code(code_hash)
-        if transition.effect is Effect.RAISE_INTERVAL:
-            await store.slow_down_device(
-                code_hash, before.interval + SLOW_DOWN_STEP.total_seconds()
-            )
-        elif transition.effect is Effect.REVOKE_ISSUED:
-            await store.revoke_grant(family_id, now)
-            audit.warning(
-                "device code redeemed twice: tokens issued from it revoked",
-                extra={"client_id": client.client_id, "family_id": family_id},
-            )
-        if transition.error is not None:
-            raise OAuthError(ErrorCode(transition.error), _DESCRIPTIONS[transition.error])
-        assert transition.effect is Effect.ISSUE_TOKENS
+        for _ in range(ATTEMPTS):
+            too_fast = lifecycle.poll_too_fast(record.last_poll, record.interval, now)
+            event = device_poll_event(record.state, too_fast)
+            decision = lifecycle.decide(DEVICE, record.state, event)
+            if decision.effect is Effect.REVOKE_ISSUED:
+                await self.store.revoke_grant(grant_id, now)
+                audit.warning(
+                    "device code redeemed twice: tokens issued from it revoked",
+                    extra={"client_id": client.client_id, "family_id": grant_id},
+                )
+                raise invalid_grant(_DESCRIPTIONS["invalid_grant"])
+            if decision.effect is Effect.ISSUE_TOKENS:
+                response = await self.issuer.issue_tokens(
+                    await self._terms(record, client, grant_id, now),
+                    partial(self._redeem, code_hash, _poll(record, decision, now)),
+                )
+                if response is not None:
+                    return response
+            elif await self.store.record_poll(code_hash, _poll(record, decision, now)):
+                assert decision.error is not None
+                raise OAuthError(ErrorCode(decision.error), _DESCRIPTIONS[decision.error])
+            record = await self._owned(code_hash, client)  # another poll came in between
+        raise RuntimeError("the device code's state kept changing under its poll")
 
-        subject = before.subject or ""
-        user = settings.user_by_subject(subject)
+    async def _owned(self, code_hash: bytes, client: Client) -> DeviceRecord:
+        """The code, if it was issued to this client: another client's poll reads it only
+        to refuse (RFC 8628 §3.4: the code is bound to its client)."""
+        record = await self.store.get_device(code_hash)
+        if record is None or record.client_id != client.client_id:
+            raise invalid_grant(UNKNOWN)
+        return record
+
+    async def _terms(
+        self, record: DeviceRecord, client: Client, grant_id: str, now: float
+    ) -> Terms:
+        user = await self.users.by_subject(record.subject or "")
         if user is None:
             # The user was removed from the configuration since approving.
             raise invalid_grant("the user who approved this device no longer exists")
-        scopes = tuple(before.scope.split())
-        auth_time = before.auth_time if before.auth_time is not None else now
-        minted = self.ctx.minter.access_token(
-            subject=subject,
-            client_id=client.client_id,
-            scope=before.scope,
-            audience=before.audience,
+        scopes = tuple(record.scope.split())
+        refresh = may_refresh(client, scopes)
+        return Terms(
+            client=client,
+            subject=user.subject,
+            scopes=scopes,
+            audience=record.audience,
+            auth_time=record.auth_time if record.auth_time is not None else now,
+            grant_id=grant_id,
             now=now,
-            auth_time=auth_time,
+            user_claims=user.claims,
+            family=self.issuer.new_family(record.scope, now) if refresh else None,
         )
-        await store.record_access_token(minted.jti, family_id, client.client_id, minted.expires_at)
 
-        refresh_token = None
-        if may_refresh(client, scopes):
-            refresh_token = random_token()
-            lifetimes = settings.lifetimes
-            await store.save_refresh(
-                RefreshRecord(
-                    token_hash=digest(refresh_token),
-                    family_id=family_id,
-                    client_id=client.client_id,
-                    subject=subject,
-                    scope=before.scope,
-                    audience=before.audience,
-                    auth_time=auth_time,
-                    created_at=now,
-                    expires_at=now + lifetimes.refresh_token_idle.total_seconds(),
-                    family_expires_at=now + lifetimes.refresh_token_absolute.total_seconds(),
-                    state="active",
-                )
-            )
+    async def _redeem(self, code_hash: bytes, poll: Poll, issuance: Issuance, _: TokenPlan) -> bool:
+        return await self.store.redeem_device(code_hash, poll, issuance)
 
-        id_token = None
-        if "openid" in scopes:
-            id_token = self.ctx.minter.id_token(
-                subject=subject,
-                user_claims=user.claims,
-                client_id=client.client_id,
-                scopes=scopes,
-                nonce=None,
-                auth_time=auth_time,
-                access_token=minted.token,
-                now=now,
-                alg=client.id_token_signed_response_alg,
-            )
-        return token_response(
-            minted.token, minted.expires_in, scopes, refresh_token=refresh_token, id_token=id_token
-        )
+
+def _poll(record: DeviceRecord, decision: Decision, now: float) -> Poll:
+    interval = record.interval
+    if decision.effect is Effect.RAISE_INTERVAL:
+        interval = lifecycle.slowed_down(interval)
+    return Poll(decision.move, record.last_poll, now, interval)
 
 
 _DESCRIPTIONS = {

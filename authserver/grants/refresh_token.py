@@ -1,113 +1,134 @@
 """refresh_token (RFC 6749 §6) with rotation and reuse detection (RFC 9700 §4.14.2).
 
-Every use rotates: a successor in the same family, the presented token marked rotated, in
-one transaction (two concurrent uses: exactly one wins). A rotated token presented again
-within `refresh_grace` repeats the successor response, sealed in the store under a key
-derived from the presented token; outside it, or for a revoked token, the whole family is
-revoked and an audit line written. A token is bound to its client; scope may narrow only.
+Every use rotates: the presented token marked rotated, a successor in the same family and
+the new access token recorded, in one store call that is a compare-and-set on the token's
+state (two concurrent uses: exactly one wins). A rotated token presented again within
+`refresh_grace`, by the client it belongs to and before its successor was used, repeats the
+successor response, sealed in the store under a key derived from the presented token: the
+retry of a response that was lost (a dropped connection, a server killed after the commit).
+Otherwise a rotated or revoked token presented again revokes the whole family and writes an
+audit line. A token is bound to its client; scope may narrow only.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from ..metrics import Metrics
+from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import invalid_grant, invalid_request
-from ..settings import ClientSettings
-from ..store.base import RefreshOutcome, RefreshRecord
-from ..tokens import digest, random_token, seal, unseal
-from .base import GrantContext, TokenRequest, audit, token_response
+from ..protocol.lifecycle import REFRESH, Effect, Move
+from ..registry import Client, User, UserDirectory
+from ..store.base import Issuance, RefreshRecord, Store
+from ..tokens import TokenPlan, digest, seal, unseal
+from .base import ATTEMPTS, TokenRequest, audit
+from .issuance import Family, Terms, TokenIssuer
+
+REFUSED = "the refresh token is unknown, expired or revoked"
 
 
 class RefreshToken:
     grant_type = "refresh_token"
 
-    def __init__(self, context: GrantContext) -> None:
-        self.ctx = context
+    def __init__(
+        self,
+        store: Store,
+        users: UserDirectory,
+        issuer: TokenIssuer,
+        grace: float,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.users = users
+        self.issuer = issuer
+        self.grace = grace  # seconds
+        self.metrics = metrics
 
-    async def issue(self, request: TokenRequest, client: ClientSettings) -> dict[str, Any]:
-        form, now, store, settings = request.form, request.now, self.ctx.store, self.ctx.settings
+    async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
+        form, now = request.form, request.now
         presented = form.get("refresh_token")
         if not presented:
             raise invalid_request("refresh_token is required")
         token_hash = digest(presented)
-        record = await store.get_refresh(token_hash)
-        if record is None or record.client_id != client.client_id:
-            raise invalid_grant("the refresh token is unknown, expired or revoked")
-        if settings.user_by_subject(record.subject) is None:
+        record = await self._owned(token_hash, client)
+        user = await self.users.by_subject(record.subject)
+        if user is None:
             # The user was removed from the configuration: their grants end with them.
-            raise invalid_grant("the refresh token is unknown, expired or revoked")
+            raise invalid_grant(REFUSED)
         granted = tuple(record.scope.split())
         requested = scope_rules.parse(form.get("scope"))
         scopes = scope_rules.narrow(requested, granted) if requested else granted
 
-        minted = self.ctx.minter.access_token(
-            subject=record.subject,
-            client_id=client.client_id,
-            scope=scope_rules.render(scopes),
-            audience=record.audience,
-            now=now,
-            auth_time=record.auth_time,
-        )
-        successor_token = random_token()
-        id_token = None
-        if "openid" in scopes:
-            user = settings.user_by_subject(record.subject)
-            id_token = self.ctx.minter.id_token(
-                subject=record.subject,
-                user_claims=user.claims if user else {},
-                client_id=client.client_id,
-                scopes=scopes,
-                nonce=None,
-                auth_time=record.auth_time,
-                access_token=minted.token,
-                now=now,
-                alg=client.id_token_signed_response_alg,
-            )
-        response = token_response(
-            minted.token,
-            minted.expires_in,
-            scopes,
-            refresh_token=successor_token,
-            id_token=id_token,
-        )
-        # The successor keeps the scope of the family: narrowing applies to this access token.
-        successor = RefreshRecord(
-            token_hash=digest(successor_token),
-            family_id=record.family_id,
-            client_id=client.client_id,
-            subject=record.subject,
-            scope=record.scope,
-            audience=record.audience,
-            auth_time=record.auth_time,
-            created_at=now,
-            expires_at=min(
-                now + settings.lifetimes.refresh_token_idle.total_seconds(),
-                record.family_expires_at,
-            ),
+        for _ in range(ATTEMPTS):
+            decision = lifecycle.decide(REFRESH, record.state, await self._event(record, now))
+            if decision.effect is Effect.ISSUE_TOKENS:
+                response = await self.issuer.issue_tokens(
+                    _terms(record, client, user, scopes, now),
+                    partial(self._rotate, token_hash, decision.move, presented),
+                )
+                if response is not None:
+                    return response
+                record = await self._owned(token_hash, client)  # lost the race: again
+                continue
+            if decision.effect is Effect.REPEAT_SUCCESSOR and record.successor_sealed:
+                plan = unseal(record.successor_sealed, presented)
+                if plan is not None:
+                    return self.issuer.repeat(plan)
+            if decision.effect is Effect.REVOKE_FAMILY:
+                await self.store.revoke_grant(record.family_id, now)
+                self.metrics.refresh_reused()
+                audit.warning(
+                    "refresh token reused: family revoked",
+                    extra={"client_id": client.client_id, "family_id": record.family_id},
+                )
+            raise invalid_grant(REFUSED)
+        raise RuntimeError("the refresh token's state kept changing under its rotation")
+
+    async def _owned(self, token_hash: bytes, client: Client) -> RefreshRecord:
+        """The token, if it is this client's. Another client's token is refused without a
+        change: it proves nothing about the token's owner (and no grace is given to it)."""
+        record = await self.store.get_refresh(token_hash)
+        if record is None or record.client_id != client.client_id:
+            raise invalid_grant(REFUSED)
+        return record
+
+    async def _event(self, record: RefreshRecord, now: float) -> str:
+        successor = None
+        if record.successor_hash is not None:
+            successor = await self.store.get_refresh(record.successor_hash)
+        return lifecycle.refresh_use_event(
+            record.state,
+            expires_at=record.expires_at,
             family_expires_at=record.family_expires_at,
-            state="active",
+            rotated_at=record.rotated_at,
+            successor_state=successor.state if successor is not None else None,
+            now=now,
+            grace=self.grace,
         )
-        use = await store.use_refresh(
-            token_hash,
-            now,
-            settings.refresh_grace.total_seconds(),
-            successor,
-            seal(response, presented),
-        )
-        if use.outcome is RefreshOutcome.ROTATED:
-            await store.record_access_token(
-                minted.jti, record.family_id, client.client_id, minted.expires_at
-            )
-            return response
-        if use.outcome is RefreshOutcome.GRACE and use.record and use.record.successor_sealed:
-            repeated = unseal(use.record.successor_sealed, presented)
-            if repeated is not None:
-                return repeated
-        if use.outcome is RefreshOutcome.REUSED:
-            self.ctx.metrics.refresh_reused()
-            audit.warning(
-                "refresh token reused: family revoked",
-                extra={"client_id": client.client_id, "family_id": record.family_id},
-            )
-        raise invalid_grant("the refresh token is unknown, expired or revoked")
+
+    async def _rotate(
+        self, token_hash: bytes, move: Move, presented: str, issuance: Issuance, plan: TokenPlan
+    ) -> bool:
+        return await self.store.rotate_refresh(token_hash, move, issuance, seal(plan, presented))
+
+
+def _terms(
+    record: RefreshRecord, client: Client, user: User, scopes: tuple[str, ...], now: float
+) -> Terms:
+    """The tokens of a rotation: the family's grant, subject, audience and sign-in time."""
+    return Terms(
+        client=client,
+        subject=record.subject,
+        scopes=scopes,
+        audience=record.audience,
+        auth_time=record.auth_time,
+        grant_id=record.family_id,
+        now=now,
+        user_claims=user.claims,
+        # The successor keeps the scope of the family: narrowing applies to this access
+        # token only.
+        family=Family(record.scope, record.family_expires_at),
+        new_grant=False,
+    )

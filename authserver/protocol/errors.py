@@ -89,3 +89,13 @@ def invalid_scope(description: str) -> OAuthError:
 
 def invalid_client(description: str) -> OAuthError:
     return OAuthError(ErrorCode.INVALID_CLIENT, description)
+
+
+class TemporarilyUnavailable(Exception):
+    """The server cannot answer now but will soon by itself: its store failed, or every
+    password-hashing slot is taken. Endpoints answer 503 with Retry-After: JSON
+    `temporarily_unavailable` (RFC 6749 §4.1.2.1 names the code) or an error page."""
+
+    def __init__(self, reason: str, *, retry_after: int = 1) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after

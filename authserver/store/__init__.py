@@ -8,18 +8,21 @@ a backend, imported on demand so that importing the protocol never loads a drive
 
 from __future__ import annotations
 
+from authserver.settings import StoragePool
 from authserver.store.base import Store
 
 SQLITE_MEMORY_URL = "sqlite://:memory:"
 SQLITE_FILE_PREFIX = "sqlite:///"
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, pool: StoragePool | None = None) -> Store:
     """The backend a storage URL names, not opened yet: the caller awaits `open()`.
 
     `sqlite:///var/lib/portcullis/authserver.db` names a file by its absolute path (what
     follows `sqlite://`), `sqlite://:memory:` a private in-memory database that lives as
-    long as the store is open.
+    long as the store is open. `postgresql://user:password@host:port/database` (or
+    `postgres://`, with libpq's query parameters such as `sslmode`) names a PostgreSQL
+    database, reached through a pool of connections bounded by `pool`; SQLite has none.
     """
     if url == SQLITE_MEMORY_URL:
         from authserver.store.sqlite import SQLiteStore
@@ -33,7 +36,16 @@ def open_store(url: str) -> Store:
 
         return SQLiteStore(path)
     if url.startswith(("postgresql://", "postgres://")):
-        raise NotImplementedError(
-            "PostgreSQL storage is not available yet; use sqlite:///PATH for now"
-        )
-    raise ValueError(f"storage URL {url!r} is neither sqlite:///PATH nor sqlite://:memory:")
+        try:
+            from authserver.store.postgres import PostgresStore
+        except ModuleNotFoundError as exc:
+            if exc.name != "asyncpg":
+                raise
+            raise RuntimeError(
+                "PostgreSQL storage needs asyncpg: install portcullis[postgres]"
+            ) from exc
+        return PostgresStore(url, pool)
+    raise ValueError(
+        f"storage URL {url!r} is neither sqlite:///PATH, sqlite://:memory:"
+        " nor postgresql://USER@HOST/DATABASE"
+    )

@@ -12,9 +12,12 @@ no lock of its own; between processes, SQLite's file locks take over.
 
 Transactions. The connection runs in autocommit mode (isolation_level=None) and every
 change runs in `BEGIN IMMEDIATE`, which takes the database's write lock before the first
-read. Two connections (threads, processes) can therefore never both read a code as issued
-and both consume it: the second waits for the first to commit, then reads "consumed". A
-waiting writer retries for up to `busy_timeout` before the call raises.
+read. Every conditional change is a compare-and-set, `UPDATE ... WHERE state = ?` on the
+state the domain read, and its row count says whether the condition still held: of two
+connections (threads, processes) redeeming one code, the second waits for the first to
+commit, then matches no row. An issuance (code consumed, grant created, tokens recorded) is
+one such transaction. A waiting writer retries for up to `busy_timeout` before the call
+raises.
 
 Durability. WAL journal with synchronous=NORMAL. A commit is written to the WAL file before
 the call returns, and fsync runs only at checkpoints. A killed process (kill -9, OOM killer)
@@ -26,46 +29,53 @@ PostgreSQL backend covers better. foreign_keys=ON keeps refresh tokens tied to t
 
 Cancellation. A call whose awaiting task is cancelled still runs to its end on the worker:
 a transaction is never left half done, but the caller does not learn its result.
+
+Errors. An OperationalError (the disk full or failing, the file read-only, a lock not
+obtained within busy_timeout) or a corrupt file becomes StoreUnavailable: the transaction
+was rolled back and the connection stays usable, so the store recovers by itself when the
+disk does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import TypeVar
 
-from authserver.protocol.lifecycle import CODE, DEVICE, REFRESH, Code, Device, Effect, Refresh, step
+from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
     AlreadyExists,
     CodeRecord,
     DeviceRecord,
-    RefreshOutcome,
+    GrantRecord,
+    Issuance,
+    Poll,
     RefreshRecord,
-    RefreshUse,
     SessionRecord,
+    StoreUnavailable,
 )
+from authserver.store.migration_files import Migration, load_migrations, unknown_versions
 
 T = TypeVar("T")
+
+log = logging.getLogger("portcullis.authserver.store")
 
 MIGRATIONS: Traversable = resources.files("authserver.store").joinpath("migrations", "sqlite")
 BUSY_TIMEOUT = timedelta(seconds=5)
 # Refresh tokens whose idle expiry passed this long ago are purged; until then a rotated
 # one shown again is still recognised as reuse and revokes its family (RFC 9700 §4.14.2).
 REFRESH_RETENTION = timedelta(days=1)
-# A grant revocation is kept while an access token or a family recorded under it remains,
-# and at least this long, so a token recorded in a race with the revocation is still
-# judged inactive.
-REVOCATION_RETENTION = timedelta(days=1)
 
 
 class SQLiteStore:
@@ -134,7 +144,16 @@ class SQLiteStore:
         executor, conn = self._executor, self._conn
         if executor is None or conn is None:
             raise RuntimeError("the store is not open")
-        return await asyncio.get_running_loop().run_in_executor(executor, operation, conn)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, operation, conn)
+        except sqlite3.OperationalError as exc:
+            # The disk full or failing, the file gone read-only, a lock not obtained within
+            # busy_timeout: the transaction was rolled back, and the next call may succeed.
+            raise StoreUnavailable(f"SQLite: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:
+                raise  # IntegrityError and the like: a bug, not the database's state
+            raise StoreUnavailable(f"SQLite: {exc}") from exc
 
     # -- authorization codes
 
@@ -144,20 +163,16 @@ class SQLiteStore:
     async def get_code(self, code_hash: bytes) -> CodeRecord | None:
         return await self._call(lambda conn: _get_code(conn, code_hash))
 
-    async def consume_code(self, code_hash: bytes, now: float) -> tuple[CodeRecord | None, bool]:
-        return await self._call(lambda conn: _consume_code(conn, code_hash, now))
+    async def redeem_code(self, code_hash: bytes, move: Move, issuance: Issuance) -> bool:
+        return await self._call(lambda conn: _redeem_code(conn, code_hash, move, issuance))
 
     # -- grants and access tokens
 
-    async def record_access_token(
-        self, jti: str, grant_id: str | None, client_id: str, expires_at: float
-    ) -> None:
-        await self._call(
-            lambda conn: _record_access_token(conn, jti, grant_id, client_id, expires_at)
-        )
+    async def get_grant(self, grant_id: str) -> GrantRecord | None:
+        return await self._call(lambda conn: _get_grant(conn, grant_id))
 
-    async def revoke_grant(self, grant_id: str, now: float) -> None:
-        await self._call(lambda conn: _in_transaction(conn, _revoke_grant, grant_id, now))
+    async def revoke_grant(self, grant_id: str, now: float) -> bool:
+        return await self._call(lambda conn: _in_transaction(conn, _revoke_grant, grant_id, now))
 
     async def revoke_access_token(self, jti: str, expires_at: float) -> None:
         await self._call(lambda conn: _revoke_access_token(conn, jti, expires_at))
@@ -167,36 +182,25 @@ class SQLiteStore:
 
     # -- refresh tokens
 
-    async def save_refresh(self, record: RefreshRecord) -> None:
-        await self._call(lambda conn: _save_refresh(conn, record))
-
-    async def use_refresh(
-        self,
-        token_hash: bytes,
-        now: float,
-        grace_seconds: float,
-        successor: RefreshRecord,
-        successor_sealed: bytes,
-    ) -> RefreshUse:
-        return await self._call(
-            lambda conn: _use_refresh(
-                conn, token_hash, now, grace_seconds, successor, successor_sealed
-            )
-        )
-
     async def get_refresh(self, token_hash: bytes) -> RefreshRecord | None:
         return await self._call(lambda conn: _get_refresh(conn, token_hash))
 
-    async def family_revoked(self, family_id: str) -> bool:
-        return await self._call(lambda conn: _family_revoked(conn, family_id))
+    async def rotate_refresh(
+        self, token_hash: bytes, move: Move, issuance: Issuance, successor_sealed: bytes
+    ) -> bool:
+        return await self._call(
+            lambda conn: _rotate_refresh(conn, token_hash, move, issuance, successor_sealed)
+        )
 
     # -- consent
 
     async def granted_scopes(self, subject: str, client_id: str) -> frozenset[str]:
         return await self._call(lambda conn: _granted_scopes(conn, subject, client_id))
 
-    async def grant_scopes(self, subject: str, client_id: str, scopes: frozenset[str]) -> None:
-        await self._call(lambda conn: _grant_scopes(conn, subject, client_id, scopes))
+    async def grant_scopes(
+        self, subject: str, client_id: str, scopes: frozenset[str], now: float
+    ) -> None:
+        await self._call(lambda conn: _grant_scopes(conn, subject, client_id, scopes, now))
 
     # -- login sessions
 
@@ -233,25 +237,28 @@ class SQLiteStore:
     async def device_by_user_code(self, user_code: str, now: float) -> DeviceRecord | None:
         return await self._call(lambda conn: _device_by_user_code(conn, user_code, now))
 
+    async def get_device(self, device_code_hash: bytes) -> DeviceRecord | None:
+        return await self._call(lambda conn: _get_device(conn, device_code_hash))
+
     async def decide_device(
         self,
         user_code: str,
+        move: Move,
         subject: str,
-        approve: bool,
         now: float,
         auth_time: float | None = None,
     ) -> bool:
         return await self._call(
-            lambda conn: _decide_device(conn, user_code, subject, approve, now, auth_time)
+            lambda conn: _decide_device(conn, user_code, move, subject, now, auth_time)
         )
 
-    async def poll_device(
-        self, device_code_hash: bytes, client_id: str, now: float
-    ) -> DeviceRecord | None:
-        return await self._call(lambda conn: _poll_device(conn, device_code_hash, client_id, now))
+    async def record_poll(self, device_code_hash: bytes, poll: Poll) -> bool:
+        return await self._call(
+            lambda conn: _in_transaction(conn, _record_poll, device_code_hash, poll)
+        )
 
-    async def slow_down_device(self, device_code_hash: bytes, interval: float) -> None:
-        await self._call(lambda conn: _slow_down_device(conn, device_code_hash, interval))
+    async def redeem_device(self, device_code_hash: bytes, poll: Poll, issuance: Issuance) -> bool:
+        return await self._call(lambda conn: _redeem_device(conn, device_code_hash, poll, issuance))
 
     # -- housekeeping
 
@@ -264,31 +271,6 @@ class SQLiteStore:
 
 # ---------------------------------------------------------------------------------------
 # Migrations
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-
-def load_migrations(directory: Traversable) -> list[Migration]:
-    """The files NNN_name.sql of a directory, in the numeric order of NNN."""
-    found: dict[int, Migration] = {}
-    for entry in directory.iterdir():
-        if not entry.name.endswith(".sql"):
-            continue
-        prefix, sep, _ = entry.name.partition("_")
-        if not (sep and prefix.isdigit()):
-            raise ValueError(f"migration {entry.name!r} is not named NNN_name.sql")
-        version = int(prefix)
-        if version in found:
-            raise ValueError(
-                f"migrations {found[version].name!r} and {entry.name!r} share version {version}"
-            )
-        found[version] = Migration(version, entry.name, entry.read_text(encoding="utf-8"))
-    return [found[version] for version in sorted(found)]
 
 
 def _enter_wal(conn: sqlite3.Connection, timeout: float) -> str:
@@ -323,12 +305,10 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration]) -> list[int]:
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
         " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
     )
-    known = {migration.version for migration in migrations}
-    newer = sorted(
-        version
-        for (version,) in conn.execute("SELECT version FROM schema_migrations")
-        if version not in known
-    )
+    applied_before = {
+        version for (version,) in conn.execute("SELECT version FROM schema_migrations")
+    }
+    newer = unknown_versions(applied_before, migrations)
     if newer:
         raise RuntimeError(
             f"the database has migrations this program does not know ({newer}): "
@@ -348,6 +328,7 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration]) -> list[int]:
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, time.time()),
             )
+        log.info("migration applied", extra={"version": migration.version, "file": migration.name})
         applied.append(migration.version)
     return applied
 
@@ -375,6 +356,10 @@ def _comment(line: str) -> bool:
 
 @contextmanager
 def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    if conn.in_transaction:
+        # A rollback that failed before (the disk it writes to gone) left this open: end it
+        # now, or no transaction could start on the connection again.
+        conn.execute("ROLLBACK")
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield
@@ -382,7 +367,8 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     except BaseException:
         # SQLite rolls back by itself after some errors (a full disk, for one).
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.OperationalError):  # retried at the next BEGIN
+                conn.execute("ROLLBACK")
         raise
 
 
@@ -431,68 +417,86 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
 def _get_code(conn: sqlite3.Connection, code_hash: bytes) -> CodeRecord | None:
     row = conn.execute(
         "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
-        " code_challenge, auth_time, expires_at, created_at"
+        " code_challenge, auth_time, expires_at, created_at, state"
         " FROM codes WHERE code_hash = ?",
         (code_hash,),
     ).fetchone()
     return None if row is None else CodeRecord(*row)
 
 
-def _consume_code(
-    conn: sqlite3.Connection, code_hash: bytes, now: float
-) -> tuple[CodeRecord | None, bool]:
+def _redeem_code(
+    conn: sqlite3.Connection, code_hash: bytes, move: Move, issuance: Issuance
+) -> bool:
+    grant = _new_grant(issuance)
     with _transaction(conn):
-        row = conn.execute(
-            "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
-            " code_challenge, auth_time, expires_at, created_at, state"
-            " FROM codes WHERE code_hash = ?",
-            (code_hash,),
-        ).fetchone()
-        if row is None:
-            return None, False
-        record, state = CodeRecord(*row[:-1]), Code(row[-1])
-        transition = step(CODE, state, "redeem")
-        if transition.effect is not Effect.ISSUE_TOKENS:
-            return record, False
-        conn.execute(
-            "UPDATE codes SET state = ?, consumed_at = ? WHERE code_hash = ?",
-            (Code(transition.next_state).value, now, code_hash),
-        )
-        return record, True
+        changed = conn.execute(
+            "UPDATE codes SET state = ?, consumed_at = ? WHERE code_hash = ? AND state = ?",
+            (Code(move.next).value, grant.created_at, code_hash, Code(move.expected).value),
+        ).rowcount
+        if changed != 1:
+            return False
+        _insert_grant(conn, grant)
+        _record_tokens(conn, issuance)
+        return True
 
 
 # -- grants and access tokens
 
 
-def _revoke_grant(conn: sqlite3.Connection, grant_id: str, now: float) -> None:
-    """Inside a transaction: the grant, its refresh family if it is one, and every token."""
-    conn.execute(
-        "INSERT INTO grant_revocations (grant_id, revoked_at) VALUES (?, ?)"
-        " ON CONFLICT (grant_id) DO NOTHING",
-        (grant_id, now),
-    )
-    conn.execute(
-        "UPDATE refresh_families SET revoked_at = ? WHERE family_id = ? AND revoked_at IS NULL",
+def _new_grant(issuance: Issuance) -> GrantRecord:
+    grant = issuance.grant
+    if grant is None or grant.grant_id != issuance.grant_id:
+        raise ValueError("a redemption creates the grant its tokens are issued under")
+    return grant
+
+
+def _insert_grant(conn: sqlite3.Connection, g: GrantRecord) -> None:
+    with _unique(f"grant {g.grant_id!r}"):
+        conn.execute(
+            "INSERT INTO grants (grant_id, client_id, subject, created_at, expires_at,"
+            " revoked_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (g.grant_id, g.client_id, g.subject, g.created_at, g.expires_at, g.revoked_at),
+        )
+
+
+def _get_grant(conn: sqlite3.Connection, grant_id: str) -> GrantRecord | None:
+    row = conn.execute(
+        "SELECT grant_id, client_id, subject, created_at, expires_at, revoked_at"
+        " FROM grants WHERE grant_id = ?",
+        (grant_id,),
+    ).fetchone()
+    return None if row is None else GrantRecord(*row)
+
+
+def _record_tokens(conn: sqlite3.Connection, issuance: Issuance) -> None:
+    """Inside a transaction: the access token and the refresh token of an issuance."""
+    a = issuance.access_token
+    with _unique("this access token"):
+        conn.execute(
+            "INSERT INTO access_tokens (jti, grant_id, client_id, expires_at) VALUES (?, ?, ?, ?)",
+            (a.jti, a.grant_id, a.client_id, a.expires_at),
+        )
+    if issuance.refresh_token is not None:
+        if issuance.refresh_token.family_id != issuance.grant_id:
+            raise ValueError("a refresh token is issued into the family of its grant")
+        _insert_refresh_token(conn, issuance.refresh_token)
+
+
+def _revoke_grant(conn: sqlite3.Connection, grant_id: str, now: float) -> bool:
+    """Inside a transaction: the grant, then every token of its family. Whatever a rotation
+    committed before this transaction began is in the family, and none can commit after
+    it: rotations check the grant in their own write transaction."""
+    changed = conn.execute(
+        "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL",
         (now, grant_id),
-    )
+    ).rowcount
+    if changed != 1:
+        return False
     conn.execute(
         "UPDATE refresh_tokens SET state = ? WHERE family_id = ? AND state != ?",
         (Refresh.REVOKED.value, grant_id, Refresh.REVOKED.value),
     )
-
-
-def _record_access_token(
-    conn: sqlite3.Connection, jti: str, grant_id: str | None, client_id: str, expires_at: float
-) -> None:
-    # A jti revoked before it was recorded stays revoked.
-    with _transaction(conn):
-        conn.execute(
-            "INSERT INTO access_tokens (jti, grant_id, client_id, expires_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (jti) DO UPDATE SET grant_id = excluded.grant_id,"
-            " client_id = excluded.client_id,"
-            " expires_at = max(access_tokens.expires_at, excluded.expires_at)",
-            (jti, grant_id, client_id, expires_at),
-        )
+    return True
 
 
 def _revoke_access_token(conn: sqlite3.Connection, jti: str, expires_at: float) -> None:
@@ -507,7 +511,8 @@ def _revoke_access_token(conn: sqlite3.Connection, jti: str, expires_at: float) 
 
 def _access_token_active(conn: sqlite3.Connection, jti: str) -> bool:
     row = conn.execute(
-        "SELECT revoked OR EXISTS (SELECT 1 FROM grant_revocations g WHERE g.grant_id = a.grant_id)"
+        "SELECT a.revoked OR EXISTS (SELECT 1 FROM grants g"
+        "                            WHERE g.grant_id = a.grant_id AND g.revoked_at IS NOT NULL)"
         " FROM access_tokens a WHERE a.jti = ?",
         (jti,),
     ).fetchone()
@@ -520,9 +525,9 @@ def _access_token_active(conn: sqlite3.Connection, jti: str) -> bool:
 def _get_refresh(conn: sqlite3.Connection, token_hash: bytes) -> RefreshRecord | None:
     row = conn.execute(
         "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
-        " t.auth_time, t.created_at, t.expires_at, f.expires_at, t.state, t.rotated_at,"
-        " t.successor_sealed"
-        " FROM refresh_tokens t JOIN refresh_families f ON f.family_id = t.family_id"
+        " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
+        " t.successor_hash, t.successor_sealed"
+        " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
         " WHERE t.token_hash = ?",
         (token_hash,),
     ).fetchone()
@@ -533,8 +538,8 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
     with _unique("this refresh token"):
         conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
-            " audience, auth_time, created_at, expires_at, state, rotated_at, successor_sealed)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
+            " successor_sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 r.token_hash,
                 r.family_id,
@@ -547,97 +552,43 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
                 r.expires_at,
                 Refresh(r.state).value,
                 r.rotated_at,
+                r.successor_hash,
                 r.successor_sealed,
             ),
         )
 
 
-def _save_refresh(conn: sqlite3.Connection, r: RefreshRecord) -> None:
-    with _transaction(conn):
-        with _unique(f"refresh family {r.family_id!r}"):
-            conn.execute(
-                "INSERT INTO refresh_families (family_id, client_id, subject, created_at,"
-                " expires_at, revoked_at) VALUES (?, ?, ?, ?, ?,"
-                " (SELECT revoked_at FROM grant_revocations WHERE grant_id = ?))",
-                (
-                    r.family_id,
-                    r.client_id,
-                    r.subject,
-                    r.created_at,
-                    r.family_expires_at,
-                    r.family_id,
-                ),
-            )
-        _insert_refresh_token(conn, r)
-        # The grant was revoked before its family existed (a code replayed while the first
-        # redemption was still issuing): the family starts revoked.
-        if _family_revoked(conn, r.family_id):
-            _revoke_grant(conn, r.family_id, r.created_at)
-
-
-def _use_refresh(
+def _rotate_refresh(
     conn: sqlite3.Connection,
     token_hash: bytes,
-    now: float,
-    grace_seconds: float,
-    successor: RefreshRecord,
+    move: Move,
+    issuance: Issuance,
     successor_sealed: bytes,
-) -> RefreshUse:
+) -> bool:
+    successor = issuance.refresh_token
+    if successor is None:
+        raise ValueError("a rotation issues a successor")
     with _transaction(conn):
-        current = _get_refresh(conn, token_hash)
-        if current is None:
-            return RefreshUse(RefreshOutcome.UNKNOWN, None)
-        if current.family_expires_at <= now:
-            return RefreshUse(RefreshOutcome.EXPIRED, current)
-        state = Refresh(current.state)
-        if state is Refresh.ACTIVE and current.expires_at <= now:
-            return RefreshUse(RefreshOutcome.EXPIRED, current)
-        within_grace = (
-            state is Refresh.ROTATED
-            and current.rotated_at is not None
-            and now < current.rotated_at + grace_seconds
-        )
-        transition = step(REFRESH, state, "use_within_grace" if within_grace else "use")
-
-        if transition.effect is Effect.ISSUE_TOKENS:
-            conn.execute(
-                "UPDATE refresh_tokens SET state = ?, rotated_at = ?, successor_sealed = ?"
-                " WHERE token_hash = ?",
-                (Refresh(transition.next_state).value, now, successor_sealed, token_hash),
-            )
-            _insert_refresh_token(
-                conn,
-                RefreshRecord(
-                    token_hash=successor.token_hash,
-                    family_id=current.family_id,
-                    client_id=current.client_id,
-                    subject=current.subject,
-                    scope=successor.scope,
-                    audience=successor.audience,
-                    auth_time=successor.auth_time,
-                    created_at=now,
-                    expires_at=successor.expires_at,
-                    family_expires_at=current.family_expires_at,
-                    state=Refresh.ACTIVE.value,
-                ),
-            )
-            return RefreshUse(RefreshOutcome.ROTATED, _get_refresh(conn, token_hash))
-        if transition.effect is Effect.REPEAT_SUCCESSOR:
-            return RefreshUse(RefreshOutcome.GRACE, current)
-        # Rotated outside the grace window, or revoked already: someone holds a token that
-        # was replaced, so every token of the family goes (RFC 9700 §4.14.2).
-        _revoke_grant(conn, current.family_id, now)
-        return RefreshUse(RefreshOutcome.REUSED, _get_refresh(conn, token_hash))
-
-
-def _family_revoked(conn: sqlite3.Connection, family_id: str) -> bool:
-    row = conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM grant_revocations WHERE grant_id = ?)"
-        " OR EXISTS (SELECT 1 FROM refresh_families"
-        "            WHERE family_id = ? AND revoked_at IS NOT NULL)",
-        (family_id, family_id),
-    ).fetchone()
-    return bool(row[0])
+        changed = conn.execute(
+            "UPDATE refresh_tokens SET state = ?, rotated_at = ?, successor_hash = ?,"
+            " successor_sealed = ?"
+            " WHERE token_hash = ? AND state = ? AND family_id = ?"
+            " AND EXISTS (SELECT 1 FROM grants g"
+            "             WHERE g.grant_id = refresh_tokens.family_id AND g.revoked_at IS NULL)",
+            (
+                Refresh(move.next).value,
+                successor.created_at,
+                successor.token_hash,
+                successor_sealed,
+                token_hash,
+                Refresh(move.expected).value,
+                issuance.grant_id,
+            ),
+        ).rowcount
+        if changed != 1:
+            return False
+        _record_tokens(conn, issuance)
+        return True
 
 
 # -- consent
@@ -651,9 +602,8 @@ def _granted_scopes(conn: sqlite3.Connection, subject: str, client_id: str) -> f
 
 
 def _grant_scopes(
-    conn: sqlite3.Connection, subject: str, client_id: str, scopes: frozenset[str]
+    conn: sqlite3.Connection, subject: str, client_id: str, scopes: frozenset[str], now: float
 ) -> None:
-    now = time.time()
     with _transaction(conn):
         conn.executemany(
             "INSERT INTO consents (subject, client_id, scope, granted_at) VALUES (?, ?, ?, ?)"
@@ -799,60 +749,67 @@ def _device_by_user_code(
     return None if row is None else DeviceRecord(*row)
 
 
+def _get_device(conn: sqlite3.Connection, device_code_hash: bytes) -> DeviceRecord | None:
+    row = conn.execute(
+        "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
+        " interval, last_poll, expires_at, created_at, auth_time"
+        " FROM device_codes WHERE device_code_hash = ?",
+        (device_code_hash,),
+    ).fetchone()
+    return None if row is None else DeviceRecord(*row)
+
+
 def _decide_device(
     conn: sqlite3.Connection,
     user_code: str,
+    move: Move,
     subject: str,
-    approve: bool,
     now: float,
     auth_time: float | None,
 ) -> bool:
-    transition = step(DEVICE, Device.PENDING, "approve" if approve else "deny")
     with _transaction(conn):
-        cursor = conn.execute(
+        changed = conn.execute(
             "UPDATE device_codes SET state = ?, subject = ?, auth_time = ?"
             " WHERE user_code = ? AND state = ? AND expires_at > ?",
             (
-                Device(transition.next_state).value,
+                Device(move.next).value,
                 subject,
                 auth_time,
                 user_code,
-                Device.PENDING.value,
+                Device(move.expected).value,
                 now,
             ),
-        )
-        return cursor.rowcount == 1
+        ).rowcount
+        return changed == 1
 
 
-def _poll_device(
-    conn: sqlite3.Connection, device_code_hash: bytes, client_id: str, now: float
-) -> DeviceRecord | None:
+def _record_poll(conn: sqlite3.Connection, device_code_hash: bytes, poll: Poll) -> bool:
+    """Inside a transaction. `IS` compares a last poll that may be NULL."""
+    changed = conn.execute(
+        "UPDATE device_codes SET state = ?, last_poll = ?, interval = ?"
+        " WHERE device_code_hash = ? AND state = ? AND last_poll IS ?",
+        (
+            Device(poll.move.next).value,
+            poll.at,
+            poll.interval,
+            device_code_hash,
+            Device(poll.move.expected).value,
+            poll.last_poll,
+        ),
+    ).rowcount
+    return changed == 1
+
+
+def _redeem_device(
+    conn: sqlite3.Connection, device_code_hash: bytes, poll: Poll, issuance: Issuance
+) -> bool:
+    grant = _new_grant(issuance)
     with _transaction(conn):
-        # Another client's poll must not redeem the code or move its last poll (RFC 8628
-        # §3.4: the code is bound to the client it was issued to), so it matches no row.
-        row = conn.execute(
-            "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
-            " interval, last_poll, expires_at, created_at, auth_time"
-            " FROM device_codes WHERE device_code_hash = ? AND client_id = ?",
-            (device_code_hash, client_id),
-        ).fetchone()
-        if row is None:
-            return None
-        before = DeviceRecord(*row)
-        transition = step(DEVICE, Device(before.state), "poll")
-        conn.execute(
-            "UPDATE device_codes SET state = ?, last_poll = ? WHERE device_code_hash = ?",
-            (Device(transition.next_state).value, now, device_code_hash),
-        )
-        return before
-
-
-def _slow_down_device(conn: sqlite3.Connection, device_code_hash: bytes, interval: float) -> None:
-    with _transaction(conn):
-        conn.execute(
-            "UPDATE device_codes SET interval = ? WHERE device_code_hash = ?",
-            (interval, device_code_hash),
-        )
+        if not _record_poll(conn, device_code_hash, poll):
+            return False
+        _insert_grant(conn, grant)
+        _record_tokens(conn, issuance)
+        return True
 
 
 # -- housekeeping
@@ -862,8 +819,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
     """Each table in its own short transaction, so writers wait for one table at most.
 
     The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
-    device codes, throttle keys, access tokens); families and grant revocations are
-    bookkeeping and not counted.
+    device codes, throttle keys, access tokens); grants are bookkeeping and not counted.
     """
     deleted = 0
     for statement in (
@@ -879,10 +835,11 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
     with _transaction(conn):
         # Whole families past their absolute lifetime, then tokens idle-expired long ago
         # (a live family keeps its recent rotated tokens for reuse detection), then the
-        # families left without a token.
+        # grants left with nothing: no refresh token, or past their end, and no access
+        # token that could still be presented (its revocation is read from the grant).
         deleted += conn.execute(
             "DELETE FROM refresh_tokens WHERE family_id IN"
-            " (SELECT family_id FROM refresh_families WHERE expires_at <= :now)",
+            " (SELECT grant_id FROM grants WHERE expires_at <= :now)",
             {"now": now},
         ).rowcount
         deleted += conn.execute(
@@ -890,17 +847,10 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
             {"cutoff": now - REFRESH_RETENTION.total_seconds()},
         ).rowcount
         conn.execute(
-            "DELETE FROM refresh_families WHERE expires_at <= :now OR NOT EXISTS"
-            " (SELECT 1 FROM refresh_tokens t WHERE t.family_id = refresh_families.family_id)",
+            "DELETE FROM grants WHERE NOT EXISTS"
+            " (SELECT 1 FROM access_tokens a WHERE a.grant_id = grants.grant_id)"
+            " AND (expires_at <= :now OR NOT EXISTS"
+            "      (SELECT 1 FROM refresh_tokens t WHERE t.family_id = grants.grant_id))",
             {"now": now},
-        )
-    with _transaction(conn):
-        conn.execute(
-            "DELETE FROM grant_revocations WHERE revoked_at <= :cutoff"
-            " AND NOT EXISTS (SELECT 1 FROM access_tokens a"
-            "                 WHERE a.grant_id = grant_revocations.grant_id)"
-            " AND NOT EXISTS (SELECT 1 FROM refresh_families f"
-            "                 WHERE f.family_id = grant_revocations.grant_id)",
-            {"cutoff": now - REVOCATION_RETENTION.total_seconds()},
         )
     return deleted

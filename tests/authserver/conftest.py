@@ -32,8 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
 from authserver import settings as authserver_settings
-from authserver.app import build_app
-from authserver.endpoints.common import LIVE, Services
+from authserver.app import LIVE, Components, build_app
 from authserver.keys import KeyRing
 from authserver.settings import Settings
 from portcullis.tls import RotatingCertificate
@@ -206,6 +205,20 @@ def load_settings(
     return authserver_settings.load_text(render_config(config, directory, port or free_port()))
 
 
+class MovableClock:
+    """A clock a test moves instead of sleeping; it starts at the real time, so that tokens
+    signed by a server on it are valid for every verifier."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @dataclass
 class RunningAuthServer:
     """An authorization server on 127.0.0.1; `restart()` rebuilds the app on the same files."""
@@ -214,9 +227,10 @@ class RunningAuthServer:
 
     settings: Settings
     url: str
-    services: Services
+    services: Components  # what the composition root built: store, key ring, minter
     runner: Any = None
     port: int = 0
+    clock: Callable[[], float] = time.time
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -225,9 +239,9 @@ class RunningAuthServer:
 
     async def restart(self) -> None:
         await self.stop()
-        app = build_app(self.settings)
+        app = build_app(self.settings, clock=self.clock)
         self.runner, self.url = await start_site(app, self.port)
-        self.services = started_services(app)
+        self.services = started_components(app)
 
     def subject(self, username: str) -> str:
         """The `sub` the server gives a configured user."""
@@ -240,21 +254,28 @@ class RunningAuthServer:
         return self.settings.issuer + path
 
 
-def started_services(app: web.Application) -> Services:
-    """The Services a started application serves with."""
-    services = app[LIVE].services
-    assert services is not None, "the application has not started"
-    return services
+def started_components(app: web.Application) -> Components:
+    """The Components a started application serves with."""
+    components = app[LIVE].components
+    assert components is not None, "the application has not started"
+    return components
 
 
-async def run_authserver(settings: Settings) -> RunningAuthServer:
+async def run_authserver(
+    settings: Settings, clock: Callable[[], float] = time.time
+) -> RunningAuthServer:
     """The server on its configured port; over TLS, as `run` serves it, when it has `tls`."""
-    app = build_app(settings)
+    app = build_app(settings, clock=clock)
     port = settings.listen.port
     certificate = RotatingCertificate(settings.tls) if settings.tls is not None else None
     runner, url = await start_site(app, port, certificate.context if certificate else None)
     return RunningAuthServer(
-        settings=settings, url=url, services=started_services(app), runner=runner, port=port
+        settings=settings,
+        url=url,
+        services=started_components(app),
+        runner=runner,
+        port=port,
+        clock=clock,
     )
 
 
@@ -272,15 +293,19 @@ async def start_authserver(tmp_path: Path, key_root: Path) -> AsyncIterator[Star
     started: list[RunningAuthServer] = []
 
     async def start(
-        config: dict[str, Any] | str | None = None, *, fresh_keys: bool = False
+        config: dict[str, Any] | str | None = None,
+        *,
+        fresh_keys: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> RunningAuthServer:
-        """`fresh_keys`: let the server generate its own keys on first start."""
+        """`fresh_keys`: let the server generate its own keys on first start; `clock`: the
+        time the server sees (a MovableClock to move it)."""
         directory = tmp_path / f"authserver{len(started)}"
         directory.mkdir()
         if not fresh_keys:
             shutil.copytree(_key_template(key_root), directory / "keys")
         settings = load_settings(default_config() if config is None else config, directory)
-        server = await run_authserver(settings)
+        server = await run_authserver(settings, clock)
         started.append(server)
         return server
 

@@ -5,6 +5,13 @@ fixture: a callable that returns a new, unopened store on one database, empty wh
 test starts. Every call returns another store on that same database, which is how the
 suite plays a restart (close, then open again) and a second process (two stores at once).
 
+Each invariant the Store protocol's docstrings state (store/base.py) has a test here, named
+after it: what a call changes, what it leaves unchanged when its compare-and-set condition
+fails or a key is taken, and how many of many concurrent callers, on one store and on two
+stores sharing the database, may succeed. A backend never decides a lifecycle question:
+tests hand it decisions that look wrong (an expired code redeemed, an idle-expired token
+rotated) and expect them applied as given.
+
 Every test passes `now` explicitly, so nothing sleeps. Where the protocol leaves a backend
 a choice, the suite holds it to bounds: refresh tokens idle-expired a minute ago are still
 kept (reuse detection), those idle-expired 30 days ago are gone.
@@ -20,15 +27,17 @@ from typing import Any
 
 import pytest
 
-from authserver.protocol.lifecycle import Device, Refresh
+from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Backoff, Cap, Refuse
 from authserver.store.base import (
+    AccessTokenRecord,
     AlreadyExists,
     CodeRecord,
     DeviceRecord,
-    RefreshOutcome,
+    GrantRecord,
+    Issuance,
+    Poll,
     RefreshRecord,
-    RefreshUse,
     SessionRecord,
     Store,
 )
@@ -40,6 +49,11 @@ MINUTE = 60.0
 HOUR = 3600.0
 DAY = 86400.0
 RACERS = 20
+
+REDEEM = Move(Code.ISSUED, Code.CONSUMED)
+ROTATE = Move(Refresh.ACTIVE, Refresh.ROTATED)
+APPROVE = Move(Device.PENDING, Device.APPROVED)
+DENY = Move(Device.PENDING, Device.DENIED)
 
 
 def digest(label: str) -> bytes:
@@ -63,6 +77,17 @@ def a_code(label: str = "code", **changes: Any) -> CodeRecord:
     return replace(record, **changes)
 
 
+def a_grant(grant_id: str = "fam-1", now: float = T0, **changes: Any) -> GrantRecord:
+    record = GrantRecord(
+        grant_id=grant_id,
+        client_id="webapp",
+        subject="alice",
+        created_at=now,
+        expires_at=now + 90 * DAY,
+    )
+    return replace(record, **changes)
+
+
 def a_refresh(label: str = "rt-0", family: str = "fam-1", **changes: Any) -> RefreshRecord:
     record = RefreshRecord(
         token_hash=digest(label),
@@ -80,13 +105,62 @@ def a_refresh(label: str = "rt-0", family: str = "fam-1", **changes: Any) -> Ref
     return replace(record, **changes)
 
 
-def a_successor(label: str, now: float, **changes: Any) -> RefreshRecord:
-    """What a grant builds before calling use_refresh: a fresh token, its idle expiry slid."""
-    return a_refresh(label, **{"created_at": now, "expires_at": now + 14 * DAY, **changes})
+def an_access_token(
+    jti: str, grant_id: str = "fam-1", expires_at: float = T0 + 300
+) -> AccessTokenRecord:
+    return AccessTokenRecord(jti, grant_id, "webapp", expires_at)
+
+
+def redemption(
+    grant_id: str = "fam-1",
+    jti: str = "at-0",
+    refresh: str | None = "rt-0",
+    now: float = T0,
+    family_expires_at: float = T0 + 90 * DAY,
+) -> Issuance:
+    """What a grant hands redeem_code: a new grant, its access token and first refresh token."""
+    token = None
+    if refresh is not None:
+        token = a_refresh(
+            refresh,
+            family=grant_id,
+            created_at=now,
+            expires_at=min(now + 14 * DAY, family_expires_at),
+            family_expires_at=family_expires_at,
+        )
+    grant = a_grant(grant_id, now, expires_at=family_expires_at)
+    return Issuance(an_access_token(jti, grant_id, now + 300), token, grant)
+
+
+def rotation(
+    new: str, now: float, family: str = "fam-1", jti: str | None = None, **changes: Any
+) -> Issuance:
+    """What a grant hands rotate_refresh: the successor (idle expiry slid) and an access
+    token, in an existing grant."""
+    successor = a_refresh(
+        new, family=family, **{"created_at": now, "expires_at": now + 14 * DAY, **changes}
+    )
+    return Issuance(an_access_token(jti or f"at-{new}", family, now + 300), successor)
 
 
 def sealed(label: str) -> bytes:
     return b"sealed-response-for-" + label.encode()
+
+
+async def start_family(
+    store: Store, label: str = "rt-0", family: str = "fam-1", now: float = T0, **kw: Any
+) -> RefreshRecord:
+    """A grant with one active refresh token, as a code redemption leaves it."""
+    code = a_code(f"code-of-{family}")
+    await store.save_code(code)
+    issuance = redemption(family, f"at-of-{family}", label, now, **kw)
+    assert await store.redeem_code(code.code_hash, REDEEM, issuance)
+    assert issuance.refresh_token is not None
+    return issuance.refresh_token
+
+
+async def rotate(store: Store, old: str, new: str, now: float, family: str = "fam-1") -> bool:
+    return await store.rotate_refresh(digest(old), ROTATE, rotation(new, now, family), sealed(new))
 
 
 def a_session(label: str = "sid", **changes: Any) -> SessionRecord:
@@ -117,8 +191,10 @@ def a_device(label: str = "dc", user_code: str = "WDJBMJHT", **changes: Any) -> 
     return replace(record, **changes)
 
 
-async def rotate(store: Store, old: str, new: str, now: float, grace: float = 0.0) -> RefreshUse:
-    return await store.use_refresh(digest(old), now, grace, a_successor(new, now), sealed(new))
+def a_poll(
+    state: str, last_poll: float | None, at: float, interval: float = 5.0, to: str | None = None
+) -> Poll:
+    return Poll(Move(state, to or state), last_poll, at, interval)
 
 
 class StoreConformance:
@@ -143,6 +219,20 @@ class StoreConformance:
         yield other
         await other.close()
 
+    # -- opening ------------------------------------------------------------------------
+
+    async def test_stores_opening_one_new_database_at_once_all_work(
+        self, make_store: StoreFactory
+    ) -> None:
+        stores = [make_store() for _ in range(4)]
+        await asyncio.gather(*(store.open() for store in stores))
+        try:
+            await stores[0].save_code(a_code())
+            for store in stores:
+                assert await store.get_code(digest("code")) == a_code()
+        finally:
+            await asyncio.gather(*(store.close() for store in stores))
+
     # -- readiness ------------------------------------------------------------------------
 
     async def test_ping_answers_while_open_and_raises_once_closed(
@@ -159,57 +249,112 @@ class StoreConformance:
 
     @pytest.mark.parametrize(
         "code",
-        [a_code(), a_code(nonce=None, code_challenge=None)],
-        ids=["with-nonce-and-challenge", "without-nonce-or-challenge"],
+        [a_code(), a_code(nonce=None, code_challenge=None), a_code(state=Code.CONSUMED.value)],
+        ids=["with-nonce-and-challenge", "without-nonce-or-challenge", "given-consumed"],
     )
-    async def test_code_is_consumed_once_then_replay_returns_the_record_and_false(
-        self, store: Store, code: CodeRecord
-    ) -> None:
+    async def test_a_saved_code_reads_back_issued(self, store: Store, code: CodeRecord) -> None:
         await store.save_code(code)
-        assert await store.consume_code(code.code_hash, T0 + 1) == (code, True)
-        assert await store.consume_code(code.code_hash, T0 + 2) == (code, False)
-        assert await store.consume_code(code.code_hash, T0 + 3) == (code, False)
-
-    async def test_unknown_code_consumes_to_none_and_false(self, store: Store) -> None:
-        await store.save_code(a_code("known"))
-        assert await store.consume_code(digest("unknown"), T0) == (None, False)
+        assert await store.get_code(code.code_hash) == replace(code, state=Code.ISSUED.value)
         assert await store.get_code(digest("unknown")) is None
 
-    async def test_get_code_reads_the_code_as_issued_and_consumes_nothing(
+    async def test_redeeming_a_code_consumes_it_creates_its_grant_and_records_its_tokens(
         self, store: Store
     ) -> None:
         code = a_code()
         await store.save_code(code)
-        assert await store.get_code(code.code_hash) == code
-        assert await store.get_code(code.code_hash) == code
-        assert await store.consume_code(code.code_hash, T0 + 1) == (code, True)
-        assert await store.get_code(code.code_hash) == code
+        issuance = redemption("fam-1", "at-1", "rt-1", T0 + 1)
 
-    async def test_consume_code_leaves_expiry_to_the_caller(self, store: Store) -> None:
-        code = a_code()
-        await store.save_code(code)
-        assert await store.consume_code(code.code_hash, code.expires_at + HOUR) == (code, True)
+        assert await store.redeem_code(code.code_hash, REDEEM, issuance)
 
-    async def test_saving_a_stored_code_again_raises_and_keeps_it_consumed(
+        assert await store.get_code(code.code_hash) == replace(code, state=Code.CONSUMED.value)
+        assert await store.get_grant("fam-1") == issuance.grant
+        assert await store.get_refresh(digest("rt-1")) == issuance.refresh_token
+        await store.revoke_grant("fam-1", T0 + 2)
+        assert not await store.access_token_active("at-1")
+
+    async def test_a_redemption_without_a_refresh_token_records_the_grant_and_access_token(
         self, store: Store
     ) -> None:
         code = a_code()
         await store.save_code(code)
-        await store.consume_code(code.code_hash, T0 + 1)
+        issuance = redemption("grant-1", "at-1", refresh=None)
+        assert await store.redeem_code(code.code_hash, REDEEM, issuance)
+        assert await store.get_grant("grant-1") == issuance.grant
+        assert await store.revoke_grant("grant-1", T0 + 1)
+        assert not await store.access_token_active("at-1")
+
+    async def test_a_code_no_longer_in_the_expected_state_is_not_redeemed_and_nothing_changes(
+        self, store: Store
+    ) -> None:
+        code = a_code()
+        await store.save_code(code)
+        assert await store.redeem_code(code.code_hash, REDEEM, redemption("fam-1", "at-1", "rt-1"))
+
+        again = redemption("fam-2", "at-2", "rt-2")
+        assert not await store.redeem_code(code.code_hash, REDEEM, again)
+        assert not await store.redeem_code(digest("unknown"), REDEEM, again)
+
+        assert await store.get_grant("fam-2") is None
+        assert await store.get_refresh(digest("rt-2")) is None
+        assert await store.revoke_grant("fam-1", T0 + 1)
+        assert await store.access_token_active("at-2")  # never recorded
+        assert await store.get_code(code.code_hash) == replace(code, state=Code.CONSUMED.value)
+
+    @pytest.mark.parametrize("taken", ["grant", "access-token", "refresh-token"])
+    async def test_a_redemption_clashing_with_a_stored_key_raises_and_changes_nothing(
+        self, store: Store, taken: str
+    ) -> None:
+        await start_family(store, "rt-taken", "fam-taken")  # its access token: at-of-fam-taken
+        code = a_code()
+        await store.save_code(code)
+        clash = {
+            "grant": redemption("fam-taken", "at-1", "rt-1"),
+            "access-token": redemption("fam-1", "at-of-fam-taken", "rt-1"),
+            "refresh-token": redemption("fam-1", "at-1", "rt-taken"),
+        }[taken]
+
+        with pytest.raises(AlreadyExists):
+            await store.redeem_code(code.code_hash, REDEEM, clash)
+
+        assert await store.get_code(code.code_hash) == code
+        if taken != "grant":
+            assert await store.get_grant("fam-1") is None
+        if taken != "refresh-token":
+            assert await store.get_refresh(digest("rt-1")) is None
+        assert await store.redeem_code(code.code_hash, REDEEM, redemption("fam-1", "at-1", "rt-1"))
+
+    async def test_redeeming_a_code_leaves_its_expiry_to_the_caller(self, store: Store) -> None:
+        code = a_code()
+        await store.save_code(code)
+        late = code.expires_at + HOUR
+        assert await store.redeem_code(code.code_hash, REDEEM, redemption("fam-1", now=late))
+
+    async def test_saving_a_stored_code_again_raises_and_keeps_its_state(
+        self, store: Store
+    ) -> None:
+        code = a_code()
+        await store.save_code(code)
+        await store.redeem_code(code.code_hash, REDEEM, redemption())
         with pytest.raises(AlreadyExists):
             await store.save_code(replace(code, subject="mallory"))
-        assert await store.consume_code(code.code_hash, T0 + 2) == (code, False)
+        assert await store.get_code(code.code_hash) == replace(code, state=Code.CONSUMED.value)
 
-    async def test_concurrent_redemptions_of_one_code_see_exactly_one_success(
+    async def test_of_concurrent_redemptions_of_one_code_exactly_one_succeeds(
         self, store: Store
     ) -> None:
         code = a_code()
         await store.save_code(code)
         results = await asyncio.gather(
-            *(store.consume_code(code.code_hash, T0 + 1) for _ in range(RACERS))
+            *(
+                store.redeem_code(
+                    code.code_hash, REDEEM, redemption(f"g-{i}", f"at-{i}", f"rt-{i}")
+                )
+                for i in range(RACERS)
+            )
         )
-        assert [first for _, first in results].count(True) == 1
-        assert all(record == code for record, _ in results)
+        (winner,) = [i for i, won in enumerate(results) if won]
+        grants = [await store.get_grant(f"g-{i}") for i in range(RACERS)]
+        assert [i for i, grant in enumerate(grants) if grant is not None] == [winner]
 
     async def test_two_stores_on_one_database_redeem_a_code_exactly_once(
         self, store: Store, other: Store
@@ -217,352 +362,234 @@ class StoreConformance:
         code = a_code()
         await store.save_code(code)
         results = await asyncio.gather(
-            *((store, other)[i % 2].consume_code(code.code_hash, T0 + 1) for i in range(RACERS))
-        )
-        assert [first for _, first in results].count(True) == 1
-
-    # -- refresh tokens ---------------------------------------------------------------
-
-    async def test_saved_refresh_token_reads_back_as_saved(self, store: Store) -> None:
-        token = a_refresh()
-        await store.save_refresh(token)
-        assert await store.get_refresh(token.token_hash) == token
-        assert await store.get_refresh(digest("other")) is None
-        assert not await store.family_revoked(token.family_id)
-
-    async def test_saving_a_stored_refresh_token_or_family_again_raises(self, store: Store) -> None:
-        token = a_refresh("rt-0", family="fam-1")
-        await store.save_refresh(token)
-        with pytest.raises(AlreadyExists):
-            await store.save_refresh(replace(token, family_id="fam-2"))
-        with pytest.raises(AlreadyExists):
-            await store.save_refresh(a_refresh("rt-other", family="fam-1"))
-        assert await store.get_refresh(digest("rt-other")) is None
-        assert await store.get_refresh(token.token_hash) == token
-
-    async def test_active_token_rotates_and_its_successor_joins_the_family(
-        self, store: Store
-    ) -> None:
-        token = a_refresh("rt-0")
-        await store.save_refresh(token)
-        now = T0 + HOUR
-        successor = a_successor("rt-1", now, scope="orders:read", auth_time=T0 - 5)
-
-        use = await store.use_refresh(token.token_hash, now, 0.0, successor, sealed("rt-1"))
-
-        assert use.outcome is RefreshOutcome.ROTATED
-        assert use.record == replace(
-            token, state=Refresh.ROTATED.value, rotated_at=now, successor_sealed=sealed("rt-1")
-        )
-        assert await store.get_refresh(token.token_hash) == use.record
-        assert await store.get_refresh(successor.token_hash) == successor
-
-    async def test_the_store_decides_the_successors_family_identity_and_state(
-        self, store: Store
-    ) -> None:
-        token = a_refresh("rt-0", family="fam-1")
-        await store.save_refresh(token)
-        now = T0 + HOUR
-        careless = a_successor(
-            "rt-1",
-            now - 50,
-            family_id="fam-elsewhere",
-            client_id="other-client",
-            subject="mallory",
-            family_expires_at=now + 999 * DAY,
-            state=Refresh.REVOKED.value,
-            rotated_at=now,
-            successor_sealed=b"junk",
-        )
-        use = await store.use_refresh(token.token_hash, now, 0.0, careless, sealed("rt-1"))
-        assert use.outcome is RefreshOutcome.ROTATED
-        assert await store.get_refresh(careless.token_hash) == replace(
-            careless,
-            family_id="fam-1",
-            client_id=token.client_id,
-            subject=token.subject,
-            family_expires_at=token.family_expires_at,
-            created_at=now,
-            state=Refresh.ACTIVE.value,
-            rotated_at=None,
-            successor_sealed=None,
-        )
-
-    async def test_rotation_chain_of_five_then_reuse_of_the_second_revokes_every_token(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        for n in range(5):
-            use = await rotate(store, f"rt-{n}", f"rt-{n + 1}", T0 + (n + 1) * HOUR)
-            assert use.outcome is RefreshOutcome.ROTATED
-        await store.record_access_token("at-last", "fam-1", "webapp", T0 + 6 * HOUR)
-        newest = await store.get_refresh(digest("rt-5"))
-        assert newest is not None and newest.state == Refresh.ACTIVE
-
-        reuse = await rotate(store, "rt-1", "rt-evil", T0 + 6 * HOUR, grace=10.0)
-
-        assert reuse.outcome is RefreshOutcome.REUSED
-        assert reuse.record is not None and reuse.record.token_hash == digest("rt-1")
-        assert reuse.record.state == Refresh.REVOKED
-        for n in range(6):
-            record = await store.get_refresh(digest(f"rt-{n}"))
-            assert record is not None and record.state == Refresh.REVOKED, n
-        assert await store.get_refresh(digest("rt-evil")) is None
-        assert await store.family_revoked("fam-1")
-        assert not await store.access_token_active("at-last")
-        # The newest token, the legitimate client's, is refused from now on.
-        latest = await rotate(store, "rt-5", "rt-6", T0 + 7 * HOUR)
-        assert latest.outcome is RefreshOutcome.REUSED
-        assert await store.get_refresh(digest("rt-6")) is None
-
-    async def test_rotated_token_within_grace_repeats_its_successor_and_changes_nothing(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        first = await rotate(store, "rt-0", "rt-1", T0 + HOUR, grace=5.0)
-        assert first.outcome is RefreshOutcome.ROTATED
-
-        for attempt in range(3):
-            retry = await rotate(store, "rt-0", f"rt-retry-{attempt}", T0 + HOUR + 4, grace=5.0)
-            assert retry.outcome is RefreshOutcome.GRACE
-            assert retry.record == first.record
-            assert retry.record is not None and retry.record.successor_sealed == sealed("rt-1")
-            assert await store.get_refresh(digest(f"rt-retry-{attempt}")) is None
-
-        successor = await store.get_refresh(digest("rt-1"))
-        assert successor is not None and successor.state == Refresh.ACTIVE
-        assert not await store.family_revoked("fam-1")
-        assert (await rotate(store, "rt-1", "rt-2", T0 + 2 * HOUR)).outcome is (
-            RefreshOutcome.ROTATED
-        )
-
-    @pytest.mark.parametrize(
-        ("after_rotation", "outcome"),
-        [
-            (0.0, RefreshOutcome.GRACE),
-            (1.999, RefreshOutcome.GRACE),
-            (2.0, RefreshOutcome.REUSED),
-            (HOUR, RefreshOutcome.REUSED),
-        ],
-    )
-    async def test_grace_window_ends_exactly_grace_seconds_after_rotation(
-        self, store: Store, after_rotation: float, outcome: RefreshOutcome
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        rotated_at = T0 + HOUR
-        await rotate(store, "rt-0", "rt-1", rotated_at, grace=2.0)
-        use = await rotate(store, "rt-0", "rt-x", rotated_at + after_rotation, grace=2.0)
-        assert use.outcome is outcome
-        assert await store.family_revoked("fam-1") is (outcome is RefreshOutcome.REUSED)
-
-    async def test_zero_grace_makes_any_repeat_a_reuse(self, store: Store) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        await rotate(store, "rt-0", "rt-1", T0 + HOUR, grace=0.0)
-        use = await rotate(store, "rt-0", "rt-x", T0 + HOUR, grace=0.0)
-        assert use.outcome is RefreshOutcome.REUSED
-
-    async def test_tokens_of_a_revoked_family_are_reused_even_within_grace(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        await rotate(store, "rt-0", "rt-1", T0 + HOUR, grace=5.0)
-        await store.revoke_grant("fam-1", T0 + HOUR + 1)
-
-        within_grace = await rotate(store, "rt-0", "rt-a", T0 + HOUR + 2, grace=5.0)
-        successor = await rotate(store, "rt-1", "rt-b", T0 + HOUR + 3, grace=5.0)
-
-        assert within_grace.outcome is RefreshOutcome.REUSED
-        assert successor.outcome is RefreshOutcome.REUSED
-        assert successor.record is not None and successor.record.state == Refresh.REVOKED
-        assert await store.get_refresh(digest("rt-a")) is None
-        assert await store.get_refresh(digest("rt-b")) is None
-
-    @pytest.mark.parametrize("late", [0.0, DAY])
-    async def test_idle_expired_token_is_expired_and_left_unchanged(
-        self, store: Store, late: float
-    ) -> None:
-        token = a_refresh("rt-0", expires_at=T0 + DAY)
-        await store.save_refresh(token)
-        use = await rotate(store, "rt-0", "rt-1", token.expires_at + late)
-        assert use == RefreshUse(RefreshOutcome.EXPIRED, token)
-        assert await store.get_refresh(token.token_hash) == token
-        assert await store.get_refresh(digest("rt-1")) is None
-        assert not await store.family_revoked("fam-1")
-
-    async def test_token_just_before_its_idle_expiry_still_rotates(self, store: Store) -> None:
-        token = a_refresh("rt-0", expires_at=T0 + DAY)
-        await store.save_refresh(token)
-        use = await rotate(store, "rt-0", "rt-1", token.expires_at - 0.001)
-        assert use.outcome is RefreshOutcome.ROTATED
-
-    async def test_family_past_its_absolute_lifetime_is_expired_however_fresh_the_token(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0", family_expires_at=T0 + 10 * DAY))
-        # Sliding idle expiry carries the successor past the family's absolute end.
-        assert (await rotate(store, "rt-0", "rt-1", T0 + 9 * DAY)).outcome is (
-            RefreshOutcome.ROTATED
-        )
-        successor = await store.get_refresh(digest("rt-1"))
-        assert successor is not None and successor.expires_at > T0 + 10 * DAY
-
-        use = await rotate(store, "rt-1", "rt-2", T0 + 10 * DAY)
-        assert use == RefreshUse(RefreshOutcome.EXPIRED, successor)
-        # A rotated token past the family's end is expired too: nothing left to protect.
-        old = await rotate(store, "rt-0", "rt-3", T0 + 11 * DAY)
-        assert old.outcome is RefreshOutcome.EXPIRED
-        assert not await store.family_revoked("fam-1")
-        assert await store.get_refresh(digest("rt-2")) is None
-
-    async def test_unknown_refresh_token_is_unknown(self, store: Store) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        use = await rotate(store, "rt-never-issued", "rt-1", T0 + HOUR)
-        assert use == RefreshUse(RefreshOutcome.UNKNOWN, None)
-        assert await store.get_refresh(digest("rt-1")) is None
-
-    async def test_successor_hash_already_stored_raises_and_rolls_the_rotation_back(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0", family="fam-1"))
-        await store.save_refresh(a_refresh("rt-taken", family="fam-2"))
-        with pytest.raises(AlreadyExists):
-            await rotate(store, "rt-0", "rt-taken", T0 + HOUR)
-        assert await store.get_refresh(digest("rt-0")) == a_refresh("rt-0", family="fam-1")
-        assert (await rotate(store, "rt-0", "rt-1", T0 + HOUR)).outcome is (RefreshOutcome.ROTATED)
-
-    async def test_concurrent_refreshes_rotate_once_and_the_rest_revoke_the_family(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        uses = await asyncio.gather(
-            *(rotate(store, "rt-0", f"rt-racer-{i}", T0 + HOUR) for i in range(RACERS))
-        )
-        outcomes = [use.outcome for use in uses]
-        assert outcomes.count(RefreshOutcome.ROTATED) == 1
-        assert outcomes.count(RefreshOutcome.REUSED) == RACERS - 1
-        stored = [await store.get_refresh(digest(f"rt-racer-{i}")) for i in range(RACERS)]
-        winners = [record for record in stored if record is not None]
-        assert len(winners) == 1 and winners[0].state == Refresh.REVOKED
-        assert await store.family_revoked("fam-1")
-
-    async def test_concurrent_refreshes_within_grace_rotate_once_and_repeat_the_winner(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        uses = await asyncio.gather(
-            *(rotate(store, "rt-0", f"rt-racer-{i}", T0 + HOUR, grace=5.0) for i in range(RACERS))
-        )
-        (winner,) = [i for i, use in enumerate(uses) if use.outcome is RefreshOutcome.ROTATED]
-        assert all(
-            use.outcome is RefreshOutcome.GRACE
-            and use.record is not None
-            and use.record.successor_sealed == sealed(f"rt-racer-{winner}")
-            for i, use in enumerate(uses)
-            if i != winner
-        )
-        stored = [await store.get_refresh(digest(f"rt-racer-{i}")) for i in range(RACERS)]
-        assert [i for i, record in enumerate(stored) if record is not None] == [winner]
-        assert not await store.family_revoked("fam-1")
-
-    async def test_two_stores_on_one_database_rotate_a_token_exactly_once(
-        self, store: Store, other: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0"))
-        uses = await asyncio.gather(
             *(
-                rotate((store, other)[i % 2], "rt-0", f"rt-racer-{i}", T0 + HOUR, grace=5.0)
+                (store, other)[i % 2].redeem_code(
+                    code.code_hash, REDEEM, redemption(f"g-{i}", f"at-{i}", f"rt-{i}")
+                )
                 for i in range(RACERS)
             )
         )
-        outcomes = [use.outcome for use in uses]
-        assert outcomes.count(RefreshOutcome.ROTATED) == 1
-        assert outcomes.count(RefreshOutcome.GRACE) == RACERS - 1
-
-    async def test_grant_revoked_before_its_family_exists_makes_the_family_start_revoked(
-        self, store: Store
-    ) -> None:
-        await store.revoke_grant("fam-1", T0 - 1)
-        await store.save_refresh(a_refresh("rt-0", family="fam-1"))
-        record = await store.get_refresh(digest("rt-0"))
-        assert record is not None and record.state == Refresh.REVOKED
-        assert await store.family_revoked("fam-1")
-        assert (await rotate(store, "rt-0", "rt-1", T0 + 1)).outcome is RefreshOutcome.REUSED
-
-    async def test_unknown_family_is_not_revoked(self, store: Store) -> None:
-        assert not await store.family_revoked("no-such-family")
+        assert results.count(True) == 1
 
     # -- grants and access tokens -------------------------------------------------------
 
     async def test_access_token_never_recorded_is_active(self, store: Store) -> None:
         assert await store.access_token_active("client-credentials-jti")
 
-    async def test_revoking_a_code_grant_makes_its_access_tokens_inactive(
+    async def test_revoking_a_grant_revokes_its_family_and_access_tokens_and_says_so_once(
         self, store: Store
     ) -> None:
-        await store.record_access_token("at-1", "grant-from-code", "webapp", T0 + 300)
-        await store.record_access_token("at-2", "grant-from-code", "webapp", T0 + 300)
-        await store.record_access_token("at-other", "another-grant", "webapp", T0 + 300)
-        await store.record_access_token("at-no-grant", None, "webapp", T0 + 300)
-        assert await store.access_token_active("at-1")
+        await start_family(store, "rt-0", "fam-1")
+        assert await rotate(store, "rt-0", "rt-1", T0 + HOUR)
+        await start_family(store, "rt-other", "fam-2")
 
-        await store.revoke_grant("grant-from-code", T0 + 10)
+        assert await store.revoke_grant("fam-1", T0 + 2 * HOUR)
+        assert not await store.revoke_grant("fam-1", T0 + 3 * HOUR)  # again: no change
 
-        assert not await store.access_token_active("at-1")
-        assert not await store.access_token_active("at-2")
-        assert await store.access_token_active("at-other")
-        assert await store.access_token_active("at-no-grant")
-
-    async def test_revoking_a_family_grant_revokes_its_refresh_and_access_tokens(
-        self, store: Store
-    ) -> None:
-        await store.save_refresh(a_refresh("rt-0", family="fam-1"))
-        await rotate(store, "rt-0", "rt-1", T0 + HOUR)
-        await store.save_refresh(a_refresh("rt-other", family="fam-2"))
-        await store.record_access_token("at-1", "fam-1", "webapp", T0 + HOUR + 300)
-        await store.record_access_token("at-2", "fam-2", "webapp", T0 + HOUR + 300)
-
-        await store.revoke_grant("fam-1", T0 + 2 * HOUR)
-        await store.revoke_grant("fam-1", T0 + 3 * HOUR)  # again: no change, no error
-
+        grant = await store.get_grant("fam-1")
+        assert grant is not None and grant.revoked_at == T0 + 2 * HOUR
         for label in ("rt-0", "rt-1"):
             record = await store.get_refresh(digest(label))
             assert record is not None and record.state == Refresh.REVOKED
-        assert await store.family_revoked("fam-1")
-        assert not await store.access_token_active("at-1")
-        assert (await rotate(store, "rt-1", "rt-2", T0 + 4 * HOUR)).outcome is (
-            RefreshOutcome.REUSED
-        )
-        assert not await store.family_revoked("fam-2")
-        assert await store.access_token_active("at-2")
+        for jti in ("at-of-fam-1", "at-rt-1"):
+            assert not await store.access_token_active(jti)
         other = await store.get_refresh(digest("rt-other"))
         assert other is not None and other.state == Refresh.ACTIVE
+        assert await store.access_token_active("at-of-fam-2")
+        other_grant = await store.get_grant("fam-2")
+        assert other_grant is not None and other_grant.revoked_at is None
 
-    async def test_access_token_recorded_after_its_grant_was_revoked_is_inactive(
-        self, store: Store
-    ) -> None:
-        await store.revoke_grant("grant-from-code", T0)
-        await store.record_access_token("at-late", "grant-from-code", "webapp", T0 + 300)
-        assert not await store.access_token_active("at-late")
+    async def test_revoking_an_unknown_grant_changes_nothing(self, store: Store) -> None:
+        assert not await store.revoke_grant("no-such-grant", T0)
+        assert await store.get_grant("no-such-grant") is None
 
     async def test_revoked_access_token_is_inactive_whether_or_not_it_was_recorded(
         self, store: Store
     ) -> None:
-        await store.record_access_token("at-recorded", "grant-1", "webapp", T0 + 300)
-        await store.record_access_token("at-sibling", "grant-1", "webapp", T0 + 300)
+        await start_family(store, "rt-0", "fam-1")
+        assert await rotate(store, "rt-0", "rt-1", T0 + 1)
 
-        await store.revoke_access_token("at-recorded", T0 + 300)
+        await store.revoke_access_token("at-of-fam-1", T0 + 300)
         await store.revoke_access_token("at-unrecorded", T0 + 300)
         await store.revoke_access_token("at-unrecorded", T0 + 300)  # again: no error
 
-        assert not await store.access_token_active("at-recorded")
+        assert not await store.access_token_active("at-of-fam-1")
         assert not await store.access_token_active("at-unrecorded")
-        assert await store.access_token_active("at-sibling")
-        assert not await store.family_revoked("grant-1")
+        assert await store.access_token_active("at-rt-1")
+        grant = await store.get_grant("fam-1")
+        assert grant is not None and grant.revoked_at is None
 
-    async def test_recording_a_revoked_access_token_keeps_it_revoked(self, store: Store) -> None:
-        await store.revoke_access_token("at-1", T0 + 300)
-        await store.record_access_token("at-1", "grant-1", "webapp", T0 + 300)
-        assert not await store.access_token_active("at-1")
+    async def test_a_revocation_racing_rotations_leaves_no_active_token_in_the_family(
+        self, store: Store, other: Store
+    ) -> None:
+        await start_family(store, "rt-0", "fam-1")
+        half = RACERS // 2
+        rotations = [
+            rotate((store, other)[i % 2], "rt-0", f"rt-racer-{i}", T0 + HOUR) for i in range(RACERS)
+        ]
+        revocation = other.revoke_grant("fam-1", T0 + HOUR)
+        results = await asyncio.gather(*rotations[:half], revocation, *rotations[half:])
+        revoked, rotated = results[half], results[:half] + results[half + 1 :]
+
+        assert revoked
+        assert rotated.count(True) <= 1
+        for label in ["rt-0", *(f"rt-racer-{i}" for i in range(RACERS))]:
+            record = await store.get_refresh(digest(label))
+            assert record is None or record.state == Refresh.REVOKED, label
+        for i, won in enumerate(rotated):
+            assert not await rotate(store, f"rt-racer-{i}", f"rt-after-{i}", T0 + 2 * HOUR)
+            if won:
+                assert not await store.access_token_active(f"at-rt-racer-{i}")
+
+    # -- refresh tokens ---------------------------------------------------------------
+
+    async def test_a_refresh_token_reads_back_with_its_familys_absolute_expiry(
+        self, store: Store
+    ) -> None:
+        token = await start_family(store, "rt-0", "fam-1", family_expires_at=T0 + 30 * DAY)
+        record = await store.get_refresh(digest("rt-0"))
+        assert record == token
+        assert record is not None and record.family_expires_at == T0 + 30 * DAY
+        assert await store.get_refresh(digest("other")) is None
+
+    async def test_a_rotation_marks_the_token_rotated_and_stores_the_successor_as_given(
+        self, store: Store
+    ) -> None:
+        token = await start_family(store, "rt-0")
+        now = T0 + HOUR
+        issuance = rotation("rt-1", now, scope="orders:read", auth_time=T0 - 5)
+
+        assert await store.rotate_refresh(token.token_hash, ROTATE, issuance, sealed("rt-1"))
+
+        assert await store.get_refresh(token.token_hash) == replace(
+            token,
+            state=Refresh.ROTATED.value,
+            rotated_at=now,
+            successor_hash=digest("rt-1"),
+            successor_sealed=sealed("rt-1"),
+        )
+        assert await store.get_refresh(digest("rt-1")) == issuance.refresh_token
+        assert await store.revoke_grant("fam-1", now + 1)
+        assert not await store.access_token_active("at-rt-1")
+
+    async def test_a_rotation_chain_keeps_one_active_token(self, store: Store) -> None:
+        await start_family(store, "rt-0")
+        for n in range(5):
+            assert await rotate(store, f"rt-{n}", f"rt-{n + 1}", T0 + (n + 1) * HOUR)
+        states = [(await store.get_refresh(digest(f"rt-{n}"))) for n in range(6)]
+        assert [record.state for record in states if record] == [Refresh.ROTATED] * 5 + [
+            Refresh.ACTIVE
+        ]
+
+    async def test_a_token_no_longer_in_the_expected_state_is_not_rotated_and_nothing_changes(
+        self, store: Store
+    ) -> None:
+        await start_family(store, "rt-0")
+        assert await rotate(store, "rt-0", "rt-1", T0 + HOUR)
+        first = await store.get_refresh(digest("rt-0"))
+
+        assert not await rotate(store, "rt-0", "rt-again", T0 + HOUR + 1)
+        assert not await rotate(store, "rt-never-issued", "rt-x", T0 + HOUR + 1)
+
+        assert await store.get_refresh(digest("rt-0")) == first
+        assert await store.get_refresh(digest("rt-again")) is None
+        assert await store.get_refresh(digest("rt-x")) is None
+        assert await store.access_token_active("at-rt-again")  # never recorded
+        await store.revoke_grant("fam-1", T0 + 2 * HOUR)
+        assert await store.access_token_active("at-rt-again")
+
+    async def test_a_token_is_not_rotated_into_another_family(self, store: Store) -> None:
+        token = await start_family(store, "rt-0", "fam-1")
+        await start_family(store, "rt-other", "fam-2")
+        assert not await rotate(store, "rt-0", "rt-1", T0 + HOUR, family="fam-2")
+        assert await store.get_refresh(digest("rt-0")) == token
+        assert await store.get_refresh(digest("rt-1")) is None
+
+    async def test_a_token_of_a_revoked_grant_is_not_rotated(self, store: Store) -> None:
+        await start_family(store, "rt-0", "fam-1")
+        await store.revoke_grant("fam-1", T0 + 1)
+        revoked = await store.get_refresh(digest("rt-0"))
+        # Even told that the token is revoked, or active, it does not rotate.
+        for move in (ROTATE, Move(Refresh.REVOKED, Refresh.ROTATED)):
+            issuance = rotation("rt-1", T0 + 2)
+            assert not await store.rotate_refresh(digest("rt-0"), move, issuance, sealed("rt-1"))
+        assert await store.get_refresh(digest("rt-0")) == revoked
+        assert await store.get_refresh(digest("rt-1")) is None
+
+    @pytest.mark.parametrize("taken", ["refresh-token", "access-token"])
+    async def test_a_rotation_clashing_with_a_stored_key_raises_and_changes_nothing(
+        self, store: Store, taken: str
+    ) -> None:
+        token = await start_family(store, "rt-0", "fam-1")
+        await start_family(store, "rt-taken", "fam-2")  # its access token: at-of-fam-2
+        clash = {
+            "refresh-token": rotation("rt-taken", T0 + HOUR),
+            "access-token": rotation("rt-1", T0 + HOUR, jti="at-of-fam-2"),
+        }[taken]
+        with pytest.raises(AlreadyExists):
+            await store.rotate_refresh(token.token_hash, ROTATE, clash, sealed("rt-x"))
+        assert await store.get_refresh(token.token_hash) == token
+        assert await store.get_refresh(digest("rt-1")) is None
+        assert await rotate(store, "rt-0", "rt-1", T0 + HOUR)
+
+    async def test_rotating_a_token_leaves_its_expiry_to_the_caller(self, store: Store) -> None:
+        await start_family(store, "rt-0", family_expires_at=T0 + DAY)
+        assert await rotate(store, "rt-0", "rt-1", T0 + 30 * DAY)
+
+    async def test_of_concurrent_rotations_of_one_token_exactly_one_succeeds(
+        self, store: Store
+    ) -> None:
+        await start_family(store, "rt-0")
+        results = await asyncio.gather(
+            *(rotate(store, "rt-0", f"rt-racer-{i}", T0 + HOUR) for i in range(RACERS))
+        )
+        (winner,) = [i for i, won in enumerate(results) if won]
+        stored = [await store.get_refresh(digest(f"rt-racer-{i}")) for i in range(RACERS)]
+        assert [i for i, record in enumerate(stored) if record is not None] == [winner]
+        rotated = await store.get_refresh(digest("rt-0"))
+        assert rotated is not None and rotated.successor_sealed == sealed(f"rt-racer-{winner}")
+
+    async def test_two_stores_on_one_database_rotate_a_token_exactly_once(
+        self, store: Store, other: Store
+    ) -> None:
+        await start_family(store, "rt-0")
+        results = await asyncio.gather(
+            *(
+                rotate((store, other)[i % 2], "rt-0", f"rt-racer-{i}", T0 + HOUR)
+                for i in range(RACERS)
+            )
+        )
+        assert results.count(True) == 1
+
+    async def test_a_family_rotated_from_two_stores_at_once_never_has_two_active_tokens(
+        self, store: Store, other: Store
+    ) -> None:
+        await start_family(store, "rt-0")
+        created: list[str] = []
+
+        async def newest(on: Store) -> bytes:
+            token_hash = digest("rt-0")
+            while True:
+                record = await on.get_refresh(token_hash)
+                assert record is not None
+                if record.successor_hash is None:
+                    return token_hash
+                token_hash = record.successor_hash
+
+        async def follow(i: int) -> None:
+            # Each racer rotates the token it finds newest, again and again.
+            on = (store, other)[i % 2]
+            for step in range(5):
+                label = f"rt-{i}-{step}"
+                issuance = rotation(label, T0 + step)
+                if await on.rotate_refresh(await newest(on), ROTATE, issuance, sealed(label)):
+                    created.append(label)
+
+        await asyncio.gather(*(follow(i) for i in range(4)))
+        states = [await store.get_refresh(digest(label)) for label in ["rt-0", *created]]
+        assert sorted(record.state for record in states if record) == (
+            [Refresh.ACTIVE] + [Refresh.ROTATED] * len(created)
+        )
 
     # -- consent ------------------------------------------------------------------------
 
@@ -572,11 +599,11 @@ class StoreConformance:
     async def test_consent_accumulates_the_union_of_scopes_per_subject_and_client(
         self, store: Store
     ) -> None:
-        await store.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}))
-        await store.grant_scopes("alice", "webapp", frozenset({"orders:read", "profile"}))
-        await store.grant_scopes("alice", "webapp", frozenset())
-        await store.grant_scopes("alice", "other-app", frozenset({"email"}))
-        await store.grant_scopes("bob", "webapp", frozenset({"orders:write"}))
+        await store.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}), T0)
+        await store.grant_scopes("alice", "webapp", frozenset({"orders:read", "profile"}), T0)
+        await store.grant_scopes("alice", "webapp", frozenset(), T0)
+        await store.grant_scopes("alice", "other-app", frozenset({"email"}), T0)
+        await store.grant_scopes("bob", "webapp", frozenset({"orders:write"}), T0)
 
         assert await store.granted_scopes("alice", "webapp") == {"openid", "orders:read", "profile"}
         assert await store.granted_scopes("alice", "other-app") == {"email"}
@@ -586,7 +613,7 @@ class StoreConformance:
     async def test_concurrent_consents_lose_no_scope(self, store: Store, other: Store) -> None:
         await asyncio.gather(
             *(
-                (store, other)[i % 2].grant_scopes("alice", "webapp", frozenset({f"scope-{i}"}))
+                (store, other)[i % 2].grant_scopes("alice", "webapp", frozenset({f"scope-{i}"}), T0)
                 for i in range(RACERS)
             )
         )
@@ -694,6 +721,18 @@ class StoreConformance:
         await store.release_attempt([cap.key], T0 + 2)
         assert await store.reserve_attempt([cap], run + 2) is not None
 
+    async def test_concurrent_releases_each_give_back_one_attempt(
+        self, store: Store, other: Store
+    ) -> None:
+        cap = Cap("login:ip:192.0.2.1", limit=RACERS, window=MINUTE)
+        for _ in range(RACERS):
+            assert await store.reserve_attempt([cap], T0) is None
+        await asyncio.gather(
+            *((store, other)[i % 2].release_attempt([cap.key], T0) for i in range(RACERS))
+        )
+        results = [await store.reserve_attempt([cap], T0 + 1) for _ in range(RACERS + 1)]
+        assert results.count(None) == RACERS
+
     async def test_a_cleared_counter_starts_again_from_zero(self, store: Store) -> None:
         alice = Cap("login:user-at-ip:192.0.2.1 alice", limit=1, window=MINUTE)
         bob = Cap("login:user-at-ip:192.0.2.1 bob", limit=1, window=MINUTE)
@@ -771,6 +810,14 @@ class StoreConformance:
         assert await store.device_by_user_code("WDJBMJHT", device.expires_at) is None
         assert await store.device_by_user_code("XXXXXXXX", T0) is None
 
+    async def test_device_code_is_read_by_its_hash_whatever_its_state_or_expiry(
+        self, store: Store
+    ) -> None:
+        device = a_device()
+        await store.save_device(device)
+        assert await store.get_device(device.device_code_hash) == device
+        assert await store.get_device(digest("unknown")) is None
+
     async def test_saving_a_taken_device_code_or_live_user_code_raises(self, store: Store) -> None:
         await store.save_device(a_device("dc-1", "WDJBMJHT"))
         with pytest.raises(AlreadyExists):
@@ -778,7 +825,7 @@ class StoreConformance:
         with pytest.raises(AlreadyExists):
             await store.save_device(a_device("dc-1", "BCDFGHJK"))
         assert await store.device_by_user_code("BCDFGHJK", T0) is None
-        assert await store.poll_device(digest("dc-2"), "tv-app", T0) is None
+        assert await store.get_device(digest("dc-2")) is None
 
     async def test_user_code_of_an_expired_device_code_can_be_given_out_again(
         self, store: Store
@@ -790,121 +837,161 @@ class StoreConformance:
         )
         await store.save_device(new)
         assert await store.device_by_user_code("WDJBMJHT", new.created_at) == new
-        assert await store.poll_device(digest("dc-old"), "tv-app", new.created_at) is None
+        assert await store.get_device(digest("dc-old")) is None
 
-    async def test_device_code_is_approved_once_and_then_redeemed_by_one_poll(
+    async def test_a_pending_code_is_decided_once_recording_who_and_when_they_signed_in(
         self, store: Store
     ) -> None:
         device = a_device()
         await store.save_device(device)
 
-        assert await store.decide_device("WDJBMJHT", "alice", True, T0 + 10)
-        assert not await store.decide_device("WDJBMJHT", "mallory", True, T0 + 11)
-        assert not await store.decide_device("WDJBMJHT", "mallory", False, T0 + 12)
-        approved = replace(device, state=Device.APPROVED.value, subject="alice")
-        assert await store.device_by_user_code("WDJBMJHT", T0 + 13) == approved
+        assert await store.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 10, T0 - HOUR)
+        assert not await store.decide_device("WDJBMJHT", APPROVE, "mallory", T0 + 11)
+        assert not await store.decide_device("WDJBMJHT", DENY, "mallory", T0 + 12)
 
-        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 20) == approved
-        again = await store.poll_device(device.device_code_hash, "tv-app", T0 + 30)
-        assert again == replace(approved, state=Device.REDEEMED.value, last_poll=T0 + 20)
-        third = await store.poll_device(device.device_code_hash, "tv-app", T0 + 40)
-        assert third is not None and third.state == Device.REDEEMED and third.last_poll == T0 + 30
-
-    async def test_deciding_a_device_code_records_when_the_decider_signed_in(
-        self, store: Store
-    ) -> None:
-        device = a_device()
-        await store.save_device(device)
-        assert await store.decide_device("WDJBMJHT", "alice", True, T0 + 10, auth_time=T0 - HOUR)
         approved = replace(
             device, state=Device.APPROVED.value, subject="alice", auth_time=T0 - HOUR
         )
-        assert await store.device_by_user_code("WDJBMJHT", T0 + 11) == approved
-        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 20) == approved
+        assert await store.device_by_user_code("WDJBMJHT", T0 + 13) == approved
 
-    async def test_denied_device_code_stays_denied(self, store: Store) -> None:
+    async def test_a_denial_is_recorded_as_given(self, store: Store) -> None:
         device = a_device()
         await store.save_device(device)
-        assert await store.decide_device("WDJBMJHT", "alice", False, T0 + 10)
-        assert not await store.decide_device("WDJBMJHT", "alice", True, T0 + 11)
-        denied = replace(device, state=Device.DENIED.value, subject="alice")
-        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 20) == denied
-        after = await store.poll_device(device.device_code_hash, "tv-app", T0 + 30)
-        assert after == replace(denied, last_poll=T0 + 20)
+        assert await store.decide_device("WDJBMJHT", DENY, "alice", T0 + 10)
+        assert not await store.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 11)
+        assert await store.get_device(device.device_code_hash) == replace(
+            device, state=Device.DENIED.value, subject="alice"
+        )
 
-    async def test_expired_or_unknown_device_code_cannot_be_decided(self, store: Store) -> None:
+    async def test_an_expired_or_unknown_device_code_is_not_decided(self, store: Store) -> None:
         device = a_device()
         await store.save_device(device)
-        assert not await store.decide_device("WDJBMJHT", "alice", True, device.expires_at)
-        assert not await store.decide_device("XXXXXXXX", "alice", True, T0)
-        polled = await store.poll_device(device.device_code_hash, "tv-app", T0 + 1)
-        assert polled == device
+        assert not await store.decide_device("WDJBMJHT", APPROVE, "alice", device.expires_at)
+        assert not await store.decide_device("XXXXXXXX", APPROVE, "alice", T0)
+        assert await store.get_device(device.device_code_hash) == device
 
-    async def test_pending_poll_records_its_time_and_returns_the_record_before_it(
+    async def test_a_poll_records_its_time_state_and_interval_when_nothing_came_in_between(
         self, store: Store
     ) -> None:
         device = a_device()
         await store.save_device(device)
-        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 5) == device
-        assert await store.poll_device(device.device_code_hash, "tv-app", T0 + 10) == replace(
-            device, last_poll=T0 + 5
+        assert await store.record_poll(device.device_code_hash, a_poll("pending", None, T0 + 5))
+        assert await store.get_device(device.device_code_hash) == replace(device, last_poll=T0 + 5)
+        slower = a_poll("pending", T0 + 5, T0 + 6, interval=10.0)
+        assert await store.record_poll(device.device_code_hash, slower)
+        assert await store.get_device(device.device_code_hash) == replace(
+            device, last_poll=T0 + 6, interval=10.0
         )
-        assert await store.poll_device(digest("unknown"), "tv-app", T0 + 10) is None
 
-    async def test_a_poll_by_another_client_finds_nothing_and_changes_nothing(
+    async def test_a_poll_decided_from_a_stale_read_changes_nothing(self, store: Store) -> None:
+        device = a_device()
+        await store.save_device(device)
+        assert await store.record_poll(device.device_code_hash, a_poll("pending", None, T0 + 5))
+        stale = [
+            a_poll("pending", None, T0 + 6),  # another poll came in between
+            a_poll("approved", T0 + 5, T0 + 6),  # the state read was not this one
+        ]
+        for poll in stale:
+            assert not await store.record_poll(device.device_code_hash, poll)
+        assert not await store.record_poll(digest("unknown"), a_poll("pending", None, T0 + 6))
+        assert await store.get_device(device.device_code_hash) == replace(device, last_poll=T0 + 5)
+
+    async def test_of_concurrent_polls_read_from_one_state_exactly_one_is_recorded(
+        self, store: Store, other: Store
+    ) -> None:
+        device = a_device()
+        await store.save_device(device)
+        results = await asyncio.gather(
+            *(
+                (store, other)[i % 2].record_poll(
+                    device.device_code_hash, a_poll("pending", None, T0 + i)
+                )
+                for i in range(RACERS)
+            )
+        )
+        (winner,) = [i for i, won in enumerate(results) if won]
+        polled = await store.get_device(device.device_code_hash)
+        assert polled is not None and polled.last_poll == T0 + winner
+
+    async def test_redeeming_a_device_code_records_the_poll_the_grant_and_the_tokens_together(
         self, store: Store
     ) -> None:
-        pending = a_device("dc-pending", "WDJBMJHT")
-        approved = a_device("dc-approved", "BCDFGHJK")
-        await store.save_device(pending)
-        await store.save_device(approved)
-        assert await store.decide_device("BCDFGHJK", "alice", True, T0 + 1)
-        for device in (pending, approved):
-            assert await store.poll_device(device.device_code_hash, "intruder", T0 + 5) is None
-        assert await store.device_by_user_code("WDJBMJHT", T0 + 6) == pending
-        assert await store.poll_device(approved.device_code_hash, "tv-app", T0 + 10) == replace(
-            approved, state=Device.APPROVED.value, subject="alice"
-        )
-
-    async def test_slow_down_lengthens_the_interval(self, store: Store) -> None:
-        device = a_device(interval=5.0)
+        device = a_device()
         await store.save_device(device)
-        await store.slow_down_device(device.device_code_hash, 10.0)
-        await store.slow_down_device(digest("unknown"), 10.0)
-        record = await store.device_by_user_code(device.user_code, T0)
-        assert record == replace(device, interval=10.0)
+        await store.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 1)
+        issuance = redemption("d-1", "at-1", "rt-1", T0 + 20)
+        poll = a_poll("approved", None, T0 + 20, to="redeemed")
 
-    async def test_concurrent_decisions_on_one_device_code_let_exactly_one_through(
+        assert await store.redeem_device(device.device_code_hash, poll, issuance)
+
+        redeemed = await store.get_device(device.device_code_hash)
+        assert redeemed is not None
+        assert (redeemed.state, redeemed.last_poll) == (Device.REDEEMED, T0 + 20)
+        assert await store.get_grant("d-1") == issuance.grant
+        assert await store.get_refresh(digest("rt-1")) == issuance.refresh_token
+        assert await store.revoke_grant("d-1", T0 + 21)
+        assert not await store.access_token_active("at-1")
+
+    async def test_a_device_code_not_in_the_expected_state_is_not_redeemed_and_nothing_changes(
+        self, store: Store
+    ) -> None:
+        device = a_device()
+        await store.save_device(device)  # pending, not approved
+        poll = a_poll("approved", None, T0 + 20, to="redeemed")
+        assert not await store.redeem_device(device.device_code_hash, poll, redemption("d-1"))
+        assert await store.get_grant("d-1") is None
+        assert await store.get_refresh(digest("rt-0")) is None
+        assert await store.get_device(device.device_code_hash) == device
+
+    async def test_a_device_redemption_clashing_with_a_stored_key_changes_nothing(
+        self, store: Store
+    ) -> None:
+        await start_family(store, "rt-taken", "fam-taken")
+        device = a_device()
+        await store.save_device(device)
+        await store.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 1)
+        before = await store.get_device(device.device_code_hash)
+        poll = a_poll("approved", None, T0 + 20, to="redeemed")
+        with pytest.raises(AlreadyExists):
+            await store.redeem_device(device.device_code_hash, poll, redemption("fam-taken"))
+        assert await store.get_device(device.device_code_hash) == before
+
+    async def test_of_concurrent_decisions_on_one_device_code_exactly_one_is_recorded(
         self, store: Store, other: Store
     ) -> None:
         await store.save_device(a_device())
         results = await asyncio.gather(
             *(
-                (store, other)[i % 2].decide_device("WDJBMJHT", f"user-{i}", i % 3 != 0, T0 + 1)
+                (store, other)[i % 2].decide_device(
+                    "WDJBMJHT", APPROVE if i % 3 else DENY, f"user-{i}", T0 + 1
+                )
                 for i in range(RACERS)
             )
         )
         (winner,) = [i for i, won in enumerate(results) if won]
         record = await store.device_by_user_code("WDJBMJHT", T0 + 2)
         assert record is not None and record.subject == f"user-{winner}"
-        expected = Device.APPROVED if winner % 3 != 0 else Device.DENIED
-        assert record.state == expected
+        assert record.state == (Device.APPROVED if winner % 3 else Device.DENIED)
 
-    async def test_concurrent_polls_of_an_approved_code_redeem_it_exactly_once(
+    async def test_of_concurrent_redemptions_of_a_device_code_exactly_one_succeeds(
         self, store: Store, other: Store
     ) -> None:
         device = a_device()
         await store.save_device(device)
-        await store.decide_device("WDJBMJHT", "alice", True, T0 + 1)
-        polls = await asyncio.gather(
+        await store.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 1)
+        results = await asyncio.gather(
             *(
-                (store, other)[i % 2].poll_device(device.device_code_hash, "tv-app", T0 + 10)
+                (store, other)[i % 2].redeem_device(
+                    device.device_code_hash,
+                    a_poll("approved", None, T0 + 10, to="redeemed"),
+                    redemption(f"d-{i}", f"at-{i}", f"rt-{i}", T0 + 10),
+                )
                 for i in range(RACERS)
             )
         )
-        states = [poll.state for poll in polls if poll is not None]
-        assert states.count(Device.APPROVED) == 1
-        assert states.count(Device.REDEEMED) == RACERS - 1
+        (winner,) = [i for i, won in enumerate(results) if won]
+        grants = [await store.get_grant(f"d-{i}") for i in range(RACERS)]
+        assert [i for i, grant in enumerate(grants) if grant is not None] == [winner]
 
     # -- housekeeping -------------------------------------------------------------------
 
@@ -923,25 +1010,23 @@ class StoreConformance:
         await store.save_device(a_device("dc-live", "LIVELIVE", expires_at=at + 600))
         await store.reserve_attempt([Cap("login:old", limit=1, window=MINUTE)], T0)
         await store.reserve_attempt([Cap("login:live", limit=1, window=MINUTE)], at - 10)
-        await store.record_access_token("at-old", "grant-1", "webapp", T0 + 300)
         await store.revoke_access_token("at-revoked-old", T0 + 300)
-        await store.record_access_token("at-live", "grant-2", "webapp", at + 300)
-        await store.revoke_grant("grant-2", T0)
-        await store.save_refresh(a_refresh("rt-a0", family="fam-a", family_expires_at=T0 + 900))
-        await rotate(store, "rt-a0", "rt-a1", T0 + 100)
-        await store.save_refresh(a_refresh("rt-b0", family="fam-b"))
-        await store.grant_scopes("alice", "webapp", frozenset({"openid"}))
+        # fam-a: over at T0 + 900, its first access token expired at T0 + 300; fam-b lives,
+        # revoked, with an access token that lives too.
+        await start_family(store, "rt-a0", "fam-a", family_expires_at=T0 + 900)
+        assert await rotate(store, "rt-a0", "rt-a1", T0 + 100, family="fam-a")
+        await start_family(store, "rt-b0", "fam-b", now=at - 10)
+        await store.revoke_grant("fam-b", at - 5)
+        await store.grant_scopes("alice", "webapp", frozenset({"openid"}), T0)
 
-        # code, session, jti, device code, throttle key: one each; two access token
-        # records; the two tokens of the family past its absolute lifetime.
-        assert await store.purge_expired(at) == 9
+        # Three codes (code-old, and the two the families were redeemed from); session, jti,
+        # device code, throttle key: one each; three access token records (at-of-fam-a,
+        # at-rt-a1, at-revoked-old); the two tokens of the family past its absolute lifetime.
+        assert await store.purge_expired(at) == 12
         assert await store.purge_expired(at) == 0
 
-        assert await store.consume_code(digest("code-old"), at) == (None, False)
-        assert await store.consume_code(digest("code-live"), at) == (
-            a_code("code-live", expires_at=at + 60),
-            True,
-        )
+        assert await store.get_code(digest("code-old")) is None
+        assert await store.get_code(digest("code-live")) == a_code("code-live", expires_at=at + 60)
         assert await store.get_session(digest("sid-old"), T0) is None
         assert await store.get_session(digest("sid-live"), at) is not None
         assert await store.use_jti("client-a", "jti-old", T0 + 300, T0)  # forgotten
@@ -951,39 +1036,54 @@ class StoreConformance:
         assert await store.reserve_attempt([Cap("login:old", limit=1, window=MINUTE)], T0) is None
         live = Cap("login:live", limit=1, window=MINUTE)
         assert await store.reserve_attempt([live], at) == Refuse(live.key, MINUTE)
-        assert not await store.access_token_active("at-live")
         assert await store.get_refresh(digest("rt-a0")) is None
         assert await store.get_refresh(digest("rt-a1")) is None
-        assert (await rotate(store, "rt-a1", "rt-a2", at)).outcome is RefreshOutcome.UNKNOWN
-        assert await store.get_refresh(digest("rt-b0")) == a_refresh("rt-b0", family="fam-b")
+        assert await store.get_grant("fam-a") is None
+        assert not await store.access_token_active("at-of-fam-b")
+        revoked = await store.get_refresh(digest("rt-b0"))
+        assert revoked is not None and revoked.state == Refresh.REVOKED
         assert await store.granted_scopes("alice", "webapp") == {"openid"}
+
+    async def test_purge_keeps_a_grant_while_an_access_token_recorded_under_it_lives(
+        self, store: Store
+    ) -> None:
+        code = a_code()
+        await store.save_code(code)
+        issuance = redemption("grant-1", "at-1", refresh=None)  # the grant ends with at-1
+        assert await store.redeem_code(code.code_hash, REDEEM, issuance)
+        await store.revoke_grant("grant-1", T0 + 1)
+        await store.purge_expired(T0 + 299)
+        assert not await store.access_token_active("at-1")
+        await store.purge_expired(T0 + 300)
+        assert await store.get_grant("grant-1") is None
 
     async def test_purge_drops_refresh_tokens_idle_expired_long_ago_and_keeps_recent_ones(
         self, store: Store
     ) -> None:
         # fam-1 lives 400 days; rt-0 idles out on day 14, rt-1 on day 60, rt-2 on day 200.
-        await store.save_refresh(a_refresh("rt-0", family_expires_at=T0 + 400 * DAY))
+        await start_family(store, "rt-0", family_expires_at=T0 + 400 * DAY)
         for old, new, now, idle in (
             ("rt-0", "rt-1", T0 + HOUR, T0 + 60 * DAY),
             ("rt-1", "rt-2", T0 + 2 * HOUR, T0 + 200 * DAY),
         ):
-            successor = a_successor(new, now, expires_at=idle)
-            use = await store.use_refresh(digest(old), now, 0.0, successor, sealed(new))
-            assert use.outcome is RefreshOutcome.ROTATED
+            issuance = rotation(new, now, expires_at=idle, family_expires_at=T0 + 400 * DAY)
+            assert await store.rotate_refresh(digest(old), ROTATE, issuance, sealed(new))
         # fam-2's only token idled out on day 14: the whole family is over.
-        await store.save_refresh(a_refresh("rt-lone", family="fam-2"))
+        await start_family(store, "rt-lone", "fam-2")
 
         at = T0 + 60 * DAY + MINUTE
-        assert await store.purge_expired(at) == 2
+        # rt-0, rt-lone, the two codes the families came from and their four access
+        # tokens, long expired.
+        assert await store.purge_expired(at) == 8
 
         assert await store.get_refresh(digest("rt-0")) is None
         assert await store.get_refresh(digest("rt-lone")) is None
-        assert (await rotate(store, "rt-lone", "rt-x", at)).outcome is RefreshOutcome.UNKNOWN
-        # rt-1 idled out a minute ago: shown again, it is still caught as reuse.
-        reuse = await rotate(store, "rt-1", "rt-y", at)
-        assert reuse.outcome is RefreshOutcome.REUSED
+        assert await store.get_grant("fam-2") is None
+        # rt-1 idled out a minute ago: it is kept, so that shown again it is caught as reuse.
+        kept = await store.get_refresh(digest("rt-1"))
+        assert kept is not None and kept.state == Refresh.ROTATED
         latest = await store.get_refresh(digest("rt-2"))
-        assert latest is not None and latest.state == Refresh.REVOKED
+        assert latest is not None and latest.state == Refresh.ACTIVE
 
     # -- durability ---------------------------------------------------------------------
 
@@ -993,46 +1093,42 @@ class StoreConformance:
         first = make_store()
         await first.open()
         await first.save_code(a_code())
-        await first.consume_code(digest("code"), T0 + 1)
+        await first.redeem_code(digest("code"), REDEEM, redemption("fam-1", "at-0", "rt-0"))
         await first.save_code(a_code("code-unused"))
-        await first.save_refresh(a_refresh("rt-0"))
-        await rotate(first, "rt-0", "rt-1", T0 + HOUR, grace=5.0)
-        await first.save_refresh(a_refresh("rt-doomed", family="fam-doomed"))
+        await rotate(first, "rt-0", "rt-1", T0 + HOUR)
+        await start_family(first, "rt-doomed", "fam-doomed")
         await first.revoke_grant("fam-doomed", T0 + HOUR)
-        await first.record_access_token("at-doomed", "fam-doomed", "webapp", T0 + HOUR + 300)
         await first.revoke_access_token("at-revoked", T0 + HOUR + 300)
-        await first.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}))
+        await first.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}), T0)
         await first.save_session(a_session())
         throttle = Cap("login:ip:192.0.2.1", limit=2, window=MINUTE)
         await first.reserve_attempt([throttle], T0)
         await first.reserve_attempt([throttle], T0 + 1)
         await first.use_jti("client-a", "jti-1", T0 + 300, T0)
         await first.save_device(a_device())
-        await first.decide_device("WDJBMJHT", "alice", True, T0 + 2)
+        await first.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 2)
+        rotated = await first.get_refresh(digest("rt-0"))
         await first.close()
 
         second = make_store()
         await second.open()
         try:
-            assert await second.consume_code(digest("code"), T0 + 2) == (a_code(), False)
-            assert await second.consume_code(digest("code-unused"), T0 + 2) == (
-                a_code("code-unused"),
-                True,
-            )
-            grace = await rotate(second, "rt-0", "rt-x", T0 + HOUR + 1, grace=5.0)
-            assert grace.outcome is RefreshOutcome.GRACE
-            assert grace.record is not None and grace.record.successor_sealed == sealed("rt-1")
-            assert (await rotate(second, "rt-1", "rt-2", T0 + 2 * HOUR)).outcome is (
-                RefreshOutcome.ROTATED
-            )
-            assert await second.family_revoked("fam-doomed")
-            assert not await second.access_token_active("at-doomed")
+            code = await second.get_code(digest("code"))
+            assert code is not None and code.state == Code.CONSUMED
+            unused = await second.get_code(digest("code-unused"))
+            assert unused is not None and unused.state == Code.ISSUED
+            assert await second.get_refresh(digest("rt-0")) == rotated
+            assert rotated is not None and rotated.successor_sealed == sealed("rt-1")
+            assert await rotate(second, "rt-1", "rt-2", T0 + 2 * HOUR)
+            doomed = await second.get_grant("fam-doomed")
+            assert doomed is not None and doomed.revoked_at == T0 + HOUR
+            assert not await second.access_token_active("at-of-fam-doomed")
             assert not await second.access_token_active("at-revoked")
             assert await second.granted_scopes("alice", "webapp") == {"openid", "orders:read"}
             assert await second.get_session(digest("sid"), T0) == a_session()
             assert await second.reserve_attempt([throttle], T0 + 2) is not None
             assert not await second.use_jti("client-a", "jti-1", T0 + 300, T0 + 3)
-            polled = await second.poll_device(digest("dc"), "tv-app", T0 + 10)
-            assert polled is not None and polled.state == Device.APPROVED
+            device = await second.get_device(digest("dc"))
+            assert device is not None and device.state == Device.APPROVED
         finally:
             await second.close()

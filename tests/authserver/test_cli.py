@@ -3,13 +3,11 @@ refresh token issued before a restart, or before `kill -9`, still works afterwar
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,11 +28,11 @@ from tests.authserver.conftest import (
     load_settings,
     post_token,
     query_of,
-    render_config,
     run_authserver,
     tokens_for,
     verify_jwt,
 )
+from tests.authserver.process_support import Process, write_config
 from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,12 +50,6 @@ def cli(
         timeout=timeout,
         check=False,
     )
-
-
-def write_config(directory: Path, config: dict[str, Any] | str, port: int | None = None) -> Path:
-    path = directory / "authserver.yaml"
-    path.write_text(render_config(config, directory, port or free_port()))
-    return path
 
 
 # ---------------------------------------------------------------------------- check
@@ -271,7 +263,9 @@ async def refresh(
 
 
 async def test_refresh_token_issued_before_a_restart_works_after_it(start_authserver, http):
-    server = await start_authserver()
+    config = default_config()
+    config["refresh_grace"] = "0s"  # a second use right after the rotation is reuse
+    server = await start_authserver(config)
     before = await tokens_for(http, server)
     kid = jwt.get_unverified_header(before["access_token"])["kid"]
 
@@ -286,54 +280,6 @@ async def test_refresh_token_issued_before_a_restart_works_after_it(start_authse
     # The rotation happened before the restart's successor: reuse is still detected.
     status, reused = await refresh(http, server, before["refresh_token"])
     assert (status, reused["error"]) == (400, "invalid_grant")
-
-
-class Process:
-    """`python -m authserver run` on a free port, with its output in a file."""
-
-    def __init__(self, config: Path, url: str, log: Path) -> None:
-        self.config, self.url, self.log = config, url, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "authserver", "run", "--config", str(self.config)],
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float = 20) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()
-            try:
-                async with http.get(self.url + "/healthz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"the server did not start:\n{self.log.read_text()}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # SIGKILL: no cleanup of any kind
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture

@@ -243,8 +243,10 @@ async def test_full_flow_through_the_pages_gives_tokens_exactly_once(
 
 
 async def test_refresh_tokens_from_the_device_flow_rotate_like_the_code_flows(
-    server, http, browser
+    start_authserver, http, browser
 ) -> None:
+    # Without a grace window, a second use right after the rotation is reuse.
+    server = await start_authserver(device_config(refresh_grace="0s"))
     body = await started(http, server)
     await approve_on_pages(browser, server, body["verification_uri_complete"])
     status, tokens = await poll(http, server, body["device_code"])

@@ -166,6 +166,8 @@ async def test_metrics_count_requests_tokens_refresh_reuse_logins_and_store_call
 ) -> None:
     config = default_config()
     config["login_throttle"] = {"max_failures": 2, "max_failures_per_address": 100}
+    # No grace: the rotated token shown again at once is reuse, not the retry of a lost answer.
+    config["refresh_grace"] = "0s"
     server = servers(config)
     server.start()
     await server.wait_ready(http)
@@ -207,10 +209,12 @@ async def test_metrics_count_requests_tokens_refresh_reuse_logins_and_store_call
     assert sample(samples, "portcullis_authserver_logins_failed_total") == 2
     assert sample(samples, "portcullis_authserver_logins_throttled_total") == 1
     store = "portcullis_authserver_store_call_duration_seconds"
-    assert sample(samples, store + "_count", operation="use_refresh") == 2
-    assert sample(samples, store + "_count", operation="consume_code") == 1
-    assert sample(samples, store + "_bucket", operation="use_refresh", le="+Inf") == 2
-    assert sample(samples, store + "_sum", operation="use_refresh") > 0
+    # One store call per issuance; the reuse revokes the family's grant.
+    assert sample(samples, store + "_count", operation="rotate_refresh") == 1
+    assert sample(samples, store + "_count", operation="redeem_code") == 1
+    assert sample(samples, store + "_count", operation="revoke_grant") == 1
+    assert sample(samples, store + "_bucket", operation="rotate_refresh", le="+Inf") == 1
+    assert sample(samples, store + "_sum", operation="rotate_refresh") > 0
     # Labels stay bounded: no raw path, no client-chosen value, becomes a label.
     labels = {value for (_, pairs) in samples for (_, value) in pairs}
     assert "/no/such/path" not in labels

@@ -226,6 +226,74 @@ def test_a_pair_missing_from_a_table_is_an_illegal_transition(
         lifecycle.step(table, state, event)
 
 
+def test_a_decision_moves_from_the_state_it_was_made_in() -> None:
+    decision = lifecycle.decide(lifecycle.CODE, Code.ISSUED, "redeem")
+    assert decision.move == lifecycle.Move(Code.ISSUED, Code.CONSUMED)
+    assert (decision.effect, decision.error) == (Effect.ISSUE_TOKENS, None)
+
+
+def _refresh_event(state: Refresh, now: float, **given: Any) -> str:
+    facts: dict[str, Any] = {
+        "expires_at": 1000.0,
+        "family_expires_at": 5000.0,
+        "rotated_at": 100.0 if state is not Refresh.ACTIVE else None,
+        "successor_state": Refresh.ACTIVE if state is not Refresh.ACTIVE else None,
+        "grace": 5.0,
+    }
+    facts.update(given)
+    return lifecycle.refresh_use_event(state, now=now, **facts)
+
+
+@pytest.mark.parametrize(
+    ("state", "now", "given", "event"),
+    [
+        (Refresh.ACTIVE, 999.999, {}, "use"),
+        (Refresh.ACTIVE, 1000.0, {}, "use_expired"),  # idle expiry: from expires_at on
+        (Refresh.ACTIVE, 10.0, {"family_expires_at": 10.0}, "use_expired"),
+        (Refresh.ROTATED, 104.999, {}, "use_within_grace"),
+        (Refresh.ROTATED, 105.0, {}, "use"),  # the window ends grace seconds after rotation
+        (Refresh.ROTATED, 100.0, {"grace": 0.0}, "use"),
+        (Refresh.ROTATED, 101.0, {"successor_state": Refresh.ROTATED}, "use"),
+        (Refresh.ROTATED, 101.0, {"successor_state": Refresh.REVOKED}, "use"),
+        (Refresh.ROTATED, 101.0, {"successor_state": None}, "use_within_grace"),
+        # A rotated token past its own idle expiry is still reuse; past the family's end, not.
+        (Refresh.ROTATED, 2000.0, {}, "use"),
+        (Refresh.ROTATED, 6000.0, {}, "use_expired"),
+        (Refresh.REVOKED, 101.0, {}, "use"),
+    ],
+)
+def test_the_event_a_presented_refresh_token_is(
+    state: Refresh, now: float, given: dict[str, Any], event: str
+) -> None:
+    assert _refresh_event(state, now, **given) == event
+    lifecycle.step(lifecycle.REFRESH, state, event)  # every event has its row
+
+
+def test_an_expired_refresh_token_is_refused_and_changes_nothing() -> None:
+    for state in Refresh:
+        t = lifecycle.step(lifecycle.REFRESH, state, "use_expired")
+        assert (t.next_state, t.effect, t.error) == (state, Effect.REJECT, "invalid_grant")
+
+
+def test_a_successors_idle_expiry_slides_but_never_past_the_familys_end() -> None:
+    assert lifecycle.refresh_idle_expiry(100.0, 50.0, 1000.0) == 150.0
+    assert lifecycle.refresh_idle_expiry(980.0, 50.0, 1000.0) == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("last_poll", "now", "too_fast"),
+    [(None, 0.0, False), (10.0, 14.89, True), (10.0, 14.9, False), (10.0, 30.0, False)],
+)
+def test_a_poll_is_too_fast_when_it_comes_sooner_than_the_interval_less_the_tolerance(
+    last_poll: float | None, now: float, too_fast: bool
+) -> None:
+    assert lifecycle.poll_too_fast(last_poll, 5.0, now) is too_fast
+
+
+def test_slow_down_adds_five_seconds_to_the_interval() -> None:
+    assert lifecycle.slowed_down(5.0) == 10.0
+
+
 def test_every_refused_transition_names_a_known_oauth_error() -> None:
     known = {code.value for code in ErrorCode}
     for table in (lifecycle.CODE, lifecycle.REFRESH, lifecycle.DEVICE):

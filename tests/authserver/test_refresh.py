@@ -13,6 +13,7 @@ import pytest
 
 from tests.authserver.conftest import (
     SECRET,
+    MovableClock,
     RunningAuthServer,
     StartAuthServer,
     default_config,
@@ -117,8 +118,9 @@ async def test_reuse_revokes_only_its_own_family(
 
 
 async def test_concurrent_refreshes_with_one_token_give_exactly_one_success(
-    authserver: RunningAuthServer, http: aiohttp.ClientSession
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
 ) -> None:
+    authserver = await start_authserver(with_grace("0s"))
     first = await tokens_for(http, authserver)
     outcomes = await asyncio.gather(
         *(refresh(http, authserver, first["refresh_token"]) for _ in range(5))
@@ -312,3 +314,57 @@ async def test_refresh_response_for_plain_oauth_has_no_id_token(
     assert status == 200
     assert set(body) == {"access_token", "token_type", "expires_in", "scope", "refresh_token"}
     assert jwt.get_unverified_header(body["access_token"])["typ"] == "at+jwt"
+
+
+# ---------------------------------------------------------------------------- retries
+
+
+async def test_by_default_a_retry_within_seconds_gets_the_same_response_and_then_not(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    # The response to a rotation can be lost after the rotation was committed (a dropped
+    # connection, the server killed): the client's retry must not log the user out.
+    clock = MovableClock()
+    server = await start_authserver(clock=clock)
+    first = await tokens_for(http, server)
+    status, once = await refresh(http, server, first["refresh_token"])
+    assert status == 200, once
+
+    clock.advance(4.9)
+    status, again = await refresh(http, server, first["refresh_token"])
+    assert (status, again) == (200, once)
+
+    clock.advance(0.1)  # 5 s after the rotation: the default grace is over
+    status, body = await refresh(http, server, first["refresh_token"])
+    assert_invalid_grant(status, body)
+    assert await introspect(http, server, once["access_token"]) == {"active": False}
+    status, body = await refresh(http, server, once["refresh_token"])
+    assert_invalid_grant(status, body)
+
+
+async def test_once_the_successor_was_used_the_old_token_is_reuse_even_within_grace(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_authserver(with_grace("10s"), clock=MovableClock())
+    first = await tokens_for(http, server)
+    _, second = await refresh(http, server, first["refresh_token"])
+    status, third = await refresh(http, server, second["refresh_token"])
+    assert status == 200, third
+
+    # The client surely got `second`: it used it. `first` again is a replay.
+    status, body = await refresh(http, server, first["refresh_token"])
+    assert_invalid_grant(status, body)
+    status, body = await refresh(http, server, third["refresh_token"])
+    assert_invalid_grant(status, body)
+    assert await introspect(http, server, third["access_token"]) == {"active": False}
+
+
+async def test_with_refresh_grace_zero_any_second_use_is_reuse(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_authserver(with_grace("0s"), clock=MovableClock())
+    first = await tokens_for(http, server)
+    _, once = await refresh(http, server, first["refresh_token"])
+    status, body = await refresh(http, server, first["refresh_token"])
+    assert_invalid_grant(status, body)
+    assert await introspect(http, server, once["access_token"]) == {"active": False}

@@ -129,7 +129,7 @@ def test_minimal_config_loads_with_the_documented_defaults(tmp_path):
     assert loaded.login_throttle == LoginThrottle(
         max_failures=5, max_failures_per_address=20, window=timedelta(minutes=15)
     )
-    assert loaded.refresh_grace == timedelta(0)
+    assert loaded.refresh_grace == timedelta(seconds=5)
     assert loaded.admin_listen == Address("127.0.0.1", 9902)
     assert loaded.client_assertion_max_lifetime == timedelta(hours=1)
     assert (loaded.clients, loaded.users, loaded.scopes) == ((), (), ())
@@ -326,6 +326,30 @@ def test_issuer_may_be_plain_http_on_loopback_and_may_have_a_path(tmp_path, issu
     ],
 )
 def test_invalid_values_are_reported_on_their_line(tmp_path, section, message):
+    problem = one_problem(tmp_path, BASE + section + "\n")
+    assert problem.startswith("4: "), problem
+    assert message in problem
+
+
+def test_password_hashing_loads_its_pool_and_queue_with_small_defaults(tmp_path):
+    assert settings.load(write(tmp_path, BASE), {}).password_hashing == (
+        settings.PasswordHashing(workers=2, max_waiting=16)
+    )
+    text = BASE + "password_hashing: {workers: 4, max_waiting: 0}\n"
+    loaded = settings.load(write(tmp_path, text), {})
+    assert loaded.password_hashing == settings.PasswordHashing(workers=4, max_waiting=0)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("password_hashing: {workers: 0}", "password_hashing.workers: must be at least 1"),
+        ("password_hashing: {max_waiting: -1}", "password_hashing.max_waiting: must be at least 0"),
+        ("password_hashing: {queue: 3}", "password_hashing"),
+        ("password_hashing: 4", "password_hashing must be a mapping"),
+    ],
+)
+def test_invalid_password_hashing_is_reported_on_its_line(tmp_path, section, message):
     problem = one_problem(tmp_path, BASE + section + "\n")
     assert problem.startswith("4: "), problem
     assert message in problem

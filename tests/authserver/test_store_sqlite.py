@@ -9,20 +9,27 @@ import signal
 import sqlite3
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from authserver.protocol.lifecycle import Code
 from authserver.store import open_store
-from authserver.store.base import RefreshOutcome
+from authserver.store.base import StoreUnavailable
 from authserver.store.sqlite import MIGRATIONS, SQLiteStore, load_migrations
 from tests.authserver.store_conformance import (
+    DAY,
+    HOUR,
+    REDEEM,
     T0,
     StoreConformance,
     StoreFactory,
     a_code,
-    a_refresh,
     digest,
+    redemption,
+    rotate,
+    start_family,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +198,58 @@ async def test_stores_opening_a_new_database_at_once_apply_each_migration_once(
     assert [version for version, _, _ in applied_migrations(path)] == shipped
 
 
+async def test_upgrading_to_grants_keeps_families_revocations_and_access_tokens(
+    tmp_path: Path,
+) -> None:
+    # A database as the version before grants left it: families with their revocations
+    # beside them, and access tokens recorded under grant ids that may have no family.
+    path = tmp_path / "authserver.db"
+    before = write_migrations(
+        tmp_path / "before",
+        {m.name: m.sql for m in load_migrations(MIGRATIONS) if m.version <= 3},
+    )
+    await open_and_close(SQLiteStore(path, migrations=before))
+    with sqlite3.connect(path) as conn:
+        conn.executemany(
+            "INSERT INTO refresh_families VALUES (?, 'webapp', 'alice', ?, ?, ?)",
+            [("fam-live", T0, T0 + 90 * DAY, None), ("fam-gone", T0, T0 + 90 * DAY, T0 + 5)],
+        )
+        conn.executemany(
+            "INSERT INTO refresh_tokens VALUES (?, ?, 'webapp', 'alice', 'openid', 'api',"
+            " ?, ?, ?, ?, NULL, NULL)",
+            [
+                (digest("rt-live"), "fam-live", T0, T0, T0 + 14 * DAY, "active"),
+                (digest("rt-gone"), "fam-gone", T0, T0, T0 + 14 * DAY, "revoked"),
+            ],
+        )
+        conn.execute("INSERT INTO grant_revocations VALUES ('c-replayed', ?)", (T0 + 1,))
+        conn.executemany(
+            "INSERT INTO access_tokens VALUES (?, ?, 'webapp', ?, 0)",
+            [
+                ("at-live", "fam-live", T0 + 300),
+                ("at-replayed", "c-replayed", T0 + 300),
+                ("at-code-only", "c-fine", T0 + 300),
+            ],
+        )
+
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        live = await store.get_refresh(digest("rt-live"))
+        assert live is not None and live.family_expires_at == T0 + 90 * DAY
+        gone = await store.get_grant("fam-gone")
+        assert gone is not None and gone.revoked_at == T0 + 5
+        assert await store.access_token_active("at-live")
+        assert await store.access_token_active("at-code-only")
+        assert not await store.access_token_active("at-replayed")
+        assert await rotate(store, "rt-live", "rt-next", T0 + HOUR, family="fam-live")
+        assert await store.revoke_grant("c-fine", T0 + 10)
+        assert not await store.access_token_active("at-code-only")
+    finally:
+        await store.close()
+    assert {"refresh_families", "grant_revocations"}.isdisjoint(tables(path))
+
+
 # -- connection settings and lifecycle -----------------------------------------------------
 
 
@@ -211,7 +270,7 @@ async def test_store_refuses_calls_unless_open(tmp_path: Path) -> None:
     await store.close()
     await store.close()
     with pytest.raises(RuntimeError, match="not open"):
-        await store.consume_code(digest("code"), T0)
+        await store.get_code(digest("code"))
 
 
 async def test_missing_directory_fails_to_open_naming_the_path(tmp_path: Path) -> None:
@@ -239,9 +298,31 @@ async def test_waiting_for_another_writers_lock_does_not_block_the_event_loop(
         assert not save.done()
         writer.execute("COMMIT")
         await save
-        assert await store.consume_code(digest("code"), T0) == (a_code(), True)
+        assert await store.get_code(digest("code")) == a_code()
     finally:
         writer.close()
+        await store.close()
+
+
+async def test_a_store_that_cannot_write_raises_unavailable_changes_nothing_and_recovers(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "authserver.db"
+    store = SQLiteStore(path, busy_timeout=timedelta(milliseconds=50))
+    await store.open()
+    await store.save_code(a_code())
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        # Another process holds the database: every write times out waiting for it.
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailable):
+            await store.redeem_code(digest("code"), REDEEM, redemption())
+        blocker.execute("ROLLBACK")
+        assert await store.get_code(digest("code")) == a_code()
+        assert await store.get_grant("fam-1") is None
+        assert await store.redeem_code(digest("code"), REDEEM, redemption())
+    finally:
+        blocker.close()
         await store.close()
 
 
@@ -258,7 +339,7 @@ async def test_sqlite_file_url_opens_that_file(tmp_path: Path) -> None:
     again = SQLiteStore(path)
     await again.open()
     try:
-        assert await again.consume_code(digest("code"), T0) == (a_code(), True)
+        assert await again.get_code(digest("code")) == a_code()
     finally:
         await again.close()
 
@@ -269,18 +350,12 @@ async def test_sqlite_memory_url_keeps_data_only_in_that_store() -> None:
     await stranger.open()
     try:
         await store.save_code(a_code())
-        assert await stranger.consume_code(digest("code"), T0) == (None, False)
-        assert await store.consume_code(digest("code"), T0) == (a_code(), True)
+        assert await stranger.get_code(digest("code")) is None
+        assert await store.get_code(digest("code")) == a_code()
     finally:
         await store.close()
         await stranger.close()
     assert not Path(":memory:").exists()
-
-
-@pytest.mark.parametrize("url", ["postgresql://portcullis@db/auth", "postgres://db/auth"])
-def test_postgresql_url_is_refused_as_not_available_yet(url: str) -> None:
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        open_store(url)
 
 
 @pytest.mark.parametrize(
@@ -296,16 +371,17 @@ def test_other_storage_urls_are_refused(url: str) -> None:
 RACER = """
 import asyncio, sys
 from authserver.store.sqlite import SQLiteStore
-from tests.authserver.store_conformance import HOUR, T0, digest, rotate
+from tests.authserver.store_conformance import HOUR, REDEEM, T0, digest, redemption, rotate
 
 async def main(path, name):
     store = SQLiteStore(path)
     await store.open()
     print("ready", flush=True)
     sys.stdin.readline()
-    _, first = await store.consume_code(digest("code"), T0 + 1)
-    use = await rotate(store, "rt-0", "rt-" + name, T0 + HOUR, grace=5.0)
-    print(first, use.outcome.value, flush=True)
+    issuance = redemption("g-" + name, "at-" + name, "rt-code-" + name, T0 + 1)
+    redeemed = await store.redeem_code(digest("code"), REDEEM, issuance)
+    rotated = await rotate(store, "rt-0", "rt-" + name, T0 + HOUR)
+    print(redeemed, rotated, flush=True)
     await store.close()
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
@@ -314,13 +390,13 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 WRITER = """
 import asyncio, itertools, sys
 from authserver.store.sqlite import SQLiteStore
-from tests.authserver.store_conformance import a_refresh
+from tests.authserver.store_conformance import start_family
 
 async def main(path):
     store = SQLiteStore(path)
     await store.open()
     for n in itertools.count():
-        await store.save_refresh(a_refresh(f"rt-{n}", family=f"fam-{n}"))
+        await start_family(store, f"rt-{n}", f"fam-{n}")
         print(n, flush=True)
 
 asyncio.run(main(sys.argv[1]))
@@ -345,7 +421,7 @@ async def test_processes_racing_on_one_database_redeem_and_rotate_exactly_once(
     store = SQLiteStore(path)
     await store.open()
     await store.save_code(a_code())
-    await store.save_refresh(a_refresh("rt-0"))
+    await start_family(store, "rt-0")
     await store.close()
 
     racers = [await python(RACER, str(path), f"p{i}") for i in range(4)]
@@ -360,13 +436,8 @@ async def test_processes_racing_on_one_database_redeem_and_rotate_exactly_once(
     assert [racer.returncode for racer in racers] == [0, 0, 0, 0]
 
     results = [stdout.decode().split() for stdout, _ in outputs]
-    assert sorted(first for first, _ in results) == ["False", "False", "False", "True"]
-    assert sorted(outcome for _, outcome in results) == [
-        RefreshOutcome.GRACE.value,
-        RefreshOutcome.GRACE.value,
-        RefreshOutcome.GRACE.value,
-        RefreshOutcome.ROTATED.value,
-    ]
+    assert sorted(redeemed for redeemed, _ in results) == ["False", "False", "False", "True"]
+    assert sorted(rotated for _, rotated in results) == ["False", "False", "False", "True"]
 
 
 async def test_refresh_token_saved_before_a_kill_9_is_there_after_reopening(
@@ -391,9 +462,10 @@ async def test_refresh_token_saved_before_a_kill_9_is_there_after_reopening(
     await store.open()
     try:
         for n in saved:
-            assert await store.get_refresh(digest(f"rt-{n}")) == a_refresh(
-                f"rt-{n}", family=f"fam-{n}"
-            ), n
+            record = await store.get_refresh(digest(f"rt-{n}"))
+            assert record is not None and record.family_id == f"fam-{n}", n
+            code = await store.get_code(digest(f"code-of-fam-{n}"))
+            assert code is not None and code.state == Code.CONSUMED, n
     finally:
         await store.close()
 

@@ -18,6 +18,7 @@ import yaml
 
 from authserver import settings as authserver_settings
 from gateway import settings as gateway_settings
+from gateway.memory import worst_case
 from portcullis.yamlconf import ConfigError
 from tests.deploy.dockerfile import ROOT, parse, with_data_volume
 
@@ -173,6 +174,14 @@ def test_every_container_is_confined_and_has_resources():
 # ---------------------------------------------------------------------------- the orders Pod
 
 
+def test_the_gateways_memory_limit_covers_its_worst_case():
+    _, _, gateway = orders()
+    limit = gateway["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    worst = worst_case(gateway_settings_of_the_pod())
+    assert worst.total <= int(limit[:-2]) * 1024 * 1024, f"{limit} < {worst}"
+
+
 def test_the_api_listens_on_loopback_and_the_gateway_is_its_only_way_in():
     _, api, gateway = orders()
     command = api["command"]
@@ -293,5 +302,5 @@ def test_the_embedded_configs_pass_their_programs_check(deployment, name, file, 
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{path}: OK"
+    assert result.stdout.splitlines()[0] == f"{path}: OK"
     assert Path(entry["args"][-1]).name == file

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -11,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.ratelimit import BUCKET_BYTES
+from gateway.verifiers.cache import ENTRY_BYTES
+from gateway.verifiers.introspection import ACTIVE_ENTRY_BYTES, INACTIVE_ENTRY_BYTES
 from tests.support import TestIssuer
 
 
@@ -88,7 +92,10 @@ async def test_version_is_the_installed_distributions() -> None:
 async def test_check_of_a_valid_file_exits_zero_and_says_ok(tmp_path: Path) -> None:
     path = write(tmp_path, explain_config("https://auth.example.com"))
     result = await gateway_cli("check", "--config", path)
-    assert (result.code, result.stdout, result.stderr) == (0, f"{path}: OK\n", "")
+    assert (result.code, result.stderr) == (0, "")
+    ok, memory = result.stdout.splitlines()
+    assert ok == f"{path}: OK"
+    assert memory.startswith("worst-case memory: about ")
 
 
 async def test_check_of_a_broken_file_prints_every_problem_as_file_line_message(
@@ -143,7 +150,7 @@ async def test_check_warns_of_a_public_rule_taking_case_variants_of_a_protected_
     )
     path = write(tmp_path, text)
     result = await gateway_cli("check", "--config", path)
-    assert (result.code, result.stdout) == (0, f"{path}: OK\n")
+    assert (result.code, result.stdout.splitlines()[0]) == (0, f"{path}: OK")
     assert result.stderr == (
         f"{path}:{line_of(text, 'name: docs')}: warning: route 'docs' (auth: none) takes "
         "GET /docs/INTERNAL, which differs only in letter case from paths of the protected "
@@ -152,7 +159,58 @@ async def test_check_warns_of_a_public_rule_taking_case_variants_of_a_protected_
     )
     ignoring = write(tmp_path, text.replace('9"}', '9", path_case: insensitive}'), "ci.yaml")
     quiet = await gateway_cli("check", "--config", ignoring)
-    assert (quiet.code, quiet.stdout, quiet.stderr) == (0, f"{ignoring}: OK\n", "")
+    assert (quiet.code, quiet.stdout.splitlines()[0], quiet.stderr) == (0, f"{ignoring}: OK", "")
+
+
+def worst_case_mib(outcome: Outcome) -> int:
+    """The figure of the `worst-case memory: about N MiB (...)` line of a check."""
+    assert outcome.code == 0, outcome.stderr
+    (line,) = [line for line in outcome.stdout.splitlines() if line.startswith("worst-case")]
+    found = re.fullmatch(r"worst-case memory: about (\d+) MiB \((.+)\)", line)
+    assert found is not None, line
+    return int(found.group(1))
+
+
+async def test_check_prints_the_worst_case_memory_which_grows_with_the_cache_sizes(
+    tmp_path: Path,
+) -> None:
+    async def check(extra: str, introspection: str = "") -> tuple[int, str]:
+        text = explain_config("https://auth.example.com").replace(
+            "    algorithms: [ES256]\n", "    algorithms: [ES256]\n" + introspection
+        )
+        path = write(tmp_path, extra + text)
+        outcome = await gateway_cli("check", "--config", path)
+        return worst_case_mib(outcome), outcome.stdout
+
+    small = "token_cache_size: 1000\n"
+    base, stdout = await check(small)
+    assert "token cache 1000 × 2.4 KiB" in stdout
+    assert "client connections 10000 × " in stdout  # limits.max_connections, the default
+    assert "rate-limit buckets" not in stdout and "introspection" not in stdout
+
+    def grew(by_entries: int, each: int) -> int:
+        return round(by_entries * each / (1024 * 1024))
+
+    tokens, stdout = await check("token_cache_size: 201000\n")
+    assert "token cache 201000 × 2.4 KiB" in stdout
+    assert abs(tokens - base - grew(200_000, ENTRY_BYTES)) <= 1
+
+    limited = small + "rate_limits: {default: {rate: 10/s, burst: 20}, max_keys: 200000}\n"
+    buckets, stdout = await check(limited)
+    assert "rate-limit buckets 200000 × " in stdout
+    assert abs(buckets - base - grew(200_000, BUCKET_BYTES)) <= 1
+
+    asked = (
+        "    mode: auto\n    introspection: {client_id: gw, client_secret: s, cache_size: 50000}\n"
+    )
+    introspected, stdout = await check(small, asked)
+    assert "introspection cache 50000 × " in stdout
+    grown = grew(50_000, ACTIVE_ENTRY_BYTES + INACTIVE_ENTRY_BYTES)
+    assert abs(introspected - base - grown) <= 2
+
+    workers, stdout = await check(small + "workers: 3\n")
+    assert "3 workers × " in stdout
+    assert workers > 3 * base
 
 
 async def test_check_reports_an_unset_environment_variable_with_its_line(tmp_path: Path) -> None:
@@ -212,7 +270,8 @@ async def test_the_config_file_may_be_named_by_the_environment(tmp_path: Path) -
     path = write(tmp_path, explain_config("https://auth.example.com"))
     env = child_env(PORTCULLIS_GATEWAY_CONFIG=path)
     result = await gateway_cli("check", env=env)
-    assert (result.code, result.stdout, result.stderr) == (0, f"{path}: OK\n", "")
+    assert (result.code, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[0] == f"{path}: OK"
     explained = await gateway_cli("explain", "GET", "/healthz", env=env)
     assert explained.code == 0 and "route: health" in explained.stdout
 

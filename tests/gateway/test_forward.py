@@ -904,6 +904,110 @@ async def test_no_content_and_not_modified_pass_back_without_a_body(issuer, stat
         assert "Transfer-Encoding" not in answer.headers
 
 
+@contextlib.asynccontextmanager
+async def byte_upstream(answer: Callable[[str, str], bytes]) -> AsyncIterator[str]:
+    """An upstream that writes, for each request head it reads, exactly the bytes
+    `answer(method, target)` gives: no server library adds a field of its own."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                method, target, _ = head.split("\r\n", 1)[0].split(" ", 2)
+                writer.write(answer(method, target))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+def upstream_answer(status: str, fields: list[tuple[str, str]], body: bytes = b"") -> bytes:
+    head = "".join(f"{name}: {value}\r\n" for name, value in fields)
+    return f"HTTP/1.1 {status}\r\n{head}\r\n".encode() + body
+
+
+@pytest.mark.parametrize(
+    ("framing", "size"),
+    [("length", 11), ("length", 300_000), ("chunked", 11), ("no-content", 0)],
+    ids=["buffered", "streamed", "chunked", "204"],
+)
+async def test_no_content_type_is_added_when_the_upstream_sent_none(issuer, framing, size):
+    """RFC 9110 §8.3: a sender that does not know the media type leaves Content-Type out,
+    and the client may then look at the data itself; the gateway does not know it either."""
+    body = b"x" * size
+
+    def answer(method: str, target: str) -> bytes:
+        if framing == "no-content":
+            return upstream_answer("204 No Content", [("X-Kind", "none")])
+        if framing == "chunked":
+            chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            return upstream_answer("200 OK", [("Transfer-Encoding", "chunked")], chunked)
+        return upstream_answer("200 OK", [("Content-Length", str(len(body)))], body)
+
+    async with (
+        byte_upstream(answer) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+    ):
+        got = await raw_exchange(gw.url, raw_request("GET", "/public/data"))
+    assert got.status == (204 if framing == "no-content" else 200)
+    assert "Content-Type" not in got.headers
+    assert got.body == body
+
+
+async def test_the_upstreams_server_field_passes_unchanged_and_none_is_made_up(issuer):
+    def answer(method: str, target: str) -> bytes:
+        fields = [("Content-Type", "text/plain"), ("Content-Length", "2")]
+        if target == "/public/named":
+            fields.append(("Server", "legacy-orders/2.3 (internal)"))
+        return upstream_answer("200 OK", fields, b"ok")
+
+    async with (
+        byte_upstream(answer) as up,
+        running_gateway(gateway_yaml(issuer.url, up)) as gw,
+    ):
+        named = await raw_exchange(gw.url, raw_request("GET", "/public/named"))
+        anonymous = await raw_exchange(gw.url, raw_request("GET", "/public/anonymous"))
+    assert named.headers.getall("Server") == ["legacy-orders/2.3 (internal)"]
+    assert "Server" not in anonymous.headers
+    assert (named.body, anonymous.body) == (b"ok", b"ok")
+
+
+@pytest.mark.parametrize("server_header", [None, "portcullis"], ids=["default", "configured"])
+async def test_the_gateways_own_answers_name_no_software_version(issuer, client, server_header):
+    extra = "" if server_header is None else f"server_header: {server_header}\n"
+
+    def answer(method: str, target: str) -> bytes:
+        fields = [("Content-Type", "text/plain"), ("Content-Length", "2")]
+        return upstream_answer("200 OK", [*fields, ("Server", "upstream/1")], b"ok")
+
+    async with (
+        byte_upstream(answer) as up,
+        running_gateway(gateway_yaml(issuer.url, up, extra=extra)) as gw,
+    ):
+        own = [
+            await raw_exchange(gw.url, raw_request("GET", "/orders/1")),  # 401
+            await raw_exchange(gw.url, raw_request("GET", "/public/" + "p" * 9000)),  # 414
+            await raw_exchange(gw.url, b"NOT HTTP\r\n\r\n"),  # 400
+        ]
+        async with client.get(gw.admin_url + "/healthz") as resp:
+            admin_server = resp.headers.getall("Server", [])
+        relayed = await raw_exchange(gw.url, raw_request("GET", "/public/x"))
+    assert [answer.status for answer in own] == [401, 414, 400]
+    expected = [] if server_header is None else [server_header]
+    for answer in own:
+        assert answer.headers.getall("Server", []) == expected, answer.status
+    assert admin_server == expected
+    # An upstream's answer keeps the upstream's own Server field, whatever the setting.
+    assert relayed.headers.getall("Server") == ["upstream/1"]
+
+
 # ---------------------------------------------------------------------------- bodies on GET
 
 BODY_ON_GET_ROUTE = """

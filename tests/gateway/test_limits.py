@@ -83,15 +83,71 @@ async def test_several_authorization_headers_are_refused_with_invalid_request(
     await assert_still_serving(gateway, upstream)
 
 
-async def test_header_line_over_max_field_size_is_refused_with_400(gateway, upstream):
+async def test_header_line_over_max_field_size_is_refused_with_431(gateway, upstream):
     long = raw_request("GET", "/public/x", [("X-Big", "a" * 2000)])
     answer = await raw_exchange(gateway.url, long)
-    assert answer.status == 400
+    assert (answer.version, answer.status) == ("HTTP/1.1", 431)
+    assert answer.json() == error_body(
+        "header_fields_too_large",
+        "The request's header fields are larger, or more, than this API accepts.",
+    )
     assert upstream.requests == []
     # Just under the configured limit passes: the refusal is the limit, not any header.
     fits = await raw_exchange(gateway.url, raw_request("GET", "/public/x", [("X-Big", "a" * 900)]))
     assert fits.status == 200
     assert len(upstream.requests) == 1
+    await assert_still_serving(gateway, upstream)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    ["", "limits: {max_line_size: 1KiB, max_field_size: 4KiB}"],
+    ids=["equal-limits", "line-limit-lower"],
+)
+async def test_a_request_line_over_max_line_size_gets_414_and_a_header_field_431(
+    issuer, upstream, limits
+):
+    """RFC 9112 §3: 414 for a request line over the limit; RFC 6585 §5: 431 for header
+    fields. By default both limits are 8 KiB, and the two are still told apart."""
+    config = gateway_yaml(issuer.url, upstream.url, extra=limits)
+    line_limit = 1024 if limits else 8192
+    async with running_gateway(config) as gateway:
+        long_line = raw_request("GET", "/public/" + "p" * line_limit)
+        answer = await raw_exchange(gateway.url, long_line)
+        assert (answer.version, answer.status) == ("HTTP/1.1", 414)
+        assert answer.reason == "Request-URI Too Long"
+        assert answer.json() == error_body(
+            "uri_too_long", "The request line is longer than this API accepts."
+        )
+        assert b"ppp" not in answer.body
+        long_field = raw_request("GET", "/public/x", [("X-Big", "/" + "f" * 9000)])
+        answer = await raw_exchange(gateway.url, long_field)
+        assert (answer.version, answer.status) == ("HTTP/1.1", 431)
+        # Under the limit, the same request line is served.
+        fits = await raw_exchange(gateway.url, raw_request("GET", "/public/" + "p" * 900))
+        assert fits.status == 200
+    assert [seen["raw_path"] for seen in upstream.requests] == ["/public/" + "p" * 900]
+
+
+async def test_every_parse_error_is_answered_in_http_1_1_and_closes_the_connection(
+    gateway, upstream
+):
+    for request in (
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /public/x HTTP/1.1\r\nHost: a\r\nBad Header Name: x\r\n\r\n",
+        b"GET /public/x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    ):
+        connection = await RawConnection.open(gateway.url)
+        try:
+            await connection.send(request)
+            answer = await connection.response()
+            assert (answer.version, answer.status) == ("HTTP/1.1", 400), request
+            assert answer.headers["Connection"] == "close"
+            assert answer.json()["error"]["code"] == "bad_request"
+            assert await connection.closed_by_peer()
+        finally:
+            connection.close()
+    assert upstream.requests == []
     await assert_still_serving(gateway, upstream)
 
 
@@ -102,9 +158,9 @@ async def test_unparsable_requests_get_the_error_body_without_echoing_the_reques
     too_many = raw_request("GET", "/public/secret-path", [(f"X-H{i}", "v") for i in range(40)])
     for request in (too_long, too_many):
         answer = await raw_exchange(gateway.url, request)
-        assert answer.status == 400
+        assert answer.status == 431
         assert answer.headers["Content-Type"].startswith("application/json")
-        assert answer.json()["error"]["code"] == "bad_request"
+        assert answer.json()["error"]["code"] == "header_fields_too_large"
         assert b"secret-path" not in answer.body and b"ccc" not in answer.body
     assert upstream.requests == []
     await assert_still_serving(gateway, upstream)
@@ -115,17 +171,17 @@ async def test_a_long_header_closes_the_connection(gateway, upstream):
     try:
         await connection.send(raw_request("GET", "/public/x", [("X-Big", "b" * 5000)]))
         answer = await connection.response()
-        assert answer.status == 400
+        assert answer.status == 431
         assert await connection.closed_by_peer()
     finally:
         connection.close()
     assert upstream.requests == []
 
 
-async def test_too_many_headers_are_refused_with_400(gateway, upstream):
+async def test_too_many_headers_are_refused_with_431(gateway, upstream):
     many = [(f"X-H{i}", str(i)) for i in range(40)]
     answer = await raw_exchange(gateway.url, raw_request("GET", "/public/x", many))
-    assert answer.status == 400
+    assert (answer.version, answer.status) == ("HTTP/1.1", 431)
     assert upstream.requests == []
     few = [(f"X-H{i}", str(i)) for i in range(10)]
     assert (await raw_exchange(gateway.url, raw_request("GET", "/public/x", few))).status == 200

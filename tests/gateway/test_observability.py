@@ -169,7 +169,7 @@ async def test_refused_paths_and_other_early_refusals_are_counted_as_denials_wit
     async with running_gateway(gateway_yaml(issuer.url, upstream.url, tiny)) as gateway:
         statuses = [(await raw_exchange(gateway.url, probe)).status for probe, _ in probes]
         samples = await scrape(gateway.admin_url)
-    assert statuses == [400] * (len(probes) - 2) + [413, 400]
+    assert statuses == [400] * (len(probes) - 2) + [413, 431]
     assert upstream.requests == []
     requests = "portcullis_gateway_requests_total"
     denials = "portcullis_gateway_denials_total"
@@ -180,6 +180,7 @@ async def test_refused_paths_and_other_early_refusals_are_counted_as_denials_wit
         if name == requests and ("decision", "allow") in labels
     ]
     assert sample(samples, requests, route="-", method="GET", status="400", decision="deny") == 9
+    assert sample(samples, requests, route="-", method="OTHER", status="431", decision="deny") == 1
     assert (
         sample(samples, requests, route="tiny", method="POST", status="413", decision="deny") == 1
     )

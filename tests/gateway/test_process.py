@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -246,6 +247,140 @@ async def test_two_workers_share_the_port_serve_are_replaced_and_stop_on_sigterm
     assert await gateway.wait_exit(timeout=gateway.grace + 7) == 0
     for pid in current:
         assert not Path(f"/proc/{pid}").exists(), f"worker {pid} outlived the supervisor"
+
+
+def worker_holding(connection: RawConnection, port: int, workers: set[int]) -> int:
+    """The worker that accepted this client connection to `port`."""
+    client_port = connection.writer.get_extra_info("sockname")[1]
+    inodes = {
+        s.inode
+        for s in tcp_sockets(port)
+        if s.state == TCP_ESTABLISHED and s.remote_port == client_port
+    }
+    (holder,) = [pid for pid in workers if socket_inodes(pid) & inodes]
+    return holder
+
+
+async def scrape_from(gateway: GatewayProcess, workers: set[int]) -> tuple[int, dict]:
+    """One scrape of /metrics on a fresh connection: the worker that answered, the samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    connection = await RawConnection.open(gateway.admin_url)
+    try:
+        await connection.send(raw_request("GET", "/metrics"))
+        answer = await connection.response()
+        holder = worker_holding(connection, gateway.admin_port, workers)
+    finally:
+        connection.close()
+    assert answer.status == 200
+    samples = {
+        (found.name, tuple(sorted(found.labels.items()))): found.value
+        for family in text_string_to_metric_families(answer.body.decode())
+        for found in family.samples
+    }
+    return holder, samples
+
+
+def requests_total(samples: dict) -> float:
+    return sum(v for (name, _), v in samples.items() if name == "portcullis_gateway_requests_total")
+
+
+async def send_on_fresh_connections(
+    gateway: GatewayProcess, workers: set[int], requests: list[bytes]
+) -> dict[int, int]:
+    """Each request on a connection of its own, all open at once so the kernel spreads them
+    over the workers; how many each worker served."""
+    connections = [await RawConnection.open(gateway.url) for _ in requests]
+    served: dict[int, int] = {}
+    try:
+        for connection, request in zip(connections, requests, strict=True):
+            await connection.send(request)
+            assert (await connection.response()).status == 200
+            holder = worker_holding(connection, gateway.port, workers)
+            served[holder] = served.get(holder, 0) + 1
+    finally:
+        for connection in connections:
+            connection.close()
+    return served
+
+
+async def test_with_two_workers_a_scrape_adds_up_every_worker_and_never_goes_down(
+    issuer, upstream, tmp_path, started
+):
+    config = gateway_yaml(issuer.url, upstream.url, extra="workers: 2\nshutdown_grace: 5s")
+    gateway = GatewayProcess(config, tmp_path)
+    started.append(gateway)
+    await gateway.wait_ready()
+    await eventually(lambda: len(listening_workers(gateway.pid, gateway.port)) == 2)
+    workers = listening_workers(gateway.pid, gateway.port)
+    await eventually(lambda: len(listening_workers(gateway.pid, gateway.admin_port)) == 2)
+    # The supervisor's private directory, where the workers keep their counts.
+    environ = Path(f"/proc/{min(workers)}/environ").read_bytes().split(b"\0")
+    (directory,) = [v[25:].decode() for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+
+    sent = 0
+    served: dict[int, int] = {}
+    answered_by: set[int] = set()
+    totals: list[float] = []
+    for batch in range(4):
+        requests = [raw_request("GET", f"/public/{batch}-{n}") for n in range(8)]
+        for pid, count in (await send_on_fresh_connections(gateway, workers, requests)).items():
+            served[pid] = served.get(pid, 0) + count
+        sent += len(requests)
+        for _ in range(4):
+            holder, samples = await scrape_from(gateway, workers)
+            answered_by.add(holder)
+            totals.append(requests_total(samples))
+            assert totals[-1] == sent, f"worker {holder} counted {totals[-1]} of {sent}"
+    assert set(served) == workers, f"requests per worker: {served}"
+    assert answered_by == workers  # each worker's scrape saw the other's requests too
+
+    # Figures of the live state add up too: a token each, each a cache miss and an entry.
+    tokens = [issuer.token() for _ in range(12)]
+    requests = [
+        raw_request("GET", "/orders/1", [("Authorization", f"Bearer {token}")]) for token in tokens
+    ]
+    cached_by = await send_on_fresh_connections(gateway, workers, requests)
+    sent += len(requests)
+
+    async def state() -> tuple[float, float]:
+        _, samples = await scrape_from(gateway, workers)
+        return (
+            sample(samples, "portcullis_gateway_token_cache_misses_total"),
+            sample(samples, "portcullis_gateway_token_cache_entries"),
+        )
+
+    for _ in range(100):
+        if await state() == (len(tokens), len(tokens)):
+            break
+        await asyncio.sleep(0.1)
+    assert await state() == (len(tokens), len(tokens))
+
+    # A worker killed and replaced: its counts stay in the sum, its gauges leave it.
+    victim = max(cached_by, key=lambda pid: cached_by[pid])
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = listening_workers(gateway.pid, gateway.port)
+        return len(now) == 2 and victim not in now
+
+    await eventually(replaced, timeout=15)
+    workers = listening_workers(gateway.pid, gateway.port)
+    await eventually(lambda: len(listening_workers(gateway.pid, gateway.admin_port)) == 2)
+    for _ in range(6):
+        _, samples = await scrape_from(gateway, workers)
+        assert requests_total(samples) == sent
+        assert sample(samples, "portcullis_gateway_token_cache_misses_total") == len(tokens)
+        survivors = len(tokens) - cached_by[victim]
+        assert sample(samples, "portcullis_gateway_token_cache_entries") == survivors
+    await send_on_fresh_connections(gateway, workers, [raw_request("GET", "/public/after")])
+    _, samples = await scrape_from(gateway, workers)
+    assert requests_total(samples) == sent + 1
+
+    gateway.signal(signal.SIGTERM)
+    assert await gateway.wait_exit(timeout=gateway.grace + 7) == 0
+    assert not Path(directory).exists()
 
 
 # ---------------------------------------------------------------------------- bad config

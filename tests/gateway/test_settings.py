@@ -735,3 +735,14 @@ def test_bad_pool_timeout_and_allow_body_on_get_are_refused_on_their_line() -> N
         f"{FILE}:1: upstream.pool_timeout: must be more than 0s",
         f"{FILE}:5: route 'r'.allow_body_on_get: expected true or false, got str 'sometimes'",
     ]
+
+
+def test_server_header_is_none_by_default_and_must_be_a_plain_header_value() -> None:
+    assert settings.load_text(config(), FILE, {}).server_header == ""
+    got = settings.load_text(config(extra='server_header: "portcullis"\n'), FILE, {})
+    assert got.server_header == "portcullis"
+    text = config(extra='server_header: "bad\\r\\nX-Injected: 1"\n')
+    assert problems(text) == [
+        f"{FILE}:4: config.server_header: may contain printable ASCII only, without spaces at "
+        "either end"
+    ]

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.support import gateway_yaml, running_gateway, start_site
+from tests.support import gateway_yaml, raw_exchange, raw_request, running_gateway, start_site
 
 ROUTES = """
   - name: chat
@@ -31,12 +31,14 @@ ROUTES = """
 @dataclass
 class WebSocketUpstream:
     """Echoes every message; `whoami` answers with the headers of the upgrade request;
-    `close:<code>` closes with that code. Offers the subprotocol `chat.v1`."""
+    `close:<code>` closes with that code. Offers the subprotocol `chat.v1`. Refuses every
+    upgrade to `/ws/refuse/<status>` with that status, fields and a body of its own."""
 
     url: str = ""
     runner: Any = None
     upgrades: list[dict[str, str]] = field(default_factory=list)
     plain: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
     closed: list[int | None] = field(default_factory=list)
 
     async def start(self) -> WebSocketUpstream:
@@ -49,6 +51,19 @@ class WebSocketUpstream:
         await self.runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.startswith("/ws/refuse/"):
+            # An API that will not upgrade this request, and says why in its own words.
+            self.refused.append(request.path)
+            return web.Response(
+                status=int(request.path.rsplit("/", 1)[1]),
+                headers={
+                    "WWW-Authenticate": 'Bearer error="upstream_says_no"',
+                    "X-Refused-By": "upstream",
+                    "Location": "http://elsewhere.invalid/ws",
+                },
+                text='{"reason": "not for you"}',
+                content_type="application/problem+json",
+            )
         ws = web.WebSocketResponse(protocols=("chat.v1",))
         if not ws.can_prepare(request).ok:
             self.plain.append(request.path)
@@ -120,6 +135,36 @@ async def test_an_upgrade_that_fails_the_checks_is_refused_before_the_upstream(
             await client.ws_connect(ws_url(gateway.url, "/ws/room/1"), headers=headers)
     assert refused.value.status == status
     assert ws_upstream.upgrades == [] and ws_upstream.plain == []
+
+
+@pytest.mark.parametrize("status", [302, 400, 401, 403, 404])
+async def test_an_upstream_that_refuses_the_upgrade_is_answered_as_it_answered(
+    issuer, ws_upstream, status
+):
+    """RFC 6455 §4.1: an answer other than 101 is an ordinary HTTP answer, the upstream's to
+    give; a 502 "could not be reached" would be false (RFC 9110 §15.6.3). A redirect is
+    passed on too, never followed by the gateway."""
+    token = issuer.token("ES256", scope="chat")
+    handshake = [
+        ("Authorization", f"Bearer {token}"),
+        ("Upgrade", "websocket"),
+        ("Connection", "Upgrade"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ("Sec-WebSocket-Version", "13"),
+    ]
+    async with running_gateway(
+        gateway_yaml(issuer.url, ws_upstream.url, extra_routes=ROUTES)
+    ) as gateway:
+        upgrade = raw_request("GET", f"/ws/refuse/{status}", handshake)
+        answer = await raw_exchange(gateway.url, upgrade)
+    assert ws_upstream.refused == [f"/ws/refuse/{status}"]
+    assert answer.status == status
+    assert answer.headers["WWW-Authenticate"] == 'Bearer error="upstream_says_no"'
+    assert answer.headers["X-Refused-By"] == "upstream"
+    assert answer.headers["Location"] == "http://elsewhere.invalid/ws"
+    assert answer.headers["Content-Type"] == "application/problem+json; charset=utf-8"
+    assert answer.body == b'{"reason": "not for you"}'
+    assert "Upgrade" not in answer.headers and "Sec-WebSocket-Accept" not in answer.headers
 
 
 async def test_a_close_from_the_upstream_reaches_the_client_with_its_code(
