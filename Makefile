@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench demo clean constraints image
+.PHONY: test lint bench demo clean constraints image schema
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ $(CHROMIUM):
 # starts listens on a port the OS chose, or on one reserved for that worker.
 test: lint $(CHROMIUM)
 	$(VENV)/bin/pytest -q -n auto --dist loadfile
+
+# JSON Schemas of both configuration files, from the settings declarations (editors validate
+# the example files with them; a test fails when they are stale).
+schema: $(STAMP)
+	$(PY) -m portcullis.sections gateway.settings:Settings "Portcullis gateway configuration" config/schema/gateway.schema.json
+	$(PY) -m portcullis.sections authserver.settings:Settings "Portcullis authorization server configuration" config/schema/authserver.schema.json
 
 bench: $(STAMP)
 	bash bench/run.sh

@@ -66,7 +66,7 @@ from .keys import CHECK_EVERY, Event, KeyRing, RotationPolicy, jwks_cache_contro
 from .metrics import CONTENT_TYPE, Metrics, timed_store
 from .protocol.cors import CorsPolicy
 from .sessions import Sessions
-from .settings import Settings, default_subject
+from .settings import Settings
 from .store import open_store
 from .store.base import Store, StoreUnavailable
 from .tokens import Minter
@@ -369,15 +369,7 @@ class AuthServer:
                     "a changed setting takes effect only after a restart",
                     extra={"setting": name},
                 )
-        users = new.users
-        if new.issuer != old.issuer:
-            # A subject derived from the issuer stays the one the running issuer derives.
-            users = tuple(
-                replace(user, subject=default_subject(old.issuer, user.username))
-                if user.subject == default_subject(new.issuer, user.username)
-                else user
-                for user in new.users
-            )
+        # Subjects derived from the issuer stay those the running issuer derives, as it is kept.
         return replace(
             new,
             listen=old.listen,
@@ -386,7 +378,6 @@ class AuthServer:
             issuer=old.issuer,
             keys=old.keys,
             password_hashing=old.password_hashing,
-            users=users,
         )
 
     def request_reload(self) -> None:

@@ -119,9 +119,13 @@ def client_from_settings(c: ClientSettings) -> Client:
     )
 
 
-def user_from_settings(u: UserSettings) -> User:
+def user_from_settings(u: UserSettings, settings: Settings) -> User:
+    """The user's subject is the configured one, or the one the issuer derives."""
     return User(
-        username=u.username, password_hash=u.password_hash, subject=u.subject, claims=u.claims
+        username=u.username,
+        password_hash=u.password_hash,
+        subject=settings.subject_of(u),
+        claims=u.claims,
     )
 
 
@@ -129,5 +133,5 @@ def from_settings(settings: Settings) -> tuple[SeededClients, SeededUsers]:
     """The registry and directory the configuration file seeds."""
     return (
         SeededClients(client_from_settings(c) for c in settings.clients),
-        SeededUsers(user_from_settings(u) for u in settings.users),
+        SeededUsers(user_from_settings(u, settings) for u in settings.users),
     )

@@ -1,4 +1,7 @@
-"""The authorization server's configuration: frozen dataclasses from YAML, errors with FILE:LINE.
+"""The authorization server's configuration, declared once: each section a frozen dataclass
+whose fields carry their documentation, parser and bounds (portcullis.sections reads them from
+YAML with FILE:LINE problems, and describes them as JSON Schema and the README's reference).
+A key is one line in the section that holds it; what spans several keys is its `validate`.
 
 Clients use RFC 7591 metadata names. Users may carry a `password_hash` (scrypt, from
 `portcullis-authserver hash-password`) or, for development only, a plain `password` that is
@@ -10,39 +13,41 @@ hashed at load with a warning. Secrets may come from files (`client_secret_file`
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
-import ipaddress
 import logging
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal, NewType, TypeVar
 from urllib.parse import urlsplit
 
 import jwt
 
-from portcullis import tls, yamlconf
-from portcullis.addresses import IPNetwork, network
+from portcullis import sections, yamlconf
+from portcullis.addresses import Address, IPNetwork, address, is_loopback, network, split_url
+from portcullis.sections import (
+    DURATION_SCHEMA,
+    Check,
+    accepts,
+    named,
+    section,
+    section_line,
+    setting,
+    source_file,
+)
 from portcullis.tls import ServerTls
-from portcullis.yamlconf import ConfigError, LocatedMap, Reader, Section, Withheld
+from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Withheld
 
 from . import users as users_module
 from .protocol.cors import origin
 
 log = logging.getLogger("portcullis.authserver.settings")
+T = TypeVar("T")
 
 SIGNING_ALGORITHMS = ("ES256", "RS256", "EdDSA")
-AUTH_METHODS = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
-APPLICATION_TYPES = ("web", "native")  # OIDC Dynamic Client Registration §2; web by default
-GRANT_TYPES = (
-    "authorization_code",
-    "client_credentials",
-    "refresh_token",
-    "urn:ietf:params:oauth:grant-type:device_code",
-)
 STANDARD_SCOPES = {
     "openid": "Sign you in",
     "profile": "Know your name",
@@ -53,143 +58,312 @@ STANDARD_SCOPES = {
 }
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
 _CLIENT_ID = re.compile(r"^[\x21-\x7E]{1,128}$")
-# OIDC Core §5.1 standard claims a user record may carry.
-USER_CLAIMS = (
-    "name",
-    "given_name",
-    "family_name",
-    "middle_name",
-    "nickname",
-    "preferred_username",
-    "profile",
-    "picture",
-    "website",
-    "gender",
-    "birthdate",
-    "zoneinfo",
-    "locale",
-    "email",
-    "email_verified",
-    "phone_number",
-    "phone_number_verified",
-    "address",
-)
+ZERO = timedelta(0)
+# A retry of a lost refresh response gets that response again for this long (README,
+# security notes: a server killed between the commit and the answer logs nobody out).
+REFRESH_GRACE = timedelta(seconds=5)
+BACKOFF_FIRST_DELAY = timedelta(seconds=1)
+ScopeList = NewType("ScopeList", tuple[str, ...])  # `scope: "openid email"`, split
+JwkSet = NewType("JwkSet", dict[str, Any])
 
 
-@dataclass(frozen=True)
-class Address:
-    host: str
-    port: int
+# ---------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True)
+@accepts({"type": "string", "title": "URL", "pattern": "^https?://"})
+def issuer_url(value: Any) -> str:
+    text, parts = split_url(value)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an https URL")
+    if parts.query or parts.fragment or text.endswith("/"):
+        raise ValueError("an issuer has no query, fragment or trailing slash (RFC 8414 §2)")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ValueError("the issuer must be https (plain http only on loopback, for development)")
+    return text
+
+
+@accepts({"type": "string", "pattern": "^(sqlite:///|sqlite://:memory:$|postgres(ql)?://)"})
+def storage_url(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text.startswith(("sqlite:///", "postgresql://", "postgres://")) or text == "sqlite://:memory:":
+        return text
+    raise ValueError("storage is sqlite:///PATH or postgresql://user@host/db")
+
+
+@accepts(DURATION_SCHEMA)
+def whole_seconds(value: Any) -> timedelta:
+    """A duration of at least one second, in whole seconds (HTTP and RFC 8628 count so)."""
+    result = yamlconf.duration(value)
+    seconds = result.total_seconds()
+    if seconds < 1 or seconds != int(seconds):
+        raise ValueError(f"{value!r} must be a whole number of seconds, at least 1s")
+    return result
+
+
+@accepts(DURATION_SCHEMA)
+def assertion_lifetime(value: Any) -> timedelta:
+    lifetime = yamlconf.duration(value)
+    if not timedelta(seconds=1) <= lifetime <= timedelta(days=1):
+        raise ValueError("between 1s and 1d: each assertion's jti is kept that long")
+    return lifetime
+
+
+@accepts(DURATION_SCHEMA)
+def grace(value: Any) -> timedelta:
+    result = yamlconf.duration(value)
+    if result > timedelta(seconds=10):
+        raise ValueError("at most 10s: the grace only covers an immediate retry")
+    return result
+
+
+@accepts({"type": "string", "title": "scope", "pattern": _SCOPE_TOKEN.pattern})
+def scope_name(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if not _SCOPE_TOKEN.match(text):
+        raise ValueError(f"{text!r} is not a scope token")
+    return text
+
+
+@accepts({"type": "string", "title": "origin", "pattern": "^[^:/]+://[^/]+$"})
+def allowed_origin(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if text == "*":
+        raise ValueError("'*' is not allowed: the token endpoint never answers every origin")
+    parts = urlsplit(text)
+    serialized = origin(text)
+    if serialized is None or parts.path or parts.query or parts.fragment or "@" in text:
+        raise ValueError(f"{text!r} is not an origin (scheme://host[:port], no path or trailing slash)")
+    if parts.scheme.lower() == "http" and not is_loopback(parts.hostname):
+        # A page served over plain http can be rewritten on the way: it would read tokens.
+        raise ValueError(f"{text!r}: plain http origins are for loopback only")
+    # As browsers send it: lower case, no default port (RFC 6454 §6.2).
+    return serialized
+
+
+@accepts({"type": "string", "title": "URI", "pattern": ":"})
+def redirect_uri(value: Any) -> str:
+    text, parts = split_url(value)
+    if not parts.scheme:
+        raise ValueError(f"{text!r} is not an absolute URI")
+    if parts.fragment or "#" in text:
+        raise ValueError(f"{text!r} must not contain a fragment (RFC 6749 §3.1.2)")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ValueError(f"{text!r}: plain http redirects are for loopback only (RFC 9700 §2.1)")
+    return text
+
+
+@accepts({"type": "string", "title": "scope"})
+def scope_list(value: Any) -> ScopeList:
+    return ScopeList(tuple(yamlconf.string(value).split()))
+
+
+@accepts({"type": "object", "title": "JWK Set"})
+def jwk_set(value: Any) -> JwkSet:
+    """A client's public JWK Set (RFC 7517 §5)."""
+    keys = value.get("keys") if isinstance(value, dict) else None
+    if not isinstance(keys, list) or not keys:
+        raise ValueError("must be a JWK Set: a mapping with a non-empty keys list")
+    for index, key in enumerate(keys):
+        if not isinstance(key, dict):
+            raise ValueError(f"keys[{index}] must be a mapping")
+        if any(member in key for member in ("d", "p", "q", "k")):
+            raise ValueError(f"keys[{index}] holds private key material: give the public key only")
+        try:
+            jwt.PyJWK(dict(key))
+        except (jwt.PyJWTError, ValueError, TypeError) as exc:
+            raise ValueError(f"keys[{index}] is not a usable public key ({exc})") from None
+    return JwkSet(value)
+
+
+# ---------------------------------------------------------------------------- sections
+
+
+@section
 class KeySettings:
-    dir: str
-    access_token_alg: str = "ES256"  # noqa: S105 - an algorithm name, not a secret
-    id_token_alg: str = "RS256"  # noqa: S105
-    # How long the JWKS response may be cached (its Cache-Control max-age): whole seconds.
-    jwks_max_age: timedelta = timedelta(minutes=5)
-    # How long a new key is published before it signs. A verifier that fetched the key set
-    # just before the key appeared keeps that copy for jwks_max_age, so this is never less.
-    publish_ahead: timedelta = timedelta(minutes=5)
-    rotate_every: timedelta | None = None  # automatic rotation; None: only by command
+    """Signing keys: where they are kept and which algorithms sign what."""
+
+    dir: str = setting("Directory of the key ring (with SQLite storage).")
+    access_token_alg: Literal["ES256", "RS256", "EdDSA"] = setting("Signs access tokens.", default="ES256")
+    id_token_alg: Literal["ES256", "RS256", "EdDSA"] = setting("Signs ID tokens (RS256 is always offered too).", default="RS256")
+    jwks_max_age: timedelta = setting("Cache-Control max-age of the JWKS (whole seconds).", default=timedelta(minutes=5), parser=whole_seconds)
+    # A verifier that fetched the key set just before a key appeared keeps that copy for
+    # jwks_max_age, so a key is published at least that long before it signs.
+    publish_ahead: timedelta = setting("How long a new key is published before it signs; jwks_max_age when absent.", default=timedelta(minutes=5), derive=lambda v: v.get("jwks_max_age"))
+    rotate_every: timedelta | None = setting("Automatic rotation; only by command when absent.", default=None)
+
+    def validate(self, check: Check) -> None:
+        if self.publish_ahead < self.jwks_max_age:
+            check.problem(
+                f"must be at least keys.jwks_max_age ({_seconds(self.jwks_max_age)}): verifiers may keep "
+                "the key set that long, and a key published for less could sign tokens they cannot verify yet",
+                key="publish_ahead",
+            )
+        if self.rotate_every is not None and self.rotate_every < max(self.publish_ahead, timedelta(seconds=1)):
+            check.problem(f"must be at least keys.publish_ahead ({_seconds(self.publish_ahead)}) and at least 1s", key="rotate_every")
 
 
-@dataclass(frozen=True)
+@section
 class Lifetimes:
-    authorization_code: timedelta = timedelta(seconds=60)
-    device_code: timedelta = timedelta(minutes=10)  # RFC 8628 §3.2 expires_in
-    access_token: timedelta = timedelta(minutes=5)
-    id_token: timedelta = timedelta(minutes=5)
-    refresh_token_idle: timedelta = timedelta(days=14)
-    refresh_token_absolute: timedelta = timedelta(days=90)
-    session: timedelta = timedelta(hours=12)
+    """How long what the server issues lives."""
+
+    authorization_code: timedelta = setting("Authorization codes.", default=timedelta(seconds=60))
+    access_token: timedelta = setting("Access tokens.", default=timedelta(minutes=5))
+    id_token: timedelta = setting("ID tokens.", default=timedelta(minutes=5))
+    refresh_token_idle: timedelta = setting("A refresh token unused this long expires.", default=timedelta(days=14))
+    refresh_token_absolute: timedelta = setting("A refresh family ends this long after the login.", default=timedelta(days=90))
+    session: timedelta = setting("The login session.", default=timedelta(hours=12))
+    device_code: timedelta = setting("Device codes (RFC 8628 §3.2 expires_in).", default=timedelta(minutes=10), more_than=ZERO)
+
+    def validate(self, check: Check) -> None:
+        if self.refresh_token_idle > self.refresh_token_absolute:
+            check.problem("refresh_token_idle exceeds refresh_token_absolute")
 
 
-@dataclass(frozen=True)
+@section
 class LoginThrottle:
     """Wrong passwords, counted when tried (endpoints/signin.py has the policy and its bounds)."""
 
-    # Per username at one client address: a hard limit that only that address runs into.
-    max_failures: int = 5
-    # Per client address, any username: higher, since many people may share one address.
-    max_failures_per_address: int = 20
-    window: timedelta = timedelta(minutes=15)
-    # Per username from every address: after this many, each attempt for the username waits
-    # after the previous one a delay doubling from BACKOFF_FIRST_DELAY up to backoff_max.
+    max_failures: int = setting("Per username at one client address, within window.", default=5, minimum=1, maximum=1000)
+    # Higher than per username: many people may share one address.
+    max_failures_per_address: int = setting("Per client address, any username.", default=20, minimum=1, maximum=100_000)
+    window: timedelta = setting("How long failures count.", default=timedelta(minutes=15), more_than=ZERO)
     # Delays, not a lock: anyone can send wrong passwords for a username.
-    backoff_after: int = 10
-    backoff_max: timedelta = timedelta(minutes=1)
+    backoff_after: int = setting("Failures of a username from anywhere before its attempts are delayed.", default=10, minimum=1, maximum=1000)
+    backoff_max: timedelta = setting("Longest delay (doubling from 1s).", default=timedelta(minutes=1), minimum=BACKOFF_FIRST_DELAY)
 
 
-BACKOFF_FIRST_DELAY = timedelta(seconds=1)
-
-
-@dataclass(frozen=True)
+@section
 class DeviceSettings:
     """The device authorization grant (RFC 8628): polling and the user-code page's throttle."""
 
-    interval: timedelta = timedelta(seconds=5)  # the least time between two polls
-    # Wrong user codes per browser session, and per client address (higher: many people
-    # may share one address), within `window`.
-    max_failures: int = 5
-    max_failures_per_address: int = 20
-    window: timedelta = timedelta(minutes=15)
+    interval: timedelta = setting("Least time between two polls (whole seconds).", default=timedelta(seconds=5), parser=whole_seconds)
+    max_failures: int = setting("Wrong user codes per browser session, within window.", default=5, minimum=1, maximum=1000)
+    max_failures_per_address: int = setting("Wrong user codes per client address.", default=20, minimum=1, maximum=100_000)
+    window: timedelta = setting("How long failures count.", default=timedelta(minutes=15), more_than=ZERO)
 
 
-@dataclass(frozen=True)
+@section
 class PasswordHashing:
     """Password checks (scrypt, about 32 MiB and tens of milliseconds each): how many run at
-    once, and how many may wait for them before a sign-in is answered 503."""
+    once, and how many may wait for them before a sign-in is answered 503. Read at start."""
 
-    workers: int = 2
-    max_waiting: int = 16
+    workers: int = setting("Checks at once, each on a thread of its own.", default=2, minimum=1, maximum=64)
+    max_waiting: int = setting("Checks queued behind them; a sign-in beyond gets a 503 page.", default=16, minimum=0, maximum=10_000)
 
 
-@dataclass(frozen=True)
+@section
 class StoragePool:
     """The connections a postgresql:// storage keeps open, and how long a call waits."""
 
-    min_size: int = 1
-    max_size: int = 10
-    connect_timeout: timedelta = timedelta(seconds=5)  # a new connection, login included
-    command_timeout: timedelta = timedelta(seconds=5)  # one statement, lock waits included
-    acquire_timeout: timedelta = timedelta(seconds=5)  # a free connection, all of them busy
+    min_size: int = setting("Connections opened at start and kept.", default=1, minimum=0, maximum=1000)
+    max_size: int = setting("Connections at most; replicas × max_size must fit the database's max_connections.", default=10, minimum=1, maximum=1000)
+    connect_timeout: timedelta = setting("A new connection, login included; then 503.", default=timedelta(seconds=5), more_than=ZERO)
+    command_timeout: timedelta = setting("One statement, lock waits included; then it is cancelled, 503.", default=timedelta(seconds=5), more_than=ZERO)
+    acquire_timeout: timedelta = setting("Waiting for a free connection when all are busy; then 503.", default=timedelta(seconds=5), more_than=ZERO)
+
+    def validate(self, check: Check) -> None:
+        if self.min_size > self.max_size:
+            check.problem("exceeds max_size", key="min_size")
 
 
-@dataclass(frozen=True)
+@section
 class ScopeSettings:
-    name: str
-    description: str
+    """A scope clients may ask for, beyond the OpenID Connect ones."""
+
+    name: str = setting("The scope token.", parser=scope_name)
+    description: str = setting("Shown on the consent page; the name when absent.", default="", derive=lambda v: STANDARD_SCOPES.get(v.get("name", ""), v.get("name", "")))
 
 
-@dataclass(frozen=True)
+def _hash_plain_password(values: Mapping[str, Any]) -> str:
+    password = values.get("password")
+    if password is None or isinstance(password, Withheld):
+        return password or ""  # neither given: reported by the user's validate()
+    log.warning("plain-text password in the config: use hash-password outside development", extra={"username": values.get("username")})
+    return users_module.hash_password(password)
+
+
+@section
 class UserSettings:
-    username: str
-    password_hash: str
-    subject: str
-    claims: Mapping[str, Any]
-    line: int = 0
+    """A user who can sign in, with the OpenID Connect claims (§5.1) released about them."""
+
+    username: str = setting("What they sign in with.")
+    password_hash: str = setting("scrypt hash from `portcullis-authserver hash-password`.", default="", secret=True, from_file=True, derive=_hash_plain_password)
+    password: str | None = setting("Plain text, for development only: hashed at load, with a warning.", default=None, secret=True, from_file=True)
+    subject: str | None = setting("The `sub`; a stable opaque value from the username when absent.", default=None, key="sub")
+    line: int = section_line()
+    name: str | None = setting("Claim.", default=None)
+    given_name: str | None = setting("Claim.", default=None)
+    family_name: str | None = setting("Claim.", default=None)
+    middle_name: str | None = setting("Claim.", default=None)
+    nickname: str | None = setting("Claim.", default=None)
+    preferred_username: str | None = setting("Claim.", default=None)
+    profile: str | None = setting("Claim (a URL).", default=None)
+    picture: str | None = setting("Claim (a URL).", default=None)
+    website: str | None = setting("Claim (a URL).", default=None)
+    gender: str | None = setting("Claim.", default=None)
+    birthdate: str | None = setting("Claim (YYYY-MM-DD).", default=None)
+    zoneinfo: str | None = setting("Claim (like Europe/Paris).", default=None)
+    locale: str | None = setting("Claim (like en-GB).", default=None)
+    email: str | None = setting("Claim.", default=None)
+    email_verified: bool | None = setting("Claim.", default=None)
+    phone_number: str | None = setting("Claim.", default=None)
+    phone_number_verified: bool | None = setting("Claim.", default=None)
+    address: Mapping[str, str] | None = setting("Claim: formatted, street_address, locality, region, postal_code, country.", default=None)
+
+    @property
+    def claims(self) -> dict[str, Any]:
+        """The OpenID Connect claims given, by name."""
+        return {name: value for name in _claim_names() if (value := getattr(self, name)) is not None}
+
+    def validate(self, check: Check) -> None:
+        given = [key for key in ("password_hash", "password") if check.has(key)]
+        if len(given) == 2:
+            check.problem_at(check.line_of("password"), f"{check.where}: give password_hash or password, not both")
+        elif not given:
+            check.problem("give password_hash (or password for development)")
+        elif given == ["password_hash"] and not isinstance(self.password_hash, Withheld) and self.password_hash and not users_module.is_hash(self.password_hash):
+            check.problem("not a scrypt hash", key="password_hash")
 
 
-@dataclass(frozen=True)
+@functools.cache
+def _claim_names() -> tuple[str, ...]:
+    """The fields of a user that are OpenID Connect claims (OIDC Core §5.1): all but these."""
+    others = {"username", "password_hash", "password", "subject", "line"}
+    return tuple(f.name for f in dataclasses.fields(UserSettings) if f.name not in others)
+
+
+def _default_method(values: Mapping[str, Any]) -> str:
+    return "client_secret_basic" if values.get("client_secret") is not None else "none"
+
+
+@section
 class ClientSettings:
-    client_id: str
-    client_name: str
-    token_endpoint_auth_method: str
-    client_secret_sha256: bytes | None  # secrets are high-entropy: a fast hash is enough
-    redirect_uris: tuple[str, ...] = ()
-    post_logout_redirect_uris: tuple[str, ...] = ()
-    grant_types: tuple[str, ...] = ("authorization_code",)
-    scope: tuple[str, ...] = ()
-    resources: tuple[str, ...] = ()  # RFC 8707 audiences this client may ask for
-    jwks: Mapping[str, Any] | None = None  # for private_key_jwt
-    require_pkce: bool = True
-    skip_consent: bool = False
-    id_token_signed_response_alg: str | None = None  # None: keys.id_token_alg
-    introspection: bool = False
-    application_type: str = "web"  # OIDC Dynamic Client Registration §2: web | native
-    line: int = 0
+    """A client, described with RFC 7591 metadata names."""
+
+    client_id: str = setting("The client's id (printable ASCII).")
+    client_name: str = setting("Shown to users; the client_id when absent.", default="", derive=lambda v: v.get("client_id"))
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "private_key_jwt", "none"] = setting(
+        "How it authenticates; client_secret_basic with a secret, none (a public client) without.", default="none", derive=_default_method)
+    client_secret: str | None = setting("At least 32 random characters.", default=None, secret=True, from_file=True)
+    redirect_uris: tuple[str, ...] = setting("Where codes may be sent (exact match; loopback http only).", default=(), parser=redirect_uri)
+    post_logout_redirect_uris: tuple[str, ...] = setting("Where logout may return to.", default=(), parser=redirect_uri)
+    grant_types: tuple[Literal["authorization_code", "client_credentials", "refresh_token", "urn:ietf:params:oauth:grant-type:device_code"], ...] = setting(
+        "Grants it may use.", default=("authorization_code",))
+    scope: ScopeList = setting("Space-separated scopes it may ask for.", default=ScopeList(()), parser=scope_list)
+    resources: tuple[str, ...] = setting("RFC 8707 audiences it may ask for.", default=())
+    jwks: JwkSet | None = setting("Public keys, for private_key_jwt.", default=None, parser=jwk_set)
+    require_pkce: bool = setting("PKCE on authorization codes (public clients always).", default=True)
+    skip_consent: bool = setting("No consent page (first-party clients).", default=False)
+    id_token_signed_response_alg: Literal["ES256", "RS256", "EdDSA"] | None = setting("ID token algorithm; keys.id_token_alg when absent.", default=None)
+    introspection: bool = setting("May call the introspection endpoint.", default=False)
+    application_type: Literal["web", "native"] = setting("OIDC Dynamic Client Registration §2.", default="web")
+    line: int = section_line()
+
+    @functools.cached_property
+    def client_secret_sha256(self) -> bytes | None:
+        """Secrets are high-entropy: a fast hash is enough. A withheld one authenticates nobody."""
+        secret = self.client_secret
+        return None if secret is None or isinstance(secret, Withheld) else hashlib.sha256(secret.encode()).digest()
 
     @property
     def public(self) -> bool:
@@ -203,46 +377,60 @@ class ClientSettings:
         every other client (RFC 9700 §2.1)."""
         return self.application_type == "native" and self.public
 
+    def validate(self, check: Check) -> None:
+        where, method, secret = check.where, self.token_endpoint_auth_method, self.client_secret
+        if not _CLIENT_ID.match(self.client_id):
+            check.problem_at(check.line_of("client_id"), f"{where}: client_id must be printable ASCII")
+        if method in ("client_secret_basic", "client_secret_post") and not check.has("client_secret"):
+            check.problem(f"{method} needs client_secret")
+        if method in ("none", "private_key_jwt") and check.has("client_secret"):
+            check.problem_at(check.line_of("client_secret"), f"{where}: {method} clients have no secret")
+        if secret and not isinstance(secret, Withheld) and len(secret) < 32:
+            check.problem("use at least 32 random characters (secrets are stored with a fast hash, so they must not be guessable)", key="client_secret")
+        if method == "private_key_jwt" and not check.has("jwks"):
+            check.problem("private_key_jwt needs jwks (the client's public keys)")
+        if self.public and not self.require_pkce:
+            check.problem_at(check.line_of("require_pkce"), f"{where}: public clients always use PKCE")
+        if self.public and "client_credentials" in self.grant_types:
+            check.problem_at(check.line_of("grant_types"), f"{where}: client_credentials needs a confidential client")
+        # An invalid URI is reported on its own line; here only a missing or empty list.
+        if "authorization_code" in self.grant_types and not check.written("redirect_uris"):
+            check.problem("authorization_code needs redirect_uris")
 
-REFRESH_GRACE = timedelta(seconds=5)
 
-
-@dataclass(frozen=True)
+@section
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
     redirect URIs (protocol/cors.py has the policy)."""
 
-    allow_origins: tuple[str, ...] = ()
+    allow_origins: tuple[str, ...] = setting("Origins (scheme://host[:port]); plain http on loopback only.", default=(), parser=allowed_origin)
 
 
-@dataclass(frozen=True)
+@section
 class Settings:
-    file: str
-    issuer: str
-    storage: str
-    keys: KeySettings
-    storage_pool: StoragePool = field(default_factory=StoragePool)
-    listen: Address = Address("0.0.0.0", 9000)
-    default_audience: str | None = None
-    lifetimes: Lifetimes = field(default_factory=Lifetimes)
-    # A retry of a lost refresh response gets that response again for this long (README,
-    # security notes: a server killed between the commit and the answer logs nobody out).
-    refresh_grace: timedelta = REFRESH_GRACE
-    login_throttle: LoginThrottle = field(default_factory=LoginThrottle)
-    password_hashing: PasswordHashing = field(default_factory=PasswordHashing)
-    # Peers whose X-Forwarded-For names the client (for the throttles' per-address counts).
-    trusted_proxies: tuple[IPNetwork, ...] = ()
-    device: DeviceSettings = field(default_factory=DeviceSettings)
-    scopes: tuple[ScopeSettings, ...] = ()
-    users: tuple[UserSettings, ...] = ()
-    clients: tuple[ClientSettings, ...] = ()
-    cors: CorsSettings = field(default_factory=CorsSettings)
-    log_level: str = "info"
-    # /healthz, /readyz and /metrics: for probes and scrapers, apart from the public listener.
-    admin_listen: Address = Address("127.0.0.1", 9902)
-    # The longest a private_key_jwt assertion may live (exp - now); each jti is kept that long.
-    client_assertion_max_lifetime: timedelta = timedelta(hours=1)
-    tls: ServerTls | None = None  # None: plain HTTP (TLS ends in front of the server)
+    """Configuration of the Portcullis authorization server."""
+
+    file: str = source_file()
+    issuer: str = setting("The issuer identifier: https, no query, fragment or trailing slash.", parser=issuer_url)
+    storage: str = setting("sqlite:///PATH, or postgresql://user@host/db to scale out.", parser=storage_url)
+    keys: KeySettings = setting("Signing keys.")
+    storage_pool: StoragePool = setting("postgresql:// only: the connections each server keeps.", default_factory=StoragePool)
+    listen: Address = setting("Where clients connect.", default=Address("0.0.0.0", 9000), parser=address)
+    default_audience: str | None = setting("`aud` of access tokens asked for without a resource.", default=None)
+    lifetimes: Lifetimes = setting("Lifetimes.", default_factory=Lifetimes)
+    refresh_grace: timedelta = setting("A retry of a lost refresh response is answered again this long (at most 10s).", default=REFRESH_GRACE, parser=grace)
+    login_throttle: LoginThrottle = setting("Wrong passwords.", default_factory=LoginThrottle)
+    password_hashing: PasswordHashing = setting("Password checks off the event loop; restart to change.", default_factory=PasswordHashing)
+    trusted_proxies: tuple[IPNetwork, ...] = setting("Peers whose X-Forwarded-For names the client (for the throttles).", default=(), parser=network)
+    device: DeviceSettings = setting("The device grant.", default_factory=DeviceSettings)
+    scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
+    users: tuple[UserSettings, ...] = setting("Users defined here (read-only in the admin API).", default=())
+    clients: tuple[ClientSettings, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
+    cors: CorsSettings = setting("CORS.", default_factory=CorsSettings)
+    log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
+    admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9902), parser=address)
+    client_assertion_max_lifetime: timedelta = setting("Longest private_key_jwt assertion; each jti is kept that long.", default=timedelta(hours=1), parser=assertion_lifetime)
+    tls: ServerTls | None = setting("HTTPS served by the server itself; TLS ends in front of it when absent.", default=None)
 
     @property
     def id_token_algs(self) -> list[str]:
@@ -275,7 +463,7 @@ class Settings:
 
     @functools.cached_property
     def _users_by_subject(self) -> dict[str, UserSettings]:
-        return {u.subject: u for u in self.users}
+        return {self.subject_of(u): u for u in self.users}
 
     @functools.cached_property
     def _scope_descriptions(self) -> dict[str, str]:
@@ -293,17 +481,41 @@ class Settings:
     def scope_description(self, name: str) -> str:
         return self._scope_descriptions.get(name, name)
 
+    def subject_of(self, user: UserSettings) -> str:
+        """The user's `sub`: as configured, or derived from this issuer and the username."""
+        return user.subject or default_subject(self.issuer, user.username)
+
+    def validate(self, check: Check) -> None:
+        if self.admin_listen == self.listen:
+            check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
+        if self.tls is not None and urlsplit(self.issuer).scheme != "https":
+            check.problem("must be https:// when the server itself serves TLS (tls:)", key="issuer")
+        if check.has("storage_pool") and not self.storage.startswith(("postgresql://", "postgres://")):
+            check.problem("only a postgresql:// storage has a pool", key="storage_pool")
+        _once(check, self.scopes, lambda s: s.name, "scope {!r} is listed twice")
+        _once(check, self.users, lambda u: u.username, "username {!r} is listed twice")
+        _once(check, self.clients, lambda c: c.client_id, "client_id is listed twice")
+        known = set(STANDARD_SCOPES) | {s.name for s in self.scopes}
+        for client in self.clients:
+            for token in client.scope:
+                if token not in known:
+                    check.within(client).problem(f"{token!r} is not in the scopes list", key="scope")
+
+
+def _once(check: Check, items: tuple[T, ...], name: Callable[[T], str], problem: str) -> None:
+    """Report an item whose name an earlier item has, on its own line."""
+    seen: set[str] = set()
+    for item in items:
+        if name(item) in seen:
+            within = check.within(item)
+            within.problem_at(within.line, f"{within.where}: {problem.format(name(item))}")
+        seen.add(name(item))
+
 
 # ---------------------------------------------------------------------------- loading
 
 
-def load(
-    path: str,
-    env: Mapping[str, str] | None = None,
-    *,
-    secrets: bool = True,
-    storage: bool = False,
-) -> Settings:
+def load(path: str, env: Mapping[str, str] | None = None, *, secrets: bool = True, storage: bool = False) -> Settings:
     """Read and validate a config file; raise ConfigError listing every problem.
 
     `secrets=False` is for commands that serve nothing and use no secret (`keys list`,
@@ -311,13 +523,18 @@ def load(
     also checks that the database can be opened where it is configured (for `run`).
     """
     data = yamlconf.load_file(path, env, keep_incomplete=True)
-    return parse(data, path, secrets=secrets, storage=storage)
+    found = _storage_problems(data, path) if storage else []
+    try:
+        settings = sections.load(Settings, data, path, secrets=secrets)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems + found) from None
+    if found:
+        raise ConfigError(found)
+    return settings
 
 
-def load_text(
-    text: str, file: str = "<text>", env: Mapping[str, str] | None = None, *, secrets: bool = True
-) -> Settings:
-    return parse(yamlconf.load_text(text, file, env, keep_incomplete=True), file, secrets=secrets)
+def load_text(text: str, file: str = "<text>", env: Mapping[str, str] | None = None, *, secrets: bool = True) -> Settings:
+    return sections.load_text(Settings, text, file, env, secrets=secrets)
 
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:
@@ -329,59 +546,11 @@ def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:
     return []
 
 
-def parse(data: LocatedMap, file: str, *, secrets: bool = True, storage: bool = False) -> Settings:
-    reader = Reader(file, data.incomplete, secrets=secrets)
-    top = Section(reader, data, "config")
-    issuer = top.get("issuer", _issuer)
-    scopes = _scopes(reader, top)
-    known_scopes = set(STANDARD_SCOPES) | {s.name for s in scopes}
-    settings = Settings(
-        file=file,
-        issuer=issuer or "https://invalid",
-        storage=top.get("storage", _storage),
-        keys=_keys(reader, top),
-        storage_pool=_storage_pool(reader, top),
-        listen=top.get("listen", _address, Settings.listen),
-        default_audience=top.get("default_audience", yamlconf.non_empty_string, None),
-        lifetimes=_lifetimes(reader, top),
-        refresh_grace=top.get("refresh_grace", _grace, REFRESH_GRACE),
-        login_throttle=_throttle(reader, top),
-        password_hashing=_password_hashing(top),
-        trusted_proxies=top.list_of("trusted_proxies", network),
-        device=_device(reader, top),
-        scopes=scopes,
-        users=_users(reader, top, issuer or ""),
-        clients=_clients(reader, top, known_scopes),
-        cors=_cors(top),
-        log_level=top.get(
-            "log_level", yamlconf.one_of("debug", "info", "warning", "error"), "info"
-        ),
-        admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
-        client_assertion_max_lifetime=top.get(
-            "client_assertion_max_lifetime",
-            _assertion_lifetime,
-            Settings.client_assertion_max_lifetime,
-        ),
-        tls=(
-            tls.parse_server(reader, top.raw("tls"), "tls", top.line_of("tls"), client_auth=False)
-            if top.has("tls")
-            else None
-        ),
-    )
-    if settings.admin_listen == settings.listen:
-        reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
-    top.finish()
-    if settings.tls is not None and issuer and urlsplit(issuer).scheme != "https":
-        reader.problem(
-            top.line_of("issuer"),
-            "config.issuer: must be https:// when the server itself serves TLS (tls:)",
-        )
-    if storage and settings.storage:
-        problem = _database_problem(settings.storage)
-        if problem:
-            reader.problem(top.line_of("storage"), f"config.storage: {problem}")
-    reader.raise_if_any()
-    return settings
+def _storage_problems(data: LocatedMap, file: str) -> list[Problem]:
+    storage = data.get("storage")
+    problem = _database_problem(storage) if isinstance(storage, str) else None
+    line = data.key_lines.get("storage", data.line)
+    return [Problem(file, line, f"config.storage: {problem}")] if problem else []
 
 
 def _database_problem(storage: str) -> str | None:
@@ -400,440 +569,11 @@ def _database_problem(storage: str) -> str | None:
     return None
 
 
-def _issuer(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    parts = urlsplit(text)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
-        raise ValueError(f"{text!r} is not an https URL")
-    if parts.query or parts.fragment or text.endswith("/"):
-        raise ValueError("an issuer has no query, fragment or trailing slash (RFC 8414 §2)")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
-        raise ValueError("the issuer must be https (plain http only on loopback, for development)")
-    return text
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _storage(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    if text.startswith("sqlite:///") or text == "sqlite://:memory:":
-        return text
-    if text.startswith(("postgresql://", "postgres://")):
-        return text
-    raise ValueError("storage is sqlite:///PATH or postgresql://user@host/db")
-
-
-def _storage_pool(reader: Reader, top: Section) -> StoragePool:
-    sec = top.subsection("storage_pool")
-    if sec is None:
-        return StoragePool()
-    if not str(top.raw("storage") or "").startswith(("postgresql://", "postgres://")):
-        reader.problem(sec.line, "storage_pool: only a postgresql:// storage has a pool")
-    d = StoragePool()
-    result = StoragePool(
-        min_size=sec.get("min_size", yamlconf.integer(0, 1000), d.min_size),
-        max_size=sec.get("max_size", yamlconf.integer(1, 1000), d.max_size),
-        connect_timeout=sec.get("connect_timeout", yamlconf.duration, d.connect_timeout),
-        command_timeout=sec.get("command_timeout", yamlconf.duration, d.command_timeout),
-        acquire_timeout=sec.get("acquire_timeout", yamlconf.duration, d.acquire_timeout),
-    )
-    sec.finish()
-    if result.min_size > result.max_size:
-        reader.problem(sec.line_of("min_size"), "storage_pool.min_size: exceeds max_size")
-    for name in ("connect_timeout", "command_timeout", "acquire_timeout"):
-        if getattr(result, name) <= timedelta(0):
-            reader.problem(sec.line_of(name), f"storage_pool.{name}: must be longer than 0s")
-    return result
-
-
-def _address(value: Any) -> Address:
-    text = yamlconf.string(value)
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
-        raise ValueError(f"{text!r} is not host:port")
-    return Address(host.strip("[]"), int(port))
-
-
-def _assertion_lifetime(value: Any) -> timedelta:
-    lifetime = yamlconf.duration(value)
-    if not timedelta(seconds=1) <= lifetime <= timedelta(days=1):
-        raise ValueError("between 1s and 1d: each assertion's jti is kept that long")
-    return lifetime
-
-
-def _grace(value: Any) -> timedelta:
-    grace = yamlconf.duration(value)
-    if grace > timedelta(seconds=10):
-        raise ValueError("at most 10s: the grace only covers an immediate retry")
-    return grace
-
-
-def _keys(reader: Reader, top: Section) -> KeySettings:
-    sec = reader.section(top.raw("keys"), "keys", top.line_of("keys"))
-    if sec is None:
-        return KeySettings(dir="")
-    alg = yamlconf.one_of(*SIGNING_ALGORITHMS)
-    d = KeySettings(dir="")
-    max_age = sec.get("jwks_max_age", _whole_seconds, d.jwks_max_age)
-    publish_ahead = sec.get("publish_ahead", yamlconf.duration, max_age)
-    rotate_every = sec.get("rotate_every", yamlconf.duration, None)
-    result = KeySettings(
-        dir=sec.get("dir", yamlconf.non_empty_string) or "",
-        access_token_alg=sec.get("access_token_alg", alg, "ES256"),
-        id_token_alg=sec.get("id_token_alg", alg, "RS256"),
-        jwks_max_age=max_age,
-        publish_ahead=publish_ahead,
-        rotate_every=rotate_every,
-    )
-    sec.finish()
-    if publish_ahead < max_age:
-        reader.problem(
-            sec.line_of("publish_ahead"),
-            "keys.publish_ahead: must be at least keys.jwks_max_age "
-            f"({_seconds_text(max_age)}): verifiers may keep the key set that long, and a key "
-            "published for less could sign tokens they cannot verify yet",
-        )
-    if rotate_every is not None and rotate_every < max(publish_ahead, timedelta(seconds=1)):
-        reader.problem(
-            sec.line_of("rotate_every"),
-            "keys.rotate_every: must be at least keys.publish_ahead "
-            f"({_seconds_text(publish_ahead)}) and at least 1s",
-        )
-    return result
-
-
-def _whole_seconds(value: Any) -> timedelta:
-    """A duration of at least one second, in whole seconds (HTTP and RFC 8628 count so)."""
-    result = yamlconf.duration(value)
-    seconds = result.total_seconds()
-    if seconds < 1 or seconds != int(seconds):
-        raise ValueError(f"{value!r} must be a whole number of seconds, at least 1s")
-    return result
-
-
-def _seconds_text(value: timedelta) -> str:
-    return f"{value.total_seconds():g}s"
-
-
-def _device(reader: Reader, top: Section) -> DeviceSettings:
-    sec = top.subsection("device")
-    if sec is None:
-        return DeviceSettings()
-    d = DeviceSettings()
-    result = DeviceSettings(
-        interval=sec.get("interval", _whole_seconds, d.interval),
-        max_failures=sec.get("max_failures", yamlconf.integer(1, 1000), d.max_failures),
-        max_failures_per_address=sec.get(
-            "max_failures_per_address", yamlconf.integer(1, 100_000), d.max_failures_per_address
-        ),
-        window=sec.get("window", yamlconf.duration, d.window),
-    )
-    if result.window <= timedelta(0):
-        reader.problem(sec.line_of("window"), "device.window: must be longer than 0s")
-    sec.finish()
-    return result
-
-
-def _lifetimes(reader: Reader, top: Section) -> Lifetimes:
-    sec = top.subsection("lifetimes")
-    if sec is None:
-        return Lifetimes()
-    d = Lifetimes()
-    result = Lifetimes(
-        **{
-            name: sec.get(name, yamlconf.duration, getattr(d, name))
-            for name in (
-                "authorization_code",
-                "device_code",
-                "access_token",
-                "id_token",
-                "refresh_token_idle",
-                "refresh_token_absolute",
-                "session",
-            )
-        }
-    )
-    sec.finish()
-    if result.device_code <= timedelta(0):
-        reader.problem(sec.line_of("device_code"), "lifetimes.device_code: must be longer than 0s")
-    if result.refresh_token_idle > result.refresh_token_absolute:
-        reader.problem(sec.line, "lifetimes: refresh_token_idle exceeds refresh_token_absolute")
-    return result
-
-
-def _throttle(reader: Reader, top: Section) -> LoginThrottle:
-    sec = top.subsection("login_throttle")
-    if sec is None:
-        return LoginThrottle()
-    d = LoginThrottle()
-    result = LoginThrottle(
-        max_failures=sec.get("max_failures", yamlconf.integer(1, 1000), d.max_failures),
-        max_failures_per_address=sec.get(
-            "max_failures_per_address", yamlconf.integer(1, 100_000), d.max_failures_per_address
-        ),
-        window=sec.get("window", yamlconf.duration, d.window),
-        backoff_after=sec.get("backoff_after", yamlconf.integer(1, 1000), d.backoff_after),
-        backoff_max=sec.get("backoff_max", yamlconf.duration, d.backoff_max),
-    )
-    if result.window <= timedelta(0):
-        reader.problem(sec.line_of("window"), "login_throttle.window: must be longer than 0s")
-    if result.backoff_max < BACKOFF_FIRST_DELAY:
-        reader.problem(
-            sec.line_of("backoff_max"),
-            f"login_throttle.backoff_max: must be at least {_seconds_text(BACKOFF_FIRST_DELAY)}",
-        )
-    sec.finish()
-    return result
-
-
-def _password_hashing(top: Section) -> PasswordHashing:
-    sec = top.subsection("password_hashing")
-    if sec is None:
-        return PasswordHashing()
-    d = PasswordHashing()
-    result = PasswordHashing(
-        workers=sec.get("workers", yamlconf.integer(1, 64), d.workers),
-        max_waiting=sec.get("max_waiting", yamlconf.integer(0, 10_000), d.max_waiting),
-    )
-    sec.finish()
-    return result
-
-
-def _cors(top: Section) -> CorsSettings:
-    sec = top.subsection("cors")
-    if sec is None:
-        return CorsSettings()
-    result = CorsSettings(allow_origins=sec.list_of("allow_origins", _allowed_origin))
-    sec.finish()
-    return result
-
-
-def _allowed_origin(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    if text == "*":
-        raise ValueError("'*' is not allowed: the token endpoint never answers every origin")
-    parts = urlsplit(text)
-    serialized = origin(text)
-    if serialized is None or parts.path or parts.query or parts.fragment or "@" in text:
-        raise ValueError(
-            f"{text!r} is not an origin (scheme://host[:port], no path or trailing slash)"
-        )
-    if parts.scheme.lower() == "http" and not _loopback(parts.hostname or ""):
-        # A page served over plain http can be rewritten on the way: it would read tokens.
-        raise ValueError(f"{text!r}: plain http origins are for loopback only")
-    # As browsers send it: lower case, no default port (RFC 6454 §6.2).
-    return serialized
-
-
-def _scope_name(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    if not _SCOPE_TOKEN.match(text):
-        raise ValueError(f"{text!r} is not a scope token")
-    return text
-
-
-def _scopes(reader: Reader, top: Section) -> tuple[ScopeSettings, ...]:
-    result: list[ScopeSettings] = []
-    for index, line, item in reader.items(top.raw("scopes"), "scopes", top.line_of("scopes")):
-        sec = reader.section(item, f"scopes[{index}]", line)
-        if sec is None:
-            continue
-        name = sec.get("name", _scope_name)
-        description = sec.get("description", yamlconf.non_empty_string, None)
-        sec.finish()
-        if name and any(s.name == name for s in result):
-            reader.problem(line, f"scopes[{index}]: scope {name!r} is listed twice")
-        elif name:
-            result.append(ScopeSettings(name, description or STANDARD_SCOPES.get(name, name)))
-    return tuple(result)
-
-
 def default_subject(issuer: str, username: str) -> str:
     """A stable, opaque subject for a configured user who was given none (never the email)."""
     digest = hashlib.sha256(f"{issuer}\x00{username}".encode()).digest()
     return base64.urlsafe_b64encode(digest[:16]).rstrip(b"=").decode()
 
 
-def _users(reader: Reader, top: Section, issuer: str) -> tuple[UserSettings, ...]:
-    result = []
-    seen: set[str] = set()
-    for index, line, item in reader.items(top.raw("users"), "users", top.line_of("users")):
-        sec = reader.section(item, f"users[{index}]", line)
-        if sec is None:
-            continue
-        username = sec.get("username", yamlconf.non_empty_string)
-        password_hash = sec.secret("password_hash")
-        password = sec.secret("password")
-        withheld = isinstance(password_hash, Withheld) or isinstance(password, Withheld)
-        if withheld:
-            password_hash, password = yamlconf.WITHHELD, None
-        if password_hash and not withheld and not users_module.is_hash(password_hash):
-            reader.problem(
-                sec.line_of("password_hash"), f"users[{index}].password_hash: not a scrypt hash"
-            )
-        if password is not None and password_hash is not None:
-            reader.problem(
-                sec.line_of("password" if sec.has("password") else "password_file"),
-                f"users[{index}]: give password_hash or password, not both",
-            )
-        elif password is not None:
-            log.warning(
-                "plain-text password in the config: use hash-password outside development",
-                extra={"username": username},
-            )
-            password_hash = users_module.hash_password(password)
-        given = ("password_hash", "password_hash_file", "password", "password_file")
-        if password_hash is None and not any(sec.has(key) for key in given):
-            reader.problem(
-                line, f"users[{index}]: give password_hash (or password for development)"
-            )
-        subject = sec.get("sub", yamlconf.non_empty_string, None)
-        claims = {name: sec.raw(name) for name in USER_CLAIMS if sec.has(name)}
-        sec.finish()
-        if username in seen:
-            reader.problem(line, f"users[{index}]: username {username!r} is listed twice")
-        if username:
-            seen.add(username)
-            result.append(
-                UserSettings(
-                    username=username,
-                    password_hash=password_hash or "",
-                    subject=subject or default_subject(issuer, username),
-                    claims=claims,
-                    line=line,
-                )
-            )
-    return tuple(result)
-
-
-def _redirect_uri(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    parts = urlsplit(text)
-    if not parts.scheme:
-        raise ValueError(f"{text!r} is not an absolute URI")
-    if parts.fragment or "#" in text:
-        raise ValueError(f"{text!r} must not contain a fragment (RFC 6749 §3.1.2)")
-    if parts.scheme == "http" and not _loopback(parts.hostname or ""):
-        raise ValueError(f"{text!r}: plain http redirects are for loopback only (RFC 9700 §2.1)")
-    return text
-
-
-def _jwks_problem(jwks: Any) -> str | None:
-    """What makes `jwks` unusable as a client's public JWK Set (RFC 7517 §5), if anything."""
-    keys = jwks.get("keys") if isinstance(jwks, dict) else None
-    if not isinstance(keys, list) or not keys:
-        return "must be a JWK Set: a mapping with a non-empty keys list"
-    for index, key in enumerate(keys):
-        if not isinstance(key, dict):
-            return f"keys[{index}] must be a mapping"
-        if any(member in key for member in ("d", "p", "q", "k")):
-            return f"keys[{index}] holds private key material: give the public key only"
-        try:
-            jwt.PyJWK(dict(key))
-        except (jwt.PyJWTError, ValueError, TypeError) as exc:
-            return f"keys[{index}] is not a usable public key ({exc})"
-    return None
-
-
-def _clients(reader: Reader, top: Section, known_scopes: set[str]) -> tuple[ClientSettings, ...]:
-    result = []
-    seen: set[str] = set()
-    for index, line, item in reader.items(top.raw("clients"), "clients", top.line_of("clients")):
-        sec = reader.section(item, f"clients[{index}]", line)
-        if sec is None:
-            continue
-        client_id = sec.get("client_id", yamlconf.non_empty_string)
-        where = f"client {client_id!r}"
-        sec.where = where
-        if client_id and not _CLIENT_ID.match(client_id):
-            reader.problem(sec.line_of("client_id"), f"{where}: client_id must be printable ASCII")
-        # Given, whether or not its value could be read (that problem is reported once).
-        has_secret = sec.has("client_secret") or sec.has("client_secret_file")
-        secret = sec.secret("client_secret")
-        secret_line = sec.line_of(
-            "client_secret" if sec.has("client_secret") else "client_secret_file"
-        )
-        method = sec.get(
-            "token_endpoint_auth_method",
-            yamlconf.one_of(*AUTH_METHODS),
-            "client_secret_basic" if has_secret else "none",
-        )
-        grant_types = sec.list_of(
-            "grant_types", yamlconf.one_of(*GRANT_TYPES), ("authorization_code",)
-        )
-        scope = sec.get("scope", yamlconf.string, "")
-        scope_tokens = tuple(scope.split())
-        for token in scope_tokens:
-            if token not in known_scopes:
-                reader.problem(
-                    sec.line_of("scope"), f"{where}.scope: {token!r} is not in the scopes list"
-                )
-        jwks = sec.raw("jwks")
-        require_pkce = sec.get("require_pkce", yamlconf.boolean, True)
-        redirect_uris = sec.list_of("redirect_uris", _redirect_uri)
-        client = ClientSettings(
-            client_id=client_id or "",
-            client_name=sec.get("client_name", yamlconf.non_empty_string, client_id or ""),
-            token_endpoint_auth_method=method,
-            client_secret_sha256=(
-                hashlib.sha256(secret.encode()).digest()
-                if secret and not isinstance(secret, Withheld)
-                else None  # a withheld secret authenticates nobody
-            ),
-            redirect_uris=redirect_uris,
-            post_logout_redirect_uris=sec.list_of("post_logout_redirect_uris", _redirect_uri),
-            grant_types=grant_types,
-            scope=scope_tokens,
-            resources=sec.list_of("resources", yamlconf.non_empty_string),
-            jwks=jwks if isinstance(jwks, dict) else None,
-            require_pkce=require_pkce,
-            skip_consent=sec.get("skip_consent", yamlconf.boolean, False),
-            id_token_signed_response_alg=sec.get(
-                "id_token_signed_response_alg", yamlconf.one_of(*SIGNING_ALGORITHMS), None
-            ),
-            introspection=sec.get("introspection", yamlconf.boolean, False),
-            application_type=sec.get(
-                "application_type", yamlconf.one_of(*APPLICATION_TYPES), "web"
-            ),
-            line=line,
-        )
-        sec.finish()
-        if method in ("client_secret_basic", "client_secret_post") and not has_secret:
-            reader.problem(line, f"{where}: {method} needs client_secret")
-        if method in ("none", "private_key_jwt") and has_secret:
-            reader.problem(secret_line, f"{where}: {method} clients have no secret")
-        if secret and not isinstance(secret, Withheld) and len(secret) < 32:
-            reader.problem(
-                secret_line,
-                f"{where}.client_secret: use at least 32 random characters "
-                "(secrets are stored with a fast hash, so they must not be guessable)",
-            )
-        if method == "private_key_jwt" and jwks is None:
-            reader.problem(line, f"{where}: private_key_jwt needs jwks (the client's public keys)")
-        elif jwks is not None:
-            problem = _jwks_problem(jwks)
-            if problem:
-                reader.problem(sec.line_of("jwks"), f"{where}.jwks: {problem}")
-        if client.public and not require_pkce:
-            reader.problem(sec.line_of("require_pkce"), f"{where}: public clients always use PKCE")
-        if client.public and "client_credentials" in grant_types:
-            reader.problem(
-                sec.line_of("grant_types"),
-                f"{where}: client_credentials needs a confidential client",
-            )
-        # An invalid URI is reported on its own line; here only a missing or empty list.
-        if "authorization_code" in grant_types and not sec.raw("redirect_uris"):
-            reader.problem(line, f"{where}: authorization_code needs redirect_uris")
-        if client_id in seen:
-            reader.problem(line, f"{where}: client_id is listed twice")
-        if client_id:
-            seen.add(client_id)
-            result.append(client)
-    return tuple(result)
+def _seconds(value: timedelta) -> str:
+    return f"{value.total_seconds():g}s"

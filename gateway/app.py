@@ -137,7 +137,8 @@ class Gateway:
         self.clock = clock
         # Opened first: it is the one step here that can fail on the file system, and it
         # must fail before a client session below exists that nothing would close.
-        self.access_log = AccessLog(settings.access_log) if settings.access_log.enabled else None
+        log = settings.request_log
+        self.access_log = AccessLog(log) if log.enabled else None
         self._keys_session = keys_session
         self._upstream = Upstream(
             upstream_session,
@@ -436,10 +437,10 @@ class Gateway:
         }
         self.token_cache.retain(lambda principal: principal.issuer in kept)
         self.token_cache.max_entries = new.token_cache_size
-        if new.access_log != old_settings.access_log:
+        if new.request_log != old_settings.request_log:
             if self.access_log is not None:
                 self.access_log.close()
-            self.access_log = AccessLog(new.access_log) if new.access_log.enabled else None
+            self.access_log = AccessLog(new.request_log) if new.request_log.enabled else None
         if new.log_level != old_settings.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
         self.settings, self.pipeline = new, pipeline

@@ -17,7 +17,7 @@ from . import bearer, policy, rules
 from .cors import CorsPolicy
 from .jwks import keys_session
 from .principal import Principal
-from .settings import CorsSettings, LimitRule, Settings
+from .settings import CorsSettings, LimitRule, RouteSettings, Settings
 from .verifiers import dispatch
 from .verifiers.base import InvalidToken, VerifierUnavailable
 from .verifiers.cache import TokenCache
@@ -38,7 +38,10 @@ def _cors(cors: CorsSettings) -> str:
 
 
 def describe(
-    rule: rules.Rule, segments: list[str], settings: Settings, origin: str | None = None
+    rule: rules.Rule[RouteSettings],
+    segments: list[str],
+    settings: Settings,
+    origin: str | None = None,
 ) -> list[str]:
     route = rule.settings
     methods = ", ".join(sorted(rule.methods)) if rule.methods else "any"
@@ -76,7 +79,7 @@ def describe(
             lines.append(f"  scopes: {what} {' '.join(sorted(route.scopes.scopes))}")
         else:
             lines.append("  scopes: none required")
-    if route.client_cert:
+    if route.needs_client_cert:
         lines.append("  client certificate: required (verified by the gateway's TLS; else 403)")
     max_body = route.max_body_size or settings.limits.max_body_size
     if max_body is not None:
@@ -85,7 +88,7 @@ def describe(
     return lines
 
 
-def _extras(rule: rules.Rule, settings: Settings, origin: str | None) -> list[str]:
+def _extras(rule: rules.Rule[RouteSettings], settings: Settings, origin: str | None) -> list[str]:
     route = rule.settings
     lines = []
     mode = route.mode or settings.mode
@@ -121,8 +124,9 @@ def _extras(rule: rules.Rule, settings: Settings, origin: str | None) -> list[st
             )
     else:
         lines.append("  cors: none (preflights are forwarded like any OPTIONS request)")
-    if route.websocket is not None:
-        expiry = "yes" if route.websocket.close_on_token_expiry else "no"
+    websocket = settings.websocket_of(route)
+    if websocket is not None:
+        expiry = "yes" if websocket.close_on_token_expiry else "no"
         lines.append(f"  websocket: proxied (closed when the token expires: {expiry})")
     return lines
 

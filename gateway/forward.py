@@ -468,7 +468,7 @@ class Forwarder:
         scopes = " ".join(string_header_value(s) for s in sorted(principal.scopes))
         headers.append((ids.scopes, scopes))
         headers.append((ids.issuer, string_header_value(principal.issuer)))
-        for header, claim in ids.claims:
+        for header, claim in ids.claims.items():
             claim_value = principal.claims.get(claim)
             if claim_value is not None:
                 headers.append((header, header_value(claim_value)))

@@ -41,7 +41,7 @@ from .exchange import PREFLIGHT, Exchange
 from .metrics import Metrics
 from .principal import Principal
 from .ratelimit import Limiter, Policy, Verdict
-from .settings import Settings, WebSocketSettings
+from .settings import RouteSettings, Settings, WebSocketSettings
 from .verifiers.base import InvalidToken, Verifier, VerifierUnavailable
 
 _VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
@@ -88,7 +88,7 @@ class RoutePlan:
     """A rule and what it needs beyond matching, compiled once per configuration. The plan
     without a rule is for requests no rule matches, forwarded in monitor mode."""
 
-    rule: rules.Rule | None
+    rule: rules.Rule[RouteSettings] | None
     monitor: bool
     cors: CorsPolicy | None
     limit: Policy | None
@@ -148,7 +148,7 @@ class Pipeline(Generic[F]):
         # by the gateway once the last request on this pipeline is done.
         self.retired: list[Resource] = []
 
-    def _plan(self, rule: rules.Rule) -> RoutePlan:
+    def _plan(self, rule: rules.Rule[RouteSettings]) -> RoutePlan:
         settings, route = self.settings, rule.settings
         cors = settings.cors if route.cors is None else route.cors
         limit_rule = settings.rate_limits.default if route.rate_limit is None else route.rate_limit
@@ -159,10 +159,10 @@ class Pipeline(Generic[F]):
             monitor=mode == "monitor",
             cors=CorsPolicy(cors) if cors else None,
             limit=Policy(route.name, limit_rule, self.addresses) if limit_rule else None,
-            websocket=route.websocket,
+            websocket=settings.websocket_of(route),
             max_body=max_body,
             allow_body_on_get=route.allow_body_on_get,
-            client_cert=route.client_cert,
+            client_cert=route.needs_client_cert,
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
@@ -314,7 +314,9 @@ class Pipeline(Generic[F]):
             return self.verifier.cached(authorization[0][7:])
         return None
 
-    async def verify(self, request: web.BaseRequest, rule: rules.Rule) -> Principal | Refusal:
+    async def verify(
+        self, request: web.BaseRequest, rule: rules.Rule[RouteSettings]
+    ) -> Principal | Refusal:
         """Steps 3 and 4 for a token not in the cache: its principal, or why not."""
         try:
             token = bearer.extract(request.headers.getall("Authorization", ()))
@@ -352,7 +354,7 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 6. decide
 
-    def decide(self, rule: rules.Rule, principal: Principal) -> Principal | Refusal:
+    def decide(self, rule: rules.Rule[RouteSettings], principal: Principal) -> Principal | Refusal:
         """Whether the verified principal may use the route."""
         decision = policy.decide(rule, principal)
         if isinstance(decision, policy.Allow):

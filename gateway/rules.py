@@ -16,6 +16,10 @@ reading, and they are paid for only when configured:
 - With case-insensitive matching, templates and paths are compared in lower case.
 A rule naming GET also takes HEAD (RFC 9110 §9.3.2), as the frameworks behind it do.
 
+Rules are made of plain route settings: anything with the attributes of `RouteSpec` (the
+gateway's `settings.RouteSettings`, which reads this module to check paths and the table
+at load). A `Rule` keeps the route it was made of, with its type, for the steps after it.
+
 `find_conflicts` rejects at load time a rule that can never match because an earlier rule
 takes every request it would match (including exact duplicates); `find_case_variants` warns
 where an upstream that ignores case would let a public rule take a protected rule's request.
@@ -30,11 +34,41 @@ import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Generic, NamedTuple, Protocol, TypeVar
 from urllib.parse import unquote
 
-if TYPE_CHECKING:
-    from .settings import IssuerSettings, RouteSettings
+
+class RouteSpec(Protocol):
+    """What a rule is made of: a route as the configuration gives it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def methods(self) -> frozenset[str] | None: ...  # None: every method
+    @property
+    def auth(self) -> str: ...  # required | none
+    @property
+    def issuers(self) -> tuple[str, ...] | None: ...  # None: every issuer
+    @property
+    def audience(self) -> str | None: ...  # None: the issuer's audiences
+    @property
+    def path_params(self) -> str: ...  # refuse | allow
+    @property
+    def line(self) -> int: ...
+
+
+class IssuerSpec(Protocol):
+    """What a rule needs of a trusted issuer."""
+
+    @property
+    def issuer(self) -> str: ...
+    @property
+    def audiences(self) -> tuple[str, ...]: ...
+
+
+R = TypeVar("R", bound=RouteSpec)
 
 _PARAM = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 # Characters a literal template segment may hold: RFC 3986 pchar without percent-encoding,
@@ -130,7 +164,7 @@ class Pattern:
         return not other.tail and len(other.segments) == len(self.segments)
 
 
-def methods_of(route: RouteSettings) -> frozenset[str] | None:
+def methods_of(route: RouteSpec) -> frozenset[str] | None:
     """The methods a rule takes (None: all): those it names, and HEAD with GET.
 
     RFC 9110 §9.3.2: HEAD is GET without the content, and frameworks answer it with the GET
@@ -144,11 +178,11 @@ def methods_of(route: RouteSettings) -> frozenset[str] | None:
 
 
 @dataclass(frozen=True)
-class Rule:
+class Rule(Generic[R]):
     """A route ready for requests: its pattern, and the audiences accepted per issuer."""
 
     index: int
-    settings: RouteSettings
+    settings: R
     pattern: Pattern
     public: bool
     # issuer -> audiences a token from that issuer must name one of; issuers absent here
@@ -243,17 +277,17 @@ def _folds_into_ascii(char: str) -> bool:
     )
 
 
-class Router:
+class Router(Generic[R]):
     """Rules indexed by method then first segment; `match` returns the first rule in file order."""
 
-    def __init__(self, rules: Sequence[Rule], *, fold_case: bool = False) -> None:
+    def __init__(self, rules: Sequence[Rule[R]], *, fold_case: bool = False) -> None:
         self.rules = tuple(rules)
         self.fold_case = fold_case
         # One route allowing parameters makes every match use the path without them: the
         # rule that decides is the one the upstream will serve.
         self.strips_parameters = any(r.path_params for r in rules)
         methods = {m for r in rules if r.methods for m in r.methods}
-        self._tables: dict[str, tuple[dict[str, tuple[Rule, ...]], tuple[Rule, ...]]] = {}
+        self._tables: dict[str, tuple[dict[str, tuple[Rule[R], ...]], tuple[Rule[R], ...]]] = {}
         for method in (*methods, _ANY):
             applicable = [r for r in rules if r.methods is None or method in r.methods]
             wildcard = tuple(r for r in applicable if not _literal_first(r.pattern))
@@ -284,7 +318,7 @@ class Router:
             _fold_case(segments)
         return RequestPath(segments, parameters)
 
-    def route(self, method: str, path: RequestPath) -> Rule | None:
+    def route(self, method: str, path: RequestPath) -> Rule[R] | None:
         """The rule for this request (None: unmatched); BadPath when the path has parameters
         and that rule does not allow them."""
         rule = self.match(method, path.segments)
@@ -292,12 +326,12 @@ class Router:
             raise _parameters_refused()
         return rule
 
-    def candidates(self, method: str, path: Sequence[str]) -> tuple[Rule, ...]:
+    def candidates(self, method: str, path: Sequence[str]) -> tuple[Rule[R], ...]:
         """The rules `match` tries for this request, in file order; no other rule could match."""
         buckets, wildcard = self._tables.get(method) or self._tables[_ANY]
         return buckets.get(path[0], wildcard) if path else wildcard
 
-    def match(self, method: str, path: Sequence[str]) -> Rule | None:
+    def match(self, method: str, path: Sequence[str]) -> Rule[R] | None:
         for rule in self.candidates(method, path):
             if rule.pattern.match(path):
                 return rule
@@ -340,11 +374,11 @@ def _literal_first(pattern: Pattern) -> bool:
 
 
 def compile_rules(
-    routes: Iterable[RouteSettings],
-    issuers: Sequence[IssuerSettings],
+    routes: Iterable[R],
+    issuers: Sequence[IssuerSpec],
     *,
     fold_case: bool = False,
-) -> Router:
+) -> Router[R]:
     compiled = []
     for index, route in enumerate(routes):
         allowed = route.issuers if route.issuers is not None else tuple(i.issuer for i in issuers)
@@ -381,7 +415,7 @@ def _methods_cover(outer: frozenset[str] | None, inner: frozenset[str] | None) -
     return inner is not None and inner <= outer
 
 
-def find_conflicts(routes: Sequence[RouteSettings], *, fold_case: bool = False) -> list[Conflict]:
+def find_conflicts(routes: Sequence[RouteSpec], *, fold_case: bool = False) -> list[Conflict]:
     """Rules that can never match: an earlier rule takes all their methods and paths."""
     patterns = [Pattern.parse(r.path, fold_case=fold_case) for r in routes]
     methods = [methods_of(r) for r in routes]
@@ -407,7 +441,7 @@ def find_conflicts(routes: Sequence[RouteSettings], *, fold_case: bool = False) 
     return conflicts
 
 
-def find_case_variants(routes: Sequence[RouteSettings]) -> list[Conflict]:
+def find_case_variants(routes: Sequence[RouteSpec]) -> list[Conflict]:
     """Public rules that take a request differing only in letter case from one a protected
     rule takes, such as `/docs/INTERNAL/x` beside a protected `/docs/internal/**` and a
     public `/docs/**`. Harmless while the upstream compares paths case-sensitively; an open

@@ -1,445 +1,109 @@
-"""The gateway's configuration: frozen dataclasses built from YAML, every problem with FILE:LINE.
+"""The gateway's configuration, declared once: each section a frozen dataclass whose fields
+carry their documentation, parser and bounds (portcullis.sections reads them from YAML with
+FILE:LINE problems, and describes them as JSON Schema and the README's reference).
 
 `load(path)` reads, interpolates `${VAR}` and `${file:PATH}`, validates every key (unknown
 keys are errors), and checks the route table for duplicates and rules shadowed by an earlier
-one. Nothing here does I/O beyond reading the file and the files it names (secrets,
-certificates and keys, which are loaded as the gateway would load them), so
+one (gateway.rules). Nothing here does I/O beyond reading the file and the files it names
+(secrets, certificates and keys, which are loaded as the gateway would load them), so
 `portcullis-gateway check` and the running gateway agree.
+
+A key is one line in the section that holds it; what spans several keys is its `validate`.
 """
 
 from __future__ import annotations
 
-import functools
-import ipaddress
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from portcullis import tls, yamlconf
-from portcullis.addresses import IPNetwork, network
-from portcullis.tls import ServerTls
-from portcullis.yamlconf import ConfigError, LocatedMap, Rate, Reader, Section
+from portcullis import sections, tls, yamlconf
+from portcullis.addresses import Address, IPNetwork, address, is_loopback, network, split_url
+from portcullis.sections import (
+    Check,
+    FrozenDict,
+    accepts,
+    named,
+    section,
+    section_line,
+    setting,
+    source_file,
+)
+from portcullis.tls import VerifyingServerTls
+from portcullis.yamlconf import ConfigError, Rate
 
 from . import rules
 
 # RFC 7518 §3.1 asymmetric algorithms plus EdDSA (RFC 8037). Symmetric (HS*) and `none` can
 # never be verified against a public key set (RFC 8725 §3.1, §3.2), so they are not offered.
-SUPPORTED_ALGORITHMS = (
-    "RS256",
-    "RS384",
-    "RS512",
-    "PS256",
-    "PS384",
-    "PS512",
-    "ES256",
-    "ES384",
-    "ES512",
-    "EdDSA",
-)
+SUPPORTED_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 DEFAULT_ALGORITHMS = ("RS256", "ES256", "EdDSA")
 HTTP_METHOD = re.compile(r"^[A-Z][A-Z0-9!#$%&'*+.^_`|~-]*$")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
-RESERVED_HEADERS = frozenset(
-    {
-        "host",
-        "authorization",
-        "content-length",
-        "content-type",
-        "transfer-encoding",
-        "connection",
-        "upgrade",
-        "te",
-        "trailer",
-        "keep-alive",
-        "proxy-authorization",
-        "cookie",
-        "expect",
-        "x-forwarded-for",
-        "x-forwarded-proto",
-        "x-forwarded-host",
-        "forwarded",
-        "via",
-        "x-request-id",
-    }
-)
+# Identity headers are stripped from every request: naming one of these would strip what HTTP
+# or the gateway itself needs.
+RESERVED_HEADERS = frozenset({
+    "host", "authorization", "content-length", "content-type", "transfer-encoding", "connection",
+    "upgrade", "te", "trailer", "keep-alive", "proxy-authorization", "cookie", "expect", "via",
+    "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded", "x-request-id",
+})
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
 SERVER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")  # a DNS name, for SNI
-
-
-@dataclass(frozen=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class UpstreamSettings:
-    url: str
-    connect_timeout: timedelta = timedelta(seconds=2)
-    read_timeout: timedelta = timedelta(seconds=30)
-    max_connections: int = 256
-    preserve_host: bool = False
-    # sensitive: rules compare paths as written; insensitive: in lower case, for upstreams
-    # that serve /Docs and /docs as one resource.
-    path_case: str = "sensitive"
-    # How long a request waits for a free pooled connection before 503 (all are in use).
-    pool_timeout: timedelta = timedelta(seconds=5)
-    # https upstreams: the CA its certificate chains to (default: the system's), the name
-    # it is checked against and sent as SNI (default: the URL's host), a client certificate.
-    ca_file: str | None = None
-    server_name: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-
-
-@dataclass(frozen=True)
-class IntrospectionSettings:
-    """How the gateway asks an issuer about a token (RFC 7662), with its own credentials."""
-
-    client_id: str
-    client_secret: str = field(repr=False)
-    url: str | None = None  # None: the introspection_endpoint of the discovery document
-    cache_ttl: timedelta = timedelta(seconds=10)  # active answers, never beyond the token's exp
-    inactive_cache_ttl: timedelta = timedelta(seconds=2)
-    cache_size: int = 10_000
-    timeout: timedelta = timedelta(seconds=2)
-    max_connections: int = 32
-    max_pending: int = 1024  # distinct tokens being asked about at once; more get 503
-
-
-@dataclass(frozen=True)
-class IssuerSettings:
-    issuer: str
-    audiences: tuple[str, ...]
-    jwks_uri: str | None = None
-    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
-    leeway: timedelta = timedelta(seconds=30)
-    require_typ: bool = True
-    allow_http: bool = False
-    line: int = 0
-    # jwt: JWTs verified locally; introspection: every token asked about at the issuer;
-    # auto: JWTs locally, any other token by introspection.
-    mode: str = "jwt"
-    introspection: IntrospectionSettings | None = None
-    ca_file: str | None = None  # for discovery, JWKS and introspection; default: system CAs
-
-    @property
-    def uses_keys(self) -> bool:
-        return self.mode in ("jwt", "auto")
-
-    @property
-    def takes_opaque_tokens(self) -> bool:
-        return self.mode in ("introspection", "auto")
-
-
-@dataclass(frozen=True)
-class JwksSettings:
-    min_ttl: timedelta = timedelta(minutes=5)
-    max_ttl: timedelta = timedelta(hours=24)
-    refetch_cooldown: timedelta = timedelta(seconds=30)
-    fetch_timeout: timedelta = timedelta(seconds=5)
-    max_backoff: timedelta = timedelta(minutes=1)
-
-
-@dataclass(frozen=True)
-class IdentityHeaders:
-    subject: str = "X-Auth-Subject"
-    client_id: str = "X-Auth-Client-Id"
-    scopes: str = "X-Auth-Scopes"
-    issuer: str = "X-Auth-Issuer"
-    claims: tuple[tuple[str, str], ...] = ()  # (header, claim name)
-    # Of a client certificate the gateway's TLS listener verified; None: not sent.
-    client_cert_subject: str | None = None  # the subject DN (RFC 4514)
-    client_cert_san: str | None = None  # the subject alternative names
-
-    def names(self) -> tuple[str, ...]:
-        return (
-            self.subject,
-            self.client_id,
-            self.scopes,
-            self.issuer,
-            *(header for header, _ in self.claims),
-            *(h for h in (self.client_cert_subject, self.client_cert_san) if h is not None),
-        )
-
-    @property
-    def client_cert(self) -> bool:
-        return self.client_cert_subject is not None or self.client_cert_san is not None
-
-
-@dataclass(frozen=True)
-class ForwardSettings:
-    strip_authorization: bool = False
-    request_id_header: str = "X-Request-Id"
-    buffer_size: int = 64 * 1024  # bodies with a Content-Length up to this are sent in one piece
-    traceparent: bool = True  # W3C Trace Context: propagated upstream, created when absent
-    # X-HTTP-Method-Override and its kin are dropped: a route's methods are checked on the
-    # method the gateway saw, and an upstream honouring the header would run another one.
-    strip_method_override: bool = True
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_line_size: int = 8 * 1024
-    max_field_size: int = 8 * 1024
-    max_headers: int = 100
-    max_body_size: int | None = None
-    idle_timeout: timedelta = timedelta(seconds=60)
-    body_timeout: timedelta = timedelta(seconds=30)  # the longest pause inside a body
-    body_total_timeout: timedelta = timedelta(minutes=5)  # the whole body, however it trickles
-    max_bodies_per_client: int = 32  # bodies arriving at once from one address; 0: no cap
-    max_connections: int = 10_000  # client connections per process; more are closed at once
-
-
-@dataclass(frozen=True)
-class ScopeRule:
-    mode: str  # "any" or "all"
-    scopes: frozenset[str]
-
-
 LIMIT_KEYS = ("subject", "client_id", "ip", "route")
-LIMIT_KEY_PREFIXES = ("header:", "claim:")
 IDENTITY_LIMIT_KEYS = ("subject", "client_id")  # and claim:NAME: they need a verified token
+ZERO = timedelta(0)
 
 
-@dataclass(frozen=True)
-class LimitRule:
-    """A token bucket: `burst` requests at once, refilled at `rate`, one bucket per key."""
-
-    rate: Rate
-    burst: int
-    key: str  # subject | client_id | ip | route | header:NAME | claim:NAME
-    line: int = 0
-
-    @property
-    def needs_token(self) -> bool:
-        return self.key in IDENTITY_LIMIT_KEYS or self.key.startswith("claim:")
+# ---------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True)
-class RateLimitSettings:
-    backend: str = "memory"  # or redis://host:port/db, rediss://..., unix:///path
-    default: LimitRule | None = None
-    pre_auth: LimitRule | None = None  # per client address, charged before verifying a token
-    on_backend_error: str = "allow"  # allow | deny, when the shared backend cannot answer
-    timeout: timedelta = timedelta(milliseconds=100)
-    max_keys: int = 100_000  # buckets the memory backend holds at most
-    max_connections: int = 32  # to Redis, per gateway process
-    key_prefix: str = "portcullis:rl:"
-    headers: bool = True  # RateLimit-Policy / RateLimit on answers
-
-    @property
-    def redis(self) -> bool:
-        return self.backend != "memory"
+def _text(value: Any, pattern: re.Pattern[str], problem: str) -> str:
+    text = yamlconf.non_empty_string(value)
+    if not pattern.match(text):
+        raise ValueError(f"{text!r} {problem}")
+    return text
 
 
-@dataclass(frozen=True)
-class CorsSettings:
-    allow_origins: tuple[str, ...]  # exact origins, or ("*",)
-    allow_methods: tuple[str, ...] = ("GET", "HEAD", "POST")
-    allow_headers: tuple[str, ...] = ("Authorization", "Content-Type")
-    expose_headers: tuple[str, ...] = ()
-    allow_credentials: bool = False
-    max_age: timedelta = timedelta(minutes=10)
-    line: int = 0
+@accepts({"type": "string", "title": "header name", "pattern": HEADER_NAME.pattern})
+def header(value: Any) -> str:
+    return _text(value, HEADER_NAME, "is not a valid header name")
 
 
-@dataclass(frozen=True)
-class WebSocketSettings:
-    close_on_token_expiry: bool = False
-    max_message_size: int = 4 * 1024 * 1024
-    heartbeat: timedelta | None = None  # ping both peers this often when set
+@accepts({"type": "string", "title": "method", "pattern": HTTP_METHOD.pattern})
+def method(value: Any) -> str:
+    return _text(value, HTTP_METHOD, "is not an HTTP method in upper case")
 
 
-@dataclass(frozen=True)
-class AccessLogSettings:
-    # Off without an access_log section: a line per request costs a few percent of the
-    # gateway's throughput, so it is asked for, not imposed. A section turns it on.
-    enabled: bool = False
-    output: str = "stderr"  # stderr | stdout | a file path (appended to)
-    include_query: bool = False
-    subject: str = "plain"  # plain | hashed | omitted
-    subject_hash_key: str = field(default="", repr=False)
-    flush_interval: timedelta = timedelta(milliseconds=200)
+@accepts({"type": "string", "title": "scope", "pattern": SCOPE_TOKEN.pattern})
+def scope(value: Any) -> str:
+    return _text(value, SCOPE_TOKEN, "is not a scope (no spaces, quotes or backslashes)")
 
 
-@dataclass(frozen=True)
-class ReloadSettings:
-    watch: bool = True  # reload when the file changes, besides on SIGHUP
-    interval: timedelta = timedelta(seconds=1)
+@accepts({"type": "string", "title": "host name", "pattern": SERVER_NAME.pattern})
+def server_name(value: Any) -> str:
+    return _text(value, SERVER_NAME, "is not a host name (no scheme, port or path)")
 
 
-@dataclass(frozen=True)
-class RouteSettings:
-    name: str
-    path: str
-    methods: frozenset[str] | None = None  # None: every method
-    auth: str = "required"
-    issuers: tuple[str, ...] | None = None
-    audience: str | None = None
-    scopes: ScopeRule | None = None
-    max_body_size: int | None = None
-    line: int = 0
-    mode: str | None = None  # enforce | monitor; None: the global mode
-    rate_limit: LimitRule | Literal[False] | None = None  # None: the default; False: none
-    cors: CorsSettings | Literal[False] | None = None  # None: the global cors; False: none
-    websocket: WebSocketSettings | None = None  # None: upgrades are not proxied
-    path_params: str = "refuse"  # refuse | allow: requests with `;` path parameters
-    allow_body_on_get: bool = False  # a body on GET or HEAD is refused (400) unless true
-    client_cert: bool = False  # True: only requests with a verified client certificate
+@accepts({"type": "string"})
+def header_or_star(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    return text if text == "*" else header(text)
 
 
-@dataclass(frozen=True)
-class Settings:
-    file: str
-    upstream: UpstreamSettings
-    issuers: tuple[IssuerSettings, ...]
-    routes: tuple[RouteSettings, ...]
-    listen: Address = Address("0.0.0.0", 8080)
-    admin_listen: Address = Address("127.0.0.1", 9901)
-    realm: str = "portcullis"
-    server_header: str = ""  # the Server field of the gateway's own answers; "": none
-    unmatched: str = "deny"
-    jwks: JwksSettings = field(default_factory=JwksSettings)
-    identity_headers: IdentityHeaders = field(default_factory=IdentityHeaders)
-    forward: ForwardSettings = field(default_factory=ForwardSettings)
-    limits: Limits = field(default_factory=Limits)
-    token_cache_size: int = 100_000
-    workers: int = 1
-    shutdown_grace: timedelta = timedelta(seconds=20)
-    log_level: str = "info"
-    mode: str = "enforce"  # enforce | monitor
-    rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
-    trusted_proxies: tuple[IPNetwork, ...] = ()
-    cors: CorsSettings | None = None
-    websocket: WebSocketSettings = field(default_factory=WebSocketSettings)
-    access_log: AccessLogSettings = field(default_factory=AccessLogSettings)
-    reload: ReloadSettings = field(default_factory=ReloadSettings)
-    tls: ServerTls | None = None  # of the public listener; None: plain HTTP
-
-    def issuer(self, url: str) -> IssuerSettings | None:
-        return next((i for i in self.issuers if i.issuer == url), None)
-
-
-# ---------------------------------------------------------------------------- loading
-
-
-def load(path: str, env: Mapping[str, str] | None = None, *, secrets: bool = True) -> Settings:
-    """Read and validate a gateway config file; raise ConfigError listing every problem.
-
-    `secrets=False` is for commands that use no secret and serve nothing (`explain` without
-    a token): secrets and key material are then neither read nor required.
-    """
-    return parse(yamlconf.load_file(path, env, keep_incomplete=True), path, secrets=secrets)
-
-
-def load_text(
-    text: str, file: str = "<text>", env: Mapping[str, str] | None = None, *, secrets: bool = True
-) -> Settings:
-    return parse(yamlconf.load_text(text, file, env, keep_incomplete=True), file, secrets=secrets)
-
-
-def parse(data: LocatedMap, file: str, *, secrets: bool = True) -> Settings:
-    reader = Reader(file, data.incomplete, secrets=secrets)
-    top = Section(reader, data, "config")
-    upstream = _upstream(reader, top)
-    issuers = _issuers(reader, top)
-    websocket = _websocket(reader, top)
-    settings = Settings(
-        file=file,
-        upstream=upstream or UpstreamSettings(url="http://invalid"),
-        issuers=issuers,
-        routes=_routes(reader, top, issuers, websocket),
-        listen=top.get("listen", _address, Settings.listen),
-        admin_listen=top.get("admin_listen", _address, Settings.admin_listen),
-        realm=top.get("realm", _realm, Settings.realm),
-        server_header=top.get("server_header", _server_header, ""),
-        unmatched=top.get("unmatched", yamlconf.one_of("deny"), "deny"),
-        jwks=_jwks(reader, top),
-        identity_headers=_identity_headers(reader, top),
-        forward=_forward(reader, top),
-        limits=_limits(reader, top),
-        token_cache_size=top.get("token_cache_size", yamlconf.integer(0, 10_000_000), 100_000),
-        workers=top.get("workers", yamlconf.integer(1, 256), 1),
-        shutdown_grace=top.get("shutdown_grace", yamlconf.duration, Settings.shutdown_grace),
-        log_level=top.get(
-            "log_level", yamlconf.one_of("debug", "info", "warning", "error"), "info"
-        ),
-        mode=top.get("mode", yamlconf.one_of("enforce", "monitor"), "enforce"),
-        rate_limits=_rate_limits(reader, top),
-        trusted_proxies=top.list_of("trusted_proxies", network),
-        cors=_global_cors(reader, top),
-        websocket=websocket,
-        access_log=_access_log(reader, top),
-        reload=_reload(reader, top),
-        tls=(
-            tls.parse_server(reader, top.raw("tls"), "tls", top.line_of("tls"), client_auth=True)
-            if top.has("tls")
-            else None
-        ),
-    )
-    top.finish()
-    if _overlap(settings.listen, settings.admin_listen):
-        reader.problem(top.line_of("admin_listen"), "admin_listen must differ from listen")
-    _check_client_cert_use(reader, top, settings)
-    # Routes with a broken path are already left out, so the rest can be checked now and
-    # every problem of the file is reported in one run.
-    fold_case = settings.upstream.path_case == "insensitive"
-    for conflict in rules.find_conflicts(settings.routes, fold_case=fold_case):
-        reader.problem(conflict.line, conflict.message)
-    reader.raise_if_any()
-    return settings
-
-
-def _check_client_cert_use(reader: Reader, top: Section, settings: Settings) -> None:
-    """Client certificates are known only when the gateway's own listener verifies them."""
-    if settings.tls is not None and settings.tls.client_ca_file is not None:
-        return
-    need = "needs tls.client_ca_file (the gateway's listener verifies client certificates)"
-    headers = settings.identity_headers
-    if headers.client_cert:
-        reader.problem(top.line_of("identity_headers"), f"identity_headers: client_cert_* {need}")
-    for route in settings.routes:
-        if route.client_cert:
-            reader.problem(route.line, f"route {route.name!r}: client_cert: required {need}")
-
-
-_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})
-
-
-def _overlap(a: Address, b: Address) -> bool:
-    """Whether two listeners would claim the same socket (a wildcard host takes them all)."""
-    if a.port != b.port:
-        return False
-    return a.host == b.host or a.host in _WILDCARD_HOSTS or b.host in _WILDCARD_HOSTS
-
-
-def _address(value: Any) -> Address:
-    text = yamlconf.string(value)
-    host, sep, port = text.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not host:port")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not host:
-        raise ValueError(f"{text!r} has no host (use 0.0.0.0:{port} for every interface)")
-    return Address(host, int(port))
-
-
-def _realm(value: Any) -> str:
+@accepts({"type": "string"})
+def realm(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if not re.fullmatch(r"[\x20\x21\x23-\x5B\x5D-\x7E]+", text):
         raise ValueError("may contain printable ASCII except quotes and backslashes")
     return text
 
 
-def _server_header(value: Any) -> str:
+@accepts({"type": "string", "pattern": r"^([\x21-\x7E]([\x20-\x7E]*[\x21-\x7E])?)?$"})
+def server_header(value: Any) -> str:
     """RFC 9110 §10.2.4: product tokens and comments; here any visible ASCII with inner
     spaces, so the value can never break the header section. Empty: no Server field."""
     text = yamlconf.string(value)
@@ -448,102 +112,41 @@ def _server_header(value: Any) -> str:
     return text
 
 
-def _is_loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _url(value: Any, allow_http: bool) -> str:
-    text = yamlconf.non_empty_string(value)
-    parts = urlsplit(text)
+@accepts({"type": "string", "title": "URL", "pattern": "://"})
+def url(value: Any) -> str:
+    """An http(s) URL without query or fragment; whether plain http is allowed is the
+    issuer's `allow_http` (checked by its section)."""
+    text, parts = split_url(value)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ValueError(f"{text!r} is not an http(s) URL")
-    if parts.scheme == "http" and not (allow_http or _is_loopback(parts.hostname)):
-        raise ValueError(
-            f"{text!r} uses plain http; tokens and keys must come over https "
-            "(set allow_http: true only inside a trusted network)"
-        )
     if parts.query or parts.fragment:
         raise ValueError(f"{text!r} must not have a query or fragment")
     return text
 
 
-def _upstream(reader: Reader, top: Section) -> UpstreamSettings | None:
-    if not top.has("upstream"):
-        reader.problem(top.line, "config: upstream is required (the API requests go to)")
-        return None
-    sec = reader.section(top.raw("upstream"), "upstream", top.line_of("upstream"))
-    if sec is None:
-        return None
-    url = sec.get("url", yamlconf.non_empty_string)
-    if url is not None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            reader.problem(sec.line_of("url"), f"upstream.url: {url!r} is not an http(s) URL")
-        elif parts.query or parts.fragment:
-            reader.problem(sec.line_of("url"), "upstream.url: must not have a query or fragment")
-    result = UpstreamSettings(
-        url=(url or "").rstrip("/"),
-        connect_timeout=sec.get(
-            "connect_timeout", yamlconf.duration, UpstreamSettings.connect_timeout
-        ),
-        read_timeout=sec.get("read_timeout", yamlconf.duration, UpstreamSettings.read_timeout),
-        max_connections=sec.get("max_connections", yamlconf.integer(1, 100_000), 256),
-        preserve_host=sec.get("preserve_host", yamlconf.boolean, False),
-        path_case=sec.get(
-            "path_case", yamlconf.one_of("sensitive", "insensitive"), UpstreamSettings.path_case
-        ),
-        pool_timeout=sec.get("pool_timeout", yamlconf.duration, UpstreamSettings.pool_timeout),
-        ca_file=sec.get("ca_file", yamlconf.non_empty_string, None),
-        server_name=sec.get("server_name", _server_name, None),
-        cert_file=sec.get("cert_file", yamlconf.non_empty_string, None),
-        key_file=sec.get("key_file", yamlconf.non_empty_string, None),
-    )
-    sec.finish()
-    _check_upstream_tls(reader, sec, result)
-    if result.pool_timeout <= timedelta(0):
-        reader.problem(sec.line_of("pool_timeout"), "upstream.pool_timeout: must be more than 0s")
-    return result
+@accepts({"type": "string", "title": "URL", "pattern": "://"})
+def upstream_url(value: Any) -> str:
+    text, parts = split_url(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http(s) URL")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    return text.rstrip("/")
 
 
-def _server_name(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    if not SERVER_NAME.match(text):
-        raise ValueError(f"{text!r} is not a host name (no scheme, port or path)")
-    return text
-
-
-def _check_upstream_tls(reader: Reader, sec: Section, up: UpstreamSettings) -> None:
-    """TLS options need an https URL, a client certificate needs its key, and every file
-    named must load as the gateway will load it."""
-    options = [k for k in ("ca_file", "server_name", "cert_file", "key_file") if sec.has(k)]
-    if options and urlsplit(up.url).scheme != "https":
-        for key in options:
-            reader.problem(sec.line_of(key), f"upstream.{key}: only with an https:// url")
-        return
-    if (up.cert_file is None) != (up.key_file is None):
-        missing = "key_file" if up.key_file is None else "cert_file"
-        reader.problem(
-            sec.line,
-            f"upstream: a client certificate needs both cert_file and "
-            f"key_file ({missing} is missing)",
+def _plain_http(url: str | None) -> str | None:
+    """Why `url` may not be used unless `allow_http` is set, if it may not."""
+    parts = urlsplit(url or "")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        return (
+            f"{url!r} uses plain http; tokens and keys must come over https "
+            "(set allow_http: true only inside a trusted network)"
         )
-        return
-    if not reader.secrets:
-        return
-    if up.ca_file is not None:
-        tls.check_ca(reader, sec, "ca_file", up.ca_file)
-    if up.cert_file is not None and up.key_file is not None:
-        tls.check_client_pair(reader, sec, up.cert_file, up.key_file)
+    return None
 
 
-def _algorithm(value: Any) -> str:
+@accepts({"enum": list(SUPPORTED_ALGORITHMS)})
+def algorithm(value: Any) -> str:
     name = yamlconf.string(value)
     if name == "none" or name.upper() in ("HS256", "HS384", "HS512"):
         raise ValueError(
@@ -557,403 +160,21 @@ def _algorithm(value: Any) -> str:
     return name
 
 
-def _issuers(reader: Reader, top: Section) -> tuple[IssuerSettings, ...]:
-    raw = top.raw("issuers")
-    if raw is None:
-        reader.problem(top.line, "config: issuers is required (a list of trusted token issuers)")
-        return ()
-    result: list[IssuerSettings] = []
-    seen: dict[str, int] = {}
-    for index, line, item in reader.items(raw, "issuers", top.line_of("issuers")):
-        sec = reader.section(item, f"issuers[{index}]", line)
-        if sec is None:
-            continue
-        allow_http = sec.get("allow_http", yamlconf.boolean, False)
-        issuer = sec.get("issuer", functools.partial(_url, allow_http=allow_http))
-        jwks_uri = sec.get("jwks_uri", functools.partial(_url, allow_http=allow_http), None)
-        audiences = sec.list_of("audiences", yamlconf.non_empty_string)
-        if not audiences and sec.has("issuer"):
-            reader.problem(
-                sec.line, f"issuers[{index}]: audiences is required (RFC 9068 §4: aud is checked)"
-            )
-        algorithms = sec.list_of("algorithms", _algorithm, DEFAULT_ALGORITHMS)
-        if _empty_list(sec.raw("algorithms")):
-            reader.problem(sec.line_of("algorithms"), f"issuers[{index}].algorithms: empty")
-        mode = sec.get("mode", yamlconf.one_of("jwt", "introspection", "auto"), "jwt")
-        introspection = None
-        if sec.has("introspection"):
-            introspection = _introspection(
-                reader,
-                sec.raw("introspection"),
-                f"issuers[{index}].introspection",
-                sec.line_of("introspection"),
-                allow_http,
-            )
-            if mode == "jwt":
-                reader.problem(
-                    sec.line_of("introspection"),
-                    f"issuers[{index}].introspection: only used with mode introspection or auto",
-                )
-        elif mode in ("introspection", "auto"):
-            reader.problem(
-                sec.line_of("mode"),
-                f"issuers[{index}]: mode {mode} needs an introspection section "
-                "(client_id and client_secret of the gateway)",
-            )
-        entry = IssuerSettings(
-            issuer=issuer or "",
-            audiences=audiences,
-            jwks_uri=jwks_uri,
-            algorithms=algorithms or DEFAULT_ALGORITHMS,
-            leeway=sec.get("leeway", yamlconf.duration, IssuerSettings.leeway),
-            require_typ=sec.get("require_typ", yamlconf.boolean, True),
-            allow_http=allow_http,
-            line=line,
-            mode=mode or "jwt",
-            introspection=introspection,
-            ca_file=sec.get("ca_file", yamlconf.non_empty_string, None),
-        )
-        sec.finish()
-        if entry.ca_file is not None and reader.secrets:
-            tls.check_ca(reader, sec, "ca_file", entry.ca_file)
-        if issuer:
-            if issuer in seen:
-                reader.problem(
-                    line, f"issuers[{index}]: {issuer} is already listed on line {seen[issuer]}"
-                )
-            seen[issuer] = line
-        result.append(entry)
-    if isinstance(raw, list) and not raw:
-        reader.problem(top.line_of("issuers"), "config: issuers must list at least one issuer")
-    opaque = [i for i in result if i.takes_opaque_tokens]
-    for later in opaque[1:]:
-        # A token that is not a JWT names no issuer: it could only be sent to one of them,
-        # and sending it to an issuer that did not make it would hand the token over.
-        reader.problem(
-            later.line,
-            f"issuers: only one issuer may use mode introspection or auto "
-            f"(already {opaque[0].issuer} on line {opaque[0].line})",
-        )
-    return tuple(result)
-
-
-def _secret(value: Any) -> str:
-    """A secret: its value never appears in a message."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("must be a non-empty string (quote it; the value is not shown)")
-    return value
-
-
-def _introspection(
-    reader: Reader, raw: Any, where: str, line: int, allow_http: bool
-) -> IntrospectionSettings | None:
-    sec = reader.section(raw, where, line)
-    if sec is None:
-        return None
-    d = IntrospectionSettings("", "")
-    if not (sec.has("client_secret") or sec.has("client_secret_file")):
-        reader.problem(sec.line, f"{where}: client_secret (or client_secret_file) is required")
-    result = IntrospectionSettings(
-        client_id=sec.get("client_id", yamlconf.non_empty_string),
-        client_secret=sec.secret("client_secret", _secret) or "",
-        url=sec.get("url", functools.partial(_url, allow_http=allow_http), None),
-        cache_ttl=sec.get("cache_ttl", yamlconf.duration, d.cache_ttl),
-        inactive_cache_ttl=sec.get("inactive_cache_ttl", yamlconf.duration, d.inactive_cache_ttl),
-        cache_size=sec.get("cache_size", yamlconf.integer(0, 10_000_000), d.cache_size),
-        timeout=sec.get("timeout", yamlconf.duration, d.timeout),
-        max_connections=sec.get("max_connections", yamlconf.integer(1, 10_000), d.max_connections),
-        max_pending=sec.get("max_pending", yamlconf.integer(1, 1_000_000), d.max_pending),
-    )
-    sec.finish()
-    if result.timeout <= timedelta(0):
-        reader.problem(sec.line_of("timeout"), f"{where}.timeout: must be more than 0s")
-    return result
-
-
-def _jwks(reader: Reader, top: Section) -> JwksSettings:
-    sec = top.subsection("jwks")
-    if sec is None:
-        return JwksSettings()
-    d = JwksSettings()
-    result = JwksSettings(
-        min_ttl=sec.get("min_ttl", yamlconf.duration, d.min_ttl),
-        max_ttl=sec.get("max_ttl", yamlconf.duration, d.max_ttl),
-        refetch_cooldown=sec.get("refetch_cooldown", yamlconf.duration, d.refetch_cooldown),
-        fetch_timeout=sec.get("fetch_timeout", yamlconf.duration, d.fetch_timeout),
-        max_backoff=sec.get("max_backoff", yamlconf.duration, d.max_backoff),
-    )
-    sec.finish()
-    if result.min_ttl > result.max_ttl:
-        reader.problem(sec.line, "jwks: min_ttl must not exceed max_ttl")
-    return result
-
-
-def _header_name(value: Any) -> str:
-    name = yamlconf.non_empty_string(value)
-    if not HEADER_NAME.match(name):
-        raise ValueError(f"{name!r} is not a valid header name")
-    return name
-
-
-def _identity_headers(reader: Reader, top: Section) -> IdentityHeaders:
-    if not top.has("identity_headers"):
-        top.raw("identity_headers")
-        return IdentityHeaders()
-    sec = reader.section(
-        top.raw("identity_headers"), "identity_headers", top.line_of("identity_headers")
-    )
-    if sec is None:
-        return IdentityHeaders()
-    d = IdentityHeaders()
-    claims: list[tuple[str, str]] = []
-    raw_claims = sec.raw("claims")
-    if raw_claims is not None:
-        claim_sec = reader.section(raw_claims, "identity_headers.claims", sec.line_of("claims"))
-        if claim_sec is not None:
-            for header in list(claim_sec.data):
-                try:
-                    _header_name(header)
-                except ValueError as exc:
-                    reader.problem(claim_sec.line_of(header), f"identity_headers.claims: {exc}")
-                    claim_sec.raw(header)
-                    continue
-                claim = claim_sec.get(header, yamlconf.non_empty_string)
-                if claim:
-                    claims.append((header, claim))
-    result = IdentityHeaders(
-        subject=sec.get("subject", _header_name, d.subject),
-        client_id=sec.get("client_id", _header_name, d.client_id),
-        scopes=sec.get("scopes", _header_name, d.scopes),
-        issuer=sec.get("issuer", _header_name, d.issuer),
-        claims=tuple(claims),
-        client_cert_subject=sec.get("client_cert_subject", _header_name, None),
-        client_cert_san=sec.get("client_cert_san", _header_name, None),
-    )
-    sec.finish()
-    lowered = [n.lower().replace("_", "-") for n in result.names()]
-    if len(set(lowered)) != len(lowered):
-        reader.problem(sec.line, "identity_headers: two identity values use the same header")
-    for name in sorted(set(lowered) & RESERVED_HEADERS):
-        # Identity headers are stripped from every request: naming one of these would strip
-        # what HTTP or the gateway itself needs.
-        reader.problem(sec.line, f"identity_headers: {name} cannot carry an identity")
-    return result
-
-
-def _forward(reader: Reader, top: Section) -> ForwardSettings:
-    sec = top.subsection("forward")
-    if sec is None:
-        return ForwardSettings()
-    d = ForwardSettings()
-    result = ForwardSettings(
-        strip_authorization=sec.get("strip_authorization", yamlconf.boolean, d.strip_authorization),
-        request_id_header=sec.get("request_id_header", _header_name, d.request_id_header),
-        buffer_size=sec.get("buffer_size", yamlconf.size, d.buffer_size),
-        traceparent=sec.get("traceparent", yamlconf.boolean, d.traceparent),
-        strip_method_override=sec.get(
-            "strip_method_override", yamlconf.boolean, d.strip_method_override
-        ),
-    )
-    sec.finish()
-    return result
-
-
-def _limits(reader: Reader, top: Section) -> Limits:
-    sec = top.subsection("limits")
-    if sec is None:
-        return Limits()
-    d = Limits()
-    result = Limits(
-        max_line_size=sec.get("max_line_size", yamlconf.size, d.max_line_size),
-        max_field_size=sec.get("max_field_size", yamlconf.size, d.max_field_size),
-        max_headers=sec.get("max_headers", yamlconf.integer(1, 10_000), d.max_headers),
-        max_body_size=sec.get("max_body_size", yamlconf.size, None),
-        idle_timeout=sec.get("idle_timeout", yamlconf.duration, d.idle_timeout),
-        body_timeout=sec.get("body_timeout", yamlconf.duration, d.body_timeout),
-        body_total_timeout=sec.get("body_total_timeout", yamlconf.duration, d.body_total_timeout),
-        max_bodies_per_client=sec.get(
-            "max_bodies_per_client", yamlconf.integer(0, 1_000_000), d.max_bodies_per_client
-        ),
-        max_connections=sec.get(
-            "max_connections", yamlconf.integer(1, 10_000_000), d.max_connections
-        ),
-    )
-    sec.finish()
-    if result.body_total_timeout <= timedelta(0):
-        reader.problem(
-            sec.line_of("body_total_timeout"), "limits.body_total_timeout: must be more than 0s"
-        )
-    return result
-
-
-def _empty_list(raw: Any) -> bool:
-    """An explicitly empty list (`[]`); a bad item or a non-list is reported on its own."""
-    return isinstance(raw, list) and not raw
-
-
-def _method(value: Any) -> str:
+@accepts({"type": "string", "title": "path template", "pattern": "^/"})
+def path_template(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
-    if not HTTP_METHOD.match(text):
-        raise ValueError(f"{text!r} is not an HTTP method in upper case")
+    rules.Pattern.parse(text)  # refused here, on its line, rather than when compiled
     return text
 
 
-def _scope_rule(reader: Reader, raw: Any, where: str, line: int) -> ScopeRule | None:
-    sec = reader.section(raw, where, line)
-    if sec is None:
-        return None
-    modes = [m for m in ("any", "all") if sec.has(m)]
-    rule = None
-    if len(modes) != 1:
-        reader.problem(sec.line, f"{where}: give exactly one of any or all")
-    else:
-        scopes = sec.list_of(modes[0], _scope_token)
-        if _empty_list(sec.raw(modes[0])):
-            reader.problem(sec.line_of(modes[0]), f"{where}.{modes[0]}: list at least one scope")
-        rule = ScopeRule(modes[0], frozenset(scopes))
-    for m in ("any", "all"):
-        sec.raw(m)
-    sec.finish()
-    return rule
-
-
-def _scope_token(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    if not SCOPE_TOKEN.match(text):
-        raise ValueError(f"{text!r} is not a scope (no spaces, quotes or backslashes)")
-    return text
-
-
-def _routes(
-    reader: Reader,
-    top: Section,
-    issuers: tuple[IssuerSettings, ...],
-    websocket: WebSocketSettings,
-) -> tuple[RouteSettings, ...]:
-    raw = top.raw("routes")
-    if raw is None:
-        reader.problem(top.line, "config: routes is required (unmatched requests are denied)")
-        return ()
-    known_issuers = {i.issuer for i in issuers}
-    names: dict[str, int] = {}
-    result: list[RouteSettings] = []
-    for index, line, item in reader.items(raw, "routes", top.line_of("routes")):
-        sec = reader.section(item, f"routes[{index}]", line)
-        if sec is None:
-            continue
-        name = sec.get("name", yamlconf.non_empty_string)
-        where = f"route {name!r}" if name else f"routes[{index}]"
-        sec.where = where
-        if name:
-            if name in names:
-                reader.problem(line, f"{where}: the name is already used on line {names[name]}")
-            names[name] = line
-        path = sec.get("path", yamlconf.non_empty_string)
-        if path is not None:
-            try:
-                rules.Pattern.parse(path)
-            except ValueError as exc:
-                reader.problem(sec.line_of("path"), f"{where}.path: {exc}")
-                path = None  # type: ignore[assignment]
-        methods = sec.list_of("methods", _method) if sec.has("methods") else None
-        if _empty_list(sec.raw("methods")):
-            reader.problem(sec.line_of("methods"), f"{where}.methods: list at least one method")
-        auth = sec.get("auth", yamlconf.one_of("required", "none"), "required")
-        route_issuers = (
-            sec.list_of("issuers", yamlconf.non_empty_string) if sec.has("issuers") else None
-        )
-        if _empty_list(sec.raw("issuers")):
-            reader.problem(
-                sec.line_of("issuers"),
-                f"{where}.issuers: list at least one issuer (or leave the key out for all)",
-            )
-        for issuer in route_issuers or ():
-            if issuer not in known_issuers:
-                reader.problem(
-                    sec.line_of("issuers"), f"{where}.issuers: {issuer} is not in the issuers list"
-                )
-        audience = sec.get("audience", yamlconf.non_empty_string, None)
-        scopes = (
-            _scope_rule(reader, sec.raw("scopes"), f"{where}.scopes", sec.line_of("scopes"))
-            if sec.has("scopes")
-            else None
-        )
-        if auth == "none":
-            for key in ("issuers", "audience", "scopes"):
-                if sec.has(key):
-                    reader.problem(
-                        sec.line_of(key), f"{where}.{key}: means nothing with auth: none"
-                    )
-        rate_limit: LimitRule | Literal[False] | None = None
-        if sec.has("rate_limit"):
-            raw_limit = sec.raw("rate_limit")
-            if raw_limit is False:
-                rate_limit = False
-            else:
-                rate_limit = _limit_rule(
-                    reader, raw_limit, f"{where}.rate_limit", sec.line_of("rate_limit")
-                )
-                if rate_limit is not None and auth == "none" and rate_limit.needs_token:
-                    reader.problem(
-                        sec.line_of("rate_limit"),
-                        f"{where}.rate_limit.key: {rate_limit.key} needs a token, and this "
-                        "route has auth: none (use ip, route or header:NAME)",
-                    )
-        cors: CorsSettings | Literal[False] | None = None
-        if sec.has("cors"):
-            raw_cors = sec.raw("cors")
-            cors = (
-                False
-                if raw_cors is False
-                else _cors(reader, raw_cors, f"{where}.cors", sec.line_of("cors"))
-            )
-        route_websocket = None
-        if sec.has("websocket"):
-            route_websocket = _route_websocket(
-                reader,
-                sec.raw("websocket"),
-                f"{where}.websocket",
-                sec.line_of("websocket"),
-                websocket,
-            )
-        route = RouteSettings(
-            name=name or f"#{index}",
-            path=path or "/",
-            methods=frozenset(methods) if methods is not None else None,
-            auth=auth,
-            issuers=route_issuers,
-            audience=audience,
-            scopes=scopes,
-            max_body_size=sec.get("max_body_size", yamlconf.size, None),
-            line=line,
-            mode=sec.get("mode", yamlconf.one_of("enforce", "monitor"), None),
-            rate_limit=rate_limit,
-            cors=cors,
-            websocket=route_websocket,
-            path_params=sec.get(
-                "path_params", yamlconf.one_of("refuse", "allow"), RouteSettings.path_params
-            ),
-            allow_body_on_get=sec.get("allow_body_on_get", yamlconf.boolean, False),
-            client_cert=sec.get("client_cert", yamlconf.one_of("required", "optional"), "")
-            == "required",
-        )
-        sec.finish()
-        if path is not None:
-            result.append(route)
-    return tuple(result)
-
-
-# ---------------------------------------------------------------------------- rate limits
-
-
-def _limit_key(value: Any) -> str:
+@accepts({"type": "string", "pattern": r"^(subject|client_id|ip|route|header:.+|claim:.+)$"})
+def limit_key(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if text in LIMIT_KEYS:
         return text
     kind, _, name = text.partition(":")
     if kind == "header":
-        _header_name(name)
-        return f"header:{name.lower()}"
+        return f"header:{header(name).lower()}"
     if kind == "claim":
         if not name.strip():
             raise ValueError("claim: needs a claim name, like claim:tenant")
@@ -961,96 +182,25 @@ def _limit_key(value: Any) -> str:
     raise ValueError(f"{text!r} is not one of {', '.join(LIMIT_KEYS)}, header:NAME, claim:NAME")
 
 
-def _limit_rule(
-    reader: Reader, raw: Any, where: str, line: int, *, fixed_key: str | None = None
-) -> LimitRule | None:
-    sec = reader.section(raw, where, line)
-    if sec is None:
-        return None
-    rate = sec.get("rate", yamlconf.rate)
-    burst = sec.get("burst", yamlconf.integer(1, 1_000_000_000), None)
-    if fixed_key is None:
-        key = sec.get("key", _limit_key, "subject")
-    else:
-        key = sec.get("key", yamlconf.one_of(fixed_key), fixed_key)
-    sec.finish()
-    if rate is None:
-        return None
-    if burst is None:
-        burst = max(1, math.ceil(rate.count))
-    return LimitRule(rate=rate, burst=burst, key=key or "subject", line=sec.line)
-
-
-def _redis_url(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    if text == "memory":
-        return text
-    parts = urlsplit(text)
-    if parts.scheme in ("redis", "rediss") and parts.hostname:
+@accepts({"type": "string", "pattern": r"^(memory|rediss?://.+|unix:///?.+)$"})
+def backend(value: Any) -> str:
+    text, parts = split_url(value)
+    if text == "memory" or (parts.scheme in ("redis", "rediss") and parts.hostname):
         return text
     if parts.scheme == "unix" and parts.path:
         return text
     raise ValueError(f"{text!r} is neither memory nor a redis://, rediss:// or unix:// URL")
 
 
-def _rate_limits(reader: Reader, top: Section) -> RateLimitSettings:
-    sec = top.subsection("rate_limits")
-    if sec is None:
-        return RateLimitSettings()
-    d = RateLimitSettings()
-    default = (
-        _limit_rule(reader, sec.raw("default"), "rate_limits.default", sec.line_of("default"))
-        if sec.has("default")
-        else None
-    )
-    pre_auth = (
-        _limit_rule(
-            reader,
-            sec.raw("pre_auth"),
-            "rate_limits.pre_auth",
-            sec.line_of("pre_auth"),
-            fixed_key="ip",
-        )
-        if sec.has("pre_auth")
-        else None
-    )
-    result = RateLimitSettings(
-        backend=sec.get("backend", _redis_url, d.backend),
-        default=default,
-        pre_auth=pre_auth,
-        on_backend_error=sec.get(
-            "on_backend_error", yamlconf.one_of("allow", "deny"), d.on_backend_error
-        ),
-        timeout=sec.get("timeout", yamlconf.duration, d.timeout),
-        max_keys=sec.get("max_keys", yamlconf.integer(1, 100_000_000), d.max_keys),
-        max_connections=sec.get("max_connections", yamlconf.integer(1, 10_000), d.max_connections),
-        key_prefix=sec.get("key_prefix", yamlconf.string, d.key_prefix),
-        headers=sec.get("headers", yamlconf.boolean, d.headers),
-    )
-    for key in ("default", "pre_auth"):
-        sec.raw(key)
-    sec.finish()
-    if result.timeout <= timedelta(0):
-        reader.problem(sec.line_of("timeout"), "rate_limits.timeout: must be more than 0s")
-    return result
-
-
-# ---------------------------------------------------------------------------- CORS
-
-
-def _origin(value: Any) -> str:
+@accepts({"type": "string", "title": "origin", "pattern": r"^(\*|[^:/]+://[^/]+)$"})
+def origin(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if text == "*":
         return text
     parts = urlsplit(text)
-    if (
-        parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or parts.path
-        or parts.query
-        or parts.fragment
-        or parts.username
-    ):
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
+        parts = parts._replace(path="?")  # refused below with the same words
+    if parts.path or parts.query or parts.fragment:
         raise ValueError(
             f"{text!r} is not an origin (scheme://host[:port], no path or trailing slash)"
         )
@@ -1058,138 +208,506 @@ def _origin(value: Any) -> str:
     return text.lower()
 
 
-def _header_or_star(value: Any) -> str:
-    text = yamlconf.non_empty_string(value)
-    return text if text == "*" else _header_name(text)
+# ---------------------------------------------------------------------------- upstream
 
 
-def _cors(reader: Reader, raw: Any, where: str, line: int) -> CorsSettings | None:
-    sec = reader.section(raw, where, line)
-    if sec is None:
-        return None
-    d = CorsSettings(())
-    if not sec.has("allow_origins"):
-        reader.problem(sec.line, f"{where}: allow_origins is required")
-    elif _empty_list(sec.raw("allow_origins")):
-        reader.problem(sec.line_of("allow_origins"), f"{where}.allow_origins: list at least one")
-    origins = sec.list_of("allow_origins", _origin)
-    result = CorsSettings(
-        allow_origins=origins,
-        allow_methods=sec.list_of("allow_methods", _method, d.allow_methods),
-        allow_headers=sec.list_of("allow_headers", _header_or_star, d.allow_headers),
-        expose_headers=sec.list_of("expose_headers", _header_name, d.expose_headers),
-        allow_credentials=sec.get("allow_credentials", yamlconf.boolean, d.allow_credentials),
-        max_age=sec.get("max_age", yamlconf.duration, d.max_age),
-        line=sec.line,
-    )
-    sec.finish()
-    if "*" in result.allow_origins:
-        if len(result.allow_origins) > 1:
-            reader.problem(sec.line_of("allow_origins"), f"{where}.allow_origins: * stands alone")
-        if result.allow_credentials:
+@section
+class UpstreamSettings:
+    """The API that requests go to."""
+
+    url: str = setting("Base URL of the API (http or https).", parser=upstream_url)
+    connect_timeout: timedelta = setting("Time to connect.", default=timedelta(seconds=2))
+    read_timeout: timedelta = setting("Time for the answer to start.", default=timedelta(seconds=30))
+    max_connections: int = setting("Pooled connections per process.", default=256, minimum=1, maximum=100_000)
+    preserve_host: bool = setting("Send the client's Host instead of the URL's host.", default=False)
+    path_case: Literal["sensitive", "insensitive"] = setting("How rules compare paths: as written, or in lower case for an API that serves /Docs as /docs.", default="sensitive")
+    pool_timeout: timedelta = setting("Wait for a free pooled connection, then 503.", default=timedelta(seconds=5), more_than=ZERO)
+    ca_file: str | None = setting("https: CA its certificate chains to; the system's when absent.", default=None)
+    server_name: str | None = setting("https: name checked and sent as SNI; the URL's host when absent.", default=None, parser=server_name)
+    cert_file: str | None = setting("https: client certificate (PEM) to present.", default=None)
+    key_file: str | None = setting("https: its private key (PEM).", default=None)
+
+    def validate(self, check: Check) -> None:
+        """TLS options need an https URL, a client certificate needs its key, and every file
+        named must load as the gateway will load it."""
+        options = [k for k in ("ca_file", "server_name", "cert_file", "key_file") if check.has(k)]
+        if options and urlsplit(self.url).scheme != "https":
+            for key in options:
+                check.problem("only with an https:// url", key=key)
+            return
+        if (self.cert_file is None) != (self.key_file is None):
+            missing = "key_file" if self.key_file is None else "cert_file"
+            check.problem(
+                f"a client certificate needs both cert_file and key_file ({missing} is missing)"
+            )
+            return
+        if check.secrets and self.ca_file is not None:
+            tls.check_ca(check, "ca_file", self.ca_file)
+        if check.secrets and self.cert_file is not None and self.key_file is not None:
+            tls.check_client_pair(check, self.cert_file, self.key_file)
+
+
+# ---------------------------------------------------------------------------- issuers
+
+
+@section
+class IntrospectionSettings:
+    """How the gateway asks the issuer about a token (RFC 7662), with its own credentials."""
+
+    client_id: str = setting("The gateway's client_id at the issuer.")
+    client_secret: str = setting("Its client secret.", secret=True, from_file=True)
+    url: str | None = setting("Introspection endpoint; discovery's when absent.", default=None, parser=url)
+    cache_ttl: timedelta = setting("How long an active answer is kept (never past exp).", default=timedelta(seconds=10))
+    inactive_cache_ttl: timedelta = setting("How long an inactive answer is kept.", default=timedelta(seconds=2))
+    cache_size: int = setting("Answers kept at most.", default=10_000, minimum=0, maximum=10**7)
+    timeout: timedelta = setting("Time the issuer gets to answer.", default=timedelta(seconds=2), more_than=ZERO)
+    max_connections: int = setting("Connections to the issuer per process.", default=32, minimum=1, maximum=10_000)
+    max_pending: int = setting("Distinct tokens asked about at once; more get 503 at once.", default=1024, minimum=1, maximum=1_000_000)
+
+
+@section
+class IssuerSettings:
+    """A trusted token issuer; its discovery document gives jwks_uri and introspection_endpoint."""
+
+    issuer: str = setting("The issuer's URL, exactly as in `iss`.", parser=url)
+    # Required, but checked by validate(): a missing list leaves the rest of the issuer checked.
+    audiences: tuple[str, ...] = setting("Values of `aud` accepted; required (RFC 9068 §4).", default=())
+    jwks_uri: str | None = setting("Key set URL; discovery's jwks_uri when absent.", default=None, parser=url)
+    algorithms: tuple[str, ...] = setting("Signature algorithms accepted.", default=DEFAULT_ALGORITHMS, parser=algorithm, min_items=1)
+    leeway: timedelta = setting("Clock skew allowed on exp, nbf and iat.", default=timedelta(seconds=30))
+    require_typ: bool = setting("Require `typ: at+jwt` (RFC 9068 §2.1).", default=True)
+    allow_http: bool = setting("Allow plain http URLs off loopback (trusted networks only).", default=False)
+    line: int = section_line()
+    mode: Literal["jwt", "introspection", "auto"] = setting("jwt: verified locally; introspection: asked about; auto: JWTs locally, other tokens asked about.", default="jwt")
+    introspection: IntrospectionSettings | None = setting("Needed by modes introspection and auto.", default=None)
+    ca_file: str | None = setting("CA for discovery, keys and introspection; the system's when absent.", default=None)
+
+    @property
+    def uses_keys(self) -> bool:
+        return self.mode in ("jwt", "auto")
+
+    @property
+    def takes_opaque_tokens(self) -> bool:
+        return self.mode in ("introspection", "auto")
+
+    def validate(self, check: Check) -> None:
+        if not self.audiences:
+            check.problem("audiences is required (RFC 9068 §4: aud is checked)")
+        for key in ("issuer", "jwks_uri"):
+            if not self.allow_http and (problem := _plain_http(getattr(self, key))):
+                check.problem(problem, key=key)
+        if check.has("introspection") and self.mode == "jwt":
+            check.problem("only used with mode introspection or auto", key="introspection")
+        elif self.takes_opaque_tokens and not check.has("introspection"):
+            check.problem_at(
+                check.line_of("mode"),
+                f"{check.where}: mode {self.mode} needs an introspection section "
+                "(client_id and client_secret of the gateway)",
+            )
+        url = self.introspection.url if self.introspection else None
+        if self.introspection and not self.allow_http and (problem := _plain_http(url)):
+            check.within(self.introspection).problem(problem, key="url")
+        if self.ca_file is not None and check.secrets:
+            tls.check_ca(check, "ca_file", self.ca_file)
+
+
+@section
+class JwksSettings:
+    """How key sets are cached: never fetched on a request but for one throttled refetch on an
+    unknown kid."""
+
+    min_ttl: timedelta = setting("Shortest time a key set is kept.", default=timedelta(minutes=5))
+    max_ttl: timedelta = setting("Longest time a key set is kept.", default=timedelta(hours=24))
+    refetch_cooldown: timedelta = setting("Least time between refetches for an unknown kid.", default=timedelta(seconds=30))
+    fetch_timeout: timedelta = setting("Time a fetch may take.", default=timedelta(seconds=5))
+    max_backoff: timedelta = setting("Longest wait between retries after failures.", default=timedelta(minutes=1))
+
+    def validate(self, check: Check) -> None:
+        if self.min_ttl > self.max_ttl:
+            check.problem("min_ttl must not exceed max_ttl")
+
+
+# ---------------------------------------------------------------------------- forwarding
+
+
+@section
+class IdentityHeaders:
+    """Headers carrying the verified identity upstream; clients' copies are always removed."""
+
+    subject: str = setting("For the token's `sub`.", default="X-Auth-Subject", parser=header)
+    client_id: str = setting("For the client.", default="X-Auth-Client-Id", parser=header)
+    scopes: str = setting("For the scopes, space-separated.", default="X-Auth-Scopes", parser=header)
+    issuer: str = setting("For the issuer.", default="X-Auth-Issuer", parser=header)
+    claims: Mapping[str, str] = setting("More: header name to claim name.", default_factory=FrozenDict, keys=header)
+    client_cert_subject: str | None = setting("For a verified client certificate's subject DN.", default=None, parser=header)
+    client_cert_san: str | None = setting("For its subject alternative names.", default=None, parser=header)
+
+    def names(self) -> tuple[str, ...]:
+        certificate = (self.client_cert_subject, self.client_cert_san)
+        fixed = (self.subject, self.client_id, self.scopes, self.issuer)
+        return (*fixed, *self.claims, *(h for h in certificate if h is not None))
+
+    @property
+    def client_cert(self) -> bool:
+        return self.client_cert_subject is not None or self.client_cert_san is not None
+
+    def validate(self, check: Check) -> None:
+        lowered = [n.lower().replace("_", "-") for n in self.names()]
+        if len(set(lowered)) != len(lowered):
+            check.problem("two identity values use the same header")
+        for name in sorted(set(lowered) & RESERVED_HEADERS):
+            check.problem(f"{name} cannot carry an identity")
+
+
+@section
+class ForwardSettings:
+    """How requests are passed on."""
+
+    strip_authorization: bool = setting("Remove Authorization before forwarding.", default=False)
+    request_id_header: str = setting("Request id, kept or created.", default="X-Request-Id", parser=header)
+    buffer_size: int = setting("Bodies with a Content-Length up to this go in one piece.", default=64 * 1024, parser=yamlconf.size)
+    traceparent: bool = setting("W3C Trace Context: propagated, created when absent.", default=True)
+    # The methods a route names are checked on the method the gateway saw: an upstream that
+    # honoured X-HTTP-Method-Override would run another one.
+    strip_method_override: bool = setting("Drop X-HTTP-Method-Override and its kin.", default=True)
+
+
+@section
+class Limits:
+    """Bounds on what clients send."""
+
+    max_line_size: int = setting("Longest request line.", default=8 * 1024, parser=yamlconf.size)
+    max_field_size: int = setting("Longest header.", default=8 * 1024, parser=yamlconf.size)
+    max_headers: int = setting("Most headers.", default=100, minimum=1, maximum=10_000)
+    max_body_size: int | None = setting("Largest body (413); none when absent.", default=None, parser=yamlconf.size)
+    idle_timeout: timedelta = setting("Idle keep-alive connections are closed.", default=timedelta(seconds=60))
+    body_timeout: timedelta = setting("Longest pause inside a body.", default=timedelta(seconds=30))
+    body_total_timeout: timedelta = setting("A whole body, however it trickles.", default=timedelta(minutes=5), more_than=ZERO)
+    max_bodies_per_client: int = setting("Bodies at once from one address; 0: any.", default=32, minimum=0, maximum=1_000_000)
+    max_connections: int = setting("Client connections per process.", default=10_000, minimum=1, maximum=10**7)
+
+
+# ---------------------------------------------------------------------------- rate limits
+
+
+def _default_burst(values: Mapping[str, Any]) -> int:
+    rate = values.get("rate")
+    return max(1, math.ceil(rate.count)) if isinstance(rate, Rate) else 1
+
+
+@section
+class LimitRule:
+    """A token bucket: `burst` requests at once, refilled at `rate`, one bucket per key."""
+
+    rate: Rate = setting("Refill rate, like 100/s or 3/10s.")
+    burst: int = setting("Bucket size; the rate's count when absent.", derive=_default_burst, minimum=1, maximum=10**9)
+    key: str = setting("subject, client_id, ip, route, header:NAME or claim:NAME.", default="subject", parser=limit_key)
+    line: int = section_line()
+
+    @property
+    def needs_token(self) -> bool:
+        return self.key in IDENTITY_LIMIT_KEYS or self.key.startswith("claim:")
+
+
+@section
+class PreAuthLimit(LimitRule):
+    """A token bucket per client address, charged before a token is verified."""
+
+    key: Literal["ip"] = setting("Always ip: nothing else is known yet.", default="ip")
+
+
+@section
+class RateLimitSettings:
+    """Rate limiting: buckets in memory, or shared in Redis."""
+
+    backend: str = setting("memory, redis://host:port/db, rediss://... or unix:///path.", default="memory", parser=backend)
+    default: LimitRule | None = setting("For routes without their own.", default=None)
+    pre_auth: PreAuthLimit | None = setting("Per client address, before verifying a token.", default=None)
+    on_backend_error: Literal["allow", "deny"] = setting("When Redis cannot answer.", default="allow")
+    timeout: timedelta = setting("Time Redis gets to answer.", default=timedelta(milliseconds=100), more_than=ZERO)
+    max_keys: int = setting("Buckets the memory backend keeps.", default=100_000, minimum=1, maximum=10**8)
+    max_connections: int = setting("Connections to Redis per process.", default=32, minimum=1, maximum=10_000)
+    key_prefix: str = setting("Prefix of Redis keys.", default="portcullis:rl:", parser=yamlconf.string)
+    headers: bool = setting("RateLimit-Policy and RateLimit headers on answers.", default=True)
+
+    @property
+    def redis(self) -> bool:
+        return self.backend != "memory"
+
+
+# ---------------------------------------------------------------------------- CORS, WebSockets
+
+
+@section
+class CorsSettings:
+    """Answers to browsers' CORS preflights, and the headers on actual responses."""
+
+    allow_origins: tuple[str, ...] = setting("Exact origins (scheme://host[:port]), or [*].", parser=origin, min_items=1)
+    allow_methods: tuple[str, ...] = setting("Methods allowed.", default=("GET", "HEAD", "POST"), parser=method)
+    allow_headers: tuple[str, ...] = setting("Request headers allowed, or *.", default=("Authorization", "Content-Type"), parser=header_or_star)
+    expose_headers: tuple[str, ...] = setting("Response headers scripts may read.", default=(), parser=header)
+    allow_credentials: bool = setting("Allow cookies and client certificates.", default=False)
+    max_age: timedelta = setting("How long a preflight's answer is kept.", default=timedelta(minutes=10))
+    line: int = section_line()
+
+    def validate(self, check: Check) -> None:
+        if "*" in self.allow_origins and len(self.allow_origins) > 1:
+            check.problem("* stands alone", key="allow_origins")
+        if "*" in self.allow_origins and self.allow_credentials:
             # Fetch §3.2.5: browsers refuse a credentialed answer with a wildcard origin.
-            reader.problem(
-                sec.line_of("allow_credentials"),
-                f"{where}: allow_credentials cannot be used with allow_origins: [*]; "
+            check.problem_at(
+                check.line_of("allow_credentials"),
+                f"{check.where}: allow_credentials cannot be used with allow_origins: [*]; "
                 "list the origins",
             )
-    return result
 
 
-def _global_cors(reader: Reader, top: Section) -> CorsSettings | None:
-    if not top.has("cors"):
-        top.raw("cors")
-        return None
-    return _cors(reader, top.raw("cors"), "cors", top.line_of("cors"))
+@section
+class WebSocketSettings:
+    """Upgrades proxied on routes with `websocket`."""
+
+    close_on_token_expiry: bool = setting("Close when the token expires.", default=False)
+    max_message_size: int = setting("Largest message either way.", default=4 * 1024**2, parser=yamlconf.size)
+    heartbeat: timedelta | None = setting("Ping both peers this often; never when absent.", default=None, more_than=ZERO)
 
 
-# ---------------------------------------------------------------------------- WebSockets
+@section
+class RouteWebSocket:
+    """A route's changes to the global websocket settings."""
 
-
-def _websocket_section(
-    reader: Reader, raw: Any, where: str, line: int, base: WebSocketSettings
-) -> WebSocketSettings:
-    sec = reader.section(raw, where, line)
-    if sec is None:
-        return base
-    result = WebSocketSettings(
-        close_on_token_expiry=sec.get(
-            "close_on_token_expiry", yamlconf.boolean, base.close_on_token_expiry
-        ),
-        max_message_size=sec.get("max_message_size", yamlconf.size, base.max_message_size),
-        heartbeat=sec.get("heartbeat", yamlconf.duration, base.heartbeat),
-    )
-    sec.finish()
-    if result.heartbeat is not None and result.heartbeat <= timedelta(0):
-        reader.problem(sec.line_of("heartbeat"), f"{where}.heartbeat: must be more than 0s")
-    return result
-
-
-def _websocket(reader: Reader, top: Section) -> WebSocketSettings:
-    if not top.has("websocket"):
-        top.raw("websocket")
-        return WebSocketSettings()
-    return _websocket_section(
-        reader, top.raw("websocket"), "websocket", top.line_of("websocket"), WebSocketSettings()
-    )
-
-
-def _route_websocket(
-    reader: Reader, raw: Any, where: str, line: int, base: WebSocketSettings
-) -> WebSocketSettings | None:
-    """`true` takes the global settings, a mapping changes some of them, `false` is off."""
-    if raw is True:
-        return base
-    if raw is False:
-        return None
-    return _websocket_section(reader, raw, where, line, base)
+    close_on_token_expiry: bool | None = setting("As in websocket.", default=None)
+    max_message_size: int | None = setting("As in websocket.", default=None, parser=yamlconf.size)
+    heartbeat: timedelta | None = setting("As in websocket.", default=None, more_than=ZERO)
 
 
 # ---------------------------------------------------------------------------- logs, reload
 
 
-def _access_log(reader: Reader, top: Section) -> AccessLogSettings:
-    if not top.has("access_log"):
-        top.raw("access_log")
-        return AccessLogSettings()
-    raw = top.raw("access_log")
-    if isinstance(raw, bool):
-        return AccessLogSettings(enabled=raw)  # `access_log: true` for the defaults
-    sec = reader.section(raw, "access_log", top.line_of("access_log"))
-    if sec is None:
-        return AccessLogSettings()
-    d = AccessLogSettings()
-    result = AccessLogSettings(
-        enabled=sec.get("enabled", yamlconf.boolean, True),
-        output=sec.get("output", yamlconf.non_empty_string, d.output),
-        include_query=sec.get("include_query", yamlconf.boolean, d.include_query),
-        subject=sec.get("subject", yamlconf.one_of("plain", "hashed", "omitted"), d.subject),
-        subject_hash_key=sec.secret("subject_hash_key", _secret) or d.subject_hash_key,
-        flush_interval=sec.get("flush_interval", yamlconf.duration, d.flush_interval),
-    )
-    sec.finish()
-    if result.subject == "hashed" and not result.subject_hash_key:
-        reader.problem(
-            sec.line_of("subject"),
-            "access_log: subject: hashed needs subject_hash_key (a secret, so that subjects "
-            "cannot be recovered by hashing guesses)",
-        )
-    return result
+@section
+class AccessLogSettings:
+    """A line per request: asked for, not imposed (it costs a few percent of throughput)."""
+
+    enabled: bool = setting("Whether lines are written.", default=True)
+    output: str = setting("stderr, stdout or a file path (appended to).", default="stderr")
+    include_query: bool = setting("Log query strings too.", default=False)
+    subject: Literal["plain", "hashed", "omitted"] = setting("How subjects are logged.", default="plain")
+    subject_hash_key: str = setting("Key of the subjects' hash.", default="", secret=True, from_file=True)
+    flush_interval: timedelta = setting("How often lines are written out.", default=timedelta(milliseconds=200))
+
+    def validate(self, check: Check) -> None:
+        if self.subject == "hashed" and not self.subject_hash_key:
+            check.problem_at(
+                check.line_of("subject"),
+                f"{check.where}: subject: hashed needs subject_hash_key (a secret, so that "
+                "subjects cannot be recovered by hashing guesses)",
+            )
 
 
-def _reload(reader: Reader, top: Section) -> ReloadSettings:
-    sec = top.subsection("reload")
-    if sec is None:
-        return ReloadSettings()
-    d = ReloadSettings()
-    result = ReloadSettings(
-        watch=sec.get("watch", yamlconf.boolean, d.watch),
-        interval=sec.get("interval", yamlconf.duration, d.interval),
-    )
-    sec.finish()
-    if result.interval < timedelta(milliseconds=10):
-        reader.problem(sec.line_of("interval"), "reload.interval: must be at least 10ms")
-    return result
+@section
+class ReloadSettings:
+    """Reloading the file while serving (also on SIGHUP)."""
+
+    watch: bool = setting("Reload when the file changes.", default=True)
+    interval: timedelta = setting("How often the file is looked at.", default=timedelta(seconds=1), minimum=timedelta(milliseconds=10))
+
+
+# ---------------------------------------------------------------------------- routes
+
+
+@section
+class ScopeRule:
+    """Scopes a token must carry: `any` one of them, or `all`."""
+
+    any_of: frozenset[str] | None = setting("Any one of these.", default=None, key="any", parser=scope, min_items=1)
+    all_of: frozenset[str] | None = setting("All of these.", default=None, key="all", parser=scope, min_items=1)
+
+    @property
+    def mode(self) -> Literal["any", "all"]:
+        return "all" if self.all_of is not None else "any"
+
+    @property
+    def scopes(self) -> frozenset[str]:
+        return self.all_of if self.all_of is not None else self.any_of or frozenset()
+
+    def validate(self, check: Check) -> None:
+        if (self.any_of is None) == (self.all_of is None):
+            check.problem("give exactly one of any or all")
+
+
+@section
+class RouteSettings:
+    """A rule for the requests it matches; the first rule that matches decides."""
+
+    name: str = setting("Names the rule in logs, metrics and errors.")
+    path: str = setting("Path template: /literal, {name} for a segment, a last ** for any.", parser=path_template)
+    methods: frozenset[str] | None = setting("Methods matched (GET takes HEAD); all when absent.", default=None, parser=method, min_items=1)
+    auth: Literal["required", "none"] = setting("Whether a token is needed.", default="required")
+    issuers: tuple[str, ...] | None = setting("Issuers accepted; all when absent.", default=None)
+    audience: str | None = setting("The `aud` needed; the issuer's audiences when absent.", default=None)
+    scopes: ScopeRule | None = setting("Scopes the token must carry.", default=None)
+    max_body_size: int | None = setting("Largest body; limits.max_body_size when absent.", default=None, parser=yamlconf.size)
+    line: int = section_line()
+    mode: Literal["enforce", "monitor"] | None = setting("The global mode when absent.", default=None)
+    rate_limit: LimitRule | Literal[False] | None = setting("false for none; rate_limits.default when absent.", default=None)
+    cors: CorsSettings | Literal[False] | None = setting("false for none; the global cors when absent.", default=None)
+    websocket: RouteWebSocket | Literal[True, False] | None = setting("Proxy upgrades: true, or changes to the global websocket.", default=None)
+    path_params: Literal["refuse", "allow"] = setting("`;` path parameters: refused, or matched without.", default="refuse")
+    allow_body_on_get: bool = setting("Accept a body on GET and HEAD (400 otherwise).", default=False)
+    client_cert: Literal["required", "optional"] = setting("required: a verified client certificate.", default="optional")
+
+    @property
+    def needs_client_cert(self) -> bool:
+        return self.client_cert == "required"
+
+    def validate(self, check: Check) -> None:
+        if self.issuers == ():
+            check.problem("list at least one issuer (or leave the key out for all)", key="issuers")
+        if self.auth == "none":
+            for key in ("issuers", "audience", "scopes"):
+                if check.has(key):
+                    check.problem("means nothing with auth: none", key=key)
+            if isinstance(self.rate_limit, LimitRule) and self.rate_limit.needs_token:
+                check.problem_at(
+                    check.line_of("rate_limit"),
+                    f"{check.where}.rate_limit.key: {self.rate_limit.key} needs a token, and "
+                    "this route has auth: none (use ip, route or header:NAME)",
+                )
+
+
+# ---------------------------------------------------------------------------- the file
+
+
+@section
+class Settings:
+    """Configuration of the Portcullis gateway."""
+
+    file: str = source_file()
+    upstream: UpstreamSettings = setting("The API requests go to.", hint="the API requests go to")
+    issuers: tuple[IssuerSettings, ...] = setting("Trusted token issuers.", min_items=1, hint="a list of trusted token issuers")
+    routes: tuple[RouteSettings, ...] = setting("Rules in order; no match: 404.", label=named("route", "name"), hint="unmatched requests are denied")
+    listen: Address = setting("Where clients connect.", default=Address("0.0.0.0", 8080), parser=address)
+    admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9901), parser=address)
+    realm: str = setting("Realm of WWW-Authenticate challenges.", default="portcullis", parser=realm)
+    server_header: str = setting("Server field of the gateway's own answers; empty: none.", default="", parser=server_header)
+    unmatched: Literal["deny"] = setting("What unmatched requests get.", default="deny")
+    jwks: JwksSettings = setting("Key set caching.", default_factory=JwksSettings)
+    identity_headers: IdentityHeaders = setting("Identity sent upstream.", default_factory=IdentityHeaders)
+    forward: ForwardSettings = setting("Forwarding.", default_factory=ForwardSettings)
+    limits: Limits = setting("Bounds on requests.", default_factory=Limits)
+    token_cache_size: int = setting("Verified tokens kept.", default=100_000, minimum=0, maximum=10**7)
+    workers: int = setting("Processes sharing the port.", default=1, minimum=1, maximum=256)
+    shutdown_grace: timedelta = setting("Time requests in flight get on shutdown.", default=timedelta(seconds=20))
+    log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
+    mode: Literal["enforce", "monitor"] = setting("monitor: refusals logged, requests forwarded.", default="enforce")
+    rate_limits: RateLimitSettings = setting("Rate limiting.", default_factory=RateLimitSettings)
+    trusted_proxies: tuple[IPNetwork, ...] = setting("Peers whose X-Forwarded-For is believed.", default=(), parser=network)
+    cors: CorsSettings | None = setting("CORS for every route; none when absent.", default=None)
+    websocket: WebSocketSettings = setting("For routes with websocket.", default_factory=WebSocketSettings)
+    access_log: AccessLogSettings | Literal[True, False] = setting("true, or a mapping; off when absent.", default=False)
+    reload: ReloadSettings = setting("Reloading.", default_factory=ReloadSettings)
+    tls: VerifyingServerTls | None = setting("HTTPS on the public listener.", default=None)
+
+    def issuer(self, url: str) -> IssuerSettings | None:
+        return next((i for i in self.issuers if i.issuer == url), None)
+
+    @property
+    def request_log(self) -> AccessLogSettings:
+        """The access log's settings (`enabled` false when it is off)."""
+        if isinstance(self.access_log, AccessLogSettings):
+            return self.access_log
+        return AccessLogSettings(enabled=self.access_log)
+
+    def websocket_of(self, route: RouteSettings) -> WebSocketSettings | None:
+        """A route's WebSocket settings: the global ones with its changes; None when its
+        upgrades are not proxied."""
+        own = route.websocket
+        if own is None or own is False:
+            return None
+        if own is True:
+            return self.websocket
+        changes = {k: v for k, v in dataclasses.asdict(own).items() if v is not None}
+        return dataclasses.replace(self.websocket, **changes)
+
+    def validate(self, check: Check) -> None:
+        if _overlap(self.listen, self.admin_listen):
+            check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
+        self._check_issuers(check)
+        self._check_routes(check)
+        self._check_client_cert_use(check)
+
+    def _check_issuers(self, check: Check) -> None:
+        seen: dict[str, int] = {}
+        for issuer in self.issuers:
+            if issuer.issuer in seen:
+                check.within(issuer).problem(
+                    f"{issuer.issuer} is already listed on line {seen[issuer.issuer]}"
+                )
+            seen.setdefault(issuer.issuer, issuer.line)
+        opaque = [i for i in self.issuers if i.takes_opaque_tokens]
+        for later in opaque[1:]:
+            # A token that is not a JWT names no issuer: it could only be sent to one of them,
+            # and sending it to an issuer that did not make it would hand the token over.
+            check.problem_at(
+                later.line,
+                f"issuers: only one issuer may use mode introspection or auto "
+                f"(already {opaque[0].issuer} on line {opaque[0].line})",
+            )
+
+    def _check_routes(self, check: Check) -> None:
+        known = {i.issuer for i in self.issuers}
+        names: dict[str, int] = {}
+        for route in self.routes:
+            within = check.within(route)
+            if route.name in names:
+                within.problem(f"the name is already used on line {names[route.name]}")
+            names.setdefault(route.name, route.line)
+            for issuer in route.issuers or ():
+                if issuer not in known:
+                    within.problem(f"{issuer} is not in the issuers list", key="issuers")
+        fold_case = self.upstream.path_case == "insensitive"
+        for conflict in rules.find_conflicts(self.routes, fold_case=fold_case):
+            check.problem_at(conflict.line, conflict.message)
+
+    def _check_client_cert_use(self, check: Check) -> None:
+        """Client certificates are known only when the gateway's own listener verifies them."""
+        if self.tls is not None and self.tls.client_ca_file is not None:
+            return
+        need = "needs tls.client_ca_file (the gateway's listener verifies client certificates)"
+        if self.identity_headers.client_cert:
+            check.problem_at(
+                check.line_of("identity_headers"), f"identity_headers: client_cert_* {need}"
+            )
+        for route in self.routes:
+            if route.needs_client_cert:
+                check.problem_at(route.line, f"route {route.name!r}: client_cert: required {need}")
+
+
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})
+
+
+def _overlap(a: Address, b: Address) -> bool:
+    """Whether two listeners would claim the same socket (a wildcard host takes them all)."""
+    if a.port != b.port:
+        return False
+    return a.host == b.host or a.host in _WILDCARD_HOSTS or b.host in _WILDCARD_HOSTS
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load(path: str, env: Mapping[str, str] | None = None, *, secrets: bool = True) -> Settings:
+    """Read and validate a gateway config file; raise ConfigError listing every problem.
+
+    `secrets=False` is for commands that use no secret and serve nothing (`explain` without
+    a token): secrets and key material are then neither read nor required.
+    """
+    return sections.load_file(Settings, path, env, secrets=secrets)
+
+
+def load_text(
+    text: str, file: str = "<text>", env: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> Settings:
+    return sections.load_text(Settings, text, file, env, secrets=secrets)
 
 
 def warnings(settings: Settings) -> list[str]:

@@ -6,16 +6,20 @@ nearest to us), each address is the client of the hop after it, and the first on
 not a trusted proxy is the client. With no trusted proxies the header is never read.
 
 Shared by the gateway (rate-limit keys, access log) and the authorization server (its
-throttles on guessing). Pure: no aiohttp, no I/O.
+throttles on guessing), with the configuration values both read: a listener's `host:port`
+and `trusted_proxies` entries. Pure: no aiohttp, no I/O.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 from . import yamlconf
+from .sections import accepts
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -69,6 +73,7 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+@accepts({"type": "string", "title": "address or network"})
 def network(value: Any) -> IPNetwork:
     """A `trusted_proxies` entry of a configuration file: an address or a CIDR network."""
     text = yamlconf.non_empty_string(value)
@@ -76,3 +81,45 @@ def network(value: Any) -> IPNetwork:
         return ipaddress.ip_network(text.strip(), strict=False)
     except ValueError:
         raise ValueError(f"{text!r} is not an IP address or network (10.0.0.0/8)") from None
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` (a name or an address, as in a URL) is this machine."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a listener listens."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@accepts({"type": "string", "title": "host:port", "pattern": ":[0-9]+$"})
+def address(value: Any) -> Address:
+    """A listener's `host:port` in a configuration file (`[::1]:8443` for IPv6)."""
+    text = yamlconf.string(value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host:
+        raise ValueError(f"{text!r} has no host (use 0.0.0.0:{port} for every interface)")
+    return Address(host, int(port))
+
+
+def split_url(value: Any) -> tuple[str, SplitResult]:
+    """A configured URL as written and split, for a parser to check its parts."""
+    text = yamlconf.non_empty_string(value)
+    return text, urlsplit(text)

@@ -4,8 +4,9 @@ Owns: `@section` and `setting(...)`, with which a deployable declares each part 
 configuration file as a dataclass whose fields carry their documentation, parser and bounds;
 `load`, which turns a located YAML mapping (portcullis.yamlconf) into those dataclasses and
 reports *every* problem as `FILE:LINE: message`; `json_schema`, the JSON Schema (draft-07,
-what the YAML language server validates with) of the same declarations; and `reference`,
-their Markdown tables.
+what the YAML language server validates with) of the same declarations, written by
+`python -m portcullis.sections MODULE:CLASS TITLE FILE` (`make schema`); `reference`, their
+Markdown tables; and `keys`, every key path they know (to check documentation against).
 
 What a field is follows from its annotation:
 
@@ -14,12 +15,19 @@ What a field is follows from its annotation:
     timedelta, Rate     a duration (`30s`, `5m`) or a rate (`100/s`), as yamlconf reads them
     Literal["a", "b"]   one of the values; an Enum of strings likewise
     tuple[T, ...]       a list; frozenset[T] too; `min_items` refuses a shorter one
-    Mapping[str, T]     a mapping with free keys (`keys=` parses them)
+    Mapping[str, T]     a mapping with free keys (`keys=` parses them), read into a FrozenDict
     a dataclass         a nested section; `tuple[Section, ...]` a list of sections
     X | None            may be absent (default None); `Section | Literal[False]` takes `false`
 
-and anything else by its `parser=` (with its `schema=`). In a list or mapping the parser reads
-each item; a parser of the whole value is given a type of its own (a NewType of dict, say).
+and anything else by its `parser=` (with its `schema=`, or the one `@accepts` gave the
+parser). In a list or mapping the parser reads each item; a parser of the whole value is
+given a type of its own (a NewType of dict, say).
+
+Secrets (`secret=True`) stay out of repr(), messages, the schema and the reference; with
+`from_file=True` a secret may be given instead as `KEY_file`, a file holding it. A command
+that uses no secret loads with `secrets=False`: secrets whose variable or file is missing,
+and `KEY_file` values, are then WITHHELD instead of read. A default that follows from other
+values of the section is a `derive=` function of them.
 
 A key that is absent, or written as `null`, takes the field's default; a field without one is
 required. A value that is refused (a section too) is reported and replaced by the field's
@@ -48,7 +56,7 @@ from datetime import timedelta
 from typing import Any, Literal, Protocol, TypeVar, dataclass_transform, runtime_checkable
 
 from . import yamlconf
-from .yamlconf import LocatedList, LocatedMap, Rate, Reader
+from .yamlconf import WITHHELD, Incomplete, LocatedList, LocatedMap, Rate, Reader
 
 T = TypeVar("T")
 
@@ -62,6 +70,7 @@ class _Failed:
 
 
 _FAILED: Any = _Failed()
+_DERIVED: Any = object()  # a field whose default `derive` computes once the others are read
 
 
 # ---------------------------------------------------------------------------- declaring
@@ -83,6 +92,8 @@ class Spec:
     label: Callable[[Mapping[str, Any]], str | None] | None = None
     hint: str = ""
     secret: bool = False
+    from_file: bool = False
+    derive: Callable[[Mapping[str, Any]], Any] | None = None
     source: Literal["yaml", "line", "file"] = "yaml"
 
 
@@ -102,6 +113,8 @@ def setting(
     label: Callable[[Mapping[str, Any]], str | None] | None = None,
     hint: str = "",
     secret: bool = False,
+    from_file: bool = False,
+    derive: Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Any:
     """A field of a section: its documentation, and how its YAML value is read.
 
@@ -114,8 +127,16 @@ def setting(
     parsing. `min_items` refuses a shorter list. `key` is the YAML key when it differs from
     the field's name. `keys` parses the keys of a mapping field. `label` names an item of a
     list of sections in messages (see `named`). `hint` follows "is required". `secret` keeps
-    the value out of repr(), messages, the schema and the reference.
+    the value out of repr(), messages, the schema and the reference. `from_file` lets the
+    value be given instead as `KEY_file`, the path of a file holding it (the Docker and
+    Kubernetes secrets convention); a secret that is given but cannot be read (its
+    variable or file missing, reported) is WITHHELD, as is one a command that uses no
+    secret does not read. `derive` computes the default from the section's other values (a
+    mapping of field names to what was read) when the key is not written; a `default`
+    beside it is only what direct construction of the class gets.
     """
+    if derive is not None and default is _MISSING and default_factory is _MISSING:
+        default = None  # stands in for the derived value; never left in a loaded section
     spec = Spec(
         doc=doc,
         parser=parser,
@@ -129,10 +150,27 @@ def setting(
         label=label,
         hint=hint,
         secret=secret,
+        from_file=from_file,
+        derive=derive,
     )
     return dataclasses.field(
         default=default, default_factory=default_factory, repr=not secret, metadata={_SPEC: spec}
     )
+
+
+P = TypeVar("P", bound=Callable[[Any], Any])
+_SCHEMA_OF = "__sections_schema__"
+
+
+def accepts(schema: Mapping[str, Any]) -> Callable[[P], P]:
+    """Give a value parser the JSON Schema of what it accepts, so that a field using it
+    needs no `schema=` (a `title` in it names the type in the reference)."""
+
+    def mark(parse: P) -> P:
+        setattr(parse, _SCHEMA_OF, dict(schema))
+        return parse
+
+    return mark
 
 
 def section_line() -> Any:
@@ -181,7 +219,8 @@ class Validates(Protocol):
 # ---------------------------------------------------------------------------- kinds of value
 
 
-_VARIABLE = {"type": "string", "pattern": r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}"}
+# `${VAR}`, `${VAR:-default}` or `${file:PATH}` somewhere in the value (yamlconf expands them).
+_VARIABLE = {"type": "string", "pattern": r"\$\{([A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?|file:[^}]+)\}"}
 _NUMBER = r"[0-9]+(\.[0-9]+)?"
 _PARSERS: dict[Callable[[Any], Any], tuple[str, dict[str, Any]]] = {
     yamlconf.string: ("string", {"type": "string"}),
@@ -214,6 +253,7 @@ _PARSERS: dict[Callable[[Any], Any], tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+DURATION_SCHEMA = _PARSERS[yamlconf.duration][1]  # for parsers that refine a duration
 _INTEGER = yamlconf.integer()
 _PARSERS[_INTEGER] = ("integer", {"type": "integer"})
 _BY_TYPE: dict[object, Callable[[Any], Any]] = {
@@ -345,6 +385,8 @@ class _List(_Kind):
             run.reader.problem(line, f"{where}: list at least {many}")
         items = []
         for index, value in enumerate(raw):
+            if isinstance(value, Incomplete):
+                continue  # what is missing in it is reported once, by the reader
             item = self.item.load(run, value, f"{where}[{index}]", raw.item_lines[index])
             if item is not _FAILED:  # reported; the others are still checked
                 items.append(item)
@@ -360,6 +402,19 @@ class _List(_Kind):
         return (
             "list of sections" if isinstance(self.item, _Section) else f"list of {self.item.name()}"
         )
+
+
+class FrozenDict(dict[str, T]):
+    """What a mapping field holds: a dict that cannot change, hashable like the frozen
+    section holding it (when its values are)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("settings do not change once read")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,10 +437,12 @@ class _Map(_Kind):
             except ValueError as exc:
                 run.reader.problem(key_line, f"{where}: {exc}")
                 continue
+            if isinstance(value, Incomplete):
+                continue
             item = self.value.load(run, value, f"{where}.{key}", key_line)
             if item is not _FAILED:
                 result[name] = item
-        return result
+        return FrozenDict(result)
 
     def schema(self) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": self.value.schema()}
@@ -414,7 +471,12 @@ class _Section(_Kind):
         own: dict[str, Any] = {"type": "object"}
         if _DOCS.get(self.cls):
             own["description"] = _DOCS[self.cls]
-        own["properties"] = {f.key: f.schema() for f in fields if f.spec.source == "yaml"}
+        own["properties"] = {}
+        for f in fields:
+            if f.spec.source == "yaml":
+                own["properties"][f.key] = f.schema()
+                if f.file_key:
+                    own["properties"][f.file_key] = f.file_schema()
         required = [f.key for f in fields if f.required and f.spec.source == "yaml"]
         if required:
             own["required"] = required
@@ -470,6 +532,17 @@ class _Field:
     def required(self) -> bool:
         return self.default is _MISSING and self.default_factory is _MISSING
 
+    @property
+    def file_key(self) -> str | None:
+        """The key naming a file that holds the value, where `from_file` allows one."""
+        return f"{self.key}_file" if self.spec.from_file else None
+
+    def file_schema(self) -> dict[str, Any]:
+        return {
+            "description": f"A file holding {self.key} (instead of the value itself).",
+            "anyOf": [{"type": "string", "pattern": r"\S"}, _VARIABLE, {"type": "null"}],
+        }
+
     def default_value(self) -> Any:
         return self.default if self.default is not _MISSING else self.default_factory()
 
@@ -481,6 +554,8 @@ class _Field:
 
     def default_json(self) -> Any:
         """The default as it would be written in the file; None when it cannot be."""
+        if self.spec.derive is not None:
+            return None  # it follows from other values
         value = self.default_value()
         if isinstance(self.kind, _Scalar) and self.kind.parse is yamlconf.size:
             return _size_text(value) if isinstance(value, int) else None
@@ -612,8 +687,9 @@ def _item(annotation: Any, spec: Spec) -> _Kind:
     if parse is None:
         raise TypeError(f"give parser= (and schema=) for {annotation!r}")
     name, schema = _PARSERS.get(parse, ("", {}))
-    if spec.schema is not None:
-        schema = dict(spec.schema)
+    given = spec.schema if spec.schema is not None else getattr(parse, _SCHEMA_OF, None)
+    if given is not None:
+        schema = dict(given)
     elif not schema:
         fallback = _BY_TYPE.get(annotation)
         if fallback is None:
@@ -655,27 +731,45 @@ class Check:
         self._run = run
         self._data = data
         self._keys = {f.name: f.key for f in fields}
+        self._file_keys = {f.name: f.file_key for f in fields if f.file_key}
         self.where = where
         self.line = data.line
         self.file = run.file
+        # False for a command that uses no secret: files it names need not be checked.
+        self.secrets = run.reader.secrets
 
     def _key(self, name: str) -> str:
         return self._keys.get(name, name)
 
+    def _written_key(self, name: str) -> str:
+        """The field's key, or its `KEY_file` variant where only that is written."""
+        file_key = self._file_keys.get(name)
+        if file_key and file_key in self._data and self._key(name) not in self._data:
+            return file_key
+        return self._key(name)
+
     def line_of(self, name: str) -> int:
-        """The line of a field's key, or of the section when the key is not written."""
-        return self._data.key_lines.get(self._key(name), self._data.line)
+        """The line of a field's key (or of its `KEY_file`), or of the section when neither
+        is written."""
+        return self._data.key_lines.get(self._written_key(name), self._data.line)
 
     def has(self, name: str) -> bool:
-        """Whether the field's key is written in the file (even as null)."""
-        return self._key(name) in self._data
+        """Whether the field's key (or its `KEY_file`) is written in the file, even as null."""
+        return self._written_key(name) in self._data
+
+    def written(self, name: str) -> Any:
+        """The field's value as written in the file (None when absent), for a rule about
+        what was written rather than what was read (an empty list, not one left empty by
+        refused items)."""
+        return self._data.get(self._written_key(name))
 
     def problem(self, message: str, *, key: str | None = None) -> None:
         """`where.key: message` on the key's line, or `where: message` on the section's."""
         if key is None:
             self._run.reader.problem(self.line, f"{self.where}: {message}")
         else:
-            self._run.reader.problem(self.line_of(key), f"{self.where}.{self._key(key)}: {message}")
+            written = self._written_key(key)
+            self._run.reader.problem(self.line_of(key), f"{self.where}.{written}: {message}")
 
     def problem_at(self, line: int, message: str) -> None:
         """A message exactly as given, on any line (a clash found across sections)."""
@@ -692,9 +786,9 @@ class Check:
 class _Run:
     """One file being read: its problems, and the check of every section built."""
 
-    def __init__(self, file: str) -> None:
-        self.file = file
-        self.reader = Reader(file)
+    def __init__(self, reader: Reader) -> None:
+        self.file = reader.file
+        self.reader = reader
         # Keyed by id, holding the section too: one dropped with a failed parent stays alive,
         # so its id is never reused by another section of this run.
         self.checks: dict[int, tuple[object, Check]] = {}
@@ -707,8 +801,11 @@ class _Run:
             value = self._field(f, data, where)
             if value is _FAILED:
                 complete = False
-            else:
+            elif value is not _DERIVED:
                 values[f.name] = value
+        for f in fields:
+            if f.spec.derive is not None and f.name not in values:
+                values[f.name] = f.spec.derive(values) if complete else None
         self._unknown_keys(fields, data, where)
         if not complete:
             return _FAILED  # type: ignore[no-any-return]
@@ -724,21 +821,62 @@ class _Run:
             return data.line
         if f.spec.source == "file":
             return self.file
+        if f.file_key and f.file_key in data:
+            return self._from_file(f, data, where)
         line = data.key_lines.get(f.key, data.line)
         raw = data.get(f.key)
         if raw is None:
             if f.required:
                 hint = f" ({f.spec.hint})" if f.spec.hint else ""
-                self.reader.problem(line, f"{where}: {f.key} is required{hint}")
+                also = f" (or {f.file_key})" if f.file_key else ""
+                self.reader.problem(line, f"{where}: {f.key}{also} is required{hint}")
                 return _FAILED
-            return f.default_value()
-        value = f.kind.load(self, raw, f.where_in(where), line)
+            return _DERIVED if f.spec.derive else f.default_value()
+        if isinstance(raw, Incomplete):
+            # What is missing is reported by the reader (unless the command needs no secret),
+            # and parsing what is left would only add confusion. A secret stays given, unread.
+            if f.spec.secret and not self.reader.secrets:
+                self.reader.withhold(raw)
+            value = WITHHELD if f.spec.secret else _FAILED
+        else:
+            value = f.kind.load(self, raw, f.where_in(where), line)
         if value is _FAILED and not f.required:
-            return f.default_value()  # reported; the default stands in while checking on
+            # reported; the default stands in while checking on
+            return _DERIVED if f.spec.derive else f.default_value()
         return value
 
+    def _from_file(self, f: _Field, data: LocatedMap, where: str) -> Any:
+        """The value of `KEY_file`: read from the file it names (not for a command that
+        uses no secret, which gets WITHHELD)."""
+        key = f.file_key
+        assert key is not None
+        line = data.key_lines.get(key, data.line)
+        failed = _FAILED if f.required else f.default_value()
+        if f.key in data:
+            self.reader.problem(line, f"{where}: give {f.key} or {key}, not both")
+            return failed
+        raw = data[key]
+        if isinstance(raw, Incomplete):
+            return WITHHELD  # reported by the reader
+        try:
+            path = yamlconf.non_empty_string(raw)
+        except ValueError as exc:
+            self.reader.problem(line, f"{where}.{key}: {exc}")
+            return failed
+        if not self.reader.secrets:
+            return WITHHELD
+        try:
+            text = yamlconf.read_secret_file(path)
+        except ValueError as exc:
+            self.reader.problem(line, f"{where}.{key}: cannot read {path}: {exc}")
+            return WITHHELD  # given, but unread: no other rule should take it for absent
+        value = f.kind.load(self, text, f"{where}.{key}", line)
+        return failed if value is _FAILED else value
+
     def _unknown_keys(self, fields: tuple[_Field, ...], data: LocatedMap, where: str) -> None:
-        known = sorted(f.key for f in fields if f.spec.source == "yaml")
+        known = sorted(
+            k for f in fields if f.spec.source == "yaml" for k in (f.key, f.file_key) if k
+        )
         for key in data:
             if key not in known:
                 close = _closest(key, known)
@@ -771,22 +909,35 @@ def _edits(a: str, b: str) -> int:
     return row[-1]
 
 
-def load(cls: type[T], data: LocatedMap, file: str) -> T:
-    """The settings `cls` from a file's top-level mapping; ConfigError lists every problem."""
-    run = _Run(file)
+def load(cls: type[T], data: LocatedMap, file: str, *, secrets: bool = True) -> T:
+    """The settings `cls` from a file's top-level mapping; ConfigError lists every problem.
+
+    Values in which a variable or file could not be expanded (`data.incomplete`) are
+    reported, except, with `secrets=False` (a command that uses no secret), those of secret
+    fields: these are then WITHHELD, as are values given by `KEY_file`, which is not read.
+    """
+    run = _Run(Reader(file, data.incomplete, secrets=secrets))
     result = run.build(cls, data, ROOT)
     run.reader.raise_if_any()
     return result
 
 
-def load_file(cls: type[T], path: str, env: Mapping[str, str] | None = None) -> T:
-    return load(cls, yamlconf.load_file(path, env), path)
+def load_file(
+    cls: type[T], path: str, env: Mapping[str, str] | None = None, *, secrets: bool = True
+) -> T:
+    return load(cls, yamlconf.load_file(path, env, keep_incomplete=True), path, secrets=secrets)
 
 
 def load_text(
-    cls: type[T], text: str, file: str = "<text>", env: Mapping[str, str] | None = None
+    cls: type[T],
+    text: str,
+    file: str = "<text>",
+    env: Mapping[str, str] | None = None,
+    *,
+    secrets: bool = True,
 ) -> T:
-    return load(cls, yamlconf.load_text(text, file, env), file)
+    data = yamlconf.load_text(text, file, env, keep_incomplete=True)
+    return load(cls, data, file, secrets=secrets)
 
 
 # ---------------------------------------------------------------------------- describing
@@ -837,9 +988,12 @@ def _reference_tables(
                 kind = f"{kind}, see `{child}`"
                 nested.append((part, child))
                 seen[part] = child
-        cells = [f"`{f.key}`", kind, _default_cell(f), f.spec.doc]
-        out.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells))
-        out[-1] += " |"
+        rows = [[f"`{f.key}`", kind, _default_cell(f), f.spec.doc]]
+        if f.file_key:
+            rows.append([f"`{f.file_key}`", "file path", "", f"A file holding `{f.key}`."])
+        for cells in rows:
+            out.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells))
+            out[-1] += " |"
     out.append("")
     for part, child in nested:
         _reference_tables(part, child, heading, seen, out)
@@ -868,6 +1022,28 @@ def _default_cell(f: _Field) -> str:
     return f"`{_yaml_text(value)}`"
 
 
+def keys(cls: type) -> list[tuple[str, type, str]]:
+    """Every key a file holding `cls` may have: (path, section class, key), the path as
+    `routes[].cors.allow_origins` (`[]` for the items of a list), `KEY_file` variants too."""
+    found: list[tuple[str, type, str]] = []
+    _keys(cls, "", found, ())
+    return found
+
+
+def _keys(
+    cls: type, path: str, found: list[tuple[str, type, str]], within: tuple[type, ...]
+) -> None:
+    for f in _plan(cls):
+        if f.spec.source != "yaml":
+            continue
+        child = f"{path}.{f.key}" if path else f.key
+        found += [(f"{path}.{k}" if path else k, cls, k) for k in (f.key, f.file_key) if k]
+        part = _section_in(f.kind)
+        if part is not None and part not in within:  # a section inside itself ends the walk
+            inner = f"{child}[]" if isinstance(f.kind, _List) else child
+            _keys(part, inner, found, (*within, cls))
+
+
 def missing_docs(cls: type) -> list[str]:
     """Keys (as `path.key`) declared without a doc string, in this section and below it."""
     missing: list[str] = []
@@ -886,3 +1062,35 @@ def _missing_docs(cls: type, path: str, missing: list[str], seen: set[type]) -> 
         part = _section_in(f.kind)
         if part is not None and part not in seen:
             _missing_docs(part, child, missing, seen)
+
+
+def schema_text(cls: type, *, title: str) -> str:
+    """The JSON Schema of `cls` as committed beside the example files (stable, diffable)."""
+    import json  # only here: the loader needs no JSON
+
+    return json.dumps(json_schema(cls, title=title), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m portcullis.sections MODULE:CLASS TITLE FILE` writes the JSON Schema of the
+    settings class to FILE (for `make schema`)."""
+    import importlib
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or ":" not in args[0]:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    module, _, name = args[0].partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    # Run as `-m`, this file is `__main__`: the sections were registered with the module
+    # the settings imported, so that one describes them.
+    kernel = importlib.import_module("portcullis.sections")
+    text = kernel.schema_text(cls, title=args[1])
+    with open(args[2], "w", encoding="utf-8") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,9 +2,9 @@
 that trust a private certificate authority.
 
 Owns: the `tls` section of a listener (`cert_file`, `key_file`, `min_version`, and where a
-service verifies its clients `client_ca_file` and `client_auth`), checking at load that the
-files named there load (so `check` finds what `run` would die on), building SSLContexts, and
-`RotatingCertificate`.
+service verifies its clients `client_ca_file` and `client_auth`), declared for
+portcullis.sections, checking at load that the files named there load (so `check` finds
+what `run` would die on), building SSLContexts, and `RotatingCertificate`.
 
 Rotation: cert-manager and Kubernetes secret volumes replace certificate files in place. A
 listener keeps one SSLContext for its socket; every handshake is moved onto the context
@@ -24,11 +24,10 @@ import logging
 import os
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
-from .yamlconf import Reader, Section, non_empty_string, one_of
+from .sections import Check, section, setting
 
 log = logging.getLogger("portcullis.tls")
 
@@ -37,15 +36,71 @@ VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 ALPN = ["http/1.1"]  # HTTP/2 is not served: offering it would break clients that pick it
 
 
-@dataclass(frozen=True)
-class ServerTls:
-    """A listener's TLS: its certificate chain and key, and how clients are verified."""
+def _version(value: Any) -> str:
+    # `min_version: 1.2` unquoted is a YAML float; it means the same as "1.2".
+    text = str(value).removeprefix("TLSv")
+    if isinstance(value, bool) or text not in VERSIONS:
+        raise ValueError(f"{value!r} is not a TLS version this server offers (1.2 or 1.3)")
+    return text
 
-    cert_file: str
-    key_file: str
-    min_version: str = "1.2"  # "1.2" | "1.3"; TLS 1.3 is chosen whenever the client has it
-    client_ca_file: str | None = None
-    client_auth: str = "none"  # none | request (verified when sent) | require
+
+_VERSION = {"title": "1.2 | 1.3", "enum": [1.2, 1.3, "1.2", "1.3", "TLSv1.2", "TLSv1.3"]}
+
+
+@section
+class ServerTls:
+    """TLS of the listener: it serves HTTPS itself, picking up renewed certificate files."""
+
+    cert_file: str = setting("PEM certificate chain, the server's certificate first.")
+    key_file: str = setting("PEM private key of the certificate (unencrypted).")
+    min_version: str = setting(
+        "Oldest TLS version accepted; 1.3 is chosen whenever the client has it.",
+        default="1.2",
+        parser=_version,
+        schema=_VERSION,
+    )
+
+    @property
+    def client_ca_file(self) -> str | None:
+        return None  # a listener that verifies no client certificates
+
+    @property
+    def client_auth(self) -> str:
+        return "none"
+
+    def validate(self, check: Check) -> None:
+        """With secrets, the pair is loaded as `run` would load it, and a failure is
+        reported on the line of the file that failed."""
+        if check.secrets:
+            pair = {"cert_file": self.cert_file, "key_file": self.key_file}
+            plain = ServerTls(self.cert_file, self.key_file, self.min_version)
+            check_files(check, pair, lambda: server_context(plain))
+
+
+@section
+class VerifyingServerTls(ServerTls):
+    """TLS of the listener: it serves HTTPS itself, picking up renewed certificate files,
+    and may verify client certificates."""
+
+    client_ca_file: str | None = setting(
+        "CA that client certificates must chain to; none are asked for without it.",
+        default=None,
+    )
+    client_auth: Literal["request", "require"] = setting(
+        "With client_ca_file: `request` serves clients without a certificate (routes "
+        "decide), `require` refuses them in the handshake.",
+        default="request",
+    )
+
+    def validate(self, check: Check) -> None:
+        if self.client_ca_file is None and check.has("client_auth"):
+            check.problem(
+                "needs client_ca_file (the CA that client certificates must chain to)",
+                key="client_auth",
+            )
+        super().validate(check)
+        if check.secrets and self.client_ca_file is not None:
+            check_ca(check, "client_ca_file", self.client_ca_file)
 
 
 # ---------------------------------------------------------------------------- contexts
@@ -100,10 +155,8 @@ def _reason(exc: Exception) -> str:
     return (exc.reason or str(exc)).lower().replace("_", " ")
 
 
-def check_files(
-    reader: Reader, sec: Section, files: Mapping[str, str], build: Callable[[], object]
-) -> None:
-    """Report, on its line, each of `files` (key: path) that cannot be read; when all can,
+def check_files(check: Check, files: Mapping[str, str], build: Callable[[], object]) -> None:
+    """Report, on its line, each of `files` (field: path) that cannot be read; when all can,
     report on the first one's line what keeps `build` (a context made from them) from
     loading them."""
     unreadable = False
@@ -112,9 +165,7 @@ def check_files(
             with open(path, "rb"):
                 pass
         except OSError as exc:
-            reader.problem(
-                sec.line_of(key), f"{sec.where}.{key}: cannot read {path}: {exc.strerror}"
-            )
+            check.problem(f"cannot read {path}: {exc.strerror}", key=key)
             unreadable = True
     if unreadable:
         return
@@ -122,78 +173,27 @@ def check_files(
         build()
     except (OSError, ssl.SSLError, ValueError) as exc:
         first = next(iter(files))
-        # One file: `tls.client_ca_file: …`; a pair: `tls: cert_file and key_file …`.
-        what = f"{sec.where}.{first}:" if len(files) == 1 else f"{sec.where}: {' and '.join(files)}"
-        reader.problem(sec.line_of(first), f"{what} cannot be loaded: {_reason(exc)}")
+        if len(files) == 1:  # `tls.client_ca_file: …`; a pair: `tls: cert_file and key_file …`
+            check.problem(f"cannot be loaded: {_reason(exc)}", key=first)
+        else:
+            check.problem_at(
+                check.line_of(first),
+                f"{check.where}: {' and '.join(files)} cannot be loaded: {_reason(exc)}",
+            )
 
 
-# ---------------------------------------------------------------------------- settings
-
-
-def parse_server(
-    reader: Reader, raw: Any, where: str, line: int, *, client_auth: bool
-) -> ServerTls | None:
-    """A listener's `tls` mapping; `client_auth` allows client_ca_file and client_auth.
-
-    With `reader.secrets`, the pair (and the client CA) are loaded as `run` would load them,
-    and a failure is reported on the line of the file that failed.
-    """
-    sec = reader.section(raw, where, line)
-    if sec is None:
-        return None
-    cert_file = sec.get("cert_file", non_empty_string)
-    key_file = sec.get("key_file", non_empty_string)
-    min_version = sec.get("min_version", _version, ServerTls.min_version)
-    ca_file: str | None = None
-    auth = "none"
-    if client_auth:
-        ca_file = sec.get("client_ca_file", non_empty_string, None)
-        auth = sec.get("client_auth", one_of("request", "require"), "request")
-        if ca_file is None:
-            auth = "none"
-            if sec.has("client_auth"):
-                reader.problem(
-                    sec.line_of("client_auth"),
-                    f"{where}.client_auth: needs client_ca_file (the CA that client "
-                    "certificates must chain to)",
-                )
-    sec.finish()
-    if cert_file is None or key_file is None:
-        return None
-    result = ServerTls(cert_file, key_file, min_version, ca_file, auth)
-    if reader.secrets:
-        check_files(
-            reader,
-            sec,
-            {"cert_file": cert_file, "key_file": key_file},
-            lambda: server_context(replace(result, client_ca_file=None)),
-        )
-        if ca_file is not None:
-            check_ca(reader, sec, "client_ca_file", ca_file)
-    return result
-
-
-def check_ca(reader: Reader, sec: Section, key: str, ca_file: str) -> None:
+def check_ca(check: Check, key: str, ca_file: str) -> None:
     """Report a CA file that `run` could not load, on the line of `key`."""
-    check_files(reader, sec, {key: ca_file}, lambda: client_context(ca_file))
+    check_files(check, {key: ca_file}, lambda: client_context(ca_file))
 
 
-def check_client_pair(reader: Reader, sec: Section, cert_file: str, key_file: str) -> None:
+def check_client_pair(check: Check, cert_file: str, key_file: str) -> None:
     """Report a client certificate and key that `run` could not load."""
     check_files(
-        reader,
-        sec,
+        check,
         {"cert_file": cert_file, "key_file": key_file},
         lambda: client_context(None, cert_file, key_file),
     )
-
-
-def _version(value: Any) -> str:
-    # `min_version: 1.2` unquoted is a YAML float; it means the same as "1.2".
-    text = str(value).removeprefix("TLSv")
-    if isinstance(value, bool) or text not in VERSIONS:
-        raise ValueError(f"{value!r} is not a TLS version this server offers (1.2 or 1.3)")
-    return text
 
 
 # ---------------------------------------------------------------------------- rotation

@@ -8,6 +8,8 @@
   ratelimit}`, `verifiers → {jwks, bearer, principal}`: the request path knows nothing of
   forwarding (its last step is given to it), verifiers nothing of the path they serve, and
   nothing imports the composition root but the command line that runs it.
+- no module of the gateway or the kernel reaches itself through its imports, not even
+  through imports made only for type checking (settings.py reads rules.py, never back);
 - the authserver is layered: app (the composition root) → endpoints, CORS → grants →
   tokens, client authentication, sessions → key ring, store protocol, registry, metrics →
   settings → protocol.
@@ -34,8 +36,9 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    """Modules imported at run time (imports under `if TYPE_CHECKING:` do not count)."""
+def _runtime_imports(path: Path, *, typing: bool = False) -> set[str]:
+    """Modules imported at run time (imports under `if TYPE_CHECKING:` count only with
+    `typing`)."""
     tree = ast.parse(path.read_text(), str(path))
     package = (
         _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
@@ -44,7 +47,11 @@ def _runtime_imports(path: Path) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            if (
+                isinstance(child, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(child.test)
+                and not typing
+            ):
                 for orelse in child.orelse:
                     visit(orelse)
                 continue
@@ -65,15 +72,16 @@ def _runtime_imports(path: Path) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, typing: bool = False) -> dict[str, set[str]]:
     graph = {}
     for package in ("portcullis", "gateway", "authserver"):
         for path in (ROOT / package).rglob("*.py"):
-            graph[_module_name(path)] = _runtime_imports(path)
+            graph[_module_name(path)] = _runtime_imports(path, typing=typing)
     return graph
 
 
 GRAPH = _graph()
+TYPED_GRAPH = _graph(typing=True)
 
 
 def _closure(module: str) -> set[str]:
@@ -175,6 +183,35 @@ def test_the_composition_root_builds_the_pipeline_and_the_forwarder():
     assert {"gateway.rules", "gateway.policy", "gateway.ratelimit"} <= _gateway_imports(
         "gateway.pipeline"
     )
+
+
+def _cycle_through(module: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """A chain of imports from `module` back to itself, if there is one."""
+    paths = {module: [module]}
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        for imported in sorted(graph.get(current, ()) & graph.keys()):
+            if imported == module:
+                return [*paths[current], module]
+            if imported not in paths:
+                paths[imported] = [*paths[current], imported]
+                todo.append(imported)
+    return None
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in TYPED_GRAPH if m.startswith(("gateway", "portcullis")))
+)
+def test_no_module_imports_itself_through_others_even_for_type_checking(module):
+    own = {m: {i for i in TYPED_GRAPH[m] if i != m} for m in TYPED_GRAPH}
+    assert _cycle_through(module, own) is None
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert _cycle_through("a", graph) == ["a", "b", "c", "a"]
+    assert _cycle_through("d", graph) is None
 
 
 # The authserver's layers, top to bottom; a module belongs to the first entry it falls under.

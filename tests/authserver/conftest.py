@@ -246,7 +246,7 @@ class RunningAuthServer:
         """The `sub` the server gives a configured user."""
         user = self.settings.user(username)
         assert user is not None, username
-        return user.subject
+        return self.settings.subject_of(user)
 
     def endpoint(self, path: str) -> str:
         """An endpoint's URL: the issuer (which may carry a path) and `path`."""

@@ -247,7 +247,7 @@ async def test_a_password_hashed_by_the_cli_passes_check_and_signs_the_user_in(
     status, body = await exchange_code(http, server, result)
     assert status == 200, body
     claims = await verify_jwt(http, server, body["id_token"], audience="spa")
-    assert claims["sub"] == server.settings.user("dave").subject  # type: ignore[union-attr]
+    assert claims["sub"] == server.settings.subject_of(server.settings.user("dave"))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- durability

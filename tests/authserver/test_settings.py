@@ -179,12 +179,14 @@ def test_users_get_stable_opaque_subjects_and_hashed_passwords(tmp_path):
     loaded = settings.load(write(tmp_path, full_text()), ENV)
     alice, bob = loaded.user("alice"), loaded.user("bob")
     assert alice is not None and bob is not None
-    assert alice.subject == settings.default_subject("https://auth.example.com", "alice")
-    assert "alice" not in alice.subject and "@" not in alice.subject
-    assert settings.load(write(tmp_path, full_text()), ENV).user("alice").subject == alice.subject
+    subject = loaded.subject_of(alice)
+    assert subject == settings.default_subject("https://auth.example.com", "alice")
+    assert "alice" not in subject and "@" not in subject
+    again = settings.load(write(tmp_path, full_text()), ENV)
+    assert again.subject_of(again.user("alice")) == subject
     assert alice.claims == {"email": "alice@example.com", "email_verified": True, "name": "Alice"}
-    assert loaded.user_by_subject(alice.subject) is alice
-    assert bob.subject == "user-bob"
+    assert loaded.user_by_subject(subject) is alice
+    assert loaded.subject_of(bob) == "user-bob"
     assert users.is_hash(bob.password_hash)
     assert users.verify_password("builder", bob.password_hash)
     assert not users.verify_password("Builder", bob.password_hash)
@@ -208,7 +210,7 @@ def test_required_keys_are_reported_at_the_top(tmp_path):
     assert found == [
         "1: config: issuer is required",
         "1: config: storage is required",
-        "1: keys must be a mapping, got nothing",
+        "1: config: keys is required",
     ]
 
 
@@ -306,7 +308,7 @@ def test_issuer_may_be_plain_http_on_loopback_and_may_have_a_path(tmp_path, issu
             "login_throttle: {max_failures_per_address: 0}",
             "max_failures_per_address: must be at least 1",
         ),
-        ("login_throttle: {window: 0}", "login_throttle.window: must be longer than 0s"),
+        ("login_throttle: {window: 0}", "login_throttle.window: must be more than 0s"),
         ("login_throttle: [3]", "login_throttle must be a mapping"),
         ("login_throttle: {backoff_after: 0}", "login_throttle.backoff_after: must be at least 1"),
         ("login_throttle: {backoff_max: 500ms}", "login_throttle.backoff_max: must be at least 1s"),

@@ -482,7 +482,7 @@ def test_storage_pool_settings_are_read_with_their_defaults() -> None:
     [
         ("storage_pool: {min_size: 5, max_size: 2}\n", STORAGE, "min_size: exceeds max_size"),
         ("storage_pool: {max_size: 0}\n", STORAGE, "max_size"),
-        ("storage_pool: {connect_timeout: 0}\n", STORAGE, "connect_timeout: must be longer"),
+        ("storage_pool: {connect_timeout: 0}\n", STORAGE, "connect_timeout: must be more than 0s"),
         ("storage_pool: {command_timeout: 5}\n", STORAGE, "not a duration"),
         ("storage_pool: {pool_size: 5}\n", STORAGE, "pool_size"),
         (

@@ -274,7 +274,7 @@ async def test_code_flow_through_the_login_and_consent_pages_signs_the_user_in(
     assert await page.locator("#email").inner_text() == "alice@example.com"
     assert await page.locator("#scope").inner_text() == SCOPE
     subject = await page.locator("#subject").inner_text()
-    assert subject == authserver.settings.user("alice").subject  # type: ignore[union-attr]
+    assert subject == authserver.settings.subject_of(authserver.settings.user("alice"))  # type: ignore[arg-type]
     assert page.problems == []  # no Content-Security-Policy report, no script error
 
     # A second sign-in needs neither the login nor the consent page.

@@ -14,6 +14,7 @@ from gateway.settings import (
     CorsSettings,
     IntrospectionSettings,
     LimitRule,
+    PreAuthLimit,
     RateLimitSettings,
     ReloadSettings,
     WebSocketSettings,
@@ -109,7 +110,7 @@ def test_every_new_section_parses_into_its_dataclass():
         default=LimitRule(
             Rate(100, timedelta(seconds=1)), 200, "subject", line_of(FULL, "default:")
         ),
-        pre_auth=LimitRule(Rate(20, timedelta(seconds=1)), 20, "ip", line_of(FULL, "pre_auth:")),
+        pre_auth=PreAuthLimit(Rate(20, timedelta(seconds=1)), 20, "ip", line_of(FULL, "pre_auth:")),
         on_backend_error="deny",
         timeout=timedelta(milliseconds=50),
         max_keys=1000,
@@ -137,13 +138,13 @@ def test_every_new_section_parses_into_its_dataclass():
     assert got.reload == ReloadSettings(watch=False, interval=timedelta(seconds=5))
     assert got.forward.traceparent is False
     ws, ws2, own, rest = got.routes
-    assert (ws.mode, ws.cors, ws.rate_limit, ws.websocket) == (
+    assert (ws.mode, ws.cors, ws.rate_limit, got.websocket_of(ws)) == (
         "enforce",
         False,
         False,
         WebSocketSettings(True, 64 * 1024),  # `true` takes the global settings
     )
-    assert ws2.websocket == WebSocketSettings(False, 64 * 1024)  # a mapping changes some
+    assert got.websocket_of(ws2) == WebSocketSettings(False, 64 * 1024)  # a mapping changes some
     assert ws2.rate_limit == LimitRule(
         Rate(3, timedelta(seconds=10)), 5, "header:x-api-key", line_of(FULL, "rate: 3/10s")
     )
@@ -153,7 +154,7 @@ def test_every_new_section_parses_into_its_dataclass():
         max_age=timedelta(minutes=1),
         line=line_of(FULL, "cors: {allow_origins"),
     )
-    assert (rest.mode, rest.cors, rest.rate_limit, rest.websocket) == (None, None, None, None)
+    assert (rest.mode, rest.cors, rest.rate_limit, got.websocket_of(rest)) == (None,) * 4
 
 
 def test_the_new_sections_have_the_documented_defaults():
@@ -165,13 +166,13 @@ def test_the_new_sections_have_the_documented_defaults():
     assert got.trusted_proxies == ()
     assert got.cors is None
     assert got.websocket == WebSocketSettings(False, 4 * 1024 * 1024, None)
-    assert got.access_log == AccessLogSettings()
-    assert (got.access_log.enabled, got.access_log.output, got.access_log.subject) == (
+    assert got.request_log == AccessLogSettings(enabled=False)
+    assert (got.request_log.enabled, got.request_log.output, got.request_log.subject) == (
         False,  # asked for, not imposed: a line per request has a cost
         "stderr",
         "plain",
     )
-    assert settings.load_text(config(extra="access_log: true\n"), FILE, {}).access_log == (
+    assert settings.load_text(config(extra="access_log: true\n"), FILE, {}).request_log == (
         AccessLogSettings(enabled=True)
     )
     assert settings.load_text(
@@ -191,7 +192,7 @@ def test_the_new_sections_have_the_documented_defaults():
     assert intro.introspection.cache_ttl == timedelta(seconds=10)
     assert intro.introspection.inactive_cache_ttl == timedelta(seconds=2)
     assert (intro.uses_keys, intro.takes_opaque_tokens) == (False, True)
-    assert settings.load_text(config(extra="access_log: false\n"), FILE, {}).access_log == (
+    assert settings.load_text(config(extra="access_log: false\n"), FILE, {}).request_log == (
         AccessLogSettings(enabled=False)
     )
 

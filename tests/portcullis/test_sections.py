@@ -995,3 +995,145 @@ def test_problems_in_other_shapes_name_the_item_and_key() -> None:
     rows = [line for line in sections.reference(Clients).splitlines() if line.startswith("| `")]
     assert rows[3].startswith("| `websocket` | section \\| `true` \\| `false`, see ")
     assert rows[4] == "| `flags` | mapping to boolean |  | Switches by name. |"
+
+
+# ---------------------------------------------------------------------------- secrets in files,
+# derived defaults, unread secrets
+
+
+@sections.accepts({"type": "string", "title": "colour", "pattern": "^#[0-9a-f]{6}$"})
+def _colour(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if not re.fullmatch("#[0-9a-f]{6}", text):
+        raise ValueError(f"{text!r} is not a colour like #00ff00")
+    return text
+
+
+@section
+class Account:
+    """A service account."""
+
+    name: str = setting("Its name.")
+    password: str = setting("Its password.", secret=True, from_file=True)
+    token: str | None = setting("An optional token.", default=None, secret=True, from_file=True)
+    label: str = setting("Shown; the name when absent.", default="", derive=lambda v: v["name"])
+    colour: str = setting("A colour.", default="#000000", parser=_colour)
+    nickname: str | None = setting("How it is called.", default=None)
+
+
+@section
+class Accounts:
+    accounts: tuple[Account, ...] = setting("Accounts.", label=sections.named("account", "name"))
+
+    def validate(self, check: Check) -> None:
+        for account in self.accounts:
+            within = check.within(account)
+            if within.has("nickname") and not within.written("nickname"):
+                within.problem("give a nickname or leave the key out", key="nickname")
+
+
+def load_accounts(text: str, *, secrets: bool = True, env: Mapping[str, str] | None = None) -> Any:
+    return sections.load_text(Accounts, text, FILE, env or {}, secrets=secrets).accounts
+
+
+def account_problems(
+    text: str, *, secrets: bool = True, env: Mapping[str, str] | None = None
+) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_accounts(text, secrets=secrets, env=env)
+    return [str(p) for p in caught.value.problems]
+
+
+def test_a_secret_may_come_from_the_file_named_by_its_file_key(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("from-the-file\n")
+    (account,) = load_accounts(f"accounts:\n  - {{name: a, password_file: {secret}}}\n")
+    assert account.password == "from-the-file"  # without the line break editors add
+    assert account.token is None
+
+
+def test_a_secret_and_its_file_key_together_are_refused_on_the_file_keys_line(
+    tmp_path: Path,
+) -> None:
+    text = f"accounts:\n  - name: a\n    password: x\n    password_file: {tmp_path}/p\n"
+    assert account_problems(text) == [
+        f"{FILE}:4: account 'a': give password or password_file, not both"
+    ]
+
+
+def test_an_unreadable_secret_file_is_reported_with_the_reason(tmp_path: Path) -> None:
+    text = f"accounts:\n  - {{name: a, password_file: {tmp_path}/missing}}\n"
+    found = account_problems(text)
+    assert found == [
+        f"{FILE}:2: account 'a'.password_file: cannot read {tmp_path}/missing: "
+        "No such file or directory"
+    ]
+
+
+def test_a_required_secret_names_its_file_key_when_missing() -> None:
+    assert account_problems("accounts:\n  - {name: a}\n") == [
+        f"{FILE}:2: account 'a': password (or password_file) is required"
+    ]
+
+
+def test_without_secrets_secret_files_and_missing_variables_are_withheld(tmp_path: Path) -> None:
+    text = (
+        f"accounts:\n  - {{name: a, password_file: {tmp_path}/missing}}\n"
+        "  - {name: b, password: '${NOT_SET}', token: '${NOT_SET_EITHER}'}\n"
+    )
+    a, b = load_accounts(text, secrets=False)
+    assert a.password is yamlconf.WITHHELD
+    assert (b.password, b.token) == (yamlconf.WITHHELD, yamlconf.WITHHELD)
+    # A variable missing in a value that is not a secret is still a problem.
+    found = account_problems("accounts:\n  - {name: '${NOT_SET}', password: x}\n", secrets=False)
+    assert found == [
+        f"{FILE}:2: environment variable NOT_SET is not set (use ${{NOT_SET:-default}})"
+    ]
+
+
+def test_a_secret_given_but_unread_is_reported_once_and_counts_as_given() -> None:
+    found = account_problems("accounts:\n  - {name: a, password: '${NOT_SET}'}\n")
+    assert found == [
+        f"{FILE}:2: environment variable NOT_SET is not set (use ${{NOT_SET:-default}})"
+    ]
+
+
+def test_a_derived_default_follows_the_other_values_unless_written() -> None:
+    derived, written = load_accounts(
+        "accounts:\n  - {name: a, password: x}\n  - {name: b, password: x, label: Bee}\n"
+    )
+    assert (derived.label, written.label) == ("a", "Bee")
+    assert (
+        "default"
+        not in sections.json_schema(Accounts, title="a")["properties"]["accounts"]["items"][
+            "properties"
+        ]["label"]
+    )
+
+
+def test_a_parser_may_carry_the_schema_of_what_it_accepts() -> None:
+    schema = sections.json_schema(Accounts, title="accounts")
+    schema_subset.check_schema(schema)
+    item = schema["properties"]["accounts"]["items"]["properties"]
+    assert {"type": "string", "pattern": "^#[0-9a-f]{6}$"} in item["colour"]["anyOf"]
+    assert item["password_file"]["description"].startswith("A file holding password")
+    assert "token_file" in item
+    assert account_problems("accounts:\n  - {name: a, password: x, colour: red}\n") == [
+        f"{FILE}:2: account 'a'.colour: 'red' is not a colour like #00ff00"
+    ]
+    rows = [line for line in sections.reference(Accounts).splitlines() if line.startswith("| `")]
+    assert "| `colour` | colour | `#000000` | A colour. |" in rows
+    assert "| `password_file` | file path |  | A file holding `password`. |" in rows
+
+
+def test_a_rule_can_read_what_was_written_rather_than_what_was_read() -> None:
+    assert account_problems("accounts:\n  - {name: a, password: x, nickname: }\n") == [
+        f"{FILE}:2: account 'a'.nickname: give a nickname or leave the key out"
+    ]
+
+
+def test_a_mapping_read_from_the_file_cannot_change_and_its_section_stays_hashable() -> None:
+    headers = load(VALID).identity_headers
+    assert hash(headers) == hash(load(VALID).identity_headers)
+    with pytest.raises(TypeError):
+        headers.claims["X-Other"] = "other"  # type: ignore[index]

@@ -13,20 +13,31 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from authserver import settings as authserver_settings
-from portcullis import tls, yamlconf
-from portcullis.tls import RotatingCertificate, ServerTls
-from portcullis.yamlconf import ConfigError, Reader
+from portcullis import sections
+from portcullis.sections import section, setting
+from portcullis.tls import RotatingCertificate, ServerTls, VerifyingServerTls
+from portcullis.yamlconf import ConfigError
 from tests.certificates import CertificateAuthority
 from tests.support import wait_for
 
 
+@section
+class Verifying:
+    tls: VerifyingServerTls = setting("A listener that may verify client certificates.")
+
+
+@section
+class Plain:
+    tls: ServerTls = setting("A listener that verifies no client certificates.")
+
+
 def parse(text: str, *, client_auth: bool = True, secrets: bool = True) -> tuple[Any, list[str]]:
-    data = yamlconf.load_text(text, "conf.yaml", {})
-    reader = Reader("conf.yaml", secrets=secrets)
-    result = tls.parse_server(
-        reader, data["tls"], "tls", data.key_lines["tls"], client_auth=client_auth
-    )
-    return result, [str(p) for p in reader.problems]
+    """The `tls` section of a file holding only it, or its problems."""
+    holder = Verifying if client_auth else Plain
+    try:
+        return sections.load_text(holder, text, "conf.yaml", {}, secrets=secrets).tls, []
+    except ConfigError as exc:
+        return None, [str(p) for p in exc.problems]
 
 
 @pytest.fixture
@@ -43,7 +54,8 @@ def test_min_version_is_1_2_or_1_3_however_it_is_written(pair, written, expected
         f'tls: {{cert_file: "{cert}", key_file: "{key}", min_version: {written}}}'
     )
     assert found == []
-    assert result == ServerTls(str(cert), str(key), expected)
+    assert result == VerifyingServerTls(str(cert), str(key), expected)
+    assert (result.client_ca_file, result.client_auth) == (None, "request")
 
 
 @pytest.mark.parametrize("written", ["1.1", "1.0", '"SSLv3"', "true", "2"])
@@ -75,11 +87,10 @@ def test_an_encrypted_private_key_is_reported_instead_of_prompting_for_a_passphr
 def test_a_ca_file_without_a_certificate_is_reported_on_its_line(pair):
     cert, key = pair
     text = f'tls:\n  cert_file: "{cert}"\n  key_file: "{key}"\n  client_ca_file: "{key}"\n'
-    result, found = parse(text)
+    _, found = parse(text)
     assert found == [
         "conf.yaml:4: tls.client_ca_file: cannot be loaded: no PEM certificate in the file"
     ]
-    assert result.client_auth == "request"
 
 
 def test_without_secrets_the_files_are_not_read(tmp_path):

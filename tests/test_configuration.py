@@ -1,0 +1,230 @@
+"""The configuration files as users meet them, held to the settings declarations.
+
+- config/schema/*.schema.json (what editors validate with) are the schemas the declarations
+  give now: a declaration changed without `make schema` fails here;
+- every configuration file in the repository names its schema on its first line, and the
+  schema and the loader both accept it (the Kubernetes ConfigMaps' embedded files too);
+- the README's configuration reference shows every key the declarations know, and no key
+  they do not: a key added without its documentation fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from authserver import settings as authserver_settings
+from gateway import settings as gateway_settings
+from portcullis import sections
+from portcullis.yamlconf import ConfigError
+from tests.portcullis import schema_subset
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
+# What the example files leave to their environment, as a deployment would set it; secrets
+# are not needed (the files are loaded as `explain` and `keys list` load them).
+ENV = {"PORTCULLIS_ISSUER": "https://auth.example.com", "AUTHSERVER_URL": "http://authserver:9000"}
+
+
+@dataclass(frozen=True)
+class Deployable:
+    name: str  # as in the file names: gateway.yaml, gateway.schema.json
+    settings: type
+    load_text: Callable[..., Any]
+    readme_sections: tuple[str, ...]  # `## ` headings whose YAML blocks are its reference
+
+    @property
+    def schema_file(self) -> Path:
+        return ROOT / "config" / "schema" / f"{self.name}.schema.json"
+
+    def schema(self) -> dict[str, Any]:
+        return dict(json.loads(self.schema_file.read_text(encoding="utf-8")))
+
+
+GATEWAY = Deployable(
+    "gateway",
+    gateway_settings.Settings,
+    gateway_settings.load_text,
+    ("Gateway configuration reference", "Production features of the gateway", "TLS"),
+)
+AUTHSERVER = Deployable(
+    "authserver",
+    authserver_settings.Settings,
+    authserver_settings.load_text,
+    ("Authorization server configuration reference", "TLS"),
+)
+DEPLOYABLES = {d.name: d for d in (GATEWAY, AUTHSERVER)}
+
+
+# ---------------------------------------------------------------------------- schemas
+
+
+@pytest.mark.parametrize("deployable", DEPLOYABLES.values(), ids=DEPLOYABLES)
+def test_the_committed_schema_is_the_one_the_declarations_give(deployable: Deployable) -> None:
+    committed = deployable.schema_file.read_text(encoding="utf-8")
+    title = json.loads(committed)["title"]
+    current = sections.schema_text(deployable.settings, title=title)
+    assert committed == current, f"{deployable.schema_file} is stale: run `make schema`"
+    schema_subset.check_schema(deployable.schema())
+
+
+@pytest.mark.parametrize("deployable", DEPLOYABLES.values(), ids=DEPLOYABLES)
+def test_every_key_is_declared_with_its_documentation(deployable: Deployable) -> None:
+    assert sections.missing_docs(deployable.settings) == []
+
+
+# ---------------------------------------------------------------------------- example files
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    where: str  # a path, or a path and the ConfigMap key it is embedded under
+    deployable: Deployable
+    text: str
+    path: Path | None  # the file itself, when it is one (not embedded)
+
+
+def config_files() -> Iterator[ConfigFile]:
+    """Every gateway and authserver configuration in the repository."""
+    for folder in ("config", "examples/compose"):
+        for path in sorted((ROOT / folder).glob("*.yaml")):
+            if path.stem in DEPLOYABLES:
+                text = path.read_text(encoding="utf-8")
+                yield ConfigFile(str(path.relative_to(ROOT)), DEPLOYABLES[path.stem], text, path)
+    for path in sorted((ROOT / "examples" / "kubernetes").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if isinstance(document, dict) and document.get("kind") == "ConfigMap":
+                for key, text in document.get("data", {}).items():
+                    name = key.removesuffix(".yaml")
+                    if name in DEPLOYABLES:
+                        where = f"{path.relative_to(ROOT)}:{key}"
+                        yield ConfigFile(where, DEPLOYABLES[name], text, None)
+
+
+CONFIG_FILES = list(config_files())
+
+
+def test_the_example_files_are_all_found() -> None:
+    found = {(f.where.split(":")[0], f.deployable.name) for f in CONFIG_FILES}
+    assert {
+        ("config/gateway.yaml", "gateway"),
+        ("config/authserver.yaml", "authserver"),
+        ("examples/compose/gateway.yaml", "gateway"),
+        ("examples/compose/authserver.yaml", "authserver"),
+        ("examples/kubernetes/orders.yaml", "gateway"),
+        ("examples/kubernetes/authserver.yaml", "authserver"),
+    } <= found
+
+
+@pytest.mark.parametrize("file", [f for f in CONFIG_FILES if f.path], ids=lambda f: f.where)
+def test_each_repository_file_names_its_schema_on_its_first_line(file: ConfigFile) -> None:
+    assert file.path is not None
+    first = file.text.splitlines()[0]
+    named = SCHEMA_LINE.match(first)
+    assert named, f"{file.where} starts with {first!r}, not the yaml-language-server line"
+    assert (file.path.parent / named.group(1)).resolve() == file.deployable.schema_file
+
+
+@pytest.mark.parametrize("file", CONFIG_FILES, ids=lambda f: f.where)
+def test_the_schema_and_the_loader_both_accept_each_file(file: ConfigFile) -> None:
+    assert schema_subset.errors(file.deployable.schema(), yaml.safe_load(file.text)) == []
+    file.deployable.load_text(file.text, file.where, ENV, secrets=False)
+
+
+@pytest.mark.parametrize(
+    ("deployable", "key", "value", "problem"),
+    [
+        (GATEWAY, "workers", 0, "/workers"),
+        (GATEWAY, "colour", "red", "/colour: not allowed"),
+        (GATEWAY, "upstream", {"url": 5}, "/upstream"),
+        (AUTHSERVER, "log_level", "loud", "/log_level"),
+        (AUTHSERVER, "keys", {"dir": "k", "algo": "ES256"}, "/keys"),
+    ],
+    ids=["workers", "unknown", "upstream", "log_level", "keys"],
+)
+def test_a_mistake_in_an_example_file_is_refused_by_both(
+    deployable: Deployable, key: str, value: Any, problem: str
+) -> None:
+    """The agreement above is not vacuous: what the loader refuses, the schema flags."""
+    original = next(f for f in CONFIG_FILES if f.where == f"config/{deployable.name}.yaml")
+    data = yaml.safe_load(original.text) | {key: value}
+    found = schema_subset.errors(deployable.schema(), data)
+    assert any(p.startswith(problem) for p in found), found
+    with pytest.raises(ConfigError):
+        deployable.load_text(yaml.safe_dump(data), "x.yaml", ENV, secrets=False)
+
+
+# ---------------------------------------------------------------------------- the README
+
+
+def readme_keys(deployable: Deployable) -> set[str]:
+    """Key paths (`routes[].cors.allow_origins`) of the YAML blocks in the README's reference
+    sections of `deployable`."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    parts = re.split(r"^## ", readme, flags=re.MULTILINE)
+    chosen = [p for p in parts if p.splitlines()[0].strip() in deployable.readme_sections]
+    assert len(chosen) == len(deployable.readme_sections), "a reference section was renamed"
+    paths: set[str] = set()
+    for part in chosen:
+        for block in re.findall(r"^```yaml\n(.*?)^```", part, flags=re.MULTILINE | re.DOTALL):
+            _walk(yaml.safe_load(block), "", paths)
+    return paths
+
+
+def _walk(value: Any, path: str, paths: set[str]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            paths.add(child)
+            _walk(item, child, paths)
+    elif isinstance(value, list):
+        for item in value:
+            _walk(item, f"{path}[]", paths)
+
+
+def _is_section(path: str, declared: set[str]) -> bool:
+    return any(p.startswith((f"{path}.", f"{path}[].")) for p in declared)
+
+
+def _inside_a_value(path: str, declared: set[str]) -> bool:
+    """Whether `path` lies inside a value with free keys (identity_headers.claims, a client's
+    jwks): its nearest declared ancestor is not a section."""
+    parent = path
+    while "." in parent:
+        parent = parent.rpartition(".")[0].removesuffix("[]")
+        if parent in declared:
+            return not _is_section(parent, declared)
+    return False
+
+
+@pytest.mark.parametrize("deployable", DEPLOYABLES.values(), ids=DEPLOYABLES)
+def test_the_readme_reference_shows_only_keys_that_exist(deployable: Deployable) -> None:
+    declared = {path for path, _, _ in sections.keys(deployable.settings)}
+    unknown = sorted(
+        path
+        for path in readme_keys(deployable)
+        if path not in declared and not _inside_a_value(path, declared)
+    )
+    assert unknown == [], f"README.md shows keys the {deployable.name} does not know"
+
+
+@pytest.mark.parametrize("deployable", DEPLOYABLES.values(), ids=DEPLOYABLES)
+def test_the_readme_reference_shows_every_key_of_every_section(deployable: Deployable) -> None:
+    """Each key of each section is shown at least once, wherever that section is used (the
+    `cors` keys under `cors:` serve a route's `cors:` too). `KEY_file` variants are
+    documented once for all, beside the `${file:...}` interpolation."""
+    declared = {path: (cls, key) for path, cls, key in sections.keys(deployable.settings)}
+    shown = {declared[path] for path in readme_keys(deployable) if path in declared}
+    missing = {
+        f"{cls.__name__}.{key} (as {path})"
+        for path, (cls, key) in declared.items()
+        if (cls, key) not in shown and not key.endswith("_file")
+    }
+    assert sorted(missing) == [], f"README.md's reference lacks these {deployable.name} keys"
