@@ -34,7 +34,7 @@ from portcullis.sections import (
     source_file,
 )
 from portcullis.tls import VerifyingServerTls
-from portcullis.yamlconf import ConfigError, Rate
+from portcullis.yamlconf import ConfigError, LocatedList, Rate
 
 from . import rules
 
@@ -631,42 +631,19 @@ class Settings:
     def validate(self, check: Check) -> None:
         if _overlap(self.listen, self.admin_listen):
             check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
-        self._check_issuers(check)
-        self._check_routes(check)
+        _check_issuers(self.issuers, check)
+        _check_routes(self.routes, self.issuers, self.upstream.path_case, check)
         self._check_client_cert_use(check)
 
-    def _check_issuers(self, check: Check) -> None:
-        seen: dict[str, int] = {}
-        for issuer in self.issuers:
-            if issuer.issuer in seen:
-                check.within(issuer).problem(
-                    f"{issuer.issuer} is already listed on line {seen[issuer.issuer]}"
-                )
-            seen.setdefault(issuer.issuer, issuer.line)
-        opaque = [i for i in self.issuers if i.takes_opaque_tokens]
-        for later in opaque[1:]:
-            # A token that is not a JWT names no issuer: it could only be sent to one of them,
-            # and sending it to an issuer that did not make it would hand the token over.
-            check.problem_at(
-                later.line,
-                f"issuers: only one issuer may use mode introspection or auto "
-                f"(already {opaque[0].issuer} on line {opaque[0].line})",
-            )
-
-    def _check_routes(self, check: Check) -> None:
-        known = {i.issuer for i in self.issuers}
-        names: dict[str, int] = {}
-        for route in self.routes:
-            within = check.within(route)
-            if route.name in names:
-                within.problem(f"the name is already used on line {names[route.name]}")
-            names.setdefault(route.name, route.line)
-            for issuer in route.issuers or ():
-                if issuer not in known:
-                    within.problem(f"{issuer} is not in the issuers list", key="issuers")
-        fold_case = self.upstream.path_case == "insensitive"
-        for conflict in rules.find_conflicts(self.routes, fold_case=fold_case):
-            check.problem_at(conflict.line, conflict.message)
+    @staticmethod
+    def validate_partial(values: Mapping[str, Any], check: Check) -> None:
+        """The checks across issuers and routes, for a file where another value was refused."""
+        issuers: tuple[IssuerSettings, ...] | None = values.get("issuers")
+        if issuers is not None:
+            _check_issuers(issuers, check)
+        upstream: UpstreamSettings | None = values.get("upstream")
+        path_case = upstream.path_case if upstream is not None else "sensitive"
+        _check_routes(values.get("routes", ()), issuers, path_case, check)
 
     def _check_client_cert_use(self, check: Check) -> None:
         """Client certificates are known only when the gateway's own listener verifies them."""
@@ -680,6 +657,59 @@ class Settings:
         for route in self.routes:
             if route.needs_client_cert:
                 check.problem_at(route.line, f"route {route.name!r}: client_cert: required {need}")
+
+
+def _check_issuers(issuers: tuple[IssuerSettings, ...], check: Check) -> None:
+    seen: dict[str, int] = {}
+    for issuer in issuers:
+        if issuer.issuer in seen:
+            check.within(issuer).problem(
+                f"{issuer.issuer} is already listed on line {seen[issuer.issuer]}"
+            )
+        seen.setdefault(issuer.issuer, issuer.line)
+    opaque = [i for i in issuers if i.takes_opaque_tokens]
+    for later in opaque[1:]:
+        # A token that is not a JWT names no issuer: it could only be sent to one of them,
+        # and sending it to an issuer that did not make it would hand the token over.
+        check.problem_at(
+            later.line,
+            f"issuers: only one issuer may use mode introspection or auto "
+            f"(already {opaque[0].issuer} on line {opaque[0].line})",
+        )
+
+
+def _check_route_names(written: Any, check: Check) -> None:
+    """Each route name used once, judged on the routes as written: a route refused for
+    another reason still holds its name."""
+    if not isinstance(written, LocatedList):
+        return
+    first: dict[str, int] = {}
+    for line, item in zip(written.item_lines, written, strict=True):
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in first:
+            check.problem_at(line, f"route {name!r}: the name is already used on line {first[name]}")
+        first.setdefault(name, line)
+
+
+def _check_routes(
+    routes: tuple[RouteSettings, ...],
+    issuers: tuple[IssuerSettings, ...] | None,
+    path_case: str,
+    check: Check,
+) -> None:
+    """Names used once, issuers that are listed (unless the list was refused), no rule
+    shadowed by an earlier one."""
+    _check_route_names(check.written("routes"), check)
+    known = None if issuers is None else {i.issuer for i in issuers}
+    for route in routes:
+        within = check.within(route)
+        for issuer in route.issuers or ():
+            if known is not None and issuer not in known:
+                within.problem(f"{issuer} is not in the issuers list", key="issuers")
+    for conflict in rules.find_conflicts(routes, fold_case=path_case == "insensitive"):
+        check.problem_at(conflict.line, conflict.message)
 
 
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})

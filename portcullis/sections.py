@@ -211,7 +211,11 @@ def named(kind: str, key: str) -> Callable[[Mapping[str, Any]], str | None]:
 
 @runtime_checkable
 class Validates(Protocol):
-    """A section with rules that span its fields (or the sections inside it)."""
+    """A section with rules that span its fields (or the sections inside it).
+
+    A section may also define a static `validate_partial(values, check)`: it is called
+    instead when a field could not be read, with the fields that could, so that the rules
+    that do not need the missing ones are still checked in the same pass."""
 
     def validate(self, check: Check) -> None: ...
 
@@ -808,6 +812,11 @@ class _Run:
                 values[f.name] = f.spec.derive(values) if complete else None
         self._unknown_keys(fields, data, where)
         if not complete:
+            # The rules across fields still see the fields that could be read, so one refused
+            # value does not hide the other problems of the file until it is fixed.
+            partial = getattr(cls, "validate_partial", None)
+            if partial is not None:
+                partial(values, Check(self, data, where, fields))
             return _FAILED  # type: ignore[no-any-return]
         built = cls(**values)
         check = Check(self, data, where, fields)

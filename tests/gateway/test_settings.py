@@ -664,8 +664,7 @@ def test_every_problem_in_a_file_is_reported_at_once_in_line_order() -> None:
     )
     found = problems(text)
     assert [int(p.split(":")[1]) for p in found] == sorted(int(p.split(":")[1]) for p in found)
-    # The checks across routes (a name used twice on line 7) need the whole file read.
-    assert [p.split(":")[1] for p in found] == ["1", "1", "3", "3", "4", "6", "6", "8"]
+    assert [p.split(":")[1] for p in found] == ["1", "1", "3", "3", "4", "6", "6", "7", "8"]
     assert "route 'r'.methods[0]: 'get' is not an HTTP method in upper case" in found[6]
 
 
