@@ -398,6 +398,16 @@ def reloads(samples: dict[Any, float], result: str) -> float:
     return sample(samples, "portcullis_authserver_config_reloads_total", result=result)
 
 
+async def wait_logged(server: Server, message: str) -> None:
+    """Until the server's log holds a line with `message`: the log reaches its file a little
+    after the metrics a test may have waited for."""
+
+    async def done() -> bool:
+        return any(line.get("message") == message for line in server.log_lines())
+
+    await eventually(done, what=f"the log line {message!r}")
+
+
 async def wait_reloads(server: Server, result: str, count: int) -> None:
     async def done() -> bool:
         return reloads(await scrape(server.admin_url), result) >= count
@@ -455,6 +465,7 @@ async def test_sighup_applies_a_new_configuration_keeping_sessions_and_requests_
     assert reply.status in (302, 303), reply.text[:300]
     assert "code" in reply.redirect_query()
 
+    await wait_logged(running, "config reloaded")
     lines = running.log_lines()
     assert any(
         line["message"] == "a changed setting takes effect only after a restart"
@@ -473,6 +484,7 @@ async def test_sighup_with_an_invalid_file_keeps_the_running_configuration(
     line = len(text.splitlines()) + 1
     running.signal(signal.SIGHUP)
     await wait_reloads(running, "rejected", 1)
+    await wait_logged(running, "config reload rejected; the previous configuration keeps serving")
 
     problems = [entry for entry in running.log_lines() if entry.get("event") == "config_problem"]
     assert len(problems) == 1
