@@ -146,7 +146,6 @@ class Gateway:
             Slots(settings.upstream.max_connections),
         )
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
-        self._owned_sessions: list[aiohttp.ClientSession] = [self._upstream.single_use]
         self.metrics: Metrics = (
             ProcessMetrics(self._counts)
             if shared_metrics is None
@@ -176,6 +175,7 @@ class Gateway:
             clock=self.clock,
         )
         self._keysets, self._introspectors = verification.keysets, verification.introspectors
+        self.token_cache.epoch = verification.epoch
         pipeline = Pipeline(
             settings,
             verifier=verification.verifier,
@@ -223,8 +223,9 @@ class Gateway:
         for introspector in self._introspectors.values():
             await introspector.close()
         await self._buckets.close()
-        for session in self._owned_sessions:
-            await session.close()
+        # The upstream in use (a retired one was closed when its last request ended). Its
+        # pooled session may be the caller's, which closes it again: closing is idempotent.
+        await self._upstream.close()
         if self.access_log is not None:
             self.access_log.close()
         await self.metrics.close()
@@ -373,7 +374,6 @@ class Gateway:
                 _single_use_session(new),
                 Slots(new.upstream.max_connections),
             )
-            self._owned_sessions += [upstream.pooled, upstream.single_use]
         buckets = self._buckets
         if _bucket_store(new) != _bucket_store(old_settings):
             retired.append(buckets)
@@ -435,8 +435,9 @@ class Gateway:
             if (before := old_settings.issuer(issuer.issuer)) is not None
             and _verification_identity(before) == _verification_identity(issuer)
         }
+        self.token_cache.epoch = verification.epoch  # the old verifier writes no more
         self.token_cache.retain(lambda principal: principal.issuer in kept)
-        self.token_cache.max_entries = new.token_cache_size
+        self.token_cache.resize(new.token_cache_size)
         if new.request_log != old_settings.request_log:
             if self.access_log is not None:
                 self.access_log.close()

@@ -665,12 +665,14 @@ class Forwarder:
             if upload is not None and not upload.complete:
                 busy.force_close()  # the rest of the body is not read for this answer
             return busy
-        url = URL(self._base + self._prefix + request.raw_path, encoded=True)
-        session = (
-            self._session if upload is None or request.method in _BODY_METHODS else self._single_use
-        )
         started = time.perf_counter()
-        try:
+        try:  # from here on, the slot is given back whatever happens
+            url = URL(self._base + self._prefix + request.raw_path, encoded=True)
+            session = (
+                self._session
+                if upload is None or request.method in _BODY_METHODS
+                else self._single_use
+            )
             async with session.request(
                 request.method,
                 url,

@@ -29,7 +29,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
+from cryptography.exceptions import UnsupportedAlgorithm
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
+from jwt.exceptions import InvalidKeyError
 
 from portcullis import tls
 
@@ -129,7 +131,10 @@ def _verify_key(jwk: Any) -> VerifyKey | None:
     public = {k: v for k, v in jwk.items() if k not in _PRIVATE_MEMBERS}
     try:
         key = _LOADERS[kty](public)
-    except Exception:
+    except (InvalidKeyError, UnsupportedAlgorithm, ValueError, KeyError, TypeError) as exc:
+        # A member missing, of the wrong type, not base64url, or not a point of the curve:
+        # the issuer's mistake, and that one key is skipped.
+        log.debug("a key of the set cannot be loaded", extra={"kid": kid, "reason": str(exc)})
         return None
     return VerifyKey(kid, kty, crv, alg, key)
 

@@ -471,8 +471,9 @@ class SharedMetrics(Metrics):
 
     def _grow(self, name: str, labels: tuple[str, ...], total: int) -> None:
         """Add to a shared counter what a live-state count grew by since it was last shared.
-        A count that starts again lower (a key set replaced on reload) adds nothing until it
-        grows past what it was, so the shared counter never goes down."""
+        A count that starts again lower (a key set replaced on reload) becomes the new
+        baseline: what it grows by from there is added, and the shared counter never goes
+        down."""
         key = (name, labels)
         before = self._shared.get(key, 0)
         if total > before:

@@ -99,7 +99,8 @@ class Policy:
                 value = principal.claims.get(self.key_name)
                 if value is not None:
                     text = value if isinstance(value, str) else orjson.dumps(value).decode()
-                    return "j:" + _bounded(text)
+                    # A claim's value, like a subject, means something within its issuer.
+                    return _per_issuer(_CLAIM, principal.issuer, text)
         if kind == "route":
             return "r"
         if kind == "header":
@@ -121,6 +122,7 @@ class Policy:
 
 _SUBJECT = "s:"
 _CLIENT = "c:"
+_CLAIM = "j:"
 
 
 @functools.lru_cache(maxsize=4096)

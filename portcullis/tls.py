@@ -269,5 +269,7 @@ class RotatingCertificate:
         """Reload whenever the certificate, key or client CA file changes."""
         while True:
             await asyncio.sleep(self.interval.total_seconds())
-            if self._files() != self._state:
-                self.reload()
+            # Reading and hashing the files, and loading a changed pair, happen off the event
+            # loop; the new context is swapped in with one assignment, which handshakes read.
+            if await asyncio.to_thread(self._files) != self._state:
+                await asyncio.to_thread(self.reload)

@@ -31,6 +31,10 @@ class TokenCache:
         self.max_entries = max_entries
         self._now = now
         self._entries: OrderedDict[bytes, tuple[Principal, float]] = OrderedDict()
+        # Whose verdicts may be written: the verifier of the configuration in force. A request
+        # still verifying under a configuration a reload replaced (waiting on a key fetch,
+        # say) cannot put back a token that the new configuration would refuse.
+        self.epoch: object = object()
         self.hits = 0
         self.misses = 0
 
@@ -56,12 +60,23 @@ class TokenCache:
         self.hits += 1
         return principal
 
-    def put(self, key: bytes, principal: Principal, valid_until: float) -> None:
-        if self.max_entries <= 0:
+    def put(
+        self, key: bytes, principal: Principal, valid_until: float, epoch: object | None = None
+    ) -> None:
+        """Keep a verdict; one from a verifier of another `epoch` than the current one is
+        dropped (None: written whatever the epoch, for a cache without reloads)."""
+        if self.max_entries <= 0 or (epoch is not None and epoch is not self.epoch):
             return
         self._entries[key] = (principal, valid_until)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def resize(self, max_entries: int) -> None:
+        """A new bound, applied at once: the least recently used entries beyond it go (all
+        of them at 0, which turns the cache off)."""
+        self.max_entries = max_entries
+        while len(self._entries) > max(0, max_entries):
             self._entries.popitem(last=False)
 
     def retain(self, keep: Callable[[Principal], bool]) -> None:

@@ -113,6 +113,7 @@ class Verification:
     verifier: Verifier
     keysets: dict[tuple[object, ...], KeySet]
     introspectors: dict[tuple[object, ...], Introspector]
+    epoch: object  # make it the token cache's epoch when this verifier goes into service
 
 
 def build(
@@ -152,7 +153,8 @@ def build(
             used_introspectors[identity] = introspector
             by_issuer[issuer.issuer] = introspector
             unclaimed = introspector
-    jwt = JwtVerifier(trusted, cache, clock.wall)
+    epoch = object()
+    jwt = JwtVerifier(trusted, cache, clock.wall, epoch)
     verifier: Verifier = jwt
     if by_issuer:
         verifier = DispatchingVerifier(
@@ -162,4 +164,4 @@ def build(
             unclaimed,
             unclaimed_jwts=unclaimed is not None and unclaimed.issuer.mode == "introspection",
         )
-    return Verification(verifier, used_keysets, used_introspectors)
+    return Verification(verifier, used_keysets, used_introspectors, epoch)

@@ -89,10 +89,15 @@ class JwtVerifier:
     cache, then the checks above."""
 
     def __init__(
-        self, issuers: Mapping[str, TrustedIssuer], cache: TokenCache, now: Now = time.time
+        self,
+        issuers: Mapping[str, TrustedIssuer],
+        cache: TokenCache,
+        now: Now = time.time,
+        epoch: object | None = None,
     ) -> None:
         self._issuers = issuers
         self._cache = cache
+        self._epoch = epoch  # the cache takes this verifier's verdicts while it is current
         self._now = now  # the wall clock, the scale of exp, nbf and iat
         self._accepted_algorithms = frozenset(
             alg for issuer in issuers.values() for alg in issuer.algorithms
@@ -112,7 +117,7 @@ class JwtVerifier:
         if cached is not None:
             return cached
         principal, valid_until = await self._verify(token)
-        self._cache.put(key, principal, valid_until)
+        self._cache.put(key, principal, valid_until, self._epoch)
         return principal
 
     async def _verify(self, token: str) -> tuple[Principal, float]:

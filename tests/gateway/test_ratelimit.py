@@ -193,7 +193,7 @@ async def test_each_subject_has_its_own_bucket(issuer, upstream, client):
         assert (await call(client, gateway.url + "/limited/x", bob)).status == 200
 
 
-@pytest.mark.parametrize("key", ["subject", "client_id"])
+@pytest.mark.parametrize("key", ["subject", "client_id", "claim:email"])
 async def test_the_same_subject_or_client_at_two_issuers_has_two_buckets(upstream, client, key):
     """RFC 7519 §4.1.2: `sub` is unique only within its issuer (and a client_id within its
     authorization server): one issuer's alice must not spend another's."""
@@ -212,7 +212,10 @@ async def test_the_same_subject_or_client_at_two_issuers_has_two_buckets(upstrea
             extra_routes=routes,
             issuers=[issuer_entry(server.url) for server in issuers],
         )
-        first, second = (s.token("ES256", sub="alice", client_id="webapp") for s in issuers)
+        first, second = (
+            s.token("ES256", sub="alice", client_id="webapp", email="alice@example.com")
+            for s in issuers
+        )
         async with running_gateway(config) as gateway:
             url = gateway.url + "/limited/x"
             statuses = [

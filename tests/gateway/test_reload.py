@@ -13,6 +13,7 @@ import time
 
 import aiohttp
 
+from gateway.verifiers.cache import token_key
 from tests.support import (
     EchoUpstream,
     GatewayProcess,
@@ -284,3 +285,50 @@ async def test_sighup_to_the_supervisor_reloads_every_worker(issuer, upstream, t
         assert process.process.poll() is None  # SIGHUP did not end the supervisor
     finally:
         await process.stop()
+
+
+async def test_a_reload_that_turns_the_token_cache_off_empties_it_at_once(
+    issuer, upstream, client, tmp_path
+):
+    path = tmp_path / "gateway.yaml"
+    text = gateway_yaml(issuer.url, upstream.url, extra=WATCH)
+    token = issuer.token("ES256")
+    async with running_gateway(text, config_file=path) as gateway:
+        assert (await call(client, gateway.url + "/orders/1", token)).status == 200
+        cache = gateway.gateway.token_cache
+        assert len(cache) == 1
+        path.write_text(text.replace("routes:\n", "token_cache_size: 0\nroutes:\n", 1))
+
+        async def reloaded() -> bool:
+            return gateway.gateway.settings.token_cache_size == 0
+
+        await eventually(reloaded, what="the reload")
+        assert len(cache) == 0  # not served from memory until the token expires
+        hits = cache.hits
+        assert (await call(client, gateway.url + "/orders/1", token)).status == 200
+        assert (cache.hits, len(cache)) == (hits, 0)
+
+
+async def test_a_verdict_of_a_replaced_configuration_is_not_kept_after_a_reload(
+    issuer, upstream, client, tmp_path
+):
+    # A request that started before the reload finishes verifying on the old pipeline (a key
+    # fetch can hold it for seconds); the new configuration may refuse what it accepts.
+    path = tmp_path / "gateway.yaml"
+    text = gateway_yaml(issuer.url, upstream.url, extra=WATCH)
+    async with running_gateway(text, config_file=path) as gateway:
+        old_verifier = gateway.gateway.pipeline.verifier
+        path.write_text(text.replace("routes:\n", 'realm: "changed"\nroutes:\n', 1))
+
+        async def reloaded() -> bool:
+            return gateway.gateway.settings.realm == "changed"
+
+        await eventually(reloaded, what="the reload")
+        late = issuer.token("ES256", sub="verified-by-the-old-configuration")
+        principal = await old_verifier.verify(late)
+        assert principal.subject == "verified-by-the-old-configuration"
+        assert gateway.gateway.token_cache.get(token_key(late)) is None
+        # The configuration in force still caches its own verdicts.
+        fresh = issuer.token("ES256", sub="verified-by-the-new-configuration")
+        assert (await call(client, gateway.url + "/orders/1", fresh)).status == 200
+        assert gateway.gateway.token_cache.get(token_key(fresh)) is not None
