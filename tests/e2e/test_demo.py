@@ -383,6 +383,15 @@ def test_demo_smoke_run_fails_on_every_step_that_does_not_answer_as_expected(tmp
     }
 
 
+def _as_from_a_terminal() -> None:
+    """In the child, before the script starts: no signal blocked and Ctrl-C's default, as a
+    shell in a terminal has them. A process inherits its parent's signal mask, and a test
+    process may have SIGINT blocked (some library in it blocks it for a thread and leaves it
+    so); bash started that way never sees the Ctrl-C this test sends."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @slow
 @needs_curl
 def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(tmp_path):
@@ -400,6 +409,7 @@ def test_interactive_demo_prints_the_walkthrough_and_stops_everything_on_ctrl_c(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_as_from_a_terminal,
         )
     web = f"http://127.0.0.1:{ports['DEMO_WEB_PORT']}"
     try:
