@@ -30,10 +30,40 @@ $(CHROMIUM):
 	  { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
 	else echo "chromium not installed (needs root and apt-get): browser tests will skip"; fi
 
+# The end-to-end DPoP test drives oauth4webapi on Debian's Node.js; the test installs the
+# package itself (npm ci from tests/e2e/dpop_client/package-lock.json). Node.js and npm are
+# installed here when missing and we may; otherwise that test skips (fails under CI=true).
+NPM := /usr/bin/npm
+
+$(NPM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian nodejs and npm for the DPoP client-library test"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q nodejs npm >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null; }; \
+	else echo "npm not installed (needs root and apt-get): the oauth4webapi test will skip"; fi
+
+# The nginx tests of the decision listener (examples/forward-auth) run Debian's nginx, installed
+# here like chromium (its packaged service is not started: the tests run their own); without
+# it they skip with a reason (and fail under CI=true).
+NGINX := /usr/sbin/nginx
+
+$(NGINX):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian nginx-light for the forward-auth tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; no_start=; \
+	  if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; \
+	    no_start=/usr/sbin/policy-rc.d; fi; \
+	  apt-get install -y -q nginx-light >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q nginx-light >/dev/null; }; \
+	  [ -z "$$no_start" ] || rm -f "$$no_start"; \
+	else echo "nginx not installed (needs root and apt-get): nginx forward-auth tests will skip"; fi
+
 # One pytest worker per core (pytest-xdist); a test file runs whole in one worker, so its
 # module-scoped fixtures (the built image, above all) are made once. Every server a test
 # starts listens on a port the OS chose, or on one reserved for that worker.
-test: lint $(CHROMIUM)
+test: lint $(CHROMIUM) $(NPM) $(NGINX)
 	$(VENV)/bin/pytest -q -n auto --dist loadfile
 
 # JSON Schemas of both configuration files, from the settings declarations (editors validate

@@ -1,4 +1,5 @@
-"""portcullis-authserver: run · check · migrate · keys rotate · keys list · hash-password."""
+"""portcullis-authserver: run · check · migrate · keys rotate · keys list · hash-password ·
+clients · users (the last two through a running server's admin API)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import logging.handlers
 import os
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from portcullis.version import version
 from portcullis.yamlconf import ConfigError
@@ -18,6 +21,10 @@ from portcullis.yamlconf import ConfigError
 from . import settings as settings_module
 from . import users
 
+if TYPE_CHECKING:
+    from .keys import KeyInfo, Rotation
+
+T = TypeVar("T")
 CONFIG_VARIABLE = "PORTCULLIS_AUTHSERVER_CONFIG"  # the config file when --config is not given
 CONFIG_HELP = f"the config file (default: ${CONFIG_VARIABLE})"
 
@@ -37,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         "migrate", help="apply the storage's pending schema migrations, then exit"
     )
     migrating.add_argument("--config", help=CONFIG_HELP)
+    migrating.add_argument(
+        "--debug", action="store_true", help="print the traceback when the migration fails"
+    )
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
     keys = commands.add_parser("keys", help="signing keys in the configured key directory")
@@ -55,8 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     listing = key_commands.add_parser("list", help="each key's kid, algorithm, state and dates")
     listing.add_argument("--config", help=CONFIG_HELP)
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from .admin import cli as admin_cli
+
+    admin_cli.add_commands(commands)
     args = parser.parse_args(argv)
 
+    if args.command in ("clients", "users"):
+        return admin_cli.run(args)
     if args.command == "hash-password":
         if args.stdin:
             # Only the line ending goes: a password may end in spaces.
@@ -93,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         # certificate and no database, which may live elsewhere than where they run.
         serving = args.command == "run"
         settings = settings_module.load(args.config, secrets=serving, storage=serving)
+        if args.command == "keys" and args.keys_command == "rotate" and settings.keys.in_storage:
+            # New keys are sealed with keys.encryption_key: read it (and every secret).
+            settings = settings_module.load(args.config)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -103,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         _replay(held)
         return _keys(args, settings)
     if args.command == "migrate":
-        return _migrate(settings)
+        return _migrate(settings, debug=args.debug)
     # The server's imports (aiohttp, uvloop) only when serving: the other commands start fast.
     from portcullis import runtime
 
@@ -121,32 +139,37 @@ def _replay(held: logging.handlers.BufferingHandler) -> None:
         logging.getLogger(record.name).handle(record)
 
 
-def _migrate(settings: settings_module.Settings) -> int:
+def _migrate(settings: settings_module.Settings, *, debug: bool) -> int:
     """Apply pending migrations under the backend's lock: safe while servers run or start."""
-    import asyncio
-
     from portcullis import runtime
 
     from .app import migrate
-    from .store.base import StoreUnavailable
 
     runtime.configure_logging(settings.log_level)
-    try:
-        asyncio.run(migrate(settings))
-    except StoreUnavailable as exc:
-        print(f"storage unavailable: {exc}", file=sys.stderr)
+    if runtime.run_service(migrate(settings), debug=debug) != 0:
         return 1
     print("storage: every migration is applied")
     return 0
 
 
 def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:
-    """Work on the key directory in place: a running server notices within a second."""
-    from .keys import METADATA, KeyRing, RotationPolicy
+    """Work on the key ring in place (the directory, or the storage): running servers
+    publish a change within keys.reload_every."""
+    import asyncio
 
-    ring = KeyRing(settings.keys.dir, RotationPolicy.from_settings(settings))
+    from .keys import KeyRing, RotationPolicy, SigningRing
+    from .store.base import StoreUnavailable
+    from .stored_keys import KeyDecryptionError
+
+    def with_ring(work: Callable[[SigningRing], Coroutine[Any, Any, T]]) -> T:
+        directory = settings.keys.dir
+        if directory is not None:  # without the server's imports: the command starts fast
+            return asyncio.run(work(KeyRing(directory, RotationPolicy.from_settings(settings))))
+        from .app import with_key_ring
+
+        return asyncio.run(with_key_ring(settings, work))
+
     in_use = settings.signing_algs
-    now = time.time()
     if args.keys_command == "rotate":
         wanted = list(dict.fromkeys(args.alg or in_use))
         unused = [alg for alg in wanted if alg not in in_use]
@@ -157,17 +180,33 @@ def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:
                 file=sys.stderr,
             )
             return 1
-        ring.load(in_use)
-        for rotation in ring.rotate(wanted, now):
+
+        async def rotate(ring: SigningRing) -> list[Rotation]:
+            await ring.start(in_use)
+            return await ring.rotate_keys(wanted, time.time())
+
+        try:
+            rotations = with_ring(rotate)
+        except (StoreUnavailable, KeyDecryptionError) as exc:
+            print(f"cannot rotate the keys in the storage: {exc}", file=sys.stderr)
+            return 1
+        for rotation in rotations:
             info = rotation.info
             what = "published now" if rotation.created else "already waiting"
             print(f"{info.kid}  {info.alg}  next: {what}; signs from {_when(info.activate_at)}")
         return 0
-    if not (ring.dir / METADATA).exists():
-        print(f"no keys in {ring.dir}: the server makes them when it first starts", file=sys.stderr)
+
+    async def listing(ring: SigningRing) -> tuple[str, list[KeyInfo] | None]:
+        return ring.where, await ring.listing(time.time())
+
+    try:
+        where, infos = with_ring(listing)
+    except StoreUnavailable as exc:
+        print(f"cannot read the keys in the storage: {exc}", file=sys.stderr)
         return 1
-    ring.reload()
-    infos = ring.view(now)
+    if infos is None:
+        print(f"no keys in {where}: the server makes them when it first starts", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps([asdict(info) for info in infos], indent=2))
         return 0

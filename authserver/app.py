@@ -8,7 +8,9 @@ in force: the registry of clients and users, the grants, the endpoints, the disc
 document and the CORS policy. Endpoints never see either: each is given the few parts it
 uses. SIGHUP reloads the configuration file: a valid one becomes new `Components`, swapped
 in at once (`Live`), so a request finishes on the configuration it started with; login
-sessions and everything else in the store stay valid. An invalid one changes nothing: its
+sessions and everything else in the store stay valid. The file's clients and users are
+seeds written to the store (registry.seed), at start before serving, and on a reload right
+after the swap. An invalid one changes nothing: its
 problems are logged and the old configuration serves on. Settings bound to what was opened
 at start (listen addresses, storage, issuer, keys, the password-hashing pool) keep their old
 values until a restart, with a warning.
@@ -23,11 +25,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -37,12 +39,17 @@ from portcullis import runtime
 from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
 from portcullis.tls import RotatingCertificate
-from portcullis.yamlconf import ConfigError
+from portcullis.yamlconf import ConfigError, Withheld
 
 from . import cors, registry
 from . import settings as settings_module
+from .admin.access import AdminAccess
+from .admin.api import PREFIX as ADMIN_PREFIX
+from .admin.api import AdminApi
+from .admin.context import Context as AdminContext
 from .clients import ClientAuthenticator
 from .clock import Clock
+from .dpop import ProofChecker
 from .endpoints import discovery
 from .endpoints.authorize import AuthorizationEndpoint
 from .endpoints.device import DevicePages
@@ -56,23 +63,26 @@ from .endpoints.revoke import RevocationEndpoint
 from .endpoints.signin import PasswordCheck
 from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
+from .events import EventStream, Reason, Revocations, SignedEvents
 from .grants.authorization_code import AuthorizationCode
 from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
 from .grants.device_code import DeviceCode
 from .grants.issuance import TokenIssuer
 from .grants.refresh_token import RefreshToken
-from .keys import CHECK_EVERY, Event, KeyRing, RotationPolicy, jwks_cache_control
+from .keys import Event, KeyRing, RotationPolicy, SigningRing, jwks_max_age
 from .metrics import CONTENT_TYPE, Metrics, timed_store
 from .protocol.cors import CorsPolicy
 from .sessions import Sessions
 from .settings import Settings
 from .store import open_store
-from .store.base import Store, StoreUnavailable
+from .store.base import AlreadyExists, Store, StoreUnavailable
+from .stored_keys import KeyCipher, KeyDecryptionError, StoredKeyRing
 from .tokens import Minter
 from .users import PasswordHasher
 
 log = logging.getLogger("portcullis.authserver")
+T = TypeVar("T")
 
 PURGE_EVERY = timedelta(minutes=5)
 SHUTDOWN_GRACE = timedelta(seconds=10)
@@ -84,6 +94,7 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
     "listen": lambda s: s.listen,
     "admin_listen": lambda s: s.admin_listen,
     "storage": lambda s: s.storage,
+    "storage_pool": lambda s: s.storage_pool,
     "issuer": lambda s: s.issuer,
     "keys": lambda s: s.keys,
     "password_hashing": lambda s: s.password_hashing,
@@ -97,7 +108,7 @@ class Components:
 
     settings: Settings
     store: Store
-    keyring: KeyRing
+    keyring: SigningRing
     minter: Minter
     hasher: PasswordHasher
     cors: CorsPolicy  # which browser pages may read which answers
@@ -111,6 +122,10 @@ class Components:
     authorize: AuthorizationEndpoint
     device: DevicePages
     logout: LogoutEndpoint
+    events: EventStream  # GET /revocation_events
+    # Revoking every token of a subject or client at once (users disabled, clients deleted).
+    revocations: Revocations
+    admin: AdminApi
 
 
 @dataclass
@@ -143,10 +158,12 @@ class AuthServer:
         self.base = urlsplit(settings.issuer).path.rstrip("/")
         self.pages = Pages(page_environment(), self.base + "/static")
         self._store: Store | None = None
-        self._keyring: KeyRing | None = None
+        self._keyring: SigningRing | None = None
         self._hasher: PasswordHasher | None = None
+        self._signed_events: SignedEvents | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
+        self.event_followers: set[asyncio.Task[Any]] = set()  # open revocation event streams
         self._reload_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifetime
@@ -162,21 +179,30 @@ class AuthServer:
             raise runtime.StartupError(
                 f"cannot open the store {_redacted(settings.storage)}: {_why(exc)}"
             ) from exc
-        keyring = KeyRing(settings.keys.dir, RotationPolicy.from_settings(settings), clock=clock)
+        keyring = key_ring(settings, store, clock)
         try:
-            _log_key_events(await asyncio.to_thread(keyring.load, settings.signing_algs))
+            _log_key_events(await keyring.start(settings.signing_algs))
+        except Exception as exc:
+            await store.close()
+            what = keyring.where if settings.keys.dir else f"the signing keys in {keyring.where}"
+            raise runtime.StartupError(f"cannot use {what}: {_why(exc)}") from exc
+        try:
+            await _seed(store, settings, clock, cut_off=False)
         except Exception as exc:
             await store.close()
             raise runtime.StartupError(
-                f"cannot use the key directory {settings.keys.dir}: {_why(exc)}"
+                f"cannot write the configured clients and users to the store: {_why(exc)}"
             ) from exc
         hashing = settings.password_hashing
         self._store, self._keyring = store, keyring
+        self._signed_events = SignedEvents(
+            keyring, settings.keys.access_token_alg, settings.issuer, clock
+        )
         self._hasher = PasswordHasher(hashing.workers, hashing.max_waiting)
         self.live.components = self._components(settings)
         self._tasks = [
             asyncio.create_task(_purge(store, clock)),
-            asyncio.create_task(_watch_keys(keyring, clock)),
+            asyncio.create_task(_watch_keys(keyring, clock, settings.keys.reload_every)),
         ]
 
     async def close(self) -> None:
@@ -193,11 +219,15 @@ class AuthServer:
     def _components(self, settings: Settings) -> Components:
         """Everything a request uses that the configuration decides, built from `settings`."""
         store, keyring, hasher = self._store, self._keyring, self._hasher
+        signed_events = self._signed_events
         assert store is not None and keyring is not None and hasher is not None
+        assert signed_events is not None
         clock, metrics, pages, base = self.clock, self.metrics, self.pages, self.base
         issuer = settings.issuer
         default_audience = settings.default_audience or settings.issuer
-        clients, users = registry.from_settings(settings)
+        # Read from the store at every lookup: a change made through the admin API, by any
+        # replica, is in force at the next request.
+        clients, users = registry.StoredClients(store), registry.StoredUsers(store)
         minter = Minter(settings, keyring)
         issuer_of_tokens = TokenIssuer(minter, settings.lifetimes)
         grants = Registry(
@@ -217,7 +247,12 @@ class AuthServer:
         authenticator = ClientAuthenticator(
             clients, store, issuer, settings.client_assertion_max_lifetime, clock
         )
-        access_tokens = AccessTokens(keyring, settings.keys.access_token_alg, issuer, store)
+        access_tokens = AccessTokens(
+            keyring, settings.keys.access_token_alg, issuer, store, clients, users
+        )
+        admin_url = issuer + ADMIN_PREFIX
+        revocations = Revocations(store, clock, settings.lifetimes.access_token)
+        proofs = ProofChecker(settings.dpop, store, clock, metrics)
         sessions = Sessions(settings, store, users, clock)
         addresses = ClientAddresses(settings.trusted_proxies)
         passwords = PasswordCheck(
@@ -231,8 +266,8 @@ class AuthServer:
             hasher=hasher,
             cors=cors.policy(settings),
             document=discovery.Document(discovery.metadata(settings, grants.names()), max_age=3600),
-            jwks=discovery.Jwks(keyring, jwks_cache_control(settings)),
-            token=TokenEndpoint(grants, authenticator, issuer + "/token", clock, metrics),
+            jwks=discovery.Jwks(keyring, jwks_max_age(settings)),
+            token=TokenEndpoint(grants, authenticator, issuer + "/token", clock, metrics, proofs),
             introspection=IntrospectionEndpoint(
                 authenticator, access_tokens, store, issuer, issuer + "/introspect", clock
             ),
@@ -249,7 +284,7 @@ class AuthServer:
                 url=issuer + "/device_authorization",
                 clock=clock,
             ),
-            userinfo=UserInfoEndpoint(access_tokens, users),
+            userinfo=UserInfoEndpoint(access_tokens, users, proofs, issuer + "/userinfo"),
             authorize=AuthorizationEndpoint(
                 clients=clients,
                 users=users,
@@ -287,6 +322,22 @@ class AuthServer:
                 id_token_algs=settings.id_token_algs,
                 base_path=base,
             ),
+            events=EventStream(
+                authenticator,
+                store,
+                signed_events,
+                issuer + "/revocation_events",
+                clock,
+                heartbeat=settings.revocation_events.heartbeat,
+                poll_interval=settings.revocation_events.poll_interval,
+                followers=self.event_followers,
+            ),
+            revocations=revocations,
+            admin=AdminApi(
+                AdminContext(store, clock, settings, hasher, keyring, admin_url, revocations),
+                AdminAccess(access_tokens, users, admin_url),
+                base + ADMIN_PREFIX,
+            ),
         )
 
     # ------------------------------------------------------------------ readiness
@@ -313,7 +364,10 @@ class AuthServer:
             except LookupError:
                 missing.append(alg)
         if missing:
-            reasons["keys"] = f"no signing key for {', '.join(missing)} in {current.keyring.dir}"
+            reasons["keys"] = f"no signing key for {', '.join(missing)} in {current.keyring.where}"
+        stale = current.keyring.stale(self.clock())
+        if stale is not None:
+            reasons["keys"] = stale
         if self.draining:
             reasons["authserver"] = "shutting down"
         return reasons
@@ -338,10 +392,10 @@ class AuthServer:
             added = [alg for alg in new.signing_algs if alg not in self.settings.signing_algs]
             try:
                 if added:  # a client registered an ID token algorithm nothing signed with yet
-                    _log_key_events(await asyncio.to_thread(keyring.load, added))
+                    _log_key_events(await keyring.start(added))
             except Exception as exc:
                 return self._rejected(path, f"cannot add signing keys: {_why(exc)}")
-            # Built before anything is changed; then the swap: nothing awaited from here on.
+            # Built before anything is changed; then the swap: nothing awaited until it is done.
             components = self._components(new)
             keyring.policy = RotationPolicy.from_settings(new)
             if new.log_level != self.settings.log_level:
@@ -350,6 +404,18 @@ class AuthServer:
             self.live.components = components
             self.metrics.reloaded(True)
             log.info("config reloaded", extra={"file": path})
+            # Then the file's clients and users into the store. After the swap, not before:
+            # the store may be busy (a request in flight holding a lock), and the reload
+            # must not wait for it. Until this is done they are as the file had them before.
+            try:
+                assert self._store is not None
+                await _seed(self._store, new, self.clock)
+            except (AlreadyExists, StoreUnavailable) as exc:
+                log.error(
+                    "the configured clients and users could not be written to the store;"
+                    " they stay as they were until the next reload or restart",
+                    extra={"reason": str(exc)},
+                )
             return True
 
     def _rejected(self, path: str, why: str) -> bool:
@@ -375,6 +441,7 @@ class AuthServer:
             listen=old.listen,
             admin_listen=old.admin_listen,
             storage=old.storage,
+            storage_pool=old.storage_pool,
             issuer=old.issuer,
             keys=old.keys,
             password_hashing=old.password_hashing,
@@ -396,7 +463,28 @@ class AuthServer:
         task.add_done_callback(self._background.discard)
 
 
+async def _seed(store: Store, settings: Settings, clock: Clock, *, cut_off: bool = True) -> None:
+    """The configuration's clients and users into the store; on a reload, those it dropped
+    are cut off too. At start they are only removed (their tokens end with them: nothing
+    finds them any more): replicas starting together on one database may derive other
+    subjects from their issuers, and must not cut each other's users off."""
+    removed_clients, removed_users = await registry.seed(store, settings, clock())
+    if not cut_off:
+        for removed in (*removed_clients, *removed_users):
+            log.info("removed from the configuration", extra={"id": removed})
+        return
+    revocations = Revocations(store, clock, settings.lifetimes.access_token)
+    for client_id in removed_clients:
+        log.info("client removed from the configuration", extra={"client_id": client_id})
+        await revocations.cut_off_client(client_id, Reason.UNCONFIGURED)
+    for subject in removed_users:
+        log.info("user removed from the configuration", extra={"subject": subject})
+        await revocations.cut_off_subject(subject, Reason.UNCONFIGURED)
+
+
 def _why(error: BaseException) -> str:
+    if isinstance(error, KeyDecryptionError):
+        return str(error)
     if isinstance(error, OSError):
         return runtime.reason(error)
     return str(error) or type(error).__name__
@@ -433,6 +521,14 @@ def build_app(
 
     app.cleanup_ctx.append(lifecycle)
 
+    async def end_streams(_: web.Application) -> None:
+        # Event streams never end by themselves: ended here, before the server waits for
+        # the requests in flight.
+        for task in list(server.event_followers):
+            task.cancel()
+
+    app.on_shutdown.append(end_streams)
+
     def json(pick: Callable[[Components], Handler]) -> Handler:
         return json_errors(_current(live, pick))
 
@@ -463,6 +559,9 @@ def build_app(
     r.add_route("POST", base + "/userinfo", userinfo, name="userinfo")
     r.add_post(base + "/introspect", json(lambda c: c.introspection.handle), name="introspect")
     r.add_post(base + "/revoke", json(lambda c: c.revocation.handle), name="revoke")
+    r.add_get(
+        base + "/revocation_events", json(lambda c: c.events.handle), name="revocation_events"
+    )
     r.add_post(
         base + "/device_authorization",
         json(lambda c: c.device_authorization.handle),
@@ -475,6 +574,8 @@ def build_app(
     logout = page(lambda c: c.logout.handle)
     r.add_route("GET", base + "/logout", logout, name="logout")
     r.add_route("POST", base + "/logout", logout, name="logout")
+    admin = _current(live, lambda c: c.admin.handle)
+    r.add_route("*", base + ADMIN_PREFIX + "{tail:(/.*)?}", admin, name="admin")
     r.add_get(base + "/healthz", _healthz, name="healthz")
     r.add_static(
         base + "/static",
@@ -561,16 +662,48 @@ async def _purge(store: Store, clock: Clock) -> None:
             log.exception("purge failed")
 
 
-async def _watch_keys(keyring: KeyRing, clock: Clock) -> None:
-    """Pick up keys other processes wrote (`keys rotate`) and write the transitions that are
-    due: activation, retirement, removal, automatic rotation. In a worker thread: it reads
-    files, may wait for another process's lock, and generating an RSA key takes a while."""
+async def _watch_keys(keyring: SigningRing, clock: Clock, every: timedelta) -> None:
+    """Pick up keys other processes wrote (another replica, `keys rotate`) and write the
+    transitions that are due: activation, retirement, removal, automatic rotation."""
     while True:
-        await asyncio.sleep(CHECK_EVERY.total_seconds())
+        await asyncio.sleep(every.total_seconds())
         try:
-            _log_key_events(await asyncio.to_thread(keyring.check, clock()))
+            _log_key_events(await keyring.tick(clock()))
+        except StoreUnavailable as exc:
+            log.warning(
+                "key ring check postponed: the store is unavailable", extra={"reason": str(exc)}
+            )
         except Exception:
             log.exception("key ring check failed")
+
+
+def key_ring(settings: Settings, store: Store | None, clock: Clock = time.time) -> SigningRing:
+    """The key ring the settings name: in the storage (no keys.dir), else in the directory."""
+    keys, policy = settings.keys, RotationPolicy.from_settings(settings)
+    if keys.dir is not None:
+        return KeyRing(keys.dir, policy, clock=clock)
+    if store is None:
+        raise ValueError("a key ring kept in the storage needs the store")
+    secret = keys.encryption_key
+    cipher = (
+        KeyCipher.from_setting(secret)
+        if secret is not None and not isinstance(secret, Withheld)
+        else None
+    )
+    return StoredKeyRing(store, cipher, policy, clock)
+
+
+async def with_key_ring(settings: Settings, work: Callable[[SigningRing], Awaitable[T]]) -> T:
+    """For `keys rotate` and `keys list`: the configured key ring, with the store open when
+    the ring is kept there, given to `work`."""
+    if settings.keys.dir is not None:
+        return await work(key_ring(settings, None))
+    store = open_store(settings.storage, settings.storage_pool)
+    await store.open()
+    try:
+        return await work(key_ring(settings, store))
+    finally:
+        await store.close()
 
 
 def _log_key_events(events: list[Event]) -> None:
@@ -606,5 +739,12 @@ async def migrate(settings: Settings) -> None:
     """`portcullis-authserver migrate`: apply the storage's pending migrations, then close it.
     A server applies them at start too; this lets a deployment do it once, beforehand."""
     store = open_store(settings.storage, settings.storage_pool)
-    await store.open()
+    try:
+        await store.open()
+    except Exception as exc:
+        # Wrong credentials, an unknown database, a migration refused or timed out: one line
+        # for the operator, as when a server cannot open the store (`--debug`: traceback).
+        raise runtime.StartupError(
+            f"cannot migrate the store {_redacted(settings.storage)}: {_why(exc)}"
+        ) from exc
     await store.close()

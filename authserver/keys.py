@@ -18,17 +18,24 @@ sign a token that would outlive the key's publication.
 Several processes may change the directory at once: the servers' timers, and the
 `portcullis-authserver keys rotate` command. Every change runs under an exclusive lock on
 `keyring.lock` and starts by reading the directory again; readers take the lock shared.
-A running server calls `check` every CHECK_EVERY: it reloads the ring when another process
-changed `keyring.json`, and writes the transitions that have come due. A key another
-process adds is therefore published by every server within NOTICE_WITHIN, which a rotation
-adds to `publish_ahead` before the key may sign.
+A running server calls `check` every `keys.reload_every` (CHECK_EVERY by default): it
+reloads the ring when another process changed `keyring.json`, and writes the transitions
+that have come due. A key another process adds is therefore published by every server
+within two checks (`RotationPolicy.notice`), which a rotation adds to `publish_ahead`
+before the key may sign.
 
 The in-memory ring is one immutable snapshot replaced in a single assignment, so `check`
 may run in a worker thread while the event loop signs and serves the JWKS.
+
+That is the ring of one machine (`KeyRing`, the default with SQLite storage). Replicas on
+one database keep the ring in the store instead (`stored_keys.StoredKeyRing`); both share
+the in-memory part (`SigningRing`) and the decisions below (`advance`, `ensure_active`,
+`add_successors`), and differ only in how a change is written.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import fcntl
@@ -44,7 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jwt
 import orjson
@@ -60,8 +67,9 @@ from .settings import Settings
 METADATA = "keyring.json"
 LOCK = "keyring.lock"
 CHECK_EVERY = timedelta(seconds=1)
-# How soon every running server has published a key another process wrote: a check every
-# CHECK_EVERY, each taking a little time. A new key waits this long on top of publish_ahead.
+# How soon every running server has published a key another process wrote, with checks
+# every CHECK_EVERY (the default of keys.reload_every), each taking a little time. A new key
+# waits this long on top of publish_ahead.
 NOTICE_WITHIN = 2 * CHECK_EVERY
 
 
@@ -94,6 +102,18 @@ class RotationPolicy:
     publish_ahead: float
     retain: float
     rotate_every: float | None = None
+    # How often every server reads the ring again; a key another process adds is seen by
+    # all of them within `notice` (two checks: one may be running as the key is written).
+    check_every: float = CHECK_EVERY.total_seconds()
+
+    @property
+    def notice(self) -> float:
+        return 2 * self.check_every
+
+    @property
+    def lead(self) -> float:
+        """How long after its publication a new key may sign at the earliest."""
+        return self.publish_ahead + self.notice
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RotationPolicy:
@@ -106,6 +126,7 @@ class RotationPolicy:
             publish_ahead=keys.publish_ahead.total_seconds(),
             retain=retain.total_seconds(),
             rotate_every=keys.rotate_every.total_seconds() if keys.rotate_every else None,
+            check_every=keys.reload_every.total_seconds(),
         )
 
 
@@ -181,7 +202,7 @@ class _Snapshot:
     jwks_etag: str
 
 
-def _snapshot(
+def ring_snapshot(
     infos: Mapping[str, KeyInfo], private: Mapping[str, Any], stamp: Stamp | None
 ) -> _Snapshot:
     ordered = sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
@@ -237,8 +258,8 @@ def _rotation_due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPoli
     if policy.rotate_every is None:
         return []
     pending = {i.alg for i in infos.values() if i.state == KeyState.NEXT}
-    # One CHECK_EVERY more: the check that finds it due may come that much late.
-    lead = policy.publish_ahead + (NOTICE_WITHIN + CHECK_EVERY).total_seconds()
+    # One check more: the check that finds it due may come that much late.
+    lead = policy.lead + policy.check_every
     return sorted(
         {
             i.alg
@@ -250,17 +271,92 @@ def _rotation_due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPoli
     )
 
 
-class KeyRing:
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        policy: RotationPolicy | None = None,
-        clock: Clock = time.time,
-    ) -> None:
-        self.dir = Path(directory)
+def new_key_id(alg: str, now: float) -> str:
+    return f"{alg.lower()}-{time.strftime('%Y%m%d', time.gmtime(now))}-{secrets.token_hex(4)}"
+
+
+def _add(
+    infos: dict[str, KeyInfo],
+    private: dict[str, Any],
+    alg: str,
+    state: KeyState,
+    now: float,
+    activate_at: float | None = None,
+) -> KeyInfo:
+    """A new key generated into `infos` and `private`; the caller writes it."""
+    kid = new_key_id(alg, now)
+    private[kid] = _generate(alg)
+    info = KeyInfo(kid=kid, alg=alg, state=state.value, created_at=now, activate_at=activate_at)
+    infos[kid] = info
+    return info
+
+
+def advance(
+    infos: dict[str, KeyInfo], private: dict[str, Any], now: float, policy: RotationPolicy | None
+) -> list[Event]:
+    """Apply the due transitions and the automatic rotation to `infos` in place (new keys'
+    private halves into `private`)."""
+    if policy is None:
+        return []
+    changed, events = transitions(infos, now, policy)
+    infos.clear()
+    infos.update(changed)
+    for alg in _rotation_due(infos, now, policy):
+        assert policy.rotate_every is not None
+        current = max(
+            (i for i in infos.values() if i.alg == alg and i.state == KeyState.ACTIVE),
+            key=lambda i: i.active_from,
+        )
+        # Take over exactly `rotate_every` after the current key did, unless that is
+        # sooner than a new key can safely be published.
+        activate_at = max(now + policy.lead, current.active_from + policy.rotate_every)
+        info = _add(infos, private, alg, KeyState.NEXT, now, activate_at)
+        events.append(Event(info.kid, alg, "published"))
+    return events
+
+
+def ensure_active(
+    infos: dict[str, KeyInfo], private: dict[str, Any], algorithms: Iterable[str], now: float
+) -> list[Event]:
+    """An active key, signing at once, for each algorithm that has none (a first start)."""
+    events = []
+    for alg in dict.fromkeys(algorithms):
+        if not any(i.alg == alg and i.state == KeyState.ACTIVE for i in infos.values()):
+            info = _add(infos, private, alg, KeyState.ACTIVE, now)
+            events.append(Event(info.kid, alg, "activated"))
+    return events
+
+
+def add_successors(
+    infos: dict[str, KeyInfo],
+    private: dict[str, Any],
+    algorithms: Iterable[str],
+    now: float,
+    policy: RotationPolicy,
+) -> list[Rotation]:
+    """A successor for each algorithm's active key, signing from `policy.lead` on; an
+    algorithm that already has one waiting keeps it."""
+    result = []
+    for alg in dict.fromkeys(algorithms):
+        waiting = [i for i in infos.values() if i.alg == alg and i.state == KeyState.NEXT]
+        if waiting:
+            result.append(Rotation(max(waiting, key=lambda i: i.active_from), False))
+            continue
+        info = _add(infos, private, alg, KeyState.NEXT, now, now + policy.lead)
+        result.append(Rotation(info, True))
+    return result
+
+
+class SigningRing:
+    """The in-memory ring every request reads: which key signs, the public JWK Set, and
+    verification of this server's own tokens. Where the ring is kept is a subclass's."""
+
+    where = "the key ring"  # for messages: where the keys are kept
+
+    def __init__(self, policy: RotationPolicy | None = None, clock: Clock = time.time) -> None:
         self.policy = policy
         self.clock = clock  # decides which key signs: see the module's description
-        self._snap = _snapshot({}, {}, None)
+        self._snap = ring_snapshot({}, {}, None)
         # Encoded protected headers by (kid, typ); a few per key, kept for the process.
         self._headers: dict[tuple[str, str], bytes] = {}
 
@@ -283,6 +379,96 @@ class KeyRing:
         if self.policy is not None:
             infos, _ = transitions(infos, now, self.policy)
         return sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
+
+    def stale(self, now: float) -> str | None:
+        """Why the ring in memory may no longer be trusted to sign, if it may not."""
+        return None
+
+    def jwks_cacheable_for(self, now: float) -> float | None:
+        """How long a verifier may keep the JWK Set served now, at most; None: as long as
+        keys.jwks_max_age says. Nothing (0 or less): the ring may lack a key that signs."""
+        return None
+
+    # ------------------------------------------------------------------ lifecycle, async
+
+    async def start(self, algorithms: Iterable[str]) -> list[Event]:
+        """Read the ring, generating an active key for any algorithm that has none, and
+        writing the transitions that are due."""
+        raise NotImplementedError
+
+    async def tick(self, now: float) -> list[Event]:
+        """What a running server does every `policy.check_every`: pick up what other
+        processes wrote, and write the transitions that have come due."""
+        raise NotImplementedError
+
+    async def rotate_keys(self, algorithms: Iterable[str], now: float) -> list[Rotation]:
+        """Publish a successor for each algorithm's active key (`add_successors`)."""
+        raise NotImplementedError
+
+    async def listing(self, now: float) -> list[KeyInfo] | None:
+        """The keys for `keys list`, or None when no server has made any yet."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ use
+
+    def active(self, alg: str, now: float | None = None) -> KeyInfo:
+        """The key that signs `alg` at `now`: the newest one whose activation has come."""
+        return _signing_key(self._snap, alg, self.clock() if now is None else now)
+
+    def sign(self, alg: str, claims: Mapping[str, Any], typ: str = "JWT") -> str:
+        """A JWS compact serialisation (RFC 7515 §7.1) of `claims`, signed by the key that
+        signs for `alg` now. On the token endpoint's hot path: the protected header of a
+        (kid, typ) is encoded once, and the signature is made with cryptography directly."""
+        snap = self._snap
+        now = self.clock()
+        self._refuse_if_stale(now)
+        info = _signing_key(snap, alg, now)
+        header = self._headers.get((info.kid, typ))
+        if header is None:
+            header = _b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
+            self._headers[(info.kid, typ)] = header
+        signing_input = header + b"." + _b64url(orjson.dumps(dict(claims)))
+        signature = _jws_signature(alg, snap.private[info.kid], signing_input)
+        return (signing_input + b"." + _b64url(signature)).decode("ascii")
+
+    def _refuse_if_stale(self, now: float) -> None:
+        """Nothing by default: a ring whose copy can fall behind refuses here."""
+
+    def verify(self, token: str, algorithms: Iterable[str], **options: Any) -> dict[str, Any]:
+        """Decode a token this server signed, with any published key (for introspection)."""
+        snap = self._snap
+        header = jwt.get_unverified_header(token)
+        kid = header.get("kid")
+        if not isinstance(kid, str) or kid not in snap.private:
+            raise jwt.InvalidTokenError("unknown key")
+        info = snap.infos[kid]
+        if header.get("alg") != info.alg or info.alg not in set(algorithms):
+            raise jwt.InvalidTokenError("algorithm does not match the key")
+        key = snap.private[kid].public_key()
+        # PyJWT judges exp, nbf and iat at the system's time; they are judged here at the key
+        # ring's clock instead, with the same rules, so a token is valid when its server says.
+        given = dict(options.pop("options", None) or {})
+        judged = {name: given.get(f"verify_{name}", True) for name in _TIME_CLAIMS}
+        given.update({f"verify_{name}": False for name in _TIME_CLAIMS})
+        claims: dict[str, Any] = jwt.decode(
+            token, key, algorithms=[info.alg], options=cast(Any, given), **options
+        )
+        _check_times(claims, self.clock(), judged, float(options.get("leeway", 0)))
+        return claims
+
+
+class KeyRing(SigningRing):
+    """The ring in a directory of this machine (`keys.dir`)."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        policy: RotationPolicy | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        super().__init__(policy, clock)
+        self.dir = Path(directory)
+        self.where = f"the key directory {self.dir}"
 
     # ------------------------------------------------------------------ persistence
 
@@ -318,8 +504,12 @@ class KeyRing:
         return infos, private, stamp
 
     def _write(self, infos: Mapping[str, KeyInfo], private: Mapping[str, Any]) -> None:
-        """Write the metadata atomically, delete the PEM files of keys no longer in it, and
-        make the result the in-memory ring (call under the exclusive lock)."""
+        """Write the PEM files of new keys, then the metadata atomically, delete the PEM
+        files of keys no longer in it, and make the result the in-memory ring (call under
+        the exclusive lock)."""
+        for kid in infos:
+            if not (self.dir / f"{kid}.pem").exists():
+                _write_private(self.dir / f"{kid}.pem", private[kid])
         tmp = self.dir / (METADATA + ".tmp")
         ordered = sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
         with open(tmp, "w") as f:
@@ -330,24 +520,7 @@ class KeyRing:
         for kid in set(private) - set(infos):
             (self.dir / f"{kid}.pem").unlink(missing_ok=True)
         kept = {kid: key for kid, key in private.items() if kid in infos}
-        self._snap = _snapshot(infos, kept, self._stamp())
-
-    def _add(
-        self,
-        infos: dict[str, KeyInfo],
-        private: dict[str, Any],
-        alg: str,
-        state: KeyState,
-        now: float,
-        activate_at: float | None = None,
-    ) -> KeyInfo:
-        kid = f"{alg.lower()}-{time.strftime('%Y%m%d', time.gmtime(now))}-{secrets.token_hex(4)}"
-        key = _generate(alg)
-        _write_private(self.dir / f"{kid}.pem", key)
-        info = KeyInfo(kid=kid, alg=alg, state=state.value, created_at=now, activate_at=activate_at)
-        infos[kid] = info
-        private[kid] = key
-        return info
+        self._snap = ring_snapshot(infos, kept, self._stamp())
 
     def load(self, algorithms: Iterable[str]) -> list[Event]:
         """Read the ring, generating an active key for any algorithm that has none, and
@@ -356,81 +529,34 @@ class KeyRing:
         now = self.clock()
         with self._locked(exclusive=True):
             infos, private, stamp = self._read()
-            events = self._advance(infos, private, now)
-            for alg in dict.fromkeys(algorithms):
-                if not any(i.alg == alg and i.state == KeyState.ACTIVE for i in infos.values()):
-                    info = self._add(infos, private, alg, KeyState.ACTIVE, now)
-                    events.append(Event(info.kid, alg, "activated"))
+            events = advance(infos, private, now, self.policy)
+            events += ensure_active(infos, private, algorithms, now)
             if events or stamp is None:
                 self._write(infos, private)
             else:
-                self._snap = _snapshot(infos, private, stamp)
+                self._snap = ring_snapshot(infos, private, stamp)
         return events
 
     def reload(self) -> None:
         with self._locked(exclusive=False):
-            self._snap = _snapshot(*self._read())
+            self._snap = ring_snapshot(*self._read())
 
     def check(self, now: float) -> list[Event]:
-        """What a running server does every CHECK_EVERY: write the transitions that are due
+        """What a running server does every check: write the transitions that are due
         (and an automatic rotation), else reload the ring if another process changed it."""
         snap = self._snap
-        if self.policy is not None and self._due(snap.infos, now, self.policy):
+        if self.policy is not None and change_due(snap.infos, now, self.policy):
             with self._locked(exclusive=True):
                 infos, private, _ = self._read()
-                events = self._advance(infos, private, now)
+                events = advance(infos, private, now, self.policy)
                 if events:
                     self._write(infos, private)
                 else:
-                    self._snap = _snapshot(infos, private, self._stamp())
+                    self._snap = ring_snapshot(infos, private, self._stamp())
                 return events
         if self._stamp() != snap.stamp:
             self.reload()
         return []
-
-    @staticmethod
-    def _due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPolicy) -> bool:
-        for info in infos.values():
-            if info.state == KeyState.NEXT and info.active_from <= now:
-                return True
-            if (
-                info.state == KeyState.RETIRED
-                and info.remove_after is not None
-                and info.remove_after <= now
-            ):
-                return True
-        return bool(_rotation_due(infos, now, policy))
-
-    def _advance(
-        self, infos: dict[str, KeyInfo], private: dict[str, Any], now: float
-    ) -> list[Event]:
-        """Apply the due transitions and the automatic rotation to `infos` in place."""
-        policy = self.policy
-        if policy is None:
-            return []
-        changed, events = transitions(infos, now, policy)
-        infos.clear()
-        infos.update(changed)
-        for alg in _rotation_due(infos, now, policy):
-            assert policy.rotate_every is not None
-            current = max(
-                (i for i in infos.values() if i.alg == alg and i.state == KeyState.ACTIVE),
-                key=lambda i: i.active_from,
-            )
-            # Take over exactly `rotate_every` after the current key did, unless that is
-            # sooner than a new key can safely be published.
-            activate_at = max(
-                self._earliest_activation(now), current.active_from + policy.rotate_every
-            )
-            info = self._add(infos, private, alg, KeyState.NEXT, now, activate_at)
-            events.append(Event(info.kid, alg, "published"))
-        return events
-
-    def _earliest_activation(self, now: float) -> float:
-        assert self.policy is not None
-        return now + self.policy.publish_ahead + NOTICE_WITHIN.total_seconds()
-
-    # ------------------------------------------------------------------ lifecycle
 
     def rotate(self, algorithms: Iterable[str], now: float) -> list[Rotation]:
         """Publish a successor for each algorithm's active key; it signs from publish_ahead
@@ -441,17 +567,8 @@ class KeyRing:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with self._locked(exclusive=True):
             infos, private, _ = self._read()
-            self._advance(infos, private, now)
-            result = []
-            for alg in dict.fromkeys(algorithms):
-                waiting = [i for i in infos.values() if i.alg == alg and i.state == KeyState.NEXT]
-                if waiting:
-                    result.append(Rotation(max(waiting, key=lambda i: i.active_from), False))
-                    continue
-                info = self._add(
-                    infos, private, alg, KeyState.NEXT, now, self._earliest_activation(now)
-                )
-                result.append(Rotation(info, True))
+            advance(infos, private, now, self.policy)
+            result = add_successors(infos, private, algorithms, now, self.policy)
             self._write(infos, private)
         return result
 
@@ -484,41 +601,68 @@ class KeyRing:
                     del infos[kid]
                 self._write(infos, private)
             else:
-                self._snap = _snapshot(infos, private, self._stamp())
+                self._snap = ring_snapshot(infos, private, self._stamp())
         return gone
 
-    # ------------------------------------------------------------------ use
+    # ------------------------------------------------------------------ lifecycle, async
+    # Files are read and locks waited for in a worker thread, off the event loop; the
+    # snapshot is replaced in one assignment, so the loop may sign meanwhile.
 
-    def active(self, alg: str, now: float | None = None) -> KeyInfo:
-        """The key that signs `alg` at `now`: the newest one whose activation has come."""
-        return _signing_key(self._snap, alg, self.clock() if now is None else now)
+    async def start(self, algorithms: Iterable[str]) -> list[Event]:
+        return await asyncio.to_thread(self.load, list(algorithms))
 
-    def sign(self, alg: str, claims: Mapping[str, Any], typ: str = "JWT") -> str:
-        """A JWS compact serialisation (RFC 7515 §7.1) of `claims`, signed by the key that
-        signs for `alg` now. On the token endpoint's hot path: the protected header of a
-        (kid, typ) is encoded once, and the signature is made with cryptography directly."""
-        snap = self._snap
-        info = _signing_key(snap, alg, self.clock())
-        header = self._headers.get((info.kid, typ))
-        if header is None:
-            header = _b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
-            self._headers[(info.kid, typ)] = header
-        signing_input = header + b"." + _b64url(orjson.dumps(dict(claims)))
-        signature = _jws_signature(alg, snap.private[info.kid], signing_input)
-        return (signing_input + b"." + _b64url(signature)).decode("ascii")
+    async def tick(self, now: float) -> list[Event]:
+        return await asyncio.to_thread(self.check, now)
 
-    def verify(self, token: str, algorithms: Iterable[str], **options: Any) -> dict[str, Any]:
-        """Decode a token this server signed, with any published key (for introspection)."""
-        snap = self._snap
-        header = jwt.get_unverified_header(token)
-        kid = header.get("kid")
-        if not isinstance(kid, str) or kid not in snap.private:
-            raise jwt.InvalidTokenError("unknown key")
-        info = snap.infos[kid]
-        if header.get("alg") != info.alg or info.alg not in set(algorithms):
-            raise jwt.InvalidTokenError("algorithm does not match the key")
-        key = snap.private[kid].public_key()
-        return jwt.decode(token, key, algorithms=[info.alg], **options)
+    async def rotate_keys(self, algorithms: Iterable[str], now: float) -> list[Rotation]:
+        return await asyncio.to_thread(self.rotate, list(algorithms), now)
+
+    async def listing(self, now: float) -> list[KeyInfo] | None:
+        if not (self.dir / METADATA).exists():
+            return None
+        self.reload()
+        return self.view(now)
+
+
+def change_due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPolicy) -> bool:
+    """Whether a transition or an automatic rotation is due at `now`."""
+    for info in infos.values():
+        if info.state == KeyState.NEXT and info.active_from <= now:
+            return True
+        if (
+            info.state == KeyState.RETIRED
+            and info.remove_after is not None
+            and info.remove_after <= now
+        ):
+            return True
+    return bool(_rotation_due(infos, now, policy))
+
+
+_TIME_CLAIMS = ("exp", "nbf", "iat")
+
+
+def _whole_seconds(claims: Mapping[str, Any], name: str, error: type[Exception]) -> int:
+    try:
+        return int(claims[name])
+    except (ValueError, TypeError, OverflowError):
+        raise error(f"the {name} claim must be an integer") from None
+
+
+def _check_times(
+    claims: Mapping[str, Any], now: float, judged: Mapping[str, bool], leeway: float
+) -> None:
+    """RFC 7519 §4.1.4-4.1.6 as PyJWT applies them (each only when the claim is present and
+    its check is on), at `now`."""
+
+    def late(name: str, error: type[Exception], than: float) -> bool:
+        return judged[name] and name in claims and _whole_seconds(claims, name, error) > than
+
+    if late("iat", jwt.InvalidIssuedAtError, now + leeway):
+        raise jwt.ImmatureSignatureError("the token is not yet valid (iat)")
+    if late("nbf", jwt.DecodeError, now + leeway):
+        raise jwt.ImmatureSignatureError("the token is not yet valid (nbf)")
+    if judged["exp"] and "exp" in claims and not late("exp", jwt.DecodeError, now - leeway):
+        raise jwt.ExpiredSignatureError("the token has expired")
 
 
 @functools.cache
@@ -567,6 +711,6 @@ def _signing_key(snap: _Snapshot, alg: str, now: float) -> KeyInfo:
     return max(candidates, key=lambda i: (i.active_from, i.created_at))
 
 
-def jwks_cache_control(settings: Settings) -> str:
-    """The JWKS response's Cache-Control: what publish_ahead is measured against."""
-    return f"public, max-age={math.ceil(settings.keys.jwks_max_age.total_seconds())}"
+def jwks_max_age(settings: Settings) -> int:
+    """The JWKS response's max-age in seconds: what publish_ahead is measured against."""
+    return math.ceil(settings.keys.jwks_max_age.total_seconds())

@@ -9,6 +9,8 @@ turned into metric families by prometheus-client when scraped:
   portcullis_authserver_logins_throttled_total              refused by login_throttle
   portcullis_authserver_store_call_duration_seconds{operation}   histogram
   portcullis_authserver_config_reloads_total{result}        applied | rejected
+  portcullis_authserver_dpop_proofs_total{endpoint, result}  token | userinfo; accepted |
+                                                            invalid | nonce_required | replayed
   portcullis_build_info{version}                            always 1
 
 Every label has a bounded set of values: endpoints are the names of the routes (`unmatched`
@@ -68,6 +70,7 @@ class Metrics:
         self.logins_throttled = 0
         self.store_calls: dict[str, PlainHistogram] = {}
         self.reloads: dict[str, int] = {"applied": 0, "rejected": 0}
+        self.dpop_proofs: dict[tuple[str, str], int] = {}
         self.registry.register(_Collector(self))
         self.registry.register(BuildInfo())
 
@@ -92,6 +95,10 @@ class Metrics:
         if histogram is None:
             histogram = self.store_calls[operation] = PlainHistogram(_BOUNDS)
         histogram.observe(seconds)
+
+    def dpop_proof(self, endpoint: str, result: str) -> None:
+        key = (endpoint, result)
+        self.dpop_proofs[key] = self.dpop_proofs.get(key, 0) + 1
 
     def reloaded(self, applied: bool) -> None:
         self.reloads["applied" if applied else "rejected"] += 1
@@ -156,6 +163,15 @@ class _Collector(Collector):
         for result, value in m.reloads.items():
             reloads.add_metric([result], value)
         yield reloads
+        proofs = CounterMetricFamily(
+            PREFIX + "dpop_proofs",
+            "DPoP proofs checked, by endpoint and result (accepted, invalid, nonce_required,"
+            " replayed).",
+            labels=["endpoint", "result"],
+        )
+        for (endpoint, result), value in list(m.dpop_proofs.items()):
+            proofs.add_metric([endpoint, result], value)
+        yield proofs
 
 
 class _TimedStore:

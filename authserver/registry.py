@@ -2,20 +2,27 @@
 
 `Client` and `User` are domain records: what client authentication, the grants and the pages
 work with, apart from the configuration file's shape (settings.ClientSettings and
-UserSettings, which also carry the YAML's line numbers). `from_settings` is the one adapter
-from the one to the other.
+UserSettings, which also carry the YAML's line numbers) and from the store's rows
+(store.base.ClientRecord and UserRecord). The adapters between them are here, once.
 
-Lookups are asynchronous (`ClientRegistry`, `UserDirectory`), so that the YAML seeds behind
-them today and the store behind them tomorrow look the same to every caller.
+Lookups are asynchronous (`ClientRegistry`, `UserDirectory`). The server's are backed by the
+store (`StoredClients`, `StoredUsers`): every lookup reads it, with no copy kept in the
+process, so a client deleted or a secret rotated through the admin API, by any replica, is
+refused by every replica at the next request. The configuration file's clients and users
+are seeds, written to the store at start and on every reload (`seed`), managed by the
+configuration there and read-only in the admin API. A disabled user is not found: nobody
+signs in as them, and their sessions and refresh tokens lead nowhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .settings import ClientSettings, Settings, UserSettings
+from .store.base import MANAGED_BY_CONFIG, ClientRecord, Store, UserRecord
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,11 @@ class Client:
     skip_consent: bool = False
     id_token_signed_response_alg: str | None = None  # None: keys.id_token_alg
     introspection: bool = False
+    dpop_bound_access_tokens: bool = False  # RFC 9449 §5.2: token requests need a proof
     application_type: str = "web"  # OIDC Dynamic Client Registration §2: web | native
+    # Access tokens issued (iat, whole seconds) in this time's second or before are
+    # inactive: the secret was rotated since, or the client deleted and made again.
+    tokens_valid_from: float = 0.0
 
     @property
     def public(self) -> bool:
@@ -54,7 +65,8 @@ class User:
     username: str
     password_hash: str
     subject: str
-    claims: Mapping[str, Any]  # OIDC Core §5.1 standard claims
+    claims: Mapping[str, Any]  # OIDC Core §5.1 standard claims, and `roles` when it has some
+    roles: tuple[str, ...] = ()
 
     @property
     def display_name(self) -> str:
@@ -71,67 +83,162 @@ class UserDirectory(Protocol):
     async def by_subject(self, subject: str) -> User | None: ...
 
 
-class SeededClients:
-    """The clients of the configuration file."""
+class StoredClients:
+    """The clients of the store: read at every lookup."""
 
-    def __init__(self, clients: Iterable[Client]) -> None:
-        self._by_id = {c.client_id: c for c in clients}
+    def __init__(self, store: Store) -> None:
+        self._store = store
 
     async def client(self, client_id: str) -> Client | None:
-        return self._by_id.get(client_id)
+        record = await self._store.get_client(client_id)
+        return None if record is None else client_from_record(record)
 
 
-class SeededUsers:
-    """The users of the configuration file."""
+class StoredUsers:
+    """The users of the store, disabled ones left out: read at every lookup."""
 
-    def __init__(self, users: Iterable[User]) -> None:
-        listed = list(users)
-        self._by_name = {u.username: u for u in listed}
-        self._by_subject = {u.subject: u for u in listed}
+    def __init__(self, store: Store) -> None:
+        self._store = store
 
     async def by_username(self, username: str) -> User | None:
-        return self._by_name.get(username)
+        return _enabled(await self._store.user_by_username(username))
 
     async def by_subject(self, subject: str) -> User | None:
-        return self._by_subject.get(subject)
+        return _enabled(await self._store.get_user(subject))
 
 
-# ---------------------------------------------------------------------------- the adapter
+def _enabled(record: UserRecord | None) -> User | None:
+    return None if record is None or record.disabled else user_from_record(record)
 
 
-def client_from_settings(c: ClientSettings) -> Client:
-    return Client(
+# ---------------------------------------------------------------------------- the adapters
+
+# What a client's metadata holds besides its id and secret: RFC 7591 names, as in the
+# configuration file.
+CLIENT_METADATA = (
+    "client_name",
+    "token_endpoint_auth_method",
+    "redirect_uris",
+    "post_logout_redirect_uris",
+    "grant_types",
+    "scope",
+    "resources",
+    "jwks",
+    "require_pkce",
+    "skip_consent",
+    "id_token_signed_response_alg",
+    "introspection",
+    "dpop_bound_access_tokens",
+    "application_type",
+)
+
+
+def client_metadata(c: ClientSettings) -> dict[str, Any]:
+    """The metadata of a client read from settings, as JSON values (lists, strings)."""
+    out: dict[str, Any] = {}
+    for name in CLIENT_METADATA:
+        value = getattr(c, name)
+        if name == "scope":
+            value = " ".join(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, Mapping):
+            value = plain(value)
+        out[name] = value
+    return out
+
+
+def plain(value: Any) -> Any:
+    """Mappings and sequences read from YAML as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def client_record(
+    c: ClientSettings, managed_by: str, now: float, secret_sha256: bytes | None = None
+) -> ClientRecord:
+    """A new client's row from its settings; `secret_sha256` for a secret the settings do
+    not hold (one the admin API generated)."""
+    return ClientRecord(
         client_id=c.client_id,
-        client_name=c.client_name,
-        token_endpoint_auth_method=c.token_endpoint_auth_method,
-        client_secret_sha256=c.client_secret_sha256,
-        redirect_uris=c.redirect_uris,
-        post_logout_redirect_uris=c.post_logout_redirect_uris,
-        grant_types=c.grant_types,
-        scope=c.scope,
-        resources=c.resources,
-        jwks=c.jwks,
-        require_pkce=c.require_pkce,
-        skip_consent=c.skip_consent,
-        id_token_signed_response_alg=c.id_token_signed_response_alg,
-        introspection=c.introspection,
-        application_type=c.application_type,
+        metadata=client_metadata(c),
+        secret_sha256=c.client_secret_sha256 if secret_sha256 is None else secret_sha256,
+        managed_by=managed_by,
+        created_at=now,
+        updated_at=now,
+        # A new client cuts off nothing of its own second: it gets tokens at once.
+        tokens_valid_from=now - 1,
     )
 
 
-def user_from_settings(u: UserSettings, settings: Settings) -> User:
-    """The user's subject is the configured one, or the one the issuer derives."""
-    return User(
+def client_from_record(r: ClientRecord) -> Client:
+    m = r.metadata
+    jwks = m.get("jwks")
+    return Client(
+        client_id=r.client_id,
+        client_name=str(m.get("client_name") or r.client_id),
+        token_endpoint_auth_method=str(m.get("token_endpoint_auth_method", "none")),
+        client_secret_sha256=r.secret_sha256,
+        redirect_uris=tuple(m.get("redirect_uris", ())),
+        post_logout_redirect_uris=tuple(m.get("post_logout_redirect_uris", ())),
+        grant_types=tuple(m.get("grant_types", ("authorization_code",))),
+        scope=tuple(str(m.get("scope", "")).split()),
+        resources=tuple(m.get("resources", ())),
+        jwks=jwks if isinstance(jwks, Mapping) else None,
+        require_pkce=bool(m.get("require_pkce", True)),
+        skip_consent=bool(m.get("skip_consent", False)),
+        id_token_signed_response_alg=m.get("id_token_signed_response_alg"),
+        introspection=bool(m.get("introspection", False)),
+        dpop_bound_access_tokens=bool(m.get("dpop_bound_access_tokens", False)),
+        application_type=str(m.get("application_type", "web")),
+        tokens_valid_from=r.tokens_valid_from,
+    )
+
+
+def user_record(u: UserSettings, subject: str, managed_by: str, now: float) -> UserRecord:
+    return UserRecord(
+        subject=subject,
         username=u.username,
         password_hash=u.password_hash,
-        subject=settings.subject_of(u),
-        claims=u.claims,
+        claims=plain(u.claims),
+        roles=tuple(u.roles),
+        disabled=False,
+        managed_by=managed_by,
+        created_at=now,
+        updated_at=now,
     )
 
 
-def from_settings(settings: Settings) -> tuple[SeededClients, SeededUsers]:
-    """The registry and directory the configuration file seeds."""
-    return (
-        SeededClients(client_from_settings(c) for c in settings.clients),
-        SeededUsers(user_from_settings(u, settings) for u in settings.users),
+def user_from_record(r: UserRecord) -> User:
+    claims = dict(r.claims)
+    if r.roles:
+        claims["roles"] = list(r.roles)  # RFC 9068 §2.2.3.1, released by the `roles` scope
+    return User(
+        username=r.username,
+        password_hash=r.password_hash,
+        subject=r.subject,
+        claims=claims,
+        roles=r.roles,
     )
+
+
+async def seed(store: Store, settings: Settings, now: float) -> tuple[list[str], list[str]]:
+    """Write the configuration file's clients and users to the store, as the ones the
+    configuration manages; those it no longer lists are removed. The client ids and
+    subjects removed (their tokens are for the caller to revoke)."""
+    removed_clients = await store.sync_clients(
+        [client_record(c, MANAGED_BY_CONFIG, now) for c in settings.clients], now
+    )
+    removed_users = await store.sync_users(
+        [user_record(u, settings.subject_of(u), MANAGED_BY_CONFIG, now) for u in settings.users],
+        now,
+    )
+    return removed_clients, removed_users
+
+
+def secret_digest(secret: str) -> bytes:
+    """What is kept of a client secret: secrets are high-entropy, a fast hash is enough."""
+    return hashlib.sha256(secret.encode()).digest()

@@ -56,6 +56,14 @@ STANDARD_SCOPES = {
     "phone": "Know your phone number",
     "offline_access": "Stay connected when you are away",
 }
+# Scopes every server knows besides those: the `roles` claim (RFC 9068 §2.2.3.1), and the
+# admin API's, which only clients registered with them get.
+BUILTIN_SCOPES = {
+    "roles": "Know your roles",
+    "admin:read": "Read the server's clients, users, grants and keys",
+    "admin:write": "Change the server's clients, users, grants and keys",
+}
+KNOWN_SCOPES = {**STANDARD_SCOPES, **BUILTIN_SCOPES}
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
 _CLIENT_ID = re.compile(r"^[\x21-\x7E]{1,128}$")
 ZERO = timedelta(0)
@@ -182,7 +190,8 @@ def jwk_set(value: Any) -> JwkSet:
 class KeySettings:
     """Signing keys: where they are kept and which algorithms sign what."""
 
-    dir: str = setting("Directory of the key ring (with SQLite storage).")
+    dir: str | None = setting("Directory of the key ring, with SQLite storage; without it the keys live in the storage, encrypted with encryption_key.", default=None)
+    encryption_key: str | None = setting("Base64 of 32 random bytes (openssl rand -base64 32), e.g. ${PORTCULLIS_KEY_SECRET}: encrypts the private keys kept in the storage (AES-256-GCM). Required without dir.", default=None, secret=True, from_file=True)
     access_token_alg: Literal["ES256", "RS256", "EdDSA"] = setting("Signs access tokens.", default="ES256")
     id_token_alg: Literal["ES256", "RS256", "EdDSA"] = setting("Signs ID tokens (RS256 is always offered too).", default="RS256")
     jwks_max_age: timedelta = setting("Cache-Control max-age of the JWKS (whole seconds).", default=timedelta(minutes=5), parser=whole_seconds)
@@ -190,6 +199,14 @@ class KeySettings:
     # jwks_max_age, so a key is published at least that long before it signs.
     publish_ahead: timedelta = setting("How long a new key is published before it signs; jwks_max_age when absent.", default=timedelta(minutes=5), derive=lambda v: v.get("jwks_max_age"))
     rotate_every: timedelta | None = setting("Automatic rotation; only by command when absent.", default=None)
+    # Every server reads the ring again this often, to publish keys another replica or
+    # `keys rotate` wrote; a new key waits two of these on top of publish_ahead.
+    reload_every: timedelta = setting("How often each server reads the key ring again (at most jwks_max_age).", default=timedelta(seconds=1), minimum=timedelta(milliseconds=100))
+
+    @property
+    def in_storage(self) -> bool:
+        """Whether the ring is kept in the storage (no `dir`) rather than a directory."""
+        return self.dir is None
 
     def validate(self, check: Check) -> None:
         if self.publish_ahead < self.jwks_max_age:
@@ -200,6 +217,25 @@ class KeySettings:
             )
         if self.rotate_every is not None and self.rotate_every < max(self.publish_ahead, timedelta(seconds=1)):
             check.problem(f"must be at least keys.publish_ahead ({_seconds(self.publish_ahead)}) and at least 1s", key="rotate_every")
+        if self.reload_every > self.jwks_max_age:
+            check.problem(f"must be at most keys.jwks_max_age ({_seconds(self.jwks_max_age)})", key="reload_every")
+        secret = self.encryption_key
+        if secret is not None and not isinstance(secret, Withheld) and encryption_key_bytes(secret) is None:
+            check.problem(f"must be the base64 encoding of exactly {ENCRYPTION_KEY_BYTES} bytes (make one with: openssl rand -base64 32); the value is not shown", key="encryption_key")
+
+
+ENCRYPTION_KEY_BYTES = 32
+
+
+def encryption_key_bytes(text: str) -> bytes | None:
+    """The 32 bytes of `keys.encryption_key` (standard or URL-safe base64, padding
+    optional), or None when it is not that."""
+    compact = "".join(text.split())
+    try:
+        raw = base64.b64decode(compact.replace("-", "+").replace("_", "/") + "=" * (-len(compact) % 4), validate=True)
+    except ValueError:
+        return None
+    return raw if len(raw) == ENCRYPTION_KEY_BYTES else None
 
 
 @section
@@ -243,6 +279,33 @@ class DeviceSettings:
 
 
 @section
+class DpopSettings:
+    """DPoP (RFC 9449): proofs of possession at the token and userinfo endpoints. Proofs are
+    always accepted; a client registered with dpop_bound_access_tokens must send one."""
+
+    proof_max_age: timedelta = setting("How old a proof's iat may be.", default=timedelta(seconds=60), more_than=ZERO, maximum=timedelta(minutes=10))
+    leeway: timedelta = setting("Clock skew allowed on iat (a proof from slightly ahead).", default=timedelta(seconds=5), maximum=timedelta(minutes=1))
+    nonce: bool = setting("Proofs must carry a nonce the server gave (DPoP-Nonce, RFC 9449 §8).", default=False)
+    nonce_key: str | None = setting("Keys the nonces (at least 32 characters); the same on every replica. Required with nonce.", default=None, secret=True, from_file=True)
+    nonce_lifetime: timedelta = setting("A nonce is accepted this long, and up to twice as long.", default=timedelta(minutes=5), more_than=ZERO)
+
+    def validate(self, check: Check) -> None:
+        if self.nonce and not check.has("nonce_key"):
+            check.problem("nonce: true needs nonce_key: every replica must accept the nonces of the others")
+        secret = self.nonce_key
+        if secret and not isinstance(secret, Withheld) and len(secret) < 32:
+            check.problem("use at least 32 random characters", key="nonce_key")
+
+
+@section
+class RevocationEventSettings:
+    """The revocation events stream (GET /revocation_events) read by resource servers."""
+
+    heartbeat: timedelta = setting("Idle time after which a comment line keeps the stream open through proxies.", default=timedelta(seconds=15), more_than=ZERO)
+    poll_interval: timedelta = setting("How often the log is read besides wake-ups (events written by other processes on one SQLite file).", default=timedelta(seconds=1), more_than=ZERO)
+
+
+@section
 class PasswordHashing:
     """Password checks (scrypt, about 32 MiB and tens of milliseconds each): how many run at
     once, and how many may wait for them before a sign-in is answered 503. Read at start."""
@@ -260,6 +323,7 @@ class StoragePool:
     connect_timeout: timedelta = setting("A new connection, login included; then 503.", default=timedelta(seconds=5), more_than=ZERO)
     command_timeout: timedelta = setting("One statement, lock waits included; then it is cancelled, 503.", default=timedelta(seconds=5), more_than=ZERO)
     acquire_timeout: timedelta = setting("Waiting for a free connection when all are busy; then 503.", default=timedelta(seconds=5), more_than=ZERO)
+    migration_timeout: timedelta = setting("Each migration at start or by `migrate`, waiting for another replica's included; then it is rolled back.", default=timedelta(minutes=5), more_than=ZERO)
 
     def validate(self, check: Check) -> None:
         if self.min_size > self.max_size:
@@ -271,7 +335,7 @@ class ScopeSettings:
     """A scope clients may ask for, beyond the OpenID Connect ones."""
 
     name: str = setting("The scope token.", parser=scope_name)
-    description: str = setting("Shown on the consent page; the name when absent.", default="", derive=lambda v: STANDARD_SCOPES.get(v.get("name", ""), v.get("name", "")))
+    description: str = setting("Shown on the consent page; the name when absent.", default="", derive=lambda v: KNOWN_SCOPES.get(v.get("name", ""), v.get("name", "")))
 
 
 def _hash_plain_password(values: Mapping[str, Any]) -> str:
@@ -290,6 +354,7 @@ class UserSettings:
     password_hash: str = setting("scrypt hash from `portcullis-authserver hash-password`.", default="", secret=True, from_file=True, derive=_hash_plain_password)
     password: str | None = setting("Plain text, for development only: hashed at load, with a warning.", default=None, secret=True, from_file=True)
     subject: str | None = setting("The `sub`; a stable opaque value from the username when absent.", default=None, key="sub")
+    roles: tuple[str, ...] = setting("Roles: the `roles` claim; `admin` opens the admin API to the user's tokens.", default=())
     line: int = section_line()
     name: str | None = setting("Claim.", default=None)
     given_name: str | None = setting("Claim.", default=None)
@@ -313,7 +378,7 @@ class UserSettings:
     @property
     def claims(self) -> dict[str, Any]:
         """The OpenID Connect claims given, by name."""
-        return {name: value for name in _claim_names() if (value := getattr(self, name)) is not None}
+        return {name: value for name in claim_names() if (value := getattr(self, name)) is not None}
 
     def validate(self, check: Check) -> None:
         given = [key for key in ("password_hash", "password") if check.has(key)]
@@ -326,9 +391,9 @@ class UserSettings:
 
 
 @functools.cache
-def _claim_names() -> tuple[str, ...]:
+def claim_names() -> tuple[str, ...]:
     """The fields of a user that are OpenID Connect claims (OIDC Core §5.1): all but these."""
-    others = {"username", "password_hash", "password", "subject", "line"}
+    others = {"username", "password_hash", "password", "subject", "roles", "line"}
     return tuple(f.name for f in dataclasses.fields(UserSettings) if f.name not in others)
 
 
@@ -356,6 +421,7 @@ class ClientSettings:
     skip_consent: bool = setting("No consent page (first-party clients).", default=False)
     id_token_signed_response_alg: Literal["ES256", "RS256", "EdDSA"] | None = setting("ID token algorithm; keys.id_token_alg when absent.", default=None)
     introspection: bool = setting("May call the introspection endpoint.", default=False)
+    dpop_bound_access_tokens: bool = setting("Every token request must carry a DPoP proof (RFC 9449 §5.2).", default=False)
     application_type: Literal["web", "native"] = setting("OIDC Dynamic Client Registration §2.", default="web")
     line: int = section_line()
 
@@ -423,6 +489,8 @@ class Settings:
     password_hashing: PasswordHashing = setting("Password checks off the event loop; restart to change.", default_factory=PasswordHashing)
     trusted_proxies: tuple[IPNetwork, ...] = setting("Peers whose X-Forwarded-For names the client (for the throttles).", default=(), parser=network)
     device: DeviceSettings = setting("The device grant.", default_factory=DeviceSettings)
+    dpop: DpopSettings = setting("DPoP proofs (RFC 9449).", default_factory=DpopSettings)
+    revocation_events: RevocationEventSettings = setting("The stream of revocation events.", default_factory=RevocationEventSettings)
     scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
     users: tuple[UserSettings, ...] = setting("Users defined here (read-only in the admin API).", default=())
     clients: tuple[ClientSettings, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
@@ -467,7 +535,7 @@ class Settings:
 
     @functools.cached_property
     def _scope_descriptions(self) -> dict[str, str]:
-        return {**STANDARD_SCOPES, **{s.name: s.description for s in self.scopes}}
+        return {**KNOWN_SCOPES, **{s.name: s.description for s in self.scopes}}
 
     def client(self, client_id: str) -> ClientSettings | None:
         return self._clients_by_id.get(client_id)
@@ -490,16 +558,36 @@ class Settings:
             check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
         if self.tls is not None and urlsplit(self.issuer).scheme != "https":
             check.problem("must be https:// when the server itself serves TLS (tls:)", key="issuer")
-        if check.has("storage_pool") and not self.storage.startswith(("postgresql://", "postgres://")):
+        postgres = self.storage.startswith(("postgresql://", "postgres://"))
+        if check.has("storage_pool") and not postgres:
             check.problem("only a postgresql:// storage has a pool", key="storage_pool")
+        keys = check.within(self.keys)
+        if postgres and self.keys.dir is not None:
+            keys.problem(
+                "replicas on PostgreSQL share their signing keys through the database, not a local directory: "
+                "remove keys.dir and set keys.encryption_key",
+                key="dir",
+            )
+        elif self.keys.in_storage and self.keys.encryption_key is None:
+            where = "PostgreSQL storage keeps the signing keys in the database" if postgres else "without keys.dir the signing keys live in the storage"
+            keys.problem(f"{where}: set keys.encryption_key to base64 of 32 random bytes (openssl rand -base64 32), e.g. ${{PORTCULLIS_KEY_SECRET}}")
         _once(check, self.scopes, lambda s: s.name, "scope {!r} is listed twice")
         _once(check, self.users, lambda u: u.username, "username {!r} is listed twice")
         _once(check, self.clients, lambda c: c.client_id, "client_id is listed twice")
-        known = set(STANDARD_SCOPES) | {s.name for s in self.scopes}
+        known = self.known_scopes
         for client in self.clients:
-            for token in client.scope:
-                if token not in known:
-                    check.within(client).problem(f"{token!r} is not in the scopes list", key="scope")
+            for token in unknown_scopes(client.scope, known):
+                check.within(client).problem(f"{token!r} is not in the scopes list", key="scope")
+
+    @property
+    def known_scopes(self) -> frozenset[str]:
+        """Every scope a client may be registered with."""
+        return frozenset(KNOWN_SCOPES) | {s.name for s in self.scopes}
+
+
+def unknown_scopes(scope: tuple[str, ...], known: frozenset[str]) -> list[str]:
+    """The scopes of a client that the server does not know."""
+    return [token for token in scope if token not in known]
 
 
 def _once(check: Check, items: tuple[T, ...], name: Callable[[T], str], problem: str) -> None:

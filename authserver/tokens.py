@@ -22,7 +22,7 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .keys import KeyRing
+from .keys import SigningRing
 from .protocol import scopes as scope_rules
 from .protocol.claims import at_hash, released
 from .settings import Settings
@@ -65,6 +65,13 @@ class TokenPlan:
         return str(self.access_claims["jti"])
 
     @property
+    def dpop_jkt(self) -> str | None:
+        """The thumbprint of the DPoP key the access token is bound to, if any."""
+        cnf = self.access_claims.get("cnf")
+        jkt = cnf.get("jkt") if isinstance(cnf, Mapping) else None
+        return jkt if isinstance(jkt, str) else None
+
+    @property
     def access_expires_at(self) -> float:
         return float(self.access_claims["exp"])
 
@@ -101,7 +108,7 @@ _PLAN_VERSION = 1
 
 
 class Minter:
-    def __init__(self, settings: Settings, keyring: KeyRing) -> None:
+    def __init__(self, settings: Settings, keyring: SigningRing) -> None:
         self.issuer = settings.issuer
         self.keyring = keyring
         self.access_alg = settings.keys.access_token_alg
@@ -118,7 +125,10 @@ class Minter:
         audience: str,
         now: float,
         auth_time: float | None = None,
+        jkt: str | None = None,
     ) -> dict[str, Any]:
+        """The claims of an access token; bound to a DPoP key when `jkt` names one (RFC 9449
+        §6.1: its thumbprint as `cnf.jkt`)."""
         iat = int(now)
         claims: dict[str, Any] = {
             "iss": self.issuer,
@@ -132,6 +142,8 @@ class Minter:
         }
         if auth_time is not None:
             claims["auth_time"] = int(auth_time)
+        if jkt is not None:
+            claims["cnf"] = {"jkt": jkt}
         return claims
 
     def access_token(
@@ -188,7 +200,8 @@ class Minter:
         access_token = self.keyring.sign(self.access_alg, plan.access_claims, typ="at+jwt")
         body: dict[str, Any] = {
             "access_token": access_token,
-            "token_type": "Bearer",
+            # RFC 9449 §5.1: a token bound to a DPoP key is of type DPoP.
+            "token_type": "DPoP" if plan.dpop_jkt is not None else "Bearer",
             "expires_in": plan.expires_in,
             "scope": scope_rules.render(plan.scopes),
         }

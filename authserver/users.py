@@ -97,6 +97,16 @@ class PasswordHasher:
         job.add_done_callback(lambda _: self._release_from(loop))
         return await asyncio.wrap_future(job)
 
+    async def hash(self, password: str) -> str:
+        """A new scrypt hash of `password`, on the pool and within its bounds as `verify`."""
+        if self._taken >= self._capacity:
+            raise HashingBusy("every password-hashing slot is taken")
+        loop = asyncio.get_running_loop()
+        self._taken += 1
+        job: Future[str] = self._executor.submit(hash_password, password)
+        job.add_done_callback(lambda _: self._release_from(loop))
+        return await asyncio.wrap_future(job)
+
     def _release_from(self, loop: asyncio.AbstractEventLoop) -> None:
         """From the worker thread: give the slot back on the loop (if it still runs)."""
         if not loop.is_closed():

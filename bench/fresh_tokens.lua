@@ -3,6 +3,12 @@
 --
 --   wrk -tT ... -s bench/fresh_tokens.lua URL -- TOKEN_FILE T
 --
+-- With a third argument, a DPoP-bound access token, the lines are DPoP proofs instead: every
+-- request carries `Authorization: DPoP <token>` and a proof of its own (RFC 9449), made
+-- beforehand by bench/mkproofs.py, since wrk cannot sign.
+--
+--   wrk -tT ... -s bench/fresh_tokens.lua URL -- PROOF_FILE T TOKEN
+--
 -- With T wrk threads, thread k takes lines k, k+T, k+2T, ... so no two threads share a
 -- token. wrk runs a thread's init() before it sets up the next thread, so T is passed as
 -- an argument. A thread that runs out of tokens starts over and counts a wrap. done()
@@ -30,15 +36,18 @@ function init(args)
     error("fresh_tokens.lua: give the token file after --")
   end
   local stride = tonumber(args[2] or "1")
+  local bound_token = args[3]
   local id = tonumber(thread_id or 0)
   local line_no = 0
   for line in io.lines(path) do
     if line ~= "" then
       if line_no % stride == id then
         token_count = token_count + 1
-        requests_built[token_count] = wrk.format(nil, nil, {
-          ["Authorization"] = "Bearer " .. line,
-        })
+        local headers = { ["Authorization"] = "Bearer " .. line }
+        if bound_token ~= nil then
+          headers = { ["Authorization"] = "DPoP " .. bound_token, ["DPoP"] = line }
+        end
+        requests_built[token_count] = wrk.format(nil, nil, headers)
       end
       line_no = line_no + 1
     end

@@ -7,6 +7,7 @@ Header `{"alg": "ES256", "typ": "at+jwt", "kid"}`; claims `iss`, `sub`, `aud`, `
     mktoken.py ... --tamper                                       same, signature altered
     mktoken.py ... --lifetime -3600 / --audience X / --scope Y    tokens a proxy must refuse
     mktoken.py ... --count 200000 --out FILE                      one token a line
+    mktoken.py ... --cnf-jkt THUMBPRINT                           a DPoP-bound token
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def make_tokens(options: dict[str, Any], count: int) -> list[str]:
             "exp": now + options["lifetime"],
             "jti": uuid.uuid4().hex,
         }
+        if options["cnf_jkt"]:
+            claims["cnf"] = {"jkt": options["cnf_jkt"]}  # RFC 9449 §6.1
         tokens.append(sign(key, header_b64, claims))
     return tokens
 
@@ -90,11 +93,12 @@ def main() -> None:
     parser.add_argument("--scope", default="bench:read")
     parser.add_argument("--lifetime", type=int, default=LIFETIME, help="seconds until exp")
     parser.add_argument("--tamper", action="store_true", help="alter the signature")
+    parser.add_argument("--cnf-jkt", help="bind the token to this DPoP key thumbprint")
     parser.add_argument("--count", type=int, default=1)
     parser.add_argument("--out", help="file for --count tokens, one a line")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    names = ("key", "kid", "issuer", "audience", "scope", "lifetime")
+    names = ("key", "kid", "issuer", "audience", "scope", "lifetime", "cnf_jkt")
     options = {k: getattr(args, k) for k in names}
 
     if args.out is None:

@@ -24,8 +24,13 @@ GATEWAY_SCENARIOS = (
     ("direct", "1. nginx direct (upstream alone)"),
     ("none", "2. gateway, `auth: none` route"),
     ("warm", "3. gateway, one ES256 JWT (warm verified-token cache)"),
+    ("dpop", "3b. gateway, one DPoP-bound ES256 JWT (warm), a fresh ES256 proof per request"),
     ("cold", "4. gateway, fresh ES256 JWT per request (token cache off)"),
     ("haproxy", "5. HAProxy, ES256 `jwt_verify` on every request"),
+)
+FRONT_SCENARIOS = (
+    ("decision", "11. gateway decision listener alone (auth_request's question, warm JWT)"),
+    ("nginx-authreq", "12. nginx auth_request → gateway decision → nginx upstream, warm JWT"),
 )
 TOKEN_SCENARIOS = (
     ("token-es256", "6. authserver token endpoint, ES256"),
@@ -34,7 +39,17 @@ TOKEN_SCENARIOS = (
     ("token-rs256", "9. authserver token endpoint, RS256"),
     ("oidc-rs256", "10. oidc-provider token endpoint, RS256"),
 )
-SCENARIOS = GATEWAY_SCENARIOS + TOKEN_SCENARIOS
+STORE_SCENARIOS = (
+    ("cc-sqlite", "13. client_credentials ES256, SQLite"),
+    ("cc-postgres", "14. client_credentials ES256, PostgreSQL"),
+    ("refresh-sqlite", "15. refresh_token (rotation), SQLite"),
+    ("refresh-postgres", "16. refresh_token (rotation), PostgreSQL"),
+    ("cc-1-replica", "17. client_credentials, 1 replica on PostgreSQL behind nginx"),
+    ("cc-2-replicas", "18. client_credentials, 2 replicas on PostgreSQL behind nginx"),
+    ("refresh-1-replica", "19. refresh_token, 1 replica on PostgreSQL behind nginx"),
+    ("refresh-2-replicas", "20. refresh_token, 2 replicas on PostgreSQL behind nginx"),
+)
+SCENARIOS = GATEWAY_SCENARIOS + FRONT_SCENARIOS + TOKEN_SCENARIOS + STORE_SCENARIOS
 
 
 @dataclass(frozen=True)
@@ -47,10 +62,16 @@ class Ratio:
 
 GATEWAY_RATIOS = (
     Ratio("warm", "none", "gateway warm JWT / gateway auth none", 0.90),
+    Ratio("dpop", "warm", "gateway DPoP, fresh proof / gateway warm bearer JWT"),
     Ratio("warm", "haproxy", "gateway warm JWT / HAProxy ES256"),
     Ratio("cold", "haproxy", "gateway cold JWT / HAProxy ES256"),
     Ratio("cold", "warm", "gateway cold JWT / gateway warm JWT"),
     Ratio("none", "direct", "gateway auth none / nginx direct"),
+)
+FRONT_RATIOS = (
+    Ratio("decision", "warm", "decision alone / gateway proxy, warm JWT"),
+    Ratio("nginx-authreq", "warm", "nginx + auth_request + decision / gateway proxy, warm JWT"),
+    Ratio("nginx-authreq", "direct", "nginx + auth_request + decision / nginx direct"),
 )
 TOKEN_RATIOS = (
     Ratio("token-es256", "oidc-es256", "authserver ES256 / oidc-provider ES256", 2.0),
@@ -59,9 +80,19 @@ TOKEN_RATIOS = (
     Ratio("token-rs256", "token-es256", "authserver RS256 / authserver ES256"),
     Ratio("oidc-rs256", "oidc-es256", "oidc-provider RS256 / oidc-provider ES256"),
 )
+STORE_RATIOS = (
+    Ratio("cc-postgres", "cc-sqlite", "client_credentials: PostgreSQL / SQLite"),
+    Ratio("refresh-postgres", "refresh-sqlite", "refresh: PostgreSQL / SQLite"),
+    Ratio("refresh-sqlite", "cc-sqlite", "SQLite: refresh / client_credentials"),
+    Ratio("refresh-postgres", "cc-postgres", "PostgreSQL: refresh / client_credentials"),
+    Ratio("cc-2-replicas", "cc-1-replica", "client_credentials: 2 replicas / 1"),
+    Ratio("refresh-2-replicas", "refresh-1-replica", "refresh: 2 replicas / 1"),
+)
 GROUPS = (
     ("Gateway", GATEWAY_SCENARIOS, GATEWAY_RATIOS),
+    ("Behind a front proxy (ext_authz)", FRONT_SCENARIOS, FRONT_RATIOS),
     ("Token endpoint", TOKEN_SCENARIOS, TOKEN_RATIOS),
+    ("Token endpoint: storage and replicas", STORE_SCENARIOS, STORE_RATIOS),
 )
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
 
@@ -75,6 +106,7 @@ class WrkResult:
     non_2xx: int
     socket_errors: int
     fresh_tokens: str | None  # "sent=N available=M wraps=W" from fresh_tokens.lua
+    refresh_tokens: str | None = None  # "rotated=N lost=M empty=E" from refresh_post.lua
 
 
 def _duration_ms(text: str) -> float:
@@ -95,7 +127,8 @@ def parse_wrk(text: str) -> WrkResult:
     errors = re.search(
         r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text
     )
-    fresh = re.search(r"^Fresh tokens: (.*)$", text, re.M)
+    fresh = re.search(r"^Fresh tokens: (.*)$", text, re.M)  # or proofs: the same script
+    rotated = re.search(r"^Refresh tokens: (.*)$", text, re.M)
     return WrkResult(
         requests_per_s=float(rps.group(1)),
         p50_ms=_duration_ms(p50.group(1)),
@@ -104,6 +137,7 @@ def parse_wrk(text: str) -> WrkResult:
         non_2xx=int(non_2xx.group(1)) if non_2xx else 0,
         socket_errors=sum(int(n) for n in errors.groups()) if errors else 0,
         fresh_tokens=fresh.group(1).strip() if fresh else None,
+        refresh_tokens=rotated.group(1).strip() if rotated else None,
     )
 
 
@@ -117,6 +151,7 @@ class CpuUse:
     busy: dict[str, float]  # cpuN -> busy share of that core during the run
     server_share: float | None  # share of core 0 used by the server under test
     server_us_per_request: float | None
+    database_us_per_request: float | None = None  # PostgreSQL's processes, when one served
 
 
 def cpu_use(raw: Path, key: str, requests: int, clk_tck: int) -> CpuUse | None:
@@ -143,7 +178,15 @@ def cpu_use(raw: Path, key: str, requests: int, clk_tck: int) -> CpuUse | None:
     if ticks is not None and totals.get("cpu0"):
         share = ticks / totals["cpu0"]
         per_request = ticks / clk_tck * 1e6 / requests if requests else None
-    return CpuUse(busy, share, per_request)
+    database = None
+    try:
+        database_ticks = int((raw / f"{key}.database-after").read_text()) - int(
+            (raw / f"{key}.database-before").read_text()
+        )
+        database = database_ticks / clk_tck * 1e6 / requests if requests else None
+    except (FileNotFoundError, ValueError):
+        pass
+    return CpuUse(busy, share, per_request, database)
 
 
 def _ms(value: float) -> str:
@@ -252,6 +295,27 @@ def render(
         lines += _scenario_table(scenarios, results, cpu)
         lines.append("")
         lines += _ratio_table(ratios, results, cpu)
+    database = [
+        f"`{key}` {use.database_us_per_request:,.0f} µs"
+        for key, _ in STORE_SCENARIOS
+        if (use := cpu.get(key)) is not None and use.database_us_per_request is not None
+    ]
+    if database:
+        lines += [
+            "",
+            "PostgreSQL's own CPU per request (its processes, on core 1; not in the server "
+            "column): " + ", ".join(database) + ".",
+        ]
+    rotations = [
+        f"`{key}` {r.refresh_tokens}"
+        for key, _ in STORE_SCENARIOS
+        if (r := results.get(key)) is not None and r.refresh_tokens
+    ]
+    if rotations:
+        lines.append(
+            "Refresh scenarios: " + ", ".join(rotations) + " (lost=0: every request rotated "
+            "a token the server had issued and got its successor)."
+        )
     cold = results.get("cold")
     lines += [""]
     if cold is not None and cold.fresh_tokens:
@@ -263,6 +327,17 @@ def render(
                 "request was still verified)."
                 if reused
                 else "(wraps=0: no token was sent twice); gateway token_cache_size: 0."
+            )
+        )
+    dpop = results.get("dpop")
+    if dpop is not None and dpop.fresh_tokens:
+        reused = not re.search(r"\bwraps=0\b", dpop.fresh_tokens)
+        lines.append(
+            f"Scenario 3b proofs: {dpop.fresh_tokens} "
+            + (
+                "(proofs were reused, and a reused proof is refused: raise BENCH_PROOFS)."
+                if reused
+                else "(wraps=0: every request carried a proof never sent before)."
             )
         )
     busy = [

@@ -4,8 +4,8 @@
 #
 #   make bench                     (or: bash bench/run.sh)
 #
-# Installs wrk, nginx and HAProxy with apt-get when they are missing (and Node.js with npm
-# for the oidc-provider scenarios), starts its own nginx, token issuer, gateway, HAProxy,
+# Installs wrk, nginx and HAProxy with apt-get when they are missing (Node.js with npm for
+# the oidc-provider scenarios, PostgreSQL for the storage scenarios), starts its own nginx, token issuer, gateway, HAProxy,
 # authserver, oidc-provider and signing baseline on free 127.0.0.1 ports, runs the scenarios
 # with wrk, and writes markdown tables to stdout and bench/out/latest.md. Every process it
 # starts is stopped on exit; nothing is left running.
@@ -15,8 +15,13 @@
 #   BENCH_WARMUP=2         seconds of unmeasured load before each scenario
 #   BENCH_CONNECTIONS=64   wrk connections (one wrk thread)
 #   BENCH_TOKENS=200000    distinct tokens for the fresh-token scenario
-#   BENCH_SCENARIOS="direct none warm cold haproxy token-es256 oidc-es256 sign-baseline
-#                    token-rs256 oidc-rs256"   the scenarios to run
+#   BENCH_PROOFS=100000    DPoP proofs (distinct jti) for the measured dpop run, signed
+#                          beforehand by bench/mkproofs.py; a third as many for its warm-up
+#   BENCH_SCENARIOS="direct none warm dpop cold haproxy revocation decision nginx-authreq
+#                    token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite
+#                    cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas
+#                    refresh-1-replica refresh-2-replicas"   the scenarios to run
+#                    (revocation: bench/revocations.py, the deny-set and revoke-to-refusal)
 #   BENCH_OIDC_PROVIDER=   npm spec of oidc-provider; default oidc-provider@^9 on Node 22 or
 #                          later, oidc-provider@^8 on Node 18 and 20 (installed once into
 #                          bench/out/node/, which git ignores)
@@ -36,8 +41,9 @@ DURATION=${BENCH_DURATION:-10}
 WARMUP=${BENCH_WARMUP:-2}
 CONNECTIONS=${BENCH_CONNECTIONS:-64}
 TOKENS=${BENCH_TOKENS:-200000}
+PROOFS=${BENCH_PROOFS:-100000}
 PROFILE=${BENCH_PROFILE:-0}
-SCENARIOS=" ${BENCH_SCENARIOS-direct none warm cold haproxy token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256} "
+SCENARIOS=" ${BENCH_SCENARIOS-direct none warm dpop cold haproxy revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas} "
 OUT=$ROOT/bench/out
 SERVER_CPU=0
 CLIENT_CPU=1
@@ -49,14 +55,37 @@ wanted() { [[ $SCENARIOS == *" $1 "* ]]; }
 case $PROFILE in 0 | warm | cold | token) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm, cold or token" >&2; exit 2 ;; esac
 # The gateway part (nginx, issuer, tokens) is set up only when one of its scenarios runs.
 GATEWAY_BENCH=0
-for key in direct none warm cold haproxy; do wanted "$key" && GATEWAY_BENCH=1; done
+for key in direct none warm dpop cold haproxy revocation decision nginx-authreq; do wanted "$key" && GATEWAY_BENCH=1; done
 [ "$PROFILE" = warm ] || [ "$PROFILE" = cold ] && GATEWAY_BENCH=1
 OIDC_BENCH=0
 wanted oidc-es256 || wanted oidc-rs256 && OIDC_BENCH=1
+# The storage scenarios: the token endpoint on SQLite and on PostgreSQL (a cluster of the
+# bench's own), and one or two replicas on PostgreSQL behind an nginx balancer.
+POSTGRES_BENCH=0
+for key in cc-postgres refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica \
+    refresh-2-replicas; do wanted "$key" && POSTGRES_BENCH=1; done
+REPLICA_BENCH=0
+for key in cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas; do
+    wanted "$key" && REPLICA_BENCH=1
+done
 log() { printf '[bench] %s\n' "$*" >&2; }
+# shellcheck source=bench/configs.sh
+. bench/configs.sh
 die() { log "error: $*"; exit 1; }
 
 # ---------------------------------------------------------------------------- tools
+
+# postgres_bin: the directory of initdb and pg_ctl (/usr/local/bin, else Debian's newest).
+postgres_bin() {
+    local dir
+    for dir in /usr/local/bin $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        if [ -x "$dir/initdb" ] && [ -x "$dir/pg_ctl" ]; then
+            echo "$dir"
+            return 0
+        fi
+    done
+    return 1
+}
 
 ensure_tools() {
     local missing=()
@@ -70,6 +99,12 @@ ensure_tools() {
     if [ "$OIDC_BENCH" = 1 ]; then
         command -v node >/dev/null || missing+=(nodejs)
         command -v npm >/dev/null || missing+=(npm)
+    fi
+    if [ "$POSTGRES_BENCH" = 1 ]; then
+        postgres_bin >/dev/null || missing+=(postgresql)
+    fi
+    if [ "$REPLICA_BENCH" = 1 ]; then
+        command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
     fi
     [ ${#missing[@]} -eq 0 ] && return
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; install them or run as root"
@@ -124,6 +159,12 @@ cleanup() {
     for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
         stop_pid "${PIDS[$i]}"
     done
+    # The bench's own PostgreSQL runs in the background of pg_ctl: stopped by it.
+    if [ -n "${PGROOT:-}" ]; then
+        "${PG_AS[@]}" "$PGBIN/pg_ctl" stop --pgdata "$PGROOT/data" --mode immediate \
+            >/dev/null 2>&1 || true
+        rm -rf "$PGROOT"
+    fi
     if [ "$status" -ne 0 ]; then
         mkdir -p "$OUT/logs"
         cp "$TMP"/*.log "$OUT/logs/" 2>/dev/null || true
@@ -181,10 +222,11 @@ stop_started() {
     PIDS=("${kept[@]}")
 }
 
-read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN P_AS_ADMIN < <(
+read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN P_AS_ADMIN P_DECIDE P_FRONT \
+    P_PG P_AS2 P_AS2_ADMIN P_LB < <(
     "$PY" -c '
 import socket
-socks = [socket.socket() for _ in range(9)]
+socks = [socket.socket() for _ in range(15)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -199,6 +241,9 @@ HAPROXY=http://127.0.0.1:$P_HAPROXY
 AUTHSERVER=http://127.0.0.1:$P_AS
 OIDC=http://127.0.0.1:$P_OIDC
 SIGN=http://127.0.0.1:$P_SIGN
+DECIDE=http://127.0.0.1:$P_DECIDE
+FRONT=http://127.0.0.1:$P_FRONT
+BALANCER=http://127.0.0.1:$P_LB
 
 # ---------------------------------------------------------------------------- wrk
 
@@ -209,15 +254,18 @@ cpu_snapshot "$RAW/idle.cpu-before"
 sleep 1
 cpu_snapshot "$RAW/idle.cpu-after"
 
-# server_ticks FILE: CPU time (utime + stime, in clock ticks) of SERVER_PIDS, all threads.
+# server_ticks FILE [PID...]: CPU time (utime + stime, in clock ticks) of the PIDs (default
+# SERVER_PIDS), all threads.
 server_ticks() {
-    local pid total=0 ticks
-    for pid in "${SERVER_PIDS[@]}"; do
+    local file=$1 pid total=0 ticks
+    shift
+    [ $# -gt 0 ] || set -- "${SERVER_PIDS[@]}"
+    for pid in "$@"; do
         # Fields after "pid (comm) ": utime and stime are the 12th and 13th.
         ticks=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
         total=$((total + ticks))
     done
-    echo "$total" >"$1"
+    echo "$total" >"$file"
 }
 
 # measure KEY URL WRK-ARGS...: a warm-up (with WARM_ARGS when set, else the same arguments),
@@ -233,16 +281,27 @@ measure() {
     # The URL comes first: wrk passes whatever follows `--` to its script.
     taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNECTIONS" -d"${WARMUP}s" "$url" "${warm[@]}" >/dev/null
     log "scenario $key: ${DURATION}s"
+    # A PostgreSQL in use: its processes, connections of the pool made during the warm-up
+    # included, are measured apart (the database's CPU per request).
+    local database=()
+    if [ -n "${DATABASE_PID:-}" ]; then
+        # shellcheck disable=SC2207 # pids are words
+        database=("$DATABASE_PID" $(pgrep -P "$DATABASE_PID" || true))
+        server_ticks "$RAW/$key.database-before" "${database[@]}"
+    fi
     cpu_snapshot "$RAW/$key.cpu-before"
     server_ticks "$RAW/$key.server-before"
     taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency "$url" "$@" \
         >"$RAW/$key.txt"
     cpu_snapshot "$RAW/$key.cpu-after"
     server_ticks "$RAW/$key.server-after"
-    grep -E 'Requests/sec|^ +(50|99)%|Non-2xx|Socket errors|Fresh tokens' "$RAW/$key.txt" >&2 || true
+    [ ${#database[@]} -eq 0 ] || server_ticks "$RAW/$key.database-after" "${database[@]}"
+    grep -E 'Requests/sec|^ +(50|99)%|Non-2xx|Socket errors|Fresh tokens|Refresh tokens' \
+        "$RAW/$key.txt" >&2 || true
 }
 WARM_ARGS=()
 SERVER_PIDS=()
+DATABASE_PID=
 
 # ---------------------------------------------------------------------------- gateway: 1. nginx
 
@@ -300,6 +359,23 @@ EOF
     EXPIRED=$("${MKTOKEN[@]}" --lifetime -3600)
     OTHER_AUDIENCE=$("${MKTOKEN[@]}" --audience other-api)
     OTHER_SCOPE=$("${MKTOKEN[@]}" --scope "bench:write")
+    if wanted dpop; then
+        # A token bound to a client key (cnf.jkt), and proofs of that key made beforehand,
+        # each with its own jti: wrk cannot sign, and a proof is accepted only once.
+        DPOP_JKT=$("$PY" bench/mkproofs.py key --out "$TMP/dpop-key.pem")
+        DPOP_TOKEN=$("${MKTOKEN[@]}" --cnf-jkt "$DPOP_JKT")
+        DPOP_URL="$GATEWAY/api/items"
+        log "signing $PROOFS DPoP proofs (and $((PROOFS / 3)) for the warm-up)"
+        mkproofs() {
+            "$PY" bench/mkproofs.py proofs --key "$TMP/dpop-key.pem" --token "$DPOP_TOKEN" \
+                --url "$DPOP_URL" --count "$1" --out "$2"
+        }
+        mkproofs "$PROOFS" "$TMP/proofs.txt"
+        mkproofs $((PROOFS / 3)) "$TMP/proofs-warm.txt"
+        mkproofs 2 "$TMP/proofs-check.txt"
+        [ "$(sort -u "$TMP/proofs.txt" "$TMP/proofs-warm.txt" | wc -l)" -eq $((PROOFS + PROOFS / 3)) ] ||
+            die "proofs are not all distinct"
+    fi
     if wanted cold; then
         log "signing $TOKENS fresh tokens"
         "${MKTOKEN[@]}" --count "$TOKENS" --out "$TMP/tokens.txt"
@@ -324,6 +400,8 @@ routes:
 token_cache_size: $2
 shutdown_grace: 1s
 log_level: warning
+# The dpop scenario's proofs are all signed before the run starts.
+dpop: {proof_max_age: 10m}
 EOF
         .venv/bin/portcullis-gateway check --config "$1" >/dev/null
     }
@@ -354,7 +432,7 @@ EOF
     gateway_config "$TMP/gateway-warm.yaml" 100000
     gateway_config "$TMP/gateway-cold.yaml" 0
 
-    if wanted none || wanted warm; then
+    if wanted none || wanted warm || wanted dpop; then
         start_gateway "$TMP/gateway-warm.yaml"
         expect "gateway: auth none" 200 ok "$GATEWAY/public/items"
         check_proxy gateway "$GATEWAY"
@@ -365,6 +443,19 @@ EOF
         fi
         if wanted warm; then
             measure warm "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+        fi
+        if wanted dpop; then
+            # The bound token is verified once and cached; its proof is checked every time.
+            read -r CHECK_PROOF OTHER_PROOF <<<"$(tr '\n' ' ' <"$TMP/proofs-check.txt")"
+            expect "gateway: DPoP-bound token with its proof" 200 ok "$DPOP_URL" \
+                -H "Authorization: DPoP $DPOP_TOKEN" -H "DPoP: $CHECK_PROOF"
+            expect "gateway: the same proof again" 401 "" "$DPOP_URL" \
+                -H "Authorization: DPoP $DPOP_TOKEN" -H "DPoP: $CHECK_PROOF"
+            expect "gateway: the bound token as Bearer" 401 "" "$DPOP_URL" \
+                -H "Authorization: Bearer $DPOP_TOKEN" -H "DPoP: $OTHER_PROOF"
+            WARM_ARGS=(-s bench/fresh_tokens.lua -- "$TMP/proofs-warm.txt" 1 "$DPOP_TOKEN")
+            measure dpop "$DPOP_URL" -s bench/fresh_tokens.lua -- "$TMP/proofs.txt" 1 "$DPOP_TOKEN"
+            WARM_ARGS=()
         fi
         stop_started "$GATEWAY_PID"
     fi
@@ -377,6 +468,49 @@ EOF
         WARM_ARGS=(-H "Authorization: Bearer $TOKEN")
         measure cold "$GATEWAY/api/items" -s bench/fresh_tokens.lua -- "$TMP/tokens.txt" 1
         WARM_ARGS=()
+        stop_started "$GATEWAY_PID"
+    fi
+
+    # ------------------------------------------------------------------------ behind a front proxy
+
+    # The warm scenario's gateway with its decision listener (ext_authz): asked directly as
+    # nginx's auth_request asks it, then behind nginx run with examples/forward-auth/nginx.conf
+    # (front nginx and gateway both on core 0, the upstream nginx on core 1 as above).
+    if wanted decision || wanted nginx-authreq; then
+        gateway_config "$TMP/gateway-decide.yaml" 100000
+        echo "ext_authz: {listen: \"127.0.0.1:$P_DECIDE\", trusted_callers: [\"127.0.0.1/32\"]}" \
+            >>"$TMP/gateway-decide.yaml"
+        .venv/bin/portcullis-gateway check --config "$TMP/gateway-decide.yaml" >/dev/null
+        start_gateway "$TMP/gateway-decide.yaml"
+        ASK=(-H "X-Original-Method: GET" -H "X-Original-URI: /api/items")
+        expect "decision: valid token" 200 "" "$DECIDE/auth-request" "${ASK[@]}" \
+            -H "Authorization: Bearer $TOKEN"
+        expect "decision: scope missing" 403 "" "$DECIDE/auth-request" "${ASK[@]}" \
+            -H "Authorization: Bearer $OTHER_SCOPE"
+        expect "decision: no token" 401 "" "$DECIDE/auth-request" "${ASK[@]}"
+        if wanted decision; then
+            measure decision "$DECIDE/auth-request" "${ASK[@]}" -H "Authorization: Bearer $TOKEN"
+        fi
+        if wanted nginx-authreq; then
+            mkdir -p "$TMP/front"
+            # The committed file, its placeholders filled in as envsubst would.
+            LISTEN=127.0.0.1:$P_FRONT PORTCULLIS_EXT_AUTHZ=127.0.0.1:$P_DECIDE \
+                API_UPSTREAM=127.0.0.1:$P_NGINX "$PY" -c '
+import os, re, sys
+names = ("LISTEN", "PORTCULLIS_EXT_AUTHZ", "API_UPSTREAM")
+placeholder = re.compile(r"\$\{(" + "|".join(names) + r")\}")
+sys.stdout.write(placeholder.sub(lambda m: os.environ[m.group(1)], open(sys.argv[1]).read()))
+' examples/forward-auth/nginx.conf >"$TMP/front.conf"
+            start front "$SERVER_CPU" nginx -p "$TMP/front" -e "$TMP/front-error.log" \
+                -c "$TMP/front.conf" -g "daemon off; pid $TMP/front.pid;"
+            FRONT_PID=$LAST_PID
+            wait_status "$FRONT/api/items" 401 "$FRONT_PID" front
+            # shellcheck disable=SC2207 # pids are words
+            SERVER_PIDS=("$GATEWAY_PID" "$FRONT_PID" $(pgrep -P "$FRONT_PID" || true))
+            check_proxy "nginx auth_request" "$FRONT"
+            measure nginx-authreq "$FRONT/api/items" -H "Authorization: Bearer $TOKEN"
+            stop_started "$FRONT_PID"
+        fi
         stop_started "$GATEWAY_PID"
     fi
 
@@ -429,6 +563,17 @@ EOF
         measure haproxy "$HAPROXY/api/items" -H "Authorization: Bearer $TOKEN"
         stop_started "$HAPROXY_PID"
     fi
+
+    # ------------------------------------------------------------------------ revocation events
+
+    if wanted revocation; then
+        # Its own authserver and gateway (same cores as above), the warm path with an empty
+        # and a 100,000-entry deny-set, and the time from /revoke's answer to the first 401.
+        log "scenario revocation: deny-set of 100,000 entries, revoke-to-refusal"
+        taskset -c "$CLIENT_CPU" "$PY" bench/revocations.py --upstream "$NGINX" \
+            --server-cpu "$SERVER_CPU" --client-cpu "$CLIENT_CPU" --duration "$DURATION" \
+            --warmup "$WARMUP" --connections "$CONNECTIONS" --out "$RAW/revocation.md" >&2
+    fi
 fi
 
 # ---------------------------------------------------------------------------- token endpoint
@@ -442,6 +587,8 @@ BASIC=$(printf '%s:%s' "$CLIENT_ID" "$CLIENT_SECRET" | base64 -w0)
 WRONG_BASIC=$(printf '%s:%s' "$CLIENT_ID" "$WRONG_SECRET" | base64 -w0)
 TOKEN_FORM="grant_type=client_credentials&scope=bench:read"
 TOKEN_LOAD=(-s bench/token_post.lua -H "Authorization: Basic $BASIC")
+# The secret sealing the signing keys kept in PostgreSQL, for this run only.
+new_key_secret
 
 # check_token_endpoint NAME BASE-URL ISSUER ALG [unauthenticated]: a token request gives 200
 # and a Bearer JWT access token (alg ALG, typ at+jwt, signed by a key of BASE-URL/jwks, with
@@ -463,32 +610,6 @@ check_token_endpoint() {
         expect "$name: wrong client secret" 401 "" "$url/token" \
             -H "Authorization: Basic $WRONG_BASIC" --data-raw "$TOKEN_FORM"
     fi
-}
-
-# authserver_config ALG: writes the authserver's config for tokens signed with ALG (its own
-# sqlite file and key directory in the temporary directory); sets AUTHSERVER_CONFIG.
-authserver_config() {
-    local dir=$TMP/authserver-$1
-    mkdir -p "$dir"
-    AUTHSERVER_CONFIG=$dir/authserver.yaml
-    cat >"$AUTHSERVER_CONFIG" <<EOF
-issuer: "$AUTHSERVER"
-listen: "127.0.0.1:$P_AS"
-admin_listen: "127.0.0.1:$P_AS_ADMIN"
-storage: "sqlite://$dir/authserver.db"
-keys: {dir: "$dir/keys", access_token_alg: $1}
-lifetimes: {access_token: 5m}
-default_audience: bench-api
-scopes: [{name: "bench:read", description: "Read the bench API"}]
-clients:
-  - client_id: $CLIENT_ID
-    client_secret: "$CLIENT_SECRET"
-    token_endpoint_auth_method: client_secret_basic
-    grant_types: [client_credentials]
-    scope: "bench:read"
-log_level: warning
-EOF
-    .venv/bin/portcullis-authserver check --config "$AUTHSERVER_CONFIG" >/dev/null
 }
 
 # start_authserver ALG: runs `portcullis-authserver run` on core 0 and waits for /healthz.
@@ -561,6 +682,177 @@ for alg in ES256 RS256; do
     fi
 done
 
+# ---------------------------------------------------------------------------- storage and replicas
+
+# The token endpoint on each storage backend, and one or two replicas on PostgreSQL. The same
+# client as above may also use the code flow and refresh tokens; a user signs in once to
+# make the refresh-token families the refresh scenarios rotate.
+BENCH_USER=bench
+BENCH_PASSWORD=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(18))')
+BENCH_REDIRECT=http://127.0.0.1/bench-callback
+
+# start_postgres: a PostgreSQL cluster of the bench's own in a temporary directory, on core 1
+# next to wrk (a dependency of the server under test, as nginx is of the gateway): trust
+# authentication on 127.0.0.1, the server's default durability (fsync, synchronous_commit).
+# As root, it runs as the user nobody (PostgreSQL refuses root). Sets DATABASE_PID, PG_URL.
+start_postgres() {
+    [ -n "${PGROOT:-}" ] && return 0
+    PGBIN=$(postgres_bin) || die "initdb and pg_ctl not found"
+    PGROOT=$(mktemp -d /tmp/portcullis-bench-pg.XXXXXX)
+    PG_AS=()
+    if [ "$(id -u)" -eq 0 ]; then
+        chown nobody "$PGROOT"
+        PG_AS=(runuser -u nobody --)
+    fi
+    "${PG_AS[@]}" "$PGBIN/initdb" --pgdata "$PGROOT/data" --auth trust --username postgres \
+        --encoding UTF8 --locale C >"$TMP/initdb.log" 2>&1 ||
+        { cat "$TMP/initdb.log" >&2; die "initdb failed"; }
+    taskset -c "$CLIENT_CPU" "${PG_AS[@]}" "$PGBIN/pg_ctl" start --pgdata "$PGROOT/data" \
+        --log "$PGROOT/server.log" --wait \
+        -o "-p $P_PG -c listen_addresses=127.0.0.1 -c unix_socket_directories=$PGROOT" \
+        >/dev/null || { cat "$PGROOT/server.log" >&2; die "PostgreSQL did not start"; }
+    DATABASE_PID=$(head -1 "$PGROOT/data/postmaster.pid")
+    PG_URL="postgresql://postgres@127.0.0.1:$P_PG/postgres"
+    log "PostgreSQL $("$PGBIN/pg_ctl" --version | awk '{print $NF}') on 127.0.0.1:$P_PG"
+}
+
+# start_store_server NAME STORAGE ISSUER PORT ADMIN-PORT [KEY-DIR]: one authserver on core 0
+# (signing keys in KEY-DIR, else in the storage); sets LAST_PID once it answers /healthz.
+start_store_server() {
+    store_config "$@"
+    start "$1" "$SERVER_CPU" .venv/bin/portcullis-authserver run --config "$AUTHSERVER_CONFIG"
+    wait_status "http://127.0.0.1:$4/healthz" 200 "$LAST_PID" "$1"
+}
+
+# refresh_tokens URL FILE COUNT: COUNT refresh tokens of fresh families into FILE.
+refresh_tokens() {
+    "$PY" bench/refresh_tokens.py --server "$1" --client-id "$CLIENT_ID" \
+        --secret "$CLIENT_SECRET" --username "$BENCH_USER" --password "$BENCH_PASSWORD" \
+        --redirect-uri "$BENCH_REDIRECT" --scope bench:read --count "$3" --out "$2" ||
+        die "could not make refresh tokens at $1"
+}
+
+# check_refresh NAME URL: a refresh token rotates (200 with a new one, which rotates in its
+# turn), and the first one, shown again once its successor was used, is refused (400,
+# reuse): the server under load does the work a rotation is.
+check_refresh() {
+    local name=$1 url=$2 first next
+    refresh_tokens "$url" "$TMP/refresh-check.txt" 1
+    first=$(head -1 "$TMP/refresh-check.txt")
+    expect "$name: refresh" 200 "" "$url/token" -H "Authorization: Basic $BASIC" \
+        --data-raw "grant_type=refresh_token&refresh_token=$first"
+    next=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["refresh_token"])' \
+        "$TMP/body") || die "check failed: $name: no new refresh token"
+    expect "$name: refresh with the new token" 200 "" "$url/token" \
+        -H "Authorization: Basic $BASIC" --data-raw "grant_type=refresh_token&refresh_token=$next"
+    expect "$name: the first token again (reuse)" 400 "" "$url/token" \
+        -H "Authorization: Basic $BASIC" --data-raw "grant_type=refresh_token&refresh_token=$first"
+}
+
+# measure_store KEY URL: the scenario KEY (cc-... or refresh-...) against URL.
+measure_store() {
+    local key=$1 url=$2
+    case $key in
+        cc-*) measure "$key" "$url/token" "${TOKEN_LOAD[@]}" ;;
+        refresh-*)
+            # Twice as many families as connections, fresh for the warm-up and the run.
+            refresh_tokens "$url" "$TMP/refresh-warm.txt" $((CONNECTIONS * 2))
+            refresh_tokens "$url" "$TMP/refresh-run.txt" $((CONNECTIONS * 2))
+            WARM_ARGS=(-s bench/refresh_post.lua -H "Authorization: Basic $BASIC"
+                -- "$TMP/refresh-warm.txt")
+            measure "$key" "$url/token" -s bench/refresh_post.lua \
+                -H "Authorization: Basic $BASIC" -- "$TMP/refresh-run.txt"
+            WARM_ARGS=()
+            ;;
+    esac
+}
+
+# One server on each backend, reached directly: client_credentials, then refresh.
+for backend in sqlite postgres; do
+    wanted "cc-$backend" || wanted "refresh-$backend" || continue
+    # SQLite keeps the signing keys in a directory; PostgreSQL in the database, sealed.
+    if [ "$backend" = postgres ]; then
+        start_postgres
+        storage=$PG_URL
+        key_dir=
+    else
+        storage="sqlite://$TMP/store-sqlite/authserver.db"
+        key_dir=$TMP/store-sqlite/keys
+        DATABASE_PID=
+    fi
+    start_store_server "store-$backend" "$storage" "$AUTHSERVER" "$P_AS" "$P_AS_ADMIN" \
+        ${key_dir:+"$key_dir"}
+    STORE_PID=$LAST_PID
+    SERVER_PIDS=("$STORE_PID")
+    check_token_endpoint "authserver on $backend" "$AUTHSERVER" "$AUTHSERVER" ES256
+    check_refresh "authserver on $backend" "$AUTHSERVER"
+    for grant in cc refresh; do
+        if wanted "$grant-$backend"; then measure_store "$grant-$backend" "$AUTHSERVER"; fi
+    done
+    stop_started "$STORE_PID"
+done
+
+# One and two replicas on PostgreSQL, both on core 0 (the same CPU as one: what being two
+# costs, not how two machines scale), behind nginx on core 1 spreading requests between
+# them. The issuer is the balancer's URL; the replicas share their signing keys through the
+# database.
+if [ "$REPLICA_BENCH" = 1 ]; then
+    start_postgres
+    mkdir -p "$TMP/balancer"
+    for count in 1 2; do
+        suffix=replica
+        [ "$count" = 2 ] && suffix=replicas
+        wanted "cc-$count-$suffix" || wanted "refresh-$count-$suffix" || continue
+        REPLICA_PIDS=()
+        start_store_server "replica-a" "$PG_URL" "$BALANCER" "$P_AS" "$P_AS_ADMIN"
+        REPLICA_PIDS+=("$LAST_PID")
+        upstreams="server 127.0.0.1:$P_AS;"
+        if [ "$count" = 2 ]; then
+            start_store_server "replica-b" "$PG_URL" "$BALANCER" "$P_AS2" "$P_AS2_ADMIN"
+            REPLICA_PIDS+=("$LAST_PID")
+            upstreams+=" server 127.0.0.1:$P_AS2;"
+        fi
+        cat >"$TMP/balancer.conf" <<EOF
+worker_processes 1;
+pid $TMP/balancer.pid;
+error_log $TMP/balancer-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/balancer/body;
+    proxy_temp_path $TMP/balancer/proxy;
+    fastcgi_temp_path $TMP/balancer/fastcgi;
+    uwsgi_temp_path $TMP/balancer/uwsgi;
+    scgi_temp_path $TMP/balancer/scgi;
+    keepalive_requests 10000000;
+    upstream replicas { $upstreams keepalive 128; }
+    server {
+        listen 127.0.0.1:$P_LB;
+        location / {
+            proxy_pass http://replicas;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$http_host;
+        }
+    }
+}
+EOF
+        start balancer "$CLIENT_CPU" nginx -p "$TMP/balancer" -e "$TMP/balancer-error.log" \
+            -c "$TMP/balancer.conf" -g 'daemon off;'
+        BALANCER_PID=$LAST_PID
+        wait_status "$BALANCER/healthz" 200 "$BALANCER_PID" balancer
+        SERVER_PIDS=("${REPLICA_PIDS[@]}")
+        check_token_endpoint "$count $suffix on PostgreSQL" "$BALANCER" "$BALANCER" ES256
+        for grant in cc refresh; do
+            if wanted "$grant-$count-$suffix"; then
+                measure_store "$grant-$count-$suffix" "$BALANCER"
+            fi
+        done
+        stop_started "$BALANCER_PID"
+        for pid in "${REPLICA_PIDS[@]}"; do stop_started "$pid"; done
+    done
+fi
+
 # ---------------------------------------------------------------------------- report
 
 tool_version() { "$@" 2>&1 | head -1 || true; }
@@ -584,6 +876,9 @@ print(f"PyJWT {jwt.__version__}, cryptography {cryptography.__version__} ({backe
 } >"$RAW/meta"
 status=0
 [ "$SCENARIOS" = "  " ] || "$PY" bench/report.py --raw "$RAW" --meta "$RAW/meta" --out "$OUT/latest.md" || status=$?
+if [ -f "$RAW/revocation.md" ]; then
+    { echo; cat "$RAW/revocation.md"; } | tee -a "$OUT/latest.md"
+fi
 
 # ---------------------------------------------------------------------------- profile
 

@@ -43,6 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("path")
     explain.add_argument("--token", help="an access token to verify against the live key sets")
     explain.add_argument("--origin", help="a browser Origin: would it get CORS headers?")
+    explain.add_argument(
+        "--ext-authz",
+        action="store_true",
+        help="also show the decision listener's answer and what each front proxy makes of it",
+    )
     args = parser.parse_args(argv)
     args.config = args.config or os.environ.get(CONFIG_VARIABLE)
     if not args.config:
@@ -71,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "explain":
         from .explain import explain as run_explain
 
-        return run_explain(settings, args.method, args.path, args.token, args.origin)
+        return run_explain(
+            settings, args.method, args.path, args.token, args.origin, args.ext_authz
+        )
 
     runtime.configure_logging(settings.log_level)
     log.info("starting", extra={"version": version(), "config": args.config})

@@ -1,7 +1,9 @@
 """The access log: one JSON object a line for every request, written in batches.
 
-Fields: time, request_id, trace_id, client, method, path, route, status, decision, reason,
-subject, client_id, upstream_ms, total_ms. The path is logged without its query unless
+Fields: time, request_id, trace_id, client, mode, method, path, route, status, decision,
+reason, subject, client_id, upstream_ms, total_ms. The mode is `proxy` for the public
+listener and `ext_authz` for a decision asked by a front proxy, whose method and path are
+those of the request the front proxy described. The path is logged without its query unless
 `include_query` is set (a query may carry anything a client put there). A bearer token, a
 client secret or any header value is never written. The subject can be replaced by an HMAC
 of it (`subject: hashed`, keyed by `subject_hash_key`, so that a list of guessed subjects
@@ -69,6 +71,7 @@ class AccessLog:
             "request_id": exchange.request_id,
             "trace_id": exchange.trace_id,
             "client": exchange.client,
+            "mode": exchange.mode,
             "method": exchange.method,
             "path": exchange.path if self._include_query else exchange.path.partition("?")[0],
             "route": exchange.route,

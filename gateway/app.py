@@ -30,20 +30,21 @@ from typing import Any, cast
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
-from aiohttp.web_protocol import ERROR as UNPARSABLE_MESSAGE
 
 from portcullis import runtime, tls
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
-from . import errors, tracecontext
+from . import adapter, errors, extauthz, tracecontext
 from . import settings as settings_module
 from .accesslog import AccessLog
+from .aiohttp_private import HeadSettlingRequest, http11_if_unparsable
 from .capacity import BodiesInFlight, Slots
 from .clock import SYSTEM_CLOCK, Clock
-from .exchange import Exchange
+from .dpop import MemoryReplayCache, ReplayCache
+from .exchange import EXT_AUTHZ, Exchange
 from .forward import LEFT_OUT, Forwarder, Upstream
 from .jwks import KeySet, keys_session
 from .metrics import (
@@ -56,6 +57,8 @@ from .metrics import (
 )
 from .pipeline import Pipeline
 from .ratelimit import Buckets, Limiter, buckets_for
+from .replay import replay_cache_for, replay_identity
+from .revocations import Revocations
 from .settings import IssuerSettings, Settings
 from .verifiers import dispatch
 from .verifiers.cache import TokenCache
@@ -72,10 +75,17 @@ _REFUSAL_LOG_INTERVAL = timedelta(seconds=10)
 # ---------------------------------------------------------------------------- the process
 
 
+def _decider(settings: Settings) -> extauthz.Decider | None:
+    if settings.ext_authz is None:
+        return None
+    return extauthz.Decider(settings.ext_authz, settings.identity_headers)
+
+
 def _verification_identity(issuer: IssuerSettings) -> IssuerSettings:
     """The issuer settings a verified token depends on (not audiences: policy checks those
-    on every request; not the line it is written on)."""
-    return replace(issuer, audiences=(), line=0)
+    on every request; not the line it is written on; not its revocation events, checked on
+    every request too)."""
+    return replace(issuer, audiences=(), line=0, revocation_events=None)
 
 
 def _bucket_store(settings: Settings) -> tuple[object, ...]:
@@ -116,6 +126,7 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
     "limits (all but max_body_size)": lambda s: replace(s.limits, max_body_size=None),
     # Rotated certificate files are followed without a reload; other paths need a restart.
     "tls": lambda s: s.tls,
+    "ext_authz.listen": lambda s: s.ext_authz.listen if s.ext_authz is not None else None,
 }
 
 
@@ -155,9 +166,16 @@ class Gateway:
         self._keysets: dict[tuple[object, ...], KeySet] = {}
         self._introspectors: dict[tuple[object, ...], Introspector] = {}
         self._buckets: Buckets = buckets_for(settings.rate_limits, clock.monotonic)
+        self.replay: ReplayCache = replay_cache_for(settings)
         self._retired_backend_errors = 0  # counted by bucket stores replaced on reload
         self._forwarders: weakref.WeakSet[Forwarder] = weakref.WeakSet()  # for open WebSockets
+        # The deny-set of revoked tokens and the issuers' event streams that fill it.
+        self.revocations = Revocations(
+            keys_session, clock.wall, clock.monotonic, on_applied=self._evict_revoked
+        )
+        self.revocations.configure(adapter.issuers(settings), settings.jwks)
         self.pipeline = self._build(settings)
+        self.decider = _decider(settings)
         self.draining = False
         self._reload_lock = asyncio.Lock()
         self._background: set[asyncio.Task[Any]] = set()
@@ -167,8 +185,9 @@ class Gateway:
     # ------------------------------------------------------------------ building
 
     def _build(self, settings: Settings) -> Pipeline[Forwarder]:
+        issuers = adapter.issuers(settings)
         verification = dispatch.build(
-            settings.issuers,
+            issuers,
             settings.jwks,
             self._keys_session,
             self.token_cache,
@@ -178,10 +197,15 @@ class Gateway:
         self.token_cache.epoch = verification.epoch
         pipeline = Pipeline(
             settings,
+            adapter.routes(settings),
+            issuers,
             verifier=verification.verifier,
             limiter=Limiter(settings.rate_limits, self._buckets, self.clock.monotonic),
             forwarder=Forwarder(settings, self._upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
+            replay=self.replay,
+            now=self.clock.wall,
+            revocations=self.revocations.deny if self.revocations.active else None,
         )
         self._forwarders.add(pipeline.forwarder)
         return pipeline
@@ -190,6 +214,10 @@ class Gateway:
     def keysets(self) -> Mapping[str, KeySet]:
         """The key set of each issuer whose JWTs are verified here, by issuer URL."""
         return {keyset.issuer.issuer: keyset for keyset in self._keysets.values()}
+
+    @property
+    def bodies_in_flight(self) -> BodiesInFlight:
+        return self._bodies
 
     @property
     def rate_limit_buckets(self) -> Buckets:
@@ -202,10 +230,12 @@ class Gateway:
     def start(self) -> None:
         self.metrics.start()
         self._buckets.start()
+        self.replay.start()
         for keyset in self._keysets.values():
             keyset.start()
         for introspector in self._introspectors.values():
             introspector.start()
+        self.revocations.start()
         if self.settings.reload.watch and self._file_state is not None:
             self._watcher = asyncio.create_task(self._watch(), name="config watcher")
 
@@ -222,7 +252,9 @@ class Gateway:
             await keyset.close()
         for introspector in self._introspectors.values():
             await introspector.close()
+        await self.revocations.close()
         await self._buckets.close()
+        await self.replay.close()
         # The upstream in use (a retired one was closed when its last request ended). Its
         # pooled session may be the caller's, which closes it again: closing is idempotent.
         await self._upstream.close()
@@ -242,9 +274,17 @@ class Gateway:
                 reasons[introspector.issuer.issuer] = (
                     introspector.last_error or "introspection endpoint not known yet"
                 )
+        reasons.update(self.revocations.not_ready())
         if self.draining:
             reasons["gateway"] = "shutting down"
         return reasons
+
+    def _evict_revoked(self) -> None:
+        """After a revocation event: introspection answers about revoked tokens go (the
+        deny-set refuses them anyway; the caches need not keep them)."""
+        deny = self.revocations.deny
+        for introspector in self._introspectors.values():
+            introspector.cache.retain(lambda principal: not deny.evicts(principal))
 
     # ------------------------------------------------------------------ requests
 
@@ -287,20 +327,61 @@ class Gateway:
             log.exception("request failed", extra={"request_id": exchange.request_id})
             raise
         finally:
-            pipeline.inflight -= 1
-            if not pipeline.inflight and pipeline.drained is not None:
-                pipeline.drained.set()
-            finished = time.perf_counter()
-            self.metrics.observe(exchange, status, finished)
-            access_log = self.access_log
-            if access_log is not None:
-                addresses = pipeline.addresses
-                exchange.client = (
-                    addresses.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
-                    if addresses.uses_forwarded_for
-                    else request.remote
-                )
-                access_log.record(exchange, status, finished)
+            self._finished(pipeline, request, exchange, status)
+
+    async def decide(self, request: web.BaseRequest) -> web.StreamResponse:
+        """A front proxy's question on the decision listener (extauthz): steps 1 to 8 of the
+        current pipeline on the request it describes, counted and logged with mode
+        ext_authz."""
+        started = time.perf_counter()
+        pipeline, decider = self.pipeline, self.decider
+        forwarder = pipeline.forwarder
+        exchange = Exchange(
+            started, forwarder.request_id(request), request.method, request.raw_path, EXT_AUTHZ
+        )
+        pipeline.inflight += 1
+        status = 500
+        try:
+            if decider is None:  # the listener outlives a reload that removed ext_authz
+                exchange.deny("ext_authz_off", False)
+                response: web.StreamResponse = errors.not_found()
+            else:
+                response = await decider.decide(pipeline, request, exchange)
+            status = response.status
+            response.headers[forwarder.request_id_header] = exchange.request_id
+            return response
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        except Exception:
+            log.exception("decision failed", extra={"request_id": exchange.request_id})
+            raise
+        finally:
+            self._finished(pipeline, request, exchange, status)
+
+    def _finished(
+        self,
+        pipeline: Pipeline[Forwarder],
+        request: web.BaseRequest,
+        exchange: Exchange,
+        status: int,
+    ) -> None:
+        """The end of a request on either listener: no longer in flight (a drain waits for
+        that), counted, and logged."""
+        pipeline.inflight -= 1
+        if not pipeline.inflight and pipeline.drained is not None:
+            pipeline.drained.set()
+        finished = time.perf_counter()
+        self.metrics.observe(exchange, status, finished)
+        access_log = self.access_log
+        if access_log is not None:
+            addresses = pipeline.addresses
+            exchange.client = (
+                addresses.client(request.remote, request.headers.getall("X-Forwarded-For", ()))
+                if addresses.uses_forwarded_for
+                else request.remote
+            )
+            access_log.record(exchange, status, finished)
 
     # ------------------------------------------------------------------ metrics
 
@@ -316,7 +397,18 @@ class Gateway:
             counts.introspection_active = introspector.active
             counts.introspection_inactive = introspector.inactive_answers
             counts.introspection_errors = introspector.failures
-            counts.introspection_cache_hits = introspector.cache.hits + introspector.inactive.hits
+            counts.introspection_cache_hits = (
+                introspector.cache.hits + introspector.inactive.hits + introspector.shared.hits
+            )
+        for stream in self.revocations.streams.values():
+            url = stream.url
+            counts = issuers.setdefault(url, IssuerCounts(url))
+            counts.revocation_stream_synced = int(stream.synced)
+            counts.revocation_stream_lag = stream.lag()
+            counts.revocation_events_applied = stream.applied
+            counts.revocation_events_rejected = stream.rejected
+            counts.revocation_entries = self.revocations.deny.entries(url)
+            counts.revocation_entries_dropped = self.revocations.deny.dropped.get(url, 0)
         return StateCounts(
             issuers=list(issuers.values()),
             token_cache_hits=self.token_cache.hits,
@@ -365,7 +457,7 @@ class Gateway:
                     "a changed setting takes effect only after a restart",
                     extra={"setting": what},
                 )
-        retired: list[KeySet | Introspector | Buckets | Upstream] = []
+        retired: list[KeySet | Introspector | Buckets | Upstream | ReplayCache] = []
         upstream = self._upstream
         if _upstream_pool(new) != _upstream_pool(old_settings):
             retired.append(upstream)
@@ -379,8 +471,14 @@ class Gateway:
             retired.append(buckets)
             buckets = buckets_for(new.rate_limits, self.clock.monotonic)
             buckets.start()
+        replay = self.replay
+        if replay_identity(new) != replay_identity(old_settings):
+            retired.append(replay)
+            replay = replay_cache_for(new)
+            replay.start()
+        issuers = adapter.issuers(new)
         verification = dispatch.build(
-            new.issuers,
+            issuers,
             new.jwks,
             self._keys_session,
             self.token_cache,
@@ -400,6 +498,9 @@ class Gateway:
             keyset.start()
         for introspector in fresh_introspectors:
             introspector.start()
+        fresh_streams = self.revocations.configure(issuers, new.jwks)
+        for stream in fresh_streams:
+            stream.start()
         # An issuer new to this config gets its keys (or endpoint) before it gets requests;
         # an issuer that cannot be reached in that time is not waited for longer.
         with contextlib.suppress(TimeoutError):
@@ -411,11 +512,17 @@ class Gateway:
                 )
         pipeline = Pipeline(
             new,
+            adapter.routes(new),
+            issuers,
             verifier=verification.verifier,
             limiter=Limiter(new.rate_limits, buckets, self.clock.monotonic),
             forwarder=Forwarder(new, upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
+            replay=replay,
+            now=self.clock.wall,
+            revocations=self.revocations.deny if self.revocations.active else None,
         )
+        self._in_background(self.revocations.retire())
 
         # The swap, with no await in it.
         for key, keyset in self._keysets.items():
@@ -427,7 +534,11 @@ class Gateway:
         self._keysets, self._introspectors = verification.keysets, verification.introspectors
         if buckets is not self._buckets:
             self._retired_backend_errors += self._buckets.errors
-        self._upstream, self._buckets = upstream, buckets
+        self._upstream, self._buckets, self.replay = upstream, buckets, replay
+        if isinstance(replay, MemoryReplayCache):
+            # Kept with what it remembers: a new one would accept again the proofs of the
+            # last minute.
+            replay.max_entries = new.dpop.replay_cache_size
         # Verified tokens stay trusted only while their issuer is verified the same way.
         kept = {
             issuer.issuer
@@ -444,7 +555,7 @@ class Gateway:
             self.access_log = AccessLog(new.request_log) if new.request_log.enabled else None
         if new.log_level != old_settings.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
-        self.settings, self.pipeline = new, pipeline
+        self.settings, self.pipeline, self.decider = new, pipeline, _decider(new)
         self._forwarders.add(pipeline.forwarder)
         old.retired.extend(retired)
         self._in_background(self._retire(old, new.shutdown_grace))
@@ -515,9 +626,11 @@ def admin_app(gateway: Gateway) -> web.Application:
 
     async def readyz(_: web.Request) -> web.Response:
         reasons = gateway.not_ready()
+        streams = gateway.revocations.state()
+        extra = {"revocation_events": streams} if streams else {}
         if reasons:
-            return json_response({"status": "not_ready", "reasons": reasons}, status=503)
-        return json_response({"status": "ready"})
+            return json_response({"status": "not_ready", "reasons": reasons, **extra}, status=503)
+        return json_response({"status": "ready", **extra})
 
     async def metrics(_: web.Request) -> web.Response:
         body = gateway.metrics.exposition()
@@ -591,10 +704,6 @@ def settle_head(response: web.StreamResponse, server_header: str) -> None:
         headers.popall("Server", None)
 
 
-# What aiohttp hands the handler of a request it could not parse, as if the client had
-# spoken HTTP/1.0; the gateway answers as the HTTP/1.1 server it is (RFC 9110 §6.2: the
-# highest version it conforms to), whatever the client's version, which is not known.
-_UNPARSABLE_AS_11 = UNPARSABLE_MESSAGE._replace(version=HttpVersion11)
 _TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's parser, past max_headers
 
 
@@ -610,12 +719,11 @@ def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int
     return 400
 
 
-class _PublicRequest(web.BaseRequest):
+class _PublicRequest(HeadSettlingRequest):
     """A request on the public listener: every answer to it, relayed or the gateway's own,
     gets its head settled (settle_head) just before it is written."""
 
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        # aiohttp calls this between adding its default fields and writing the head.
+    def settle(self, response: web.StreamResponse) -> None:
         settle_head(response, cast(_Connection, self.protocol).server_header)
 
 
@@ -704,9 +812,10 @@ class _Server(web.Server):
         writer: AbstractStreamWriter,
         task: asyncio.Task[None],
     ) -> web.BaseRequest:
-        if message is UNPARSABLE_MESSAGE:
-            message = _UNPARSABLE_AS_11
-        return _PublicRequest(message, payload, protocol, writer, task, self._loop)
+        # A request the parser refused is answered as HTTP/1.1 (see aiohttp_private).
+        return _PublicRequest(
+            http11_if_unparsable(message), payload, protocol, writer, task, self._loop
+        )
 
     def admit(self) -> bool:
         """Count a new connection, or refuse it when `max_connections` are open."""
@@ -799,6 +908,50 @@ def public_server(gateway: Gateway) -> web.Server:
     )
 
 
+class _DecisionRequest(HeadSettlingRequest):
+    """A request on the decision listener: its answers carry the gateway's own Server field."""
+
+    ATTRS = HeadSettlingRequest.ATTRS | frozenset({"server_header"})
+    server_header = ""
+
+    def settle(self, response: web.StreamResponse) -> None:
+        settle_head(response, self.server_header)
+
+
+class _DecisionServer(web.Server):
+    """The decision listener for front proxies (extauthz): a low-level server, like the
+    public one, with no router or middleware before `Gateway.decide`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        limits = gateway.settings.limits
+        super().__init__(
+            gateway.decide,
+            request_factory=self._request,
+            keepalive_timeout=limits.idle_timeout.total_seconds(),
+            max_line_size=limits.max_line_size,
+            max_field_size=limits.max_field_size,
+            max_headers=limits.max_headers,
+            access_log=None,
+        )
+        self.gateway = gateway
+
+    def _request(
+        self,
+        message: RawRequestMessage,
+        payload: aiohttp.StreamReader,
+        protocol: web.RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        request = _DecisionRequest(message, payload, protocol, writer, task, self._loop)
+        request.server_header = self.gateway.settings.server_header
+        return request
+
+
+def decision_server(gateway: Gateway) -> web.Server:
+    return _DecisionServer(gateway)
+
+
 async def _settle() -> None:
     runtime.settle_memory()
 
@@ -823,6 +976,19 @@ async def serve(
                         "public",
                         certificate,
                     ),
+                    *(
+                        [
+                            runtime.Listener(
+                                decision_server(gateway),
+                                settings.ext_authz.listen.host,
+                                settings.ext_authz.listen.port,
+                                "ext_authz",
+                            )
+                        ]
+                        if settings.ext_authz is not None
+                        else []
+                    ),
+                    # Last: once /readyz answers, every other listener accepts connections.
                     runtime.Listener(
                         admin_app(gateway),
                         settings.admin_listen.host,

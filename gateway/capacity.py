@@ -101,5 +101,9 @@ class BodiesInFlight:
         else:
             del self._counts[client]
 
+    def count(self, client: str) -> int:
+        """Bodies from `client` under way."""
+        return self._counts.get(client, 0)
+
     def __len__(self) -> int:
         return len(self._counts)

@@ -9,10 +9,11 @@ either: the gateway never believes a certificate described in a header.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiohttp import web
 from cryptography import x509
 
 
@@ -22,7 +23,12 @@ class ClientCertificate:
     sans: tuple[str, ...]  # subject alternative names: `DNS:…`, `URI:…`, `email:…`, `IP:…`
 
 
-def of(request: web.BaseRequest) -> ClientCertificate | None:
+class Connected(Protocol):
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+
+def of(request: Connected) -> ClientCertificate | None:
     """The verified client certificate of the request's connection, if it has one."""
     transport = request.transport
     ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from portcullis.http import error_response
 
@@ -20,59 +22,132 @@ def _quoted(value: str) -> str:
     return '"' + _UNSAFE.sub("", value) + '"'
 
 
-def _challenge(realm: str, **params: str) -> str:
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """The authentication schemes a route takes, each named by a challenge on a 401 (RFC
+    9110 §11.6.1): Bearer (RFC 6750 §3) unless the route requires DPoP, and DPoP with the
+    proof algorithms accepted (RFC 9449 §7.1 `algs`) when `dpop_algs` is set."""
+
+    bearer: bool = True
+    dpop_algs: str | None = None
+
+
+BEARER_ONLY = Offer()
+BEARER = "Bearer"
+DPOP = "DPoP"
+
+
+def _challenge(scheme: str, realm: str, params: dict[str, str]) -> str:
     parts = [f"realm={_quoted(realm)}"] + [f"{k}={_quoted(v)}" for k, v in params.items()]
-    return "Bearer " + ", ".join(parts)
+    return f"{scheme} " + ", ".join(parts)
 
 
-def unauthorized(realm: str) -> web.Response:
-    """No credentials: the challenge carries no error (RFC 6750 §3.1)."""
+def _challenges(realm: str, offer: Offer, used: str, **params: str) -> CIMultiDict[str]:
+    """One WWW-Authenticate field per scheme offered, Bearer first; the error's parameters
+    go on the challenge of the scheme the client `used`, or on DPoP's when the route does
+    not take what it used (RFC 9449 §7.2: a protected resource that takes both schemes
+    answers with both challenges)."""
+    errors_on = used if used == DPOP or offer.bearer else DPOP
+    headers: CIMultiDict[str] = CIMultiDict()
+    if offer.bearer:
+        bearer = params if errors_on == BEARER else {}
+        headers.add("WWW-Authenticate", _challenge(BEARER, realm, bearer))
+    if offer.dpop_algs is not None:
+        dpop = dict(params) if errors_on == DPOP else {}
+        dpop["algs"] = offer.dpop_algs
+        headers.add("WWW-Authenticate", _challenge(DPOP, realm, dpop))
+    return headers
+
+
+def unauthorized(realm: str, offer: Offer = BEARER_ONLY) -> web.Response:
+    """No credentials: the challenges carry no error (RFC 6750 §3.1)."""
+    needs = (
+        "a bearer access token in the Authorization header"
+        if offer.bearer
+        else "a DPoP-bound access token (Authorization: DPoP) and its proof (a DPoP header)"
+    )
     return error_response(
-        401,
-        "unauthorized",
-        "This API needs a bearer access token in the Authorization header.",
-        headers={"WWW-Authenticate": _challenge(realm)},
+        401, "unauthorized", f"This API needs {needs}.", headers=_challenges(realm, offer, BEARER)
     )
 
 
-def invalid_token(realm: str, description: str) -> web.Response:
+def invalid_token(
+    realm: str, description: str, offer: Offer = BEARER_ONLY, used: str = BEARER
+) -> web.Response:
     return error_response(
         401,
         "invalid_token",
         f"The access token was refused: {description}.",
-        headers={
-            "WWW-Authenticate": _challenge(
-                realm, error="invalid_token", error_description=description
-            )
-        },
+        headers=_challenges(
+            realm, offer, used, error="invalid_token", error_description=description
+        ),
     )
 
 
-def invalid_request(realm: str, description: str) -> web.Response:
+def invalid_dpop_proof(realm: str, description: str, offer: Offer) -> web.Response:
+    """RFC 9449 §7.1: the DPoP proof that came with the token is not acceptable."""
+    return error_response(
+        401,
+        "invalid_dpop_proof",
+        f"The DPoP proof was refused: {description}.",
+        headers=_challenges(
+            realm, offer, DPOP, error="invalid_dpop_proof", error_description=description
+        ),
+    )
+
+
+def use_dpop_nonce(realm: str, description: str, offer: Offer, nonce: str) -> web.Response:
+    """RFC 9449 §9: the proof must carry the nonce given here in DPoP-Nonce."""
+    headers = _challenges(realm, offer, DPOP, error="use_dpop_nonce", error_description=description)
+    headers["DPoP-Nonce"] = nonce
+    return error_response(
+        401,
+        "use_dpop_nonce",
+        f"The DPoP proof was refused: {description}.",
+        headers=headers,
+    )
+
+
+def invalid_request(
+    realm: str, description: str, offer: Offer = BEARER_ONLY, used: str = BEARER
+) -> web.Response:
     return error_response(
         400,
         "invalid_request",
         f"The request's credentials are malformed: {description}.",
-        headers={
-            "WWW-Authenticate": _challenge(
-                realm, error="invalid_request", error_description=description
-            )
-        },
+        headers=_challenges(
+            realm, offer, used, error="invalid_request", error_description=description
+        ),
     )
 
 
-def insufficient_scope(realm: str, description: str, scope: str) -> web.Response:
+def insufficient_scope(
+    realm: str,
+    description: str,
+    scope: str,
+    offer: Offer = BEARER_ONLY,
+    used: str = BEARER,
+) -> web.Response:
     return error_response(
         403,
         "insufficient_scope",
         f"The access token lacks a scope this request needs: {description}.",
         details=[("scope", scope)],
-        headers={
-            "WWW-Authenticate": _challenge(
-                realm, error="insufficient_scope", error_description=description, scope=scope
-            )
-        },
+        headers=_challenges(
+            realm,
+            offer,
+            used,
+            error="insufficient_scope",
+            error_description=description,
+            scope=scope,
+        ),
     )
+
+
+def replay_cache_unavailable() -> web.Response:
+    """The replay cache cannot tell whether a DPoP proof is new: refused, never let through
+    unchecked (RFC 9449 §11.1)."""
+    return unavailable(1, "The gateway cannot check DPoP proofs right now; try again shortly.")
 
 
 def not_found() -> web.Response:

@@ -16,12 +16,17 @@ PREFLIGHT = "preflight"  # a CORS preflight the gateway answered itself
 
 UNMATCHED = "-"  # the route of a request no rule matched
 
+# Where a request came in, as counted and logged:
+PROXY = "proxy"  # the public listener: checked, then forwarded upstream
+EXT_AUTHZ = "ext_authz"  # the decision listener: checked for a front proxy, which forwards
+
 
 class Exchange:
     __slots__ = (
         "client",
         "decision",
         "method",
+        "mode",
         "path",
         "principal",
         "reason",
@@ -35,8 +40,11 @@ class Exchange:
         "upstream_seconds",
     )
 
-    def __init__(self, started: float, request_id: str, method: str, path: str) -> None:
+    def __init__(
+        self, started: float, request_id: str, method: str, path: str, mode: str = PROXY
+    ) -> None:
         self.started = started
+        self.mode = mode
         self.request_id = request_id
         self.method = method
         self.path = path

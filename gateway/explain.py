@@ -7,17 +7,21 @@ monitor), the rate limit and its key, the pre-authentication limit, CORS (and, w
 With `--token`, the token is verified exactly as the running gateway would, fetching the
 issuer's keys or asking its introspection endpoint live; the output says what was decided
 and why. Rate limits are not charged: explain shows which one applies, not its state.
+
+With `--ext-authz`, the decision is also told as the decision listener answers it, and as
+each front proxy then treats that answer (nginx, Traefik, Caddy, Envoy).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from . import bearer, policy, rules
+from . import adapter, bearer, extauthz, policy, rules
 from .cors import CorsPolicy
 from .jwks import keys_session
 from .principal import Principal
-from .settings import CorsSettings, LimitRule, RouteSettings, Settings
+from .records import Route
+from .settings import CorsSettings, LimitRule, Settings
 from .verifiers import dispatch
 from .verifiers.base import InvalidToken, VerifierUnavailable
 from .verifiers.cache import TokenCache
@@ -38,12 +42,14 @@ def _cors(cors: CorsSettings) -> str:
 
 
 def describe(
-    rule: rules.Rule[RouteSettings],
+    rule: rules.Rule[Route],
     segments: list[str],
     settings: Settings,
     origin: str | None = None,
 ) -> list[str]:
-    route = rule.settings
+    # The route as written: what it sets itself is told apart from what it takes from
+    # the defaults.
+    route = settings.routes[rule.index]
     methods = ", ".join(sorted(rule.methods)) if rule.methods else "any"
     if rule.methods != route.methods:
         methods += " (HEAD goes with GET)"
@@ -74,6 +80,7 @@ def describe(
                     else "every token by introspection"
                 )
                 lines.append(f"    {issuer}: {how}")
+        lines.extend(_dpop(rule, settings))
         if route.scopes is not None:
             what = "all of" if route.scopes.mode == "all" else "any of"
             lines.append(f"  scopes: {what} {' '.join(sorted(route.scopes.scopes))}")
@@ -88,8 +95,26 @@ def describe(
     return lines
 
 
-def _extras(rule: rules.Rule[RouteSettings], settings: Settings, origin: str | None) -> list[str]:
+def _dpop(rule: rules.Rule[Route], settings: Settings) -> list[str]:
+    """The route's DPoP requirement (RFC 9449), and where proofs must say they were sent."""
     route = rule.settings
+    if route.dpop_required:
+        lines = [
+            "  dpop: required (Authorization: DPoP <token> and a DPoP proof; bearer tokens: 401)"
+        ]
+    else:
+        lines = ["  dpop: allowed (bearer tokens, or DPoP-bound tokens with a proof of their key)"]
+    for issuer in rule.audiences_by_issuer:
+        trusted = settings.issuer(issuer)
+        if trusted is not None and trusted.dpop == "required" and not route.dpop_required:
+            lines.append(f"    {issuer}: DPoP-bound tokens only (issuer dpop: required)")
+    if route.public_url is not None:
+        lines.append(f"  dpop proofs name (htu): {route.public_url}<path>")
+    return lines
+
+
+def _extras(rule: rules.Rule[Route], settings: Settings, origin: str | None) -> list[str]:
+    route = settings.routes[rule.index]
     lines = []
     mode = route.mode or settings.mode
     if mode == "monitor":
@@ -133,7 +158,9 @@ def _extras(rule: rules.Rule[RouteSettings], settings: Settings, origin: str | N
 
 async def _verify(settings: Settings, token: str) -> Principal:
     async with keys_session() as session:
-        verification = dispatch.build(settings.issuers, settings.jwks, session, TokenCache(0))
+        verification = dispatch.build(
+            adapter.issuers(settings), settings.jwks, session, TokenCache(0)
+        )
         try:
             return await verification.verifier.verify(token)
         finally:
@@ -143,12 +170,58 @@ async def _verify(settings: Settings, token: str) -> Principal:
                 await introspector.close()
 
 
-def _decided(deny: str, monitor: bool) -> int:
+class _Front:
+    """What `--ext-authz` adds: the decision listener's answer, and each front proxy's."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.identity = settings.identity_headers
+        self.listen = settings.ext_authz.listen if settings.ext_authz is not None else None
+
+    def allow(self, principal: Principal | None) -> None:
+        self._listener()
+        print("  answer: 200, empty body, with every identity header (empty without a value):")
+        if principal is None:
+            answer = tuple((name, "") for name in self.identity.names())
+        else:
+            answer = extauthz.identity_answer(self.identity, principal)
+        for name, value in answer:
+            print(f"    {name}: {value}")
+        print("  nginx auth_request: the request goes on; auth_request_set copies the headers")
+        print("  Traefik forwardAuth: the request goes on with authResponseHeaders")
+        print("  Caddy forward_auth: the request goes on with copy_headers")
+        print("  Envoy ext_authz: the request goes on with allowed_upstream_headers")
+
+    def deny(self, status: int) -> None:
+        self._listener()
+        print(f"  answer: {status}, as in proxy mode (challenge, Retry-After, error body)")
+        if status in (401, 403):
+            nginx = f"{status}" + (
+                " with WWW-Authenticate"
+                if status == 401
+                else " (the challenge only with the example's error_page)"
+            )
+        else:
+            nginx = f"500 (the example's error_page restores {status})"
+        print(f"  nginx auth_request: {nginx}")
+        print(f"  Traefik forwardAuth: {status}, answer returned as is")
+        print(f"  Caddy forward_auth: {status}, answer returned as is")
+        print(f"  Envoy ext_authz: {status} and the body; headers in allowed_client_headers only")
+
+    def _listener(self) -> None:
+        where = f"{self.listen.host}:{self.listen.port}" if self.listen else "not configured"
+        print(f"ext_authz (decision listener: {where}):")
+
+
+def _decided(deny: str, monitor: bool, front: _Front | None = None) -> int:
     """Print a refusal; in monitor mode it is only noted and the request goes on."""
     if monitor:
         print(f"decision: would deny ({deny}); monitor mode forwards the request")
+        if front is not None:
+            front.allow(None)
         return 0
     print(f"decision: {deny}")
+    if front is not None:
+        front.deny(int(deny.split()[0]))
     return 1
 
 
@@ -158,56 +231,68 @@ def explain(
     target: str,
     token: str | None,
     origin: str | None = None,
+    ext_authz: bool = False,
 ) -> int:
+    front = _Front(settings) if ext_authz else None
     path = target.partition("?")[0]
     router = rules.compile_rules(
-        settings.routes,
-        settings.issuers,
+        adapter.routes(settings),
+        adapter.issuers(settings),
         fold_case=settings.upstream.path_case == "insensitive",
     )
     if "#" in target:
-        print("decision: 400 — the request target must not contain '#'")
-        return 1
+        return _decided("400 — the request target must not contain '#'", False, front)
     try:
         rule = router.route(method.upper(), router.read(path))
     except rules.BadPath as exc:
-        print(f"decision: 400 — the path is refused: {exc}")
-        return 1
+        return _decided(f"400 — the path is refused: {exc}", False, front)
     # The params as the upstream receives them: decoded, in the client's case.
     segments = rules.split_path(path)
     if rule is None:
         print(f"no route matches {method.upper()} {path}")
-        return _decided("404 not_found (unmatched: deny)", settings.mode == "monitor")
+        return _decided("404 not_found (unmatched: deny)", settings.mode == "monitor", front)
     for line in describe(rule, segments, settings, origin):
         print(line)
-    monitor = (rule.settings.mode or settings.mode) == "monitor"
+    monitor = rule.settings.monitor
     if rule.public:
         print("decision: forward")
+        if front is not None:
+            front.allow(None)
         return 0
     if token is None:
         print("decision without a token: 401 (pass --token to check one)")
+        if front is not None:
+            front.deny(401)
         return 0
     if token.lower().startswith("bearer "):
         token = token[7:].strip()
     takes_opaque = any(i.takes_opaque_tokens for i in settings.issuers)
     if not bearer.looks_like_jwt(token) and not takes_opaque:
         print("token: not a JWT")
-        return _decided("401 invalid_token", monitor)
+        return _decided("401 invalid_token", monitor, front)
     try:
         principal = asyncio.run(_verify(settings, token))
     except InvalidToken as exc:
         print(f"token: refused — {exc.description}")
-        return _decided("401 invalid_token", monitor)
+        return _decided("401 invalid_token", monitor, front)
     except VerifierUnavailable as exc:
         print(f"token: cannot be verified now — {exc}")
-        return _decided("503 (the gateway is not ready for this issuer)", monitor)
+        return _decided("503 (the gateway is not ready for this issuer)", monitor, front)
     print(
         f"token: valid — iss {principal.issuer}, sub {principal.subject}, "
         f"client {principal.client_id or '-'}, aud {', '.join(principal.audiences)}"
     )
     print(f"  scopes: {' '.join(sorted(principal.scopes)) or '(none)'}")
+    if principal.jkt is not None:
+        print(f"  DPoP-bound to key {principal.jkt}: each request needs a proof of it")
+    elif rule.settings.dpop_required or (
+        (trusted := settings.issuer(principal.issuer)) is not None and trusted.dpop == "required"
+    ):
+        return _decided("401 invalid_token — a bearer token where DPoP is required", monitor)
     decision = policy.decide(rule, principal)
     if isinstance(decision, policy.Deny):
-        return _decided(f"{decision.status} {decision.code} — {decision.reason}", monitor)
+        return _decided(f"{decision.status} {decision.code} — {decision.reason}", monitor, front)
     print("decision: forward, with the identity headers of this token")
+    if front is not None:
+        front.allow(principal)
     return 0

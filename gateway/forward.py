@@ -104,7 +104,7 @@ _BODY_BROKEN = (
 # Fields aiohttp puts on an answer's head when the answer has none. An upstream may leave
 # them out: Content-Type when it does not know the media type (RFC 9110 §8.3), Server when
 # it keeps its software to itself (§10.2.5). A relayed answer names the ones its upstream
-# left out, and whoever writes the head takes them back out (app._PublicRequest).
+# left out, and whoever writes the head takes them back out (app.settle_head).
 LEFT_OUT: web.ResponseKey[tuple[str, ...]] = web.ResponseKey("left_out", tuple)
 _LEFT_OUT_BY_PRESENCE: dict[tuple[bool, bool], tuple[str, ...]] = {
     (True, True): (),

@@ -36,7 +36,8 @@ from jwt.exceptions import InvalidKeyError
 from portcullis import tls
 
 from .clock import Now
-from .settings import IssuerSettings, JwksSettings
+from .records import Issuer
+from .settings import JwksSettings
 
 log = logging.getLogger("portcullis.gateway.jwks")
 
@@ -167,7 +168,7 @@ class FetchError(Exception):
     pass
 
 
-def issuer_tls(issuer: IssuerSettings) -> ssl.SSLContext | bool:
+def issuer_tls(issuer: Issuer) -> ssl.SSLContext | bool:
     """How an issuer's https certificate is checked: against its `ca_file`, else the system's
     CAs."""
     return tls.client_context(issuer.ca_file) if issuer.ca_file is not None else True
@@ -232,7 +233,7 @@ class KeySet:
 
     def __init__(
         self,
-        issuer: IssuerSettings,
+        issuer: Issuer,
         settings: JwksSettings,
         session: aiohttp.ClientSession,
         now: Now = time.monotonic,
@@ -401,5 +402,5 @@ class KeySet:
         raise FetchError("discovery failed: " + "; ".join(problems))
 
 
-def _http_allowed(issuer: IssuerSettings) -> bool:
+def _http_allowed(issuer: Issuer) -> bool:
     return issuer.allow_http or urlsplit(issuer.issuer).scheme == "http"

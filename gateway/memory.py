@@ -2,9 +2,11 @@
 
 Everything the gateway keeps grows up to a bound the configuration sets: the verified-token
 cache (`token_cache_size`), each issuer's introspection caches (`cache_size`, for active
-and for inactive tokens), the in-memory rate-limit buckets (`rate_limits.max_keys`), each
-issuer's key set (a fetch accepts at most jwks.MAX_DOCUMENT_BYTES of it), and the client
-connections (`limits.max_connections`). The worst case is each bound times what one entry
+and for inactive tokens), the in-memory rate-limit buckets (`rate_limits.max_keys`), the
+DPoP replay cache (`dpop.replay_cache_size`, when it is in memory), each issuer's key set
+(a fetch accepts at most jwks.MAX_DOCUMENT_BYTES of it), the revocation deny-set
+(`revocation_events.max_entries` per issuer, and a key set of the stream's own), and the
+client connections (`limits.max_connections`). The worst case is each bound times what one entry
 holds, plus what an idle process holds; with `workers: N`, N such processes and their
 supervisor. Bodies in flight are not counted: up to `forward.buffer_size` each.
 
@@ -16,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .dpop import REPLAY_ENTRY_BYTES
 from .jwks import KEY_SET_BYTES
 from .ratelimit import BUCKET_BYTES
+from .revocations import DENY_ENTRY_BYTES
 from .settings import Settings
 from .verifiers.cache import ENTRY_BYTES
 from .verifiers.introspection import ACTIVE_ENTRY_BYTES, INACTIVE_ENTRY_BYTES
@@ -92,7 +96,17 @@ def worst_case(settings: Settings) -> Estimate:
             INACTIVE_ENTRY_BYTES,
         ),
         Part("rate-limit buckets", _buckets(settings), BUCKET_BYTES),
-        Part("key sets", sum(1 for issuer in issuers if issuer.uses_keys), KEY_SET_BYTES),
+        Part("DPoP replay cache", _replay_entries(settings), REPLAY_ENTRY_BYTES),
+        Part(
+            "key sets",
+            sum(issuer.uses_keys + (issuer.revocation_events is not None) for issuer in issuers),
+            KEY_SET_BYTES,
+        ),
+        Part(
+            "revocation deny-set",
+            sum(i.revocation_events.max_entries for i in issuers if i.revocation_events),
+            DENY_ENTRY_BYTES,
+        ),
         Part("client connections", settings.limits.max_connections, CONNECTION_BYTES),
     ]
     return Estimate(tuple(parts), settings.workers)
@@ -109,6 +123,11 @@ def _buckets(settings: Settings) -> int:
         or any(route.rate_limit for route in settings.routes)
     )
     return limits.max_keys if limited else 0
+
+
+def _replay_entries(settings: Settings) -> int:
+    """Proofs the memory replay cache may hold (none in memory when Redis keeps them)."""
+    return 0 if settings.rate_limits.redis else settings.dpop.replay_cache_size
 
 
 def _mib(size: int) -> str:

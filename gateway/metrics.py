@@ -2,9 +2,10 @@
 
 Counted on the request path in plain dicts and lists (a request costs a few dict lookups
 and additions), and turned into metric families by prometheus-client when scraped:
-  portcullis_gateway_requests_total{route, method, status, decision}
-  portcullis_gateway_denials_total{route, decision, reason}      deny and would_deny; every
+  portcullis_gateway_requests_total{mode, route, method, status, decision}
+  portcullis_gateway_denials_total{mode, route, decision, reason}  deny and would_deny; every
                                                                    refusal, a refused path too
+  (mode: proxy for the public listener, ext_authz for the decisions asked by front proxies)
   portcullis_gateway_request_duration_seconds{route}              histogram, whole exchange
   portcullis_gateway_upstream_duration_seconds{route}             histogram, upstream part
   portcullis_gateway_upstream_errors_total{route, kind}           connect | timeout | broken | busy
@@ -17,6 +18,9 @@ Read from the live state at scrape time (no cost per request):
   portcullis_gateway_token_cache_hits_total, ..._misses_total, ..._token_cache_entries
   portcullis_gateway_rate_limit_backend_errors_total{backend}
   portcullis_gateway_websockets_open
+  portcullis_gateway_revocation_stream_synced{issuer}, ..._revocation_stream_lag_seconds{issuer}
+  portcullis_gateway_revocation_events_total{issuer, outcome}     applied | rejected
+  portcullis_gateway_revocation_entries{issuer}, ..._revocation_entries_dropped_total{issuer}
 And portcullis_build_info{version}, always 1.
 
 Every label has a bounded set of values: route names come from the config, methods outside
@@ -58,7 +62,7 @@ from prometheus_client.registry import Collector
 from portcullis.buildinfo import BuildInfo
 from portcullis.histogram import Bounds, PlainHistogram
 
-from .exchange import DENY, UNMATCHED, Exchange
+from .exchange import DENY, PROXY, UNMATCHED, Exchange
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (
@@ -88,12 +92,18 @@ SHARED_DIRECTORY = "PROMETHEUS_MULTIPROC_DIR"
 # introspection, ...) to its files, besides on each scrape it answers itself.
 SHARE_INTERVAL = timedelta(seconds=1)
 # The files a scrape adds up: counters, histograms and the gauges of live workers.
-_SHARED_FILES = ("counter_*.db", "histogram_*.db", "gauge_livesum_*.db")
+_SHARED_FILES = (
+    "counter_*.db",
+    "histogram_*.db",
+    "gauge_livesum_*.db",
+    "gauge_livemin_*.db",
+    "gauge_livemax_*.db",
+)
 
 # The name (after PREFIX) and help text of each metric, the same for both kinds of Metrics.
 HELP = {
-    "requests": "Requests answered, by route, method, status and decision "
-    "(allow, deny, would_deny, preflight).",
+    "requests": "Requests answered, by mode (proxy, ext_authz), route, method, status and "
+    "decision (allow, deny, would_deny, preflight).",
     "denials": "Refusals (deny) and refusals monitor mode let through (would_deny), by reason.",
     "request_duration_seconds": "Time from a request's arrival to the end of its answer.",
     "upstream_duration_seconds": "Time from sending a request upstream to the end of the "
@@ -114,6 +124,13 @@ HELP = {
     "rate_limit_backend_errors": "Rate-limit checks the backend could not answer "
     "(on_backend_error applied).",
     "websockets_open": "WebSocket sessions open.",
+    "revocation_stream_synced": "1 while the issuer's revocation events stream is connected "
+    "and up to date (the least over workers).",
+    "revocation_stream_lag_seconds": "0 while synced, else the time since the stream last was "
+    "(the most over workers).",
+    "revocation_events": "Revocation events received, by issuer and outcome (applied, rejected).",
+    "revocation_entries": "Revoked tokens and cut-offs held (the most over workers).",
+    "revocation_entries_dropped": "Deny-set entries dropped at max_entries before they expired.",
 }
 
 
@@ -126,6 +143,12 @@ class IssuerCounts:
     introspection_inactive: int | None = None
     introspection_errors: int | None = None
     introspection_cache_hits: int | None = None
+    revocation_stream_synced: int | None = None  # None: the issuer streams no revocations
+    revocation_stream_lag: float = 0.0
+    revocation_events_applied: int = 0
+    revocation_events_rejected: int = 0
+    revocation_entries: int = 0
+    revocation_entries_dropped: int = 0
 
     def introspection(self) -> tuple[tuple[str, int], ...]:
         return (
@@ -218,6 +241,7 @@ class _StateCollector(Collector):
                     introspection.add_metric([counts.issuer, outcome], value)
                 hits.add_metric([counts.issuer], counts.introspection_cache_hits or 0)
         yield from (fetches, failures, introspection, hits)
+        yield from _revocation_families(state.issuers)
         for name, value in (
             ("token_cache_hits", state.token_cache_hits),
             ("token_cache_misses", state.token_cache_misses),
@@ -240,6 +264,39 @@ class _StateCollector(Collector):
         )
 
 
+def _revocation_families(issuers: Iterable[IssuerCounts]) -> Iterator[Metric]:
+    synced = GaugeMetricFamily(
+        PREFIX + "revocation_stream_synced", HELP["revocation_stream_synced"], labels=["issuer"]
+    )
+    lag = GaugeMetricFamily(
+        PREFIX + "revocation_stream_lag_seconds",
+        HELP["revocation_stream_lag_seconds"],
+        labels=["issuer"],
+    )
+    events = CounterMetricFamily(
+        PREFIX + "revocation_events", HELP["revocation_events"], labels=["issuer", "outcome"]
+    )
+    entries = GaugeMetricFamily(
+        PREFIX + "revocation_entries", HELP["revocation_entries"], labels=["issuer"]
+    )
+    dropped = CounterMetricFamily(
+        PREFIX + "revocation_entries_dropped",
+        HELP["revocation_entries_dropped"],
+        labels=["issuer"],
+    )
+    for counts in issuers:
+        if counts.revocation_stream_synced is None:
+            continue
+        issuer = counts.issuer
+        synced.add_metric([issuer], counts.revocation_stream_synced)
+        lag.add_metric([issuer], counts.revocation_stream_lag)
+        events.add_metric([issuer, "applied"], counts.revocation_events_applied)
+        events.add_metric([issuer, "rejected"], counts.revocation_events_rejected)
+        entries.add_metric([issuer], counts.revocation_entries)
+        dropped.add_metric([issuer], counts.revocation_entries_dropped)
+    yield from (synced, lag, events, entries, dropped)
+
+
 _BOUNDS = Bounds(LATENCY_BUCKETS)
 
 
@@ -249,8 +306,8 @@ class ProcessMetrics(Metrics):
 
     def __init__(self, read_state: Callable[[], StateCounts]) -> None:
         super().__init__()
-        self._requests: dict[tuple[str, str, int, str], int] = {}
-        self._denials: dict[tuple[str, str, str], int] = {}
+        self._requests: dict[tuple[str, str, str, int, str], int] = {}
+        self._denials: dict[tuple[str, str, str, str], int] = {}
         self._durations: dict[str, tuple[PlainHistogram, PlainHistogram]] = {}
         self._upstream_errors: dict[tuple[str, str], int] = {}
         self._rate_limited: dict[tuple[str, str], int] = {}
@@ -263,7 +320,8 @@ class ProcessMetrics(Metrics):
         method = exchange.method
         if method not in KNOWN_METHODS:
             method = "OTHER"
-        key = (route, method, status, exchange.decision)
+        mode = exchange.mode
+        key = (mode, route, method, status, exchange.decision)
         requests = self._requests
         requests[key] = requests.get(key, 0) + 1
         timing = self._durations.get(route)
@@ -276,11 +334,11 @@ class ProcessMetrics(Metrics):
         if exchange.upstream_error is not None:
             _count(self._upstream_errors, (route, exchange.upstream_error))
         if exchange.reason is not None:
-            _count(self._denials, (route, exchange.decision, exchange.reason))
+            _count(self._denials, (mode, route, exchange.decision, exchange.reason))
 
     def unparsable(self, status: int) -> None:
-        _count(self._requests, (UNMATCHED, "OTHER", status, DENY))
-        _count(self._denials, (UNMATCHED, DENY, "unparsable"))
+        _count(self._requests, (PROXY, UNMATCHED, "OTHER", status, DENY))
+        _count(self._denials, (PROXY, UNMATCHED, DENY, "unparsable"))
 
     def rate_limit_rejected(self, route: str, policy: str) -> None:
         _count(self._rate_limited, (route, policy))
@@ -309,13 +367,15 @@ class _RequestCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
         requests = CounterMetricFamily(
-            PREFIX + "requests", HELP["requests"], labels=["route", "method", "status", "decision"]
+            PREFIX + "requests",
+            HELP["requests"],
+            labels=["mode", "route", "method", "status", "decision"],
         )
-        for (route, method, status, decision), value in list(m._requests.items()):
-            requests.add_metric([route, method, str(status), decision], value)
+        for (mode, route, method, status, decision), value in list(m._requests.items()):
+            requests.add_metric([mode, route, method, str(status), decision], value)
         yield requests
         denials = CounterMetricFamily(
-            PREFIX + "denials", HELP["denials"], labels=["route", "decision", "reason"]
+            PREFIX + "denials", HELP["denials"], labels=["mode", "route", "decision", "reason"]
         )
         for denial, value in list(m._denials.items()):
             denials.add_metric(list(denial), value)
@@ -374,8 +434,10 @@ class SharedMetrics(Metrics):
                 f"{SHARED_DIRECTORY} must name {directory} before prometheus-client is imported"
             )
         self._read_state = read_state
-        self._requests_family = _counter("requests", "route", "method", "status", "decision")
-        self._denials_family = _counter("denials", "route", "decision", "reason")
+        self._requests_family = _counter(
+            "requests", "mode", "route", "method", "status", "decision"
+        )
+        self._denials_family = _counter("denials", "mode", "route", "decision", "reason")
         self._total_family = _histogram("request_duration_seconds")
         self._upstream_family = _histogram("upstream_duration_seconds")
         self._errors_family = _counter("upstream_errors", "route", "kind")
@@ -384,8 +446,8 @@ class SharedMetrics(Metrics):
         for result in ("applied", "rejected"):
             self._reloads_family.labels(result)  # shown at 0 before the first reload
         # The metric of each label set once looked up: a request does no label lookup.
-        self._requests: dict[tuple[str, str, int, str], Counter] = {}
-        self._denials: dict[tuple[str, str, str], Counter] = {}
+        self._requests: dict[tuple[str, str, str, int, str], Counter] = {}
+        self._denials: dict[tuple[str, str, str, str], Counter] = {}
         self._totals: dict[str, Histogram] = {}
         self._upstream_times: dict[str, Histogram] = {}
         self._errors: dict[tuple[str, str], Counter] = {}
@@ -398,6 +460,15 @@ class SharedMetrics(Metrics):
             "token_cache_hits": _counter("token_cache_hits"),
             "token_cache_misses": _counter("token_cache_misses"),
             "rate_limit_backend_errors": _counter("rate_limit_backend_errors", "backend"),
+            "revocation_events": _counter("revocation_events", "issuer", "outcome"),
+            "revocation_entries_dropped": _counter("revocation_entries_dropped", "issuer"),
+        }
+        self._revocation_gauges = {
+            "revocation_stream_synced": _issuer_gauge("revocation_stream_synced", "livemin"),
+            "revocation_stream_lag_seconds": _issuer_gauge(
+                "revocation_stream_lag_seconds", "livemax"
+            ),
+            "revocation_entries": _issuer_gauge("revocation_entries", "livemax"),
         }
         self._shared: dict[tuple[str, tuple[str, ...]], int] = {}
         self._token_cache_entries = _live_gauge("token_cache_entries")
@@ -413,11 +484,12 @@ class SharedMetrics(Metrics):
         if method not in KNOWN_METHODS:
             method = "OTHER"
         decision = exchange.decision
-        key = (route, method, status, decision)
+        mode = exchange.mode
+        key = (mode, route, method, status, decision)
         requests = self._requests.get(key)
         if requests is None:
             requests = self._requests[key] = self._requests_family.labels(
-                route, method, str(status), decision
+                mode, route, method, str(status), decision
             )
         requests.inc()
         _child(self._totals, self._total_family, route, route).observe(finished - exchange.started)
@@ -429,13 +501,13 @@ class SharedMetrics(Metrics):
             _child(self._errors, self._errors_family, (route, kind), route, kind).inc()
         reason = exchange.reason
         if reason is not None:
-            denial = (route, decision, reason)
+            denial = (mode, route, decision, reason)
             _child(self._denials, self._denials_family, denial, *denial).inc()
 
     def unparsable(self, status: int) -> None:
-        key = (UNMATCHED, "OTHER", status, DENY)
-        _child(self._requests, self._requests_family, key, *key[:2], str(status), DENY).inc()
-        denial = (UNMATCHED, DENY, "unparsable")
+        key = (PROXY, UNMATCHED, "OTHER", status, DENY)
+        _child(self._requests, self._requests_family, key, *key[:3], str(status), DENY).inc()
+        denial = (PROXY, UNMATCHED, DENY, "unparsable")
         _child(self._denials, self._denials_family, denial, *denial).inc()
 
     def rate_limit_rejected(self, route: str, policy: str) -> None:
@@ -459,6 +531,18 @@ class SharedMetrics(Metrics):
                 for outcome, value in counts.introspection():
                     grow("introspection_requests", (issuer, outcome), value)
                 grow("introspection_cache_hits", (issuer,), counts.introspection_cache_hits or 0)
+            if counts.revocation_stream_synced is not None:
+                grow("revocation_events", (issuer, "applied"), counts.revocation_events_applied)
+                grow("revocation_events", (issuer, "rejected"), counts.revocation_events_rejected)
+                grow("revocation_entries_dropped", (issuer,), counts.revocation_entries_dropped)
+                gauges = self._revocation_gauges
+                gauges["revocation_stream_synced"].labels(issuer).set(
+                    counts.revocation_stream_synced
+                )
+                gauges["revocation_stream_lag_seconds"].labels(issuer).set(
+                    counts.revocation_stream_lag
+                )
+                gauges["revocation_entries"].labels(issuer).set(counts.revocation_entries)
         grow("token_cache_hits", (), state.token_cache_hits)
         grow("token_cache_misses", (), state.token_cache_misses)
         grow(
@@ -512,6 +596,11 @@ def _histogram(name: str) -> Histogram:
 def _live_gauge(name: str) -> Gauge:
     """A gauge summed over the workers alive (a dead worker's value is dropped)."""
     return Gauge(PREFIX + name, HELP[name], registry=None, multiprocess_mode="livesum")
+
+
+def _issuer_gauge(name: str, mode: str) -> Gauge:
+    """A gauge per issuer over the workers alive, combined by `mode` (livemin, livemax)."""
+    return Gauge(PREFIX + name, HELP[name], ["issuer"], registry=None, multiprocess_mode=mode)  # type: ignore[arg-type]
 
 
 def _child(table: dict[Any, _Child], family: _Child, key: Any, *labels: str) -> _Child:

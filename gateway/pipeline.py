@@ -4,47 +4,63 @@
                                                    answered here; a bad target → 400
  2. certificate clientcert.of(request)             403 without a verified client
                                                    certificate when the route requires one
- 3. extract    token = bearer.extract(headers)     unless the route is public; a token
- 4. verify     principal = verifier.verify(token)  verified before comes from the cache
-               without either step
- 5. bind-check, revocation-check                   the checks every request gets, cache
-               hit or not, go between verify and decide (none are configured yet)
- 6. decide     policy.decide(route, principal)     401 audience/issuer, 403 insufficient_scope
- 7. limit      limiter.take(policy, key)           429 with Retry-After and the RateLimit fields
- 8. forward    forward.send(request, principal)    a body on GET/HEAD refused unless the route
+ 3. extract    credentials = bearer.credentials(headers)  unless the route is public;
+ 4. verify     principal = verifier.verify(token)  a token verified before comes from the
+               cache without either step
+ 5. bind-check dpop: the proof of possession       every request, cache hit or not: a token
+                                                   bound to a key (cnf.jkt) needs a proof
+                                                   of it (RFC 9449); routes and issuers
+                                                   with dpop: required take no other token
+ 6. revocation-check  revocations.check(principal)  401 for a token its issuer revoked,
+               cache hit or not; 503 while the issuer's event stream is down past
+               max_stream_lag with on_stream_down: fail
+ 7. decide     policy.decide(route, principal)     401 audience/issuer, 403 insufficient_scope
+ 8. limit      limiter.take(policy, key)           429 with Retry-After and the RateLimit fields
+ 9. forward    forward.send(request, principal)    a body on GET/HEAD refused unless the route
                                                    allows it, one too large refused (413)
 Each step gives its value or a `Refusal`. In monitor mode (global or per route) a refusal
 at any step is recorded as would_deny with its reason and the request goes on; identity
 headers still come only from a token valid for the route.
 
-Everything a step reads is built once per configuration by the composition root (app.py):
+Routes and issuers come as records (records.py, built by adapter.py), each route with its
+defaults already resolved. Everything a step reads is built once per configuration by the
+composition root (app.py):
 which verifier, limiter and forwarder classes run is decided there, never per request.
-The last step is given, not imported: the proxy forwards upstream, and a forward-auth
-listener would answer the front proxy instead.
+The last step is given, not imported: `handle` forwards what `admit` (steps 1 to 8)
+admitted, and the decision listener for front proxies (extauthz) runs `admit` on the request
+a front proxy describes and answers it instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from portcullis.addresses import ClientAddresses
 
-from . import bearer, clientcert, errors, policy, rules
+from . import bearer, clientcert, dpop, errors, policy, rules
+from .bearer import Credentials
+from .clock import Now
 from .cors import CorsPolicy, CorsRefused
 from .exchange import PREFLIGHT, Exchange
 from .metrics import Metrics
 from .principal import Principal
 from .ratelimit import Limiter, Policy, Verdict
-from .settings import RouteSettings, Settings, WebSocketSettings
+from .records import Issuer, Route
+from .revocations import REVOKED, DenySet
+from .settings import Settings, WebSocketSettings
 from .verifiers.base import InvalidToken, Verifier, VerifierUnavailable
 
 _VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
+# The key of DPoP nonces when dpop.nonce_key is not set: this process's own, the same for
+# every configuration it loads, so a reload does not void the nonces handed out.
+_PROCESS_NONCE_KEY = secrets.token_bytes(32)
 # RFC 9110 §9.3.1, §9.3.2: content on GET or HEAD has no defined semantics.
 _NO_BODY_METHODS = frozenset({"GET", "HEAD"})
 
@@ -74,6 +90,32 @@ class Forward(Protocol):
     ) -> Awaitable[web.StreamResponse]: ...
 
 
+class Incoming(Protocol):
+    """What steps 1 to 8 read of a request: an aiohttp request on the public listener, or
+    the request a front proxy describes to the decision listener (extauthz)."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def raw_path(self) -> str: ...
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]: ...
+
+    @property
+    def remote(self) -> str | None: ...
+
+    @property
+    def scheme(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+
 class Resource(Protocol):
     """Something a pipeline used that is closed once its last request is done."""
 
@@ -81,6 +123,7 @@ class Resource(Protocol):
 
 
 F = TypeVar("F", bound=Forward)
+R = TypeVar("R", bound=web.StreamResponse)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +131,7 @@ class RoutePlan:
     """A rule and what it needs beyond matching, compiled once per configuration. The plan
     without a rule is for requests no rule matches, forwarded in monitor mode."""
 
-    rule: rules.Rule[RouteSettings] | None
+    rule: rules.Rule[Route] | None
     monitor: bool
     cors: CorsPolicy | None
     limit: Policy | None
@@ -96,6 +139,19 @@ class RoutePlan:
     max_body: int | None
     allow_body_on_get: bool
     client_cert: bool  # the route requires a verified TLS client certificate
+    offer: errors.Offer  # the schemes its 401s name
+    dpop_required: bool  # bearer tokens are refused
+    origin: str | None  # scheme://host[:port] of its external URI; the request's when None
+
+
+class Admitted(NamedTuple):
+    """A request that passed steps 1 to 8: its route's plan, the principal whose identity
+    goes with it (None on a public route, or in monitor mode without a valid token), and
+    the headers its answer gets (CORS, RateLimit)."""
+
+    plan: RoutePlan
+    principal: Principal | None
+    extra: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +169,25 @@ class Pipeline(Generic[F]):
     def __init__(
         self,
         settings: Settings,
+        routes: Sequence[Route],
+        issuers: Sequence[Issuer],
         *,
         verifier: Verifier,
         limiter: Limiter,
         forwarder: F,
         metrics: Metrics,
+        replay: dpop.ReplayCache,
+        now: Now,
+        revocations: DenySet | None = None,
     ) -> None:
+        """`replay` remembers the DPoP proofs seen; `now` reads the wall clock (the scale of
+        a proof's iat)."""
         self.settings = settings
+        self.revocations = revocations  # None when no issuer streams its revocations
         self.realm = settings.realm
         self.router = rules.compile_rules(
-            settings.routes,
-            settings.issuers,
+            routes,
+            issuers,
             fold_case=settings.upstream.path_case == "insensitive",
         )
         self.verifier = verifier
@@ -139,8 +203,32 @@ class Pipeline(Generic[F]):
             Policy("pre_auth", limits.pre_auth, self.addresses) if limits.pre_auth else None
         )
         self._max_body = settings.limits.max_body_size
+        proofs = settings.dpop
+        self.nonces = (
+            dpop.NonceMaker(
+                proofs.nonce_key.encode() or _PROCESS_NONCE_KEY,
+                proofs.nonce_lifetime.total_seconds(),
+            )
+            if proofs.nonce
+            else None
+        )
+        self.proofs = dpop.ProofChecker(
+            dpop.ProofPolicy(
+                frozenset(proofs.algorithms),
+                proofs.proof_max_age.total_seconds(),
+                proofs.leeway.total_seconds(),
+            ),
+            self.nonces,
+        )
+        self.replay = replay
+        self._now = now
+        self._offer = errors.Offer(dpop_algs=self.proofs.policy.challenge_algorithms)
+        self._dpop_only = errors.Offer(False, self._offer.dpop_algs)
+        self._dpop_issuers = frozenset(i.issuer for i in issuers if i.dpop_required)
         self._plans = tuple(self._plan(rule) for rule in self.router.rules)
-        self._unmatched = RoutePlan(None, True, None, None, None, self._max_body, False, False)
+        self._unmatched = RoutePlan(
+            None, True, None, None, None, self._max_body, False, False, self._offer, False, None
+        )
         self._preflights = any(plan.cors is not None for plan in self._plans)
         self.inflight = 0
         self.drained: asyncio.Event | None = None  # set when retired and the last request ends
@@ -148,26 +236,50 @@ class Pipeline(Generic[F]):
         # by the gateway once the last request on this pipeline is done.
         self.retired: list[Resource] = []
 
-    def _plan(self, rule: rules.Rule[RouteSettings]) -> RoutePlan:
-        settings, route = self.settings, rule.settings
-        cors = settings.cors if route.cors is None else route.cors
-        limit_rule = settings.rate_limits.default if route.rate_limit is None else route.rate_limit
-        mode = route.mode or settings.mode
-        max_body = route.max_body_size if route.max_body_size is not None else self._max_body
+    def _plan(self, rule: rules.Rule[Route]) -> RoutePlan:
+        route = rule.settings
         return RoutePlan(
             rule=rule,
-            monitor=mode == "monitor",
-            cors=CorsPolicy(cors) if cors else None,
-            limit=Policy(route.name, limit_rule, self.addresses) if limit_rule else None,
-            websocket=settings.websocket_of(route),
-            max_body=max_body,
+            monitor=route.monitor,
+            cors=CorsPolicy(route.cors) if route.cors is not None else None,
+            limit=(
+                Policy(route.name, route.rate_limit, self.addresses)
+                if route.rate_limit is not None
+                else None
+            ),
+            websocket=route.websocket,
+            max_body=route.max_body_size,
             allow_body_on_get=route.allow_body_on_get,
-            client_cert=route.needs_client_cert,
+            client_cert=route.client_cert,
+            offer=self._dpop_only if route.dpop_required else self._offer,
+            dpop_required=route.dpop_required,
+            origin=route.public_url,
         )
 
     async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
         """The steps of the module's docstring; the answer the first refusal gives (in
         enforce mode), else the forwarded one."""
+        admitted = await self.admit(request, exchange)
+        if not isinstance(admitted, Admitted):
+            return admitted
+        plan, principal, extra = admitted
+
+        # 9. forward
+        if request.body_exists:
+            refused = refuse_body(request, plan, exchange)
+            if refused is not None:
+                return _with_headers(refused, extra)
+        forwarder = self.forwarder
+        if plan.websocket is not None and forwarder.is_websocket_upgrade(request):
+            return await forwarder.websocket(request, principal, exchange, plan.websocket, extra)
+        return await forwarder.send(
+            request, principal, exchange, plan.max_body, extra, plan.cors is not None
+        )
+
+    async def admit(self, request: Incoming, exchange: Exchange) -> Admitted | web.Response:
+        """Steps 1 to 8: what the request is admitted with, or the answer that ends it (a
+        refusal in enforce mode, a CORS preflight's answer). The proxy forwards what is
+        admitted; the decision listener (extauthz) answers the front proxy instead."""
         # 1. match
         plan = self.match(request, exchange)
         if not isinstance(plan, RoutePlan):
@@ -188,12 +300,26 @@ class Pipeline(Generic[F]):
         rule = plan.rule
         if rule is not None and not rule.public:
             # 3-4. extract, verify
-            verified = self.cached(headers) or await self.verify(request, rule)
-            # 5. Checks every request needs, cache hit or not, go here, before decide: the
-            # token's proof of possession (bind-check) and the revocations (revocation-check).
-            # 6. decide
-            if not isinstance(verified, Refusal):
-                verified = self.decide(rule, verified)
+            presented = self.cached(headers) or await self.verify(request, rule, plan.offer)
+            if isinstance(presented, Refusal):
+                verified: Principal | Refusal = presented
+            else:
+                principal, credentials = presented
+                # 5. bind-check: every request, cache hit or not.
+                if principal.jkt is None and credentials.scheme == bearer.BEARER:
+                    verified = self.bearer_check(plan, principal)
+                else:
+                    verified = await self.bind_check(request, plan, principal, credentials)
+                    if self.nonces is not None and not isinstance(verified, Refusal):
+                        # §9: the nonce for the client's next proof (a refusal for want of
+                        # one carries it already).
+                        extra = (*extra, ("DPoP-Nonce", self.nonces.current(self._now())))
+                # 6. revocation-check: every request, cache hit or not.
+                if self.revocations is not None and not isinstance(verified, Refusal):
+                    verified = self.revocation_check(plan, verified, credentials.scheme)
+                # 7. decide
+                if not isinstance(verified, Refusal):
+                    verified = self.decide(plan, rule, verified, credentials.scheme)
             if isinstance(verified, Refusal):
                 exchange.deny(verified.reason, monitor)
                 if not monitor:
@@ -203,7 +329,7 @@ class Pipeline(Generic[F]):
                 principal = verified
             exchange.principal = principal
 
-        # 7. limit
+        # 8. limit
         limit = plan.limit
         if limit is not None:
             key = limit.key(principal, headers, request.remote)
@@ -217,22 +343,11 @@ class Pipeline(Generic[F]):
                 if not monitor:
                     return _with_headers(refusal.response, extra)
             extra = (*extra, *limit_headers)
-
-        # 8. forward
-        if request.body_exists:
-            refused = refuse_body(request, plan, exchange)
-            if refused is not None:
-                return _with_headers(refused, extra)
-        forwarder = self.forwarder
-        if plan.websocket is not None and forwarder.is_websocket_upgrade(request):
-            return await forwarder.websocket(request, principal, exchange, plan.websocket, extra)
-        return await forwarder.send(
-            request, principal, exchange, plan.max_body, extra, plan.cors is not None
-        )
+        return Admitted(plan, principal, extra)
 
     # ------------------------------------------------------------------ 1. match
 
-    def match(self, request: web.BaseRequest, exchange: Exchange) -> RoutePlan | web.Response:
+    def match(self, request: Incoming, exchange: Exchange) -> RoutePlan | web.Response:
         """The plan of the rule the request meets, or the answer that ends the request here:
         a bad target or path (400, in monitor mode too: which rule it meets is not known), a
         CORS preflight's answer, or 404 when no rule matches (the unmatched plan in monitor
@@ -268,7 +383,7 @@ class Pipeline(Generic[F]):
         return self._plans[rule.index]
 
     def _preflight(
-        self, request: web.BaseRequest, path: rules.RequestPath, exchange: Exchange
+        self, request: Incoming, path: rules.RequestPath, exchange: Exchange
     ) -> web.Response | None:
         """The answer to a CORS preflight, or None when the route it asks about has no CORS
         policy (then it is an ordinary OPTIONS request)."""
@@ -296,7 +411,7 @@ class Pipeline(Generic[F]):
     # ------------------------------------------------------------------ 2. certificate
 
     @staticmethod
-    def certificate(request: web.BaseRequest) -> Refusal | None:
+    def certificate(request: Incoming) -> Refusal | None:
         """403 for a request on a route that requires a client certificate, when its
         connection has no verified one (see clientcert: only the gateway's own TLS listener
         can know it)."""
@@ -306,24 +421,39 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 3-4. extract, verify
 
-    def cached(self, headers: CIMultiDictProxy[str]) -> Principal | None:
-        """Steps 3 and 4 in the common case: one `Bearer <token>` header whose token was
-        verified before. A hit means this exact string passed every check of `verify`."""
+    def cached(self, headers: CIMultiDictProxy[str]) -> tuple[Principal, Credentials] | None:
+        """Steps 3 and 4 in the common case: one `Bearer <token>` or `DPoP <token>` header
+        whose token was verified before. A hit means this exact string passed every check
+        of `verify`."""
         authorization = headers.getall("Authorization", ())
-        if len(authorization) == 1 and authorization[0].startswith("Bearer "):
-            return self.verifier.cached(authorization[0][7:])
-        return None
+        if len(authorization) != 1:
+            return None
+        value = authorization[0]
+        if value.startswith("Bearer "):
+            credentials = Credentials(bearer.BEARER, value[7:])
+        elif value.startswith("DPoP "):
+            credentials = Credentials(bearer.DPOP, value[5:])
+        else:
+            return None
+        principal = self.verifier.cached(credentials.token)
+        return None if principal is None else (principal, credentials)
 
     async def verify(
-        self, request: web.BaseRequest, rule: rules.Rule[RouteSettings]
-    ) -> Principal | Refusal:
-        """Steps 3 and 4 for a token not in the cache: its principal, or why not."""
+        self,
+        request: Incoming,
+        rule: rules.Rule[Route],
+        offer: errors.Offer = errors.BEARER_ONLY,
+    ) -> tuple[Principal, Credentials] | Refusal:
+        """Steps 3 and 4 for a token not in the cache: its principal and how it came, or
+        why not (`offer`: the schemes the route's challenges name)."""
         try:
-            token = bearer.extract(request.headers.getall("Authorization", ()))
+            credentials = bearer.credentials(request.headers.getall("Authorization", ()))
         except bearer.MalformedAuthorization as exc:
-            return Refusal("malformed_authorization", errors.invalid_request(self.realm, str(exc)))
-        if token is None:
-            return Refusal("no_token", errors.unauthorized(self.realm))
+            return Refusal(
+                "malformed_authorization", errors.invalid_request(self.realm, str(exc), offer)
+            )
+        if credentials is None:
+            return Refusal("no_token", errors.unauthorized(self.realm, offer))
         pre_auth = self._pre_auth
         if pre_auth is not None:
             # Only tokens that must be verified are counted: floods of made-up tokens are
@@ -340,9 +470,12 @@ class Pipeline(Generic[F]):
                     else errors.rate_limit_unavailable(),
                 )
         try:
-            return await self.verifier.verify(token)
+            return await self.verifier.verify(credentials.token), credentials
         except InvalidToken as exc:
-            return Refusal("invalid_token", errors.invalid_token(self.realm, exc.description))
+            return Refusal(
+                "invalid_token",
+                errors.invalid_token(self.realm, exc.description, offer, credentials.scheme),
+            )
         except VerifierUnavailable:
             return Refusal(
                 "verifier_unavailable",
@@ -352,10 +485,133 @@ class Pipeline(Generic[F]):
                 ),
             )
 
-    # ------------------------------------------------------------------ 6. decide
+    # ------------------------------------------------------------------ 5. bind-check
 
-    def decide(self, rule: rules.Rule[RouteSettings], principal: Principal) -> Principal | Refusal:
-        """Whether the verified principal may use the route."""
+    def bearer_check(self, plan: RoutePlan, principal: Principal) -> Principal | Refusal:
+        """A bearer token bound to no key: refused where DPoP is required (by the route, or
+        by the token's issuer)."""
+        if plan.dpop_required:
+            return self._unbound(plan, "this route accepts DPoP-bound tokens only")
+        if principal.issuer in self._dpop_issuers:
+            return self._unbound(plan, "this issuer's tokens are accepted DPoP-bound only")
+        return principal
+
+    def _unbound(self, plan: RoutePlan, description: str) -> Refusal:
+        return Refusal(
+            "dpop_required",
+            errors.invalid_token(self.realm, description, plan.offer, bearer.DPOP),
+        )
+
+    async def bind_check(
+        self,
+        request: Incoming,
+        plan: RoutePlan,
+        principal: Principal,
+        credentials: Credentials,
+    ) -> Principal | Refusal:
+        """RFC 9449 §4.3, §7: a DPoP token needs a proof of the key it is bound to, made for
+        this request and used once; a bound token presented as Bearer is refused (§7.2)."""
+        jkt = principal.jkt
+        offer = plan.offer
+        if credentials.scheme == bearer.BEARER:
+            # §7.2: a DPoP-bound token must not be accepted as a bearer token.
+            return Refusal(
+                "dpop_bound_as_bearer",
+                errors.invalid_token(
+                    self.realm,
+                    "the token is DPoP-bound: send it as Authorization: DPoP with a proof",
+                    offer,
+                    bearer.DPOP,
+                ),
+            )
+        if jkt is None:
+            # §7.1: the DPoP scheme is for bound tokens; an unbound one proves nothing.
+            return Refusal(
+                "dpop_unbound_token",
+                errors.invalid_token(self.realm, "the token is not DPoP-bound", offer, bearer.DPOP),
+            )
+        now = self._now()
+        try:
+            proof = self.proofs.check(
+                request.headers.getall("DPoP", ()),
+                method=request.method,
+                uri=self.external_uri(request, plan),
+                access_token=credentials.token,
+                now=now,
+            )
+            dpop.check_binding(proof, jkt)
+        except dpop.UseNonce as exc:
+            assert self.nonces is not None  # only a checker given nonces raises it
+            return Refusal(
+                "dpop_nonce_required",
+                errors.use_dpop_nonce(self.realm, exc.description, offer, self.nonces.current(now)),
+            )
+        except dpop.InvalidProof as exc:
+            return Refusal(
+                "invalid_dpop_proof", errors.invalid_dpop_proof(self.realm, exc.description, offer)
+            )
+        except dpop.InvalidBinding as exc:
+            return Refusal(
+                "dpop_key_mismatch",
+                errors.invalid_token(self.realm, exc.description, offer, bearer.DPOP),
+            )
+        # §11.1: last, so that only proofs that passed every check take a place.
+        try:
+            first = self.replay.first_use_now(proof.replay_key, proof.replay_until, now)
+            if first is None:
+                first = await self.replay.first_use(proof.replay_key, proof.replay_until, now)
+        except dpop.ReplayCacheUnavailable:
+            return Refusal("dpop_replay_cache_unavailable", errors.replay_cache_unavailable())
+        if not first:
+            return Refusal(
+                "dpop_proof_replayed",
+                errors.invalid_dpop_proof(self.realm, "the DPoP proof was used before", offer),
+            )
+        return principal
+
+    @staticmethod
+    def external_uri(request: Incoming, plan: RoutePlan) -> str:
+        """The URI the client sent the request to, as a proof's htu names it (§4.3 item 9):
+        behind a TLS terminator the configured public_url gives scheme and host, which the
+        request as it reaches the gateway does not carry; else the request's own."""
+        origin = plan.origin or f"{request.scheme}://{request.host}"
+        return origin + request.raw_path
+
+    # ------------------------------------------------------------------ 6. revocation-check
+
+    def revocation_check(
+        self, plan: RoutePlan, principal: Principal, scheme: str
+    ) -> Principal | Refusal:
+        """The principal, unless its issuer revoked the token (401 invalid_token, RFC 6750
+        §3.1), or the issuer's revocations cannot be known and it asks to fail (503)."""
+        assert self.revocations is not None
+        why = self.revocations.check(principal)
+        if why is None:
+            return principal
+        if why == REVOKED:
+            return Refusal(
+                "token_revoked",
+                errors.invalid_token(self.realm, "the token has been revoked", plan.offer, scheme),
+            )
+        return Refusal(
+            "revocations_unknown",
+            errors.unavailable(
+                _VERIFIER_RETRY_AFTER,
+                "The gateway cannot learn the issuer's revocations right now; try again shortly.",
+            ),
+        )
+
+    # ------------------------------------------------------------------ 7. decide
+
+    def decide(
+        self,
+        plan: RoutePlan,
+        rule: rules.Rule[Route],
+        principal: Principal,
+        scheme: str,
+    ) -> Principal | Refusal:
+        """Whether the verified principal may use the route (`scheme`: the one the token
+        came with, whose challenge carries the error)."""
         decision = policy.decide(rule, principal)
         if isinstance(decision, policy.Allow):
             return principal
@@ -363,12 +619,16 @@ class Pipeline(Generic[F]):
             # The token is valid for this API; only the scope is missing.
             return Refusal(
                 "insufficient_scope",
-                errors.insufficient_scope(self.realm, decision.reason, decision.scope or ""),
+                errors.insufficient_scope(
+                    self.realm, decision.reason, decision.scope or "", plan.offer, scheme
+                ),
                 principal,
             )
-        return Refusal("invalid_token", errors.invalid_token(self.realm, decision.reason))
+        return Refusal(
+            "invalid_token", errors.invalid_token(self.realm, decision.reason, plan.offer, scheme)
+        )
 
-    # ------------------------------------------------------------------ 7. limit
+    # ------------------------------------------------------------------ 8. limit
 
     def limited(
         self, route: str, limit: Policy, verdict: Verdict, limit_headers: list[tuple[str, str]]
@@ -383,7 +643,7 @@ class Pipeline(Generic[F]):
         )
 
 
-# ---------------------------------------------------------------------------- 8. forward
+# ---------------------------------------------------------------------------- 9. forward
 
 
 def refuse_body(
@@ -404,8 +664,6 @@ def refuse_body(
     return None
 
 
-def _with_headers(
-    response: web.StreamResponse, extra: Iterable[tuple[str, str]]
-) -> web.StreamResponse:
+def _with_headers(response: R, extra: Iterable[tuple[str, str]]) -> R:
     response.headers.extend(extra)
     return response

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .principal import Principal
+from .records import Route
 from .rules import Rule
-from .settings import RouteSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class Deny:
 ALLOW = Allow()
 
 
-def decide(rule: Rule[RouteSettings], principal: Principal) -> Allow | Deny:
+def decide(rule: Rule[Route], principal: Principal) -> Allow | Deny:
     audiences = rule.audiences_by_issuer.get(principal.issuer)
     if audiences is None:
         return Deny(401, "invalid_token", "tokens from this issuer are not accepted here")

@@ -25,10 +25,31 @@ class Principal:
     audiences: tuple[str, ...]
     expires_at: float  # seconds since the epoch
     claims: Mapping[str, Any]
+    # The RFC 7638 thumbprint of the key the token is bound to (RFC 9449 §6: `cnf.jkt`);
+    # None for a bearer token.
+    jkt: str | None = None
 
 
 class MalformedScope(ValueError):
     """The scope claim holds something that is not a scope token (the token is refused)."""
+
+
+class UnsupportedBinding(ValueError):
+    """The token is bound to something the gateway cannot check (the token is refused)."""
+
+
+def bound_key(claims: Mapping[str, Any]) -> str | None:
+    """The thumbprint of the key a token is bound to (RFC 9449 §6.1, §6.2: `cnf.jkt`), None
+    for a token without `cnf`. A `cnf` without `jkt` (RFC 8705's certificate thumbprint, a
+    whole `jwk`, ...) raises UnsupportedBinding: the gateway checks DPoP bindings alone, and
+    taking such a token as a bearer token would drop the binding its issuer meant."""
+    cnf = claims.get("cnf")
+    if cnf is None:
+        return None
+    jkt = cnf.get("jkt") if isinstance(cnf, dict) else None
+    if not isinstance(jkt, str) or not jkt:
+        raise UnsupportedBinding("the token's cnf names no DPoP key (cnf.jkt)")
+    return jkt
 
 
 # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E ): visible ASCII but `"` and `\`.
@@ -75,7 +96,8 @@ def audiences_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
 
 def from_claims(claims: Mapping[str, Any]) -> Principal:
     """A principal from claims already checked by a verifier (iss, sub and exp present);
-    raises MalformedScope for a scope claim that is not a list of scope tokens."""
+    raises MalformedScope for a scope claim that is not a list of scope tokens, and
+    UnsupportedBinding for a `cnf` that is not a DPoP binding."""
     # RFC 9068 §2.2 names `client_id`; OpenID Connect providers often give only `azp`.
     client_id = next(
         (v for v in (claims.get("client_id"), claims.get("azp")) if isinstance(v, str) and v),
@@ -89,4 +111,5 @@ def from_claims(claims: Mapping[str, Any]) -> Principal:
         audiences=audiences_of(claims),
         expires_at=float(claims["exp"]),
         claims=MappingProxyType(dict(claims)),  # a read-only copy
+        jkt=bound_key(claims),
     )

@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 from multidict import MultiMapping
@@ -41,6 +41,7 @@ from portcullis.addresses import ClientAddresses
 
 from .clock import Now
 from .principal import Principal
+from .redis_pool import redis_client, redis_failures
 from .settings import LimitRule, RateLimitSettings
 
 log = logging.getLogger("portcullis.gateway.ratelimit")
@@ -280,34 +281,12 @@ class RedisBuckets:
         max_connections: int = 32,
         now: Now = time.monotonic,
     ) -> None:
-        import redis.asyncio as redis_asyncio
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-        from redis.exceptions import RedisError
-
         # How Redis being unreachable, slow or in trouble shows: anything else is a fault of
         # the gateway's own and is not taken for one.
-        self._backend_failures: tuple[type[BaseException], ...] = (
-            RedisError,
-            OSError,
-            TimeoutError,
-        )
-
+        self._backend_failures = redis_failures()
         seconds = timeout.total_seconds()
         self._timeout = seconds
-        # A bounded pool: a burst of requests waits (within the timeout) for one of a few
-        # connections rather than opening one each, which would take longer than the check.
-        self._pool: Any = redis_asyncio.BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=seconds,
-            socket_timeout=seconds,
-            socket_connect_timeout=seconds,
-            retry_on_timeout=False,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
-        self._client: Any = redis_asyncio.Redis(connection_pool=self._pool)
+        self._pool, self._client = redis_client(url, seconds, max_connections)
         self._script = self._client.register_script(BUCKET_SCRIPT)
         self._prefix = key_prefix
         self._now = now  # monotonic: the rest after failures

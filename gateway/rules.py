@@ -16,9 +16,10 @@ reading, and they are paid for only when configured:
 - With case-insensitive matching, templates and paths are compared in lower case.
 A rule naming GET also takes HEAD (RFC 9110 §9.3.2), as the frameworks behind it do.
 
-Rules are made of plain route settings: anything with the attributes of `RouteSpec` (the
-gateway's `settings.RouteSettings`, which reads this module to check paths and the table
-at load). A `Rule` keeps the route it was made of, with its type, for the steps after it.
+Rules are made of plain routes: anything with the attributes of `RouteSpec` (the running
+gateway's `records.Route`; `settings.RouteSettings` too, which reads this module to check
+paths and the table at load). A `Rule` keeps the route it was made of, with its type, for
+the steps after it.
 
 `find_conflicts` rejects at load time a rule that can never match because an earlier rule
 takes every request it would match (including exact duplicates); `find_case_variants` warns

@@ -192,6 +192,16 @@ def backend(value: Any) -> str:
     raise ValueError(f"{text!r} is neither memory nor a redis://, rediss:// or unix:// URL")
 
 
+@accepts({"type": "string", "pattern": r"^(rediss?://.+|unix:///?.+)$"})
+def redis_url(value: Any) -> str:
+    text, parts = split_url(value)
+    if (parts.scheme in ("redis", "rediss") and parts.hostname) or (
+        parts.scheme == "unix" and parts.path
+    ):
+        return text
+    raise ValueError(f"{text!r} is not a redis://, rediss:// or unix:// URL")
+
+
 @accepts({"type": "string", "title": "origin", "pattern": r"^(\*|[^:/]+://[^/]+)$"})
 def origin(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
@@ -206,6 +216,19 @@ def origin(value: Any) -> str:
         )
     # Browsers send scheme and host in lower case (RFC 6454 §6.2).
     return text.lower()
+
+
+@accepts({"type": "string", "title": "URL", "pattern": "^https?://[^/]+/?$"})
+def public_url(value: Any) -> str:
+    """scheme://host[:port], as clients write it: where the gateway is reached from outside."""
+    text, parts = split_url(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http(s) URL")
+    if parts.username or parts.password or parts.path not in ("", "/"):
+        raise ValueError(f"{text!r} must be scheme://host[:port] alone (no user, path or query)")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{text!r} must be scheme://host[:port] alone (no user, path or query)")
+    return text.rstrip("/")
 
 
 # ---------------------------------------------------------------------------- upstream
@@ -263,6 +286,25 @@ class IntrospectionSettings:
     timeout: timedelta = setting("Time the issuer gets to answer.", default=timedelta(seconds=2), more_than=ZERO)
     max_connections: int = setting("Connections to the issuer per process.", default=32, minimum=1, maximum=10_000)
     max_pending: int = setting("Distinct tokens asked about at once; more get 503 at once.", default=1024, minimum=1, maximum=1_000_000)
+    cache: str | None = setting("redis://host:port/db (or rediss://, unix://): answers shared by every gateway using it; none when absent.", default=None, parser=redis_url)
+    cache_key_prefix: str = setting("Prefix of its Redis keys.", default="portcullis:introspection:", parser=yamlconf.string)
+    cache_timeout: timedelta = setting("Time Redis gets to answer; then the issuer is asked.", default=timedelta(milliseconds=100), more_than=ZERO)
+
+
+@section
+class RevocationEventsSettings:
+    """The issuer's stream of revocation events (Security Event Tokens over Server-Sent
+    Events), read with the gateway's credentials: revoked tokens are refused within about a
+    second, even where JWTs are verified locally."""
+
+    client_id: str = setting("The gateway's client_id at the issuer (a client allowed to introspect).")
+    client_secret: str = setting("Its client secret (sent with HTTP Basic).", secret=True, from_file=True)
+    url: str | None = setting("The stream's URL; discovery's revocation_events_endpoint when absent.", default=None, parser=url)
+    on_stream_down: Literal["serve", "fail"] = setting("While the stream is down: serve (tokens verified as usual, logged and counted) or fail (503 for this issuer's tokens once it has been down max_stream_lag).", default="serve")
+    max_stream_lag: timedelta = setting("How long the stream may be down before on_stream_down: fail refuses.", default=timedelta(seconds=30), more_than=ZERO)
+    max_entries: int = setting("Revoked tokens and cut-offs kept at most; beyond it those expiring first are dropped (logged and counted).", default=100_000, minimum=1, maximum=10**8)
+    idle_timeout: timedelta = setting("Silence (no event, no heartbeat) after which the connection is made again.", default=timedelta(seconds=45), more_than=ZERO)
+    max_backoff: timedelta = setting("Longest wait between reconnection attempts.", default=timedelta(seconds=10), more_than=ZERO)
 
 
 @section
@@ -281,6 +323,8 @@ class IssuerSettings:
     mode: Literal["jwt", "introspection", "auto"] = setting("jwt: verified locally; introspection: asked about; auto: JWTs locally, other tokens asked about.", default="jwt")
     introspection: IntrospectionSettings | None = setting("Needed by modes introspection and auto.", default=None)
     ca_file: str | None = setting("CA for discovery, keys and introspection; the system's when absent.", default=None)
+    dpop: Literal["required", "allowed"] = setting("required: this issuer's tokens are accepted only DPoP-bound, with their proof.", default="allowed")
+    revocation_events: RevocationEventsSettings | None = setting("Subscribe to the issuer's revocation events.", default=None)
 
     @property
     def uses_keys(self) -> bool:
@@ -307,6 +351,9 @@ class IssuerSettings:
         url = self.introspection.url if self.introspection else None
         if self.introspection and not self.allow_http and (problem := _plain_http(url)):
             check.within(self.introspection).problem(problem, key="url")
+        events = self.revocation_events
+        if events and not self.allow_http and (problem := _plain_http(events.url)):
+            check.within(events).problem(problem, key="url")
         if self.ca_file is not None and check.secrets:
             tls.check_ca(check, "ca_file", self.ca_file)
 
@@ -511,6 +558,36 @@ class ReloadSettings:
     interval: timedelta = setting("How often the file is looked at.", default=timedelta(seconds=1), minimum=timedelta(milliseconds=10))
 
 
+# ---------------------------------------------------------------------------- front proxies
+
+
+@section
+class ExtAuthzSettings:
+    """Decisions served to front proxies (nginx auth_request, Traefik and Caddy forward auth,
+    Envoy ext_authz) on a listener of their own: allow or deny, nothing forwarded."""
+
+    listen: Address = setting("Where the front proxies ask; never the public listener.", parser=address)
+    trusted_callers: tuple[IPNetwork, ...] = setting("Addresses of the front proxies; any other caller gets 403.", parser=network, min_items=1)
+    line: int = section_line()
+
+
+# ---------------------------------------------------------------------------- DPoP
+
+
+@section
+class DpopSettings:
+    """DPoP (RFC 9449): the proof that a client holds the key its token is bound to."""
+
+    proof_max_age: timedelta = setting("How old a proof may be (by its iat).", default=timedelta(seconds=60), more_than=ZERO)
+    leeway: timedelta = setting("Clock skew allowed on a proof's iat, either way.", default=timedelta(seconds=5))
+    algorithms: tuple[str, ...] = setting("Proof signature algorithms accepted.", default=SUPPORTED_ALGORITHMS, parser=algorithm, min_items=1)
+    replay_cache_size: int = setting("Proofs the memory replay cache holds; past it new proofs get 503.", default=200_000, minimum=1, maximum=10**8)
+    replay_key_prefix: str = setting("Prefix of the replay cache's Redis keys.", default="portcullis:dpop:", parser=yamlconf.string)
+    nonce: bool = setting("Require server-provided nonces in proofs (RFC 9449 §9), given in DPoP-Nonce.", default=False)
+    nonce_lifetime: timedelta = setting("How long a nonce is accepted.", default=timedelta(minutes=5), minimum=timedelta(seconds=4))
+    nonce_key: str = setting("Key nonces are made with, the same on every replica; a random one per process when empty.", default="", secret=True, from_file=True)
+
+
 # ---------------------------------------------------------------------------- routes
 
 
@@ -554,6 +631,12 @@ class RouteSettings:
     path_params: Literal["refuse", "allow"] = setting("`;` path parameters: refused, or matched without.", default="refuse")
     allow_body_on_get: bool = setting("Accept a body on GET and HEAD (400 otherwise).", default=False)
     client_cert: Literal["required", "optional"] = setting("required: a verified client certificate.", default="optional")
+    dpop: Literal["required", "allowed"] = setting("required: DPoP-bound tokens only; allowed: bearer tokens too (a bound token always needs its proof).", default="allowed")
+    public_url: str | None = setting("scheme://host[:port] clients reach this route at; the global public_url when absent.", default=None, parser=public_url)
+
+    @property
+    def dpop_required(self) -> bool:
+        return self.dpop == "required"
 
     @property
     def needs_client_cert(self) -> bool:
@@ -563,7 +646,7 @@ class RouteSettings:
         if self.issuers == ():
             check.problem("list at least one issuer (or leave the key out for all)", key="issuers")
         if self.auth == "none":
-            for key in ("issuers", "audience", "scopes"):
+            for key in ("issuers", "audience", "scopes", "dpop", "public_url"):
                 if check.has(key):
                     check.problem("means nothing with auth: none", key=key)
             if isinstance(self.rate_limit, LimitRule) and self.rate_limit.needs_token:
@@ -606,6 +689,9 @@ class Settings:
     access_log: AccessLogSettings | Literal[True, False] = setting("true, or a mapping; off when absent.", default=False)
     reload: ReloadSettings = setting("Reloading.", default_factory=ReloadSettings)
     tls: VerifyingServerTls | None = setting("HTTPS on the public listener.", default=None)
+    ext_authz: ExtAuthzSettings | None = setting("Decisions for front proxies; off when absent.", default=None)
+    dpop: DpopSettings = setting("DPoP-bound tokens (RFC 9449).", default_factory=DpopSettings)
+    public_url: str | None = setting("scheme://host[:port] clients reach the gateway at (behind a TLS terminator); the request's own when absent.", default=None, parser=public_url)
 
     def issuer(self, url: str) -> IssuerSettings | None:
         return next((i for i in self.issuers if i.issuer == url), None)
@@ -631,6 +717,10 @@ class Settings:
     def validate(self, check: Check) -> None:
         if _overlap(self.listen, self.admin_listen):
             check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
+        if self.ext_authz is not None:
+            for name, other in (("listen", self.listen), ("admin_listen", self.admin_listen)):
+                if _overlap(self.ext_authz.listen, other):
+                    check.within(self.ext_authz).problem(f"must differ from {name}", key="listen")
         _check_issuers(self.issuers, check)
         _check_routes(self.routes, self.issuers, self.upstream.path_case, check)
         self._check_client_cert_use(check)
@@ -742,12 +832,55 @@ def load_text(
 
 def warnings(settings: Settings) -> list[str]:
     """What is valid but likely not meant, as `FILE:LINE: warning: message`."""
+    found = []
+    if settings.workers > 1 and not settings.rate_limits.redis:
+        # RFC 9449 §11.1: a proof is accepted once; each worker remembers only its own.
+        found.append(
+            f"{settings.file}: warning: workers: {settings.workers} with the memory replay "
+            "cache: each worker remembers only the DPoP proofs it saw, so a proof replayed to "
+            "another worker is accepted; set rate_limits.backend to a redis:// URL to share it"
+        )
+    if settings.workers > 1 and settings.dpop.nonce and not settings.dpop.nonce_key:
+        found.append(
+            f"{settings.file}: warning: workers: {settings.workers} with dpop.nonce and no "
+            "dpop.nonce_key: each worker makes nonces with its own random key and refuses "
+            "the others'; set nonce_key (the same on every replica)"
+        )
+    found += _unlocated_dpop_routes(settings)
     if settings.upstream.path_case == "insensitive":
-        return []
-    return [
-        f"{settings.file}:{found.line}: warning: {found.message}"
-        for found in rules.find_case_variants(settings.routes)
+        return found
+    return found + [
+        f"{settings.file}:{variant.line}: warning: {variant.message}"
+        for variant in rules.find_case_variants(settings.routes)
     ]
+
+
+def _unlocated_dpop_routes(settings: Settings) -> list[str]:
+    """Routes that require DPoP while the decision listener cannot tell the URL a proof names.
+
+    A proof's htu must be the URL the client called (RFC 9449 §4.3 item 9). Asked through
+    ext_authz, the gateway knows it only as the front proxy describes it: Traefik, Caddy and
+    ingress-nginx give scheme and host, but nginx's auth_request subrequest carries the
+    upstream's Host and Envoy asks over its own scheme, so every proof is refused there
+    unless public_url names the URL. Only routes where DPoP is required are named: DPoP is
+    allowed on every route by default, and a warning for each would be given to every
+    forward-auth configuration, the correct ones included."""
+    if settings.ext_authz is None or settings.public_url is not None:
+        return []
+    required_by = {i.issuer for i in settings.issuers if i.dpop == "required"}
+    found = []
+    for route in settings.routes:
+        if route.auth == "none" or route.public_url is not None:
+            continue
+        accepted = set(route.issuers) if route.issuers is not None else required_by
+        if route.dpop_required or accepted & required_by:
+            found.append(
+                f"{settings.file}:{route.line}: warning: route {route.name} requires DPoP and "
+                "ext_authz is on with no public_url: behind nginx auth_request or Envoy the "
+                "decision listener does not see the URL clients call, and refuses their "
+                "proofs; set public_url (or the route's)"
+            )
+    return found
 
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:

@@ -33,7 +33,7 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm, get_default_
 from multidict import CIMultiDict
 
 from gateway import settings as gateway_settings
-from gateway.app import Gateway, admin_app, public_server, upstream_session
+from gateway.app import Gateway, admin_app, decision_server, public_server, upstream_session
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.jwks import keys_session
 from portcullis.tls import RotatingCertificate
@@ -508,6 +508,7 @@ class RunningGateway:
     sessions: list[Any]
     certificate: RotatingCertificate | None = None  # the public listener's, with `tls`
     watcher: asyncio.Task[None] | None = None
+    decision_url: str = ""  # the decision listener's, with `ext_authz`
 
     async def stop(self) -> None:
         if self.watcher is not None:
@@ -548,14 +549,20 @@ async def start_gateway(
         public_server(gateway), 0, certificate.context if certificate is not None else None
     )
     admin_runner, admin_url = await start_site(admin_app(gateway))
+    runners = [public_runner, admin_runner]
+    decision_url = ""
+    if settings.ext_authz is not None:
+        decision_runner, decision_url = await start_site(decision_server(gateway))
+        runners.append(decision_runner)
     running = RunningGateway(
         gateway,
         url,
         admin_url,
-        [public_runner, admin_runner],
+        runners,
         [up, keys],
         certificate,
         asyncio.create_task(certificate.watch()) if certificate is not None else None,
+        decision_url,
     )
     if wait_ready:
         deadline = time.monotonic() + 10
@@ -601,6 +608,12 @@ class ManualClock:
         self.wall += seconds
         self.monotonic += seconds
 
+    def catch_up(self) -> None:
+        """Forward to the real time, if it is behind: for a token another process has
+        just issued at its real time, which a gateway with no leeway would otherwise find
+        issued in its future."""
+        self.advance(max(0.0, time.time() - self.wall))
+
 
 async def wait_for(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:
     """Poll `condition()` every 10 ms until it is true; fail after `timeout` seconds."""
@@ -639,11 +652,18 @@ async def call(
         return Answer(resp.status, resp.headers, body)
 
 
+# The DPoP challenge (RFC 9449 §7.1) every 401 of a route that takes bearer tokens carries
+# after the Bearer one, with the default proof algorithms.
+DPOP_ALGS = "ES256 ES384 ES512 PS256 PS384 PS512 RS256 RS384 RS512 EdDSA"
+
+
 def assert_invalid_token(answer: Answer, description: str, realm: str = "portcullis") -> None:
-    """401 with the RFC 6750 §3 challenge and the resource error body, both naming the rule."""
+    """401 with the RFC 6750 §3 challenge and the resource error body, both naming the rule;
+    the DPoP challenge beside it."""
     assert answer.status == 401, answer.body
     assert answer.headers.getall("WWW-Authenticate") == [
-        f'Bearer realm="{realm}", error="invalid_token", error_description="{description}"'
+        f'Bearer realm="{realm}", error="invalid_token", error_description="{description}"',
+        f'DPoP realm="{realm}", algs="{DPOP_ALGS}"',
     ]
     assert answer.body == {
         "error": {
@@ -1115,8 +1135,17 @@ async def scrape(admin_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]]
 def sample(
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
 ) -> float:
-    """The value of one sample, 0 when absent (a counter nothing has touched yet)."""
+    """The value of one sample, 0 when absent (a counter nothing has touched yet). The
+    gateway's request and denial counts are the public listener's (mode proxy) unless a
+    `mode` is given."""
+    if name in _MODE_LABELLED and "mode" not in labels:
+        labels = {**labels, "mode": "proxy"}
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+_MODE_LABELLED = frozenset(
+    {"portcullis_gateway_requests_total", "portcullis_gateway_denials_total"}
+)
 
 
 def read_json_lines(path: Path) -> list[dict[str, Any]]:

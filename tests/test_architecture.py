@@ -8,11 +8,14 @@
   ratelimit}`, `verifiers → {jwks, bearer, principal}`: the request path knows nothing of
   forwarding (its last step is given to it), verifiers nothing of the path they serve, and
   nothing imports the composition root but the command line that runs it.
+- the gateway's running code reads records (records.py), not the configuration file's shape:
+  only the adapter that builds them and the composition root name the issuer and route
+  settings classes, and the records and pure modules import no settings at all;
 - no module of the gateway or the kernel reaches itself through its imports, not even
   through imports made only for type checking (settings.py reads rules.py, never back);
-- the authserver is layered: app (the composition root) → endpoints, CORS → grants →
-  tokens, client authentication, sessions → key ring, store protocol, registry, metrics →
-  settings → protocol.
+- the authserver is layered: app (the composition root) → endpoints, the admin API, CORS,
+  revocation events → grants → tokens, client authentication, sessions → key ring, store
+  protocol, registry, metrics → settings → protocol.
   A module imports only from its own layer or those below; `protocol/` imports the standard
   library alone; only app.py names a concrete store.
 """
@@ -26,7 +29,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PURE_GATEWAY_MODULES = ("gateway.rules", "gateway.policy", "gateway.bearer", "gateway.principal")
+PURE_GATEWAY_MODULES = (
+    "gateway.rules",
+    "gateway.policy",
+    "gateway.bearer",
+    "gateway.principal",
+    "gateway.dpop",
+    "gateway.jose",
+    "gateway.records",
+)
 
 
 def _module_name(path: Path) -> str:
@@ -148,7 +159,8 @@ def test_nothing_in_the_gateway_imports_its_composition_root(module):
 # What the request path, the verifiers and the step modules must never reach, even
 # through other modules.
 _FORBIDDEN = {
-    "gateway.pipeline": {"gateway.app", "gateway.forward"},
+    "gateway.pipeline": {"gateway.app", "gateway.forward", "gateway.extauthz"},
+    "gateway.extauthz": {"gateway.app"},
     "gateway.verifiers": {
         "gateway.app",
         "gateway.pipeline",
@@ -159,6 +171,7 @@ _FORBIDDEN = {
     "gateway.ratelimit": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
     "gateway.policy": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
     "gateway.forward": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
+    "gateway.dpop": {"gateway.app", "gateway.pipeline", "gateway.verifiers", "gateway.settings"},
 }
 
 
@@ -217,10 +230,16 @@ def test_the_cycle_check_finds_a_cycle():
 # The authserver's layers, top to bottom; a module belongs to the first entry it falls under.
 AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("authserver.__main__", "authserver.app"),
-    ("authserver.endpoints", "authserver.cors"),
+    ("authserver.endpoints", "authserver.admin", "authserver.cors", "authserver.events"),
     ("authserver.grants",),
-    ("authserver.tokens", "authserver.clients", "authserver.sessions"),
-    ("authserver.keys", "authserver.store", "authserver.registry", "authserver.metrics"),
+    ("authserver.tokens", "authserver.clients", "authserver.sessions", "authserver.dpop"),
+    (
+        "authserver.keys",
+        "authserver.stored_keys",
+        "authserver.store",
+        "authserver.registry",
+        "authserver.metrics",
+    ),
     ("authserver.settings", "authserver.users", "authserver.clock"),
     ("authserver.protocol",),
 )
@@ -297,3 +316,34 @@ def test_the_authserver_scan_sees_the_layers_it_checks():
     assert "authserver.protocol.lifecycle" in reached
     assert "authserver.store.sqlite" in GRAPH["authserver.store"]
     assert "authserver.store" in GRAPH["authserver.app"]
+
+
+# The settings sections the records replace, and the modules that may still name them.
+_SETTINGS_WITH_RECORDS = {
+    f"gateway.settings.{name}"
+    for name in ("IssuerSettings", "IntrospectionSettings", "RouteSettings", "ScopeRule")
+}
+_NAMING_SETTINGS_WITH_RECORDS = {"gateway.settings", "gateway.adapter", "gateway.app"}
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        m for m in TYPED_GRAPH if _under(m, "gateway") and m not in _NAMING_SETTINGS_WITH_RECORDS
+    ),
+)
+def test_only_the_adapter_and_the_composition_root_name_issuer_and_route_settings(module):
+    named = TYPED_GRAPH[module] & _SETTINGS_WITH_RECORDS
+    assert not named, f"{module} imports {sorted(named)}: take gateway.records instead"
+
+
+@pytest.mark.parametrize("module", PURE_GATEWAY_MODULES)
+def test_records_and_pure_modules_import_no_settings_at_run_time(module):
+    reached = {name for name in _closure(module) if _under(name, "gateway.settings")}
+    assert not reached
+
+
+def test_the_settings_scan_sees_the_adapter_name_them():
+    assert TYPED_GRAPH["gateway.adapter"] >= _SETTINGS_WITH_RECORDS
+    assert "gateway.records" in GRAPH["gateway.adapter"]
+    assert "gateway.adapter" in _gateway_imports("gateway.app")

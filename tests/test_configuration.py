@@ -30,7 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
 # What the example files leave to their environment, as a deployment would set it; secrets
 # are not needed (the files are loaded as `explain` and `keys list` load them).
-ENV = {"PORTCULLIS_ISSUER": "https://auth.example.com", "AUTHSERVER_URL": "http://authserver:9000"}
+ENV = {
+    "PORTCULLIS_ISSUER": "https://auth.example.com",
+    "AUTHSERVER_URL": "http://authserver:9000",
+    # Storage URLs are not secret settings: their variables are read by every command.
+    "POSTGRES_PASSWORD": "example",
+    "POSTGRES_URL": "postgresql://portcullis:example@postgres:5432/portcullis",
+}
 
 
 @dataclass(frozen=True)
@@ -95,10 +101,13 @@ def config_files() -> Iterator[ConfigFile]:
     """Every gateway and authserver configuration in the repository."""
     for folder in ("config", "examples/compose"):
         for path in sorted((ROOT / folder).glob("*.yaml")):
-            if path.stem in DEPLOYABLES:
+            # authserver.yaml, and variants such as authserver.replicated.yaml
+            kind = path.name.split(".")[0]
+            if kind in DEPLOYABLES:
                 text = path.read_text(encoding="utf-8")
-                yield ConfigFile(str(path.relative_to(ROOT)), DEPLOYABLES[path.stem], text, path)
-    for path in sorted((ROOT / "examples" / "kubernetes").glob("*.yaml")):
+                yield ConfigFile(str(path.relative_to(ROOT)), DEPLOYABLES[kind], text, path)
+    manifests = ("kubernetes", "kubernetes-replicated")
+    for path in sorted(p for m in manifests for p in (ROOT / "examples" / m).glob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(document, dict) and document.get("kind") == "ConfigMap":
                 for key, text in document.get("data", {}).items():
@@ -118,8 +127,10 @@ def test_the_example_files_are_all_found() -> None:
         ("config/authserver.yaml", "authserver"),
         ("examples/compose/gateway.yaml", "gateway"),
         ("examples/compose/authserver.yaml", "authserver"),
+        ("examples/compose/authserver.replicated.yaml", "authserver"),
         ("examples/kubernetes/orders.yaml", "gateway"),
         ("examples/kubernetes/authserver.yaml", "authserver"),
+        ("examples/kubernetes-replicated/authserver-replicated.yaml", "authserver"),
     } <= found
 
 

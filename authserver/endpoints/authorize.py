@@ -29,7 +29,7 @@ from aiohttp import web
 
 from ..clock import Clock
 from ..grants.base import audience_for
-from ..protocol import pkce
+from ..protocol import dpop, pkce
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
 from ..registry import Client, ClientRegistry, UserDirectory
@@ -54,6 +54,7 @@ CARRIED = (
     "response_mode",
     "resource",
     "login_hint",
+    "dpop_jkt",
 )
 PROMPTS = frozenset({"none", "login", "consent", "select_account"})
 _MAX_AGE = re.compile(r"^[0-9]{1,10}$")
@@ -94,6 +95,7 @@ class AuthorizationRequest:
     prompt: frozenset[str]
     max_age: int | None
     audience: str
+    dpop_jkt: str | None = None  # RFC 9449 §10: the key the code is bound to
 
     def carried(self) -> list[tuple[str, str]]:
         return [(k, self.params[k]) for k in CARRIED if k in self.params]
@@ -266,6 +268,10 @@ class AuthorizationEndpoint:
                     raise invalid_request("max_age must be a non-negative integer")
                 max_age = int(params["max_age"])
             audience = audience_for(self.default_audience, client, params.get("resource"))
+            dpop_jkt = params.get("dpop_jkt")
+            if dpop_jkt is not None and not dpop.is_thumbprint(dpop_jkt):
+                # RFC 9449 §10: a JWK SHA-256 thumbprint (RFC 7638), base64url.
+                raise invalid_request("dpop_jkt must be a JWK SHA-256 thumbprint")
         except OAuthError as error:
             raise fail(error) from None
         return AuthorizationRequest(
@@ -279,6 +285,7 @@ class AuthorizationEndpoint:
             prompt=prompt,
             max_age=max_age,
             audience=audience,
+            dpop_jkt=dpop_jkt,
         )
 
     def error_redirect(self, request: web.Request, exc: RedirectError) -> web.Response:
@@ -357,6 +364,7 @@ class AuthorizationEndpoint:
                 auth_time=session.record.auth_time,
                 expires_at=now + self.code_lifetime,
                 created_at=now,
+                dpop_jkt=auth.dpop_jkt,
             )
         )
         response = _redirect(

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
+import math
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from portcullis.http import error_response
+
 from ..clients import ASSERTION_ALGORITHMS
-from ..keys import KeyRing
+from ..keys import SigningRing
+from ..protocol import dpop
 from ..protocol.claims import supported_claims
 from ..settings import STANDARD_SCOPES, Settings
+
+log = logging.getLogger("portcullis.authserver")
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
@@ -27,7 +34,9 @@ ASSERTION_ALGS = list(ASSERTION_ALGORITHMS)
 
 def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
     issuer = settings.issuer
-    scopes = list(dict.fromkeys([*STANDARD_SCOPES, *(s.name for s in settings.scopes)]))
+    # The admin API's scopes are left out (RFC 8414 §2: a server may omit some): only the
+    # clients registered with them use them.
+    scopes = list(dict.fromkeys([*STANDARD_SCOPES, "roles", *(s.name for s in settings.scopes)]))
     document: dict[str, Any] = {
         "issuer": issuer,
         "authorization_endpoint": f"{issuer}/authorize",
@@ -36,6 +45,8 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         "jwks_uri": f"{issuer}/jwks",
         "revocation_endpoint": f"{issuer}/revoke",
         "introspection_endpoint": f"{issuer}/introspect",
+        # Not registered: the stream of signed revocation events (authserver/events.py).
+        "revocation_events_endpoint": f"{issuer}/revocation_events",
         "end_session_endpoint": f"{issuer}/logout",
         "scopes_supported": scopes,
         "response_types_supported": ["code"],
@@ -57,6 +68,7 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         "require_request_uri_registration": False,
         "prompt_values_supported": ["none", "login", "consent", "select_account"],
         "authorization_response_iss_parameter_supported": True,
+        "dpop_signing_alg_values_supported": list(dpop.ALGORITHMS),  # RFC 9449 §5.1
         "backchannel_logout_supported": False,
         "frontchannel_logout_supported": False,
     }
@@ -97,15 +109,30 @@ def not_modified(request: web.Request, etag: str) -> bool:
 
 class Jwks:
     """GET /jwks: the key ring's public keys, with the Cache-Control `keys.publish_ahead` is
-    measured against (keys.jwks_max_age)."""
+    measured against (keys.jwks_max_age), or less when the ring may soon lack a key."""
 
-    def __init__(self, keyring: KeyRing, cache_control: str) -> None:
+    def __init__(self, keyring: SigningRing, max_age: int) -> None:
         self.keyring = keyring
-        self.cache_control = cache_control
+        self.max_age = max_age
+        self.cache_control = f"public, max-age={max_age}"
 
     async def respond(self, request: web.Request) -> web.Response:
         ring = self.keyring
-        headers = {"ETag": ring.jwks_etag, "Cache-Control": self.cache_control}
+        cache_control = self.cache_control
+        cacheable = ring.jwks_cacheable_for(ring.clock())
+        if cacheable is not None and cacheable < self.max_age:
+            if cacheable < 1:
+                # A verifier must not keep a set that may lack a key about to sign: it keeps
+                # the copy it has (or asks another replica) until this one has read the ring.
+                log.warning("JWKS withheld: the key ring is not current")
+                return error_response(
+                    503,
+                    "temporarily_unavailable",
+                    "the key set is being refreshed; try again",
+                    headers={"Retry-After": "1", "Cache-Control": "no-store"},
+                )
+            cache_control = f"public, max-age={math.floor(cacheable)}"
+        headers = {"ETag": ring.jwks_etag, "Cache-Control": cache_control}
         if not_modified(request, ring.jwks_etag):
             return web.Response(status=304, headers=headers)
         return web.Response(body=ring.jwks_body, content_type="application/json", headers=headers)

@@ -5,7 +5,10 @@ failing, every password-hashing slot taken), whatever the handler was doing."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -18,6 +21,33 @@ log = logging.getLogger("portcullis.authserver")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# While the store is down every request fails alike: one line this often says so (with how
+# many were not logged since), rather than a line per request flooding the log when it is
+# read most. Each answer is still counted in the requests metric by status.
+UNAVAILABLE_LOG_EVERY = timedelta(seconds=10)
+
+
+class LogPace:
+    """Whether a repeated line is due: at most one per `every`, counting those held back."""
+
+    def __init__(self, every: timedelta, now: Callable[[], float] = time.monotonic) -> None:
+        self.every = every.total_seconds()
+        self.now = now
+        self.last = -math.inf
+        self.held_back = 0
+
+    def due(self) -> int | None:
+        """The number of lines held back since the last one when a line is due, else None."""
+        now = self.now()
+        if now - self.last < self.every:
+            self.held_back += 1
+            return None
+        self.last, held, self.held_back = now, self.held_back, 0
+        return held
+
+
+_UNAVAILABLE_PACE = LogPace(UNAVAILABLE_LOG_EVERY)
+
 
 def json_no_store(
     data: Any, status: int = 200, headers: Mapping[str, str] | None = None
@@ -28,9 +58,9 @@ def json_no_store(
     )
 
 
-def oauth_json_error(error: OAuthError) -> web.Response:
+def oauth_json_error(error: OAuthError, extra: Mapping[str, str] | None = None) -> web.Response:
     """RFC 6749 §5.2 error body; invalid_client after Basic gets a Basic challenge."""
-    headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+    headers = {"Cache-Control": "no-store", "Pragma": "no-cache", **(extra or {})}
     if isinstance(error, ClientAuthError) and error.basic:
         headers["WWW-Authenticate"] = 'Basic realm="portcullis", charset="UTF-8"'
     return json_no_store(error.body(), status=error.status, headers=headers)
@@ -44,7 +74,12 @@ def unavailable_json(exc: TemporarilyUnavailable) -> web.Response:
 
 
 def log_unavailable(request: web.Request, exc: TemporarilyUnavailable) -> None:
-    log.warning("temporarily unavailable", extra={"path": request.path, "reason": str(exc)})
+    held_back = _UNAVAILABLE_PACE.due()
+    if held_back is not None:
+        log.warning(
+            "temporarily unavailable",
+            extra={"path": request.path, "reason": str(exc), "held_back": held_back},
+        )
 
 
 def json_errors(handler: Handler) -> Handler:

@@ -32,6 +32,7 @@ KNOWN_PARAMETERS = frozenset(
         "csrf_token",
         "decision",
         "device_code",
+        "dpop_jkt",
         "grant_type",
         "id_token_hint",
         "login_checked",

@@ -73,7 +73,7 @@ class IntrospectionEndpoint:
         claims = await self.access_tokens.active(token)
         if claims is None:
             return None
-        return {
+        answer: dict[str, object] = {
             "active": True,
             "scope": claims.get("scope", ""),
             "client_id": claims["client_id"],
@@ -85,6 +85,13 @@ class IntrospectionEndpoint:
             "jti": claims["jti"],
             "token_type": "Bearer",
         }
+        cnf = claims.get("cnf")
+        if isinstance(cnf, dict) and "jkt" in cnf:
+            # RFC 9449 §6.2: the key the token is bound to, for the resource server to check
+            # the proof against.
+            answer["cnf"] = {"jkt": cnf["jkt"]}
+            answer["token_type"] = "DPoP"  # noqa: S105 - a token type
+        return answer
 
     async def _refresh(self, token: str) -> dict[str, object] | None:
         record = await self.store.get_refresh(digest(token))
@@ -96,7 +103,7 @@ class IntrospectionEndpoint:
             or lifecycle.expired(record.family_expires_at, now)
         ):
             return None
-        return {
+        answer: dict[str, object] = {
             "active": True,
             "scope": record.scope,
             "client_id": record.client_id,
@@ -107,3 +114,6 @@ class IntrospectionEndpoint:
             "aud": record.audience,
             "token_type": "refresh_token",
         }
+        if record.dpop_jkt is not None:  # RFC 9449 §5: usable only with a proof of this key
+            answer["cnf"] = {"jkt": record.dpop_jkt}
+        return answer

@@ -13,7 +13,7 @@ from typing import Any
 import jwt
 from aiohttp import web
 
-from ..keys import KeyRing
+from ..keys import SigningRing
 from ..protocol.errors import OAuthError
 from ..registry import ClientRegistry, UserDirectory
 from ..sessions import Sessions
@@ -31,7 +31,7 @@ class LogoutEndpoint:
         users: UserDirectory,
         sessions: Sessions,
         pages: Pages,
-        keyring: KeyRing,
+        keyring: SigningRing,
         issuer: str,
         id_token_algs: list[str],
         base_path: str,

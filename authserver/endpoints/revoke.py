@@ -64,4 +64,4 @@ class RevocationEndpoint:
         if claims.get("client_id") != client_id:
             raise OAuthError(ErrorCode.UNAUTHORIZED_CLIENT, "the token belongs to another client")
         if claims["exp"] > now:
-            await self.store.revoke_access_token(str(claims["jti"]), float(claims["exp"]))
+            await self.store.revoke_access_token(str(claims["jti"]), float(claims["exp"]), now)

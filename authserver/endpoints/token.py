@@ -1,10 +1,16 @@
 """POST /token, read top to bottom (RFC 6749 §3.2, §5):
 1. parse the url-encoded form once; a parameter given twice is invalid_request;
 2. the grant for grant_type, else unsupported_grant_type;
-3. authenticate the client (every grant: public clients identify with client_id);
-4. the client must be registered for the grant, else unauthorized_client;
-5. the grant issues (one store call commits the issuance, then tokens are signed);
-6. JSON with Cache-Control: no-store. One `except OAuthError` renders every error.
+3. the DPoP proof, if one came (RFC 9449 §4.3, authserver/dpop.py): checked before the
+   client is authenticated, so that a nonce challenge does not use up a client assertion's
+   jti; its own jti used once the client is authenticated;
+4. authenticate the client (every grant: public clients identify with client_id);
+5. the client must be registered for the grant, else unauthorized_client; a client
+   registered with dpop_bound_access_tokens must have sent a proof (RFC 9449 §5.2);
+6. the grant issues (one store call commits the issuance, then tokens are signed), binding
+   the tokens to the proof's key;
+7. JSON with Cache-Control: no-store. One `except OAuthError` renders every error; with
+   nonces required, every answer carries the current one (DPoP-Nonce, RFC 9449 §8).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from aiohttp import web
 
 from ..clients import ClientAuthenticator
 from ..clock import Clock
+from ..dpop import ProofChecker, invalid_proof
 from ..grants.base import Registry, TokenRequest
 from ..metrics import Metrics
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
@@ -32,7 +39,9 @@ class TokenEndpoint:
         url: str,
         clock: Clock,
         metrics: Metrics,
+        dpop: ProofChecker,
     ) -> None:
+        self.dpop = dpop
         self.grants = grants
         self.clients = clients
         self.url = url
@@ -40,23 +49,38 @@ class TokenEndpoint:
         self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.Response:
+        headers: dict[str, str] = {}
+        nonce = self.dpop.nonce()
+        if nonce is not None:
+            headers["DPoP-Nonce"] = nonce
         try:
             form = await read_form(request)  # 1
             grant_type = form.get("grant_type")
             if not grant_type:
                 raise invalid_request("grant_type is required")
             grant = self.grants.get(grant_type)  # 2
+            proof = self.dpop.verify(request.headers.getall("DPoP", []), "POST", self.url)  # 3
             authorization = request.headers.get("Authorization")
-            client = await self.clients.authenticate(form, authorization, self.url)  # 3
-            if grant_type not in client.grant_types:  # 4
+            client = await self.clients.authenticate(form, authorization, self.url)  # 4
+            if proof is not None:
+                await self.dpop.use(proof, self.url)
+            if grant_type not in client.grant_types:  # 5
                 raise OAuthError(
                     ErrorCode.UNAUTHORIZED_CLIENT, "this client may not use this grant_type"
                 )
-            token_request = TokenRequest(grant_type, form, self.clock(), self.url)
-            body = await grant.issue(token_request, client)  # 5
+            if client.dpop_bound_access_tokens and proof is None:
+                raise invalid_proof("this client must send a DPoP proof")
+            token_request = TokenRequest(
+                grant_type,
+                form,
+                self.clock(),
+                self.url,
+                dpop_jkt=proof.jkt if proof is not None else None,
+            )
+            body = await grant.issue(token_request, client)  # 6
             self.metrics.token_issued(grant_type)
-            return json_no_store(body)  # 6
+            return json_no_store(body, headers=headers)  # 7
         except OAuthError as error:
             if error.code in (ErrorCode.INVALID_GRANT, ErrorCode.INVALID_CLIENT):
                 log.info("token request refused", extra={"error": error.code.value})
-            return oauth_json_error(error)
+            return oauth_json_error(error, headers)

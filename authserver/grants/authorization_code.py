@@ -18,7 +18,7 @@ from ..protocol.lifecycle import CODE, Effect, Move
 from ..registry import Client, UserDirectory
 from ..store.base import CodeRecord, Issuance, Store
 from ..tokens import TokenPlan, digest
-from .base import ATTEMPTS, TokenRequest, audit, may_refresh
+from .base import ATTEMPTS, TokenRequest, audit, may_refresh, refresh_binding, require_key
 from .issuance import Terms, TokenIssuer
 
 UNKNOWN = "the code is unknown, expired or was issued to another client"
@@ -51,19 +51,20 @@ class AuthorizationCode:
         if form.get("redirect_uri") != record.redirect_uri:
             raise invalid_grant("redirect_uri does not match the authorization request")
         pkce.check_verifier(form.get("code_verifier"), record.code_challenge)
+        require_key(record.dpop_jkt, request, "the code")
 
         grant_id = family_of_code(code_hash)
         for _ in range(ATTEMPTS):
             decision = lifecycle.decide(CODE, record.state, "redeem")
             if decision.effect is Effect.REVOKE_ISSUED:
-                await self.store.revoke_grant(grant_id, now)
+                await self.store.revoke_grant(grant_id, now, "code_replay")
                 audit.warning(
                     "authorization code replayed: tokens issued from it revoked",
                     extra={"client_id": client.client_id, "family_id": grant_id},
                 )
                 raise invalid_grant("the code was already used")
             response = await self.issuer.issue_tokens(
-                await self._terms(record, client, grant_id, now),
+                await self._terms(record, client, grant_id, request),
                 partial(self._redeem, code_hash, decision.move),
             )
             if response is not None:
@@ -77,7 +78,10 @@ class AuthorizationCode:
     async def _redeem(self, code_hash: bytes, move: Move, issuance: Issuance, _: TokenPlan) -> bool:
         return await self.store.redeem_code(code_hash, move, issuance)
 
-    async def _terms(self, record: CodeRecord, client: Client, grant_id: str, now: float) -> Terms:
+    async def _terms(
+        self, record: CodeRecord, client: Client, grant_id: str, request: TokenRequest
+    ) -> Terms:
+        now = request.now
         scopes = tuple(record.scope.split())
         user = await self.users.by_subject(record.subject)
         refresh = may_refresh(client, scopes)
@@ -92,4 +96,6 @@ class AuthorizationCode:
             user_claims=user.claims if user else {},
             nonce=record.nonce,
             family=self.issuer.new_family(record.scope, now) if refresh else None,
+            dpop_jkt=request.dpop_jkt,
+            refresh_jkt=refresh_binding(client, request),
         )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..protocol.errors import ErrorCode, OAuthError
+from ..protocol.errors import ErrorCode, OAuthError, invalid_grant
 from ..registry import Client
 
 audit = logging.getLogger("portcullis.authserver.audit")
@@ -29,6 +29,9 @@ class TokenRequest:
     form: Mapping[str, str]
     now: float
     endpoint_url: str
+    # The thumbprint of the key of the request's DPoP proof (RFC 9449 §5), checked; None
+    # without one. Access tokens issued to the request are bound to it.
+    dpop_jkt: str | None = None
 
 
 class Grant(Protocol):
@@ -54,6 +57,27 @@ def may_refresh(client: Client, scopes: tuple[str, ...]) -> bool:
     if "refresh_token" not in client.grant_types:
         return False
     return "openid" not in scopes or "offline_access" in scopes
+
+
+def require_key(bound: str | None, request: TokenRequest, what: str) -> None:
+    """A code bound with `dpop_jkt` (RFC 9449 §10) or a bound refresh token (§5) is usable
+    only with a proof of the key it is bound to: without a proof, invalid_dpop_proof; with
+    another key's, invalid_grant (the grant is not this key's, as a code is not another
+    client's). Checked before anything changes, so the key's holder can still use it."""
+    if bound is None:
+        return
+    if request.dpop_jkt is None:
+        raise OAuthError(
+            ErrorCode.INVALID_DPOP_PROOF, f"{what} is bound to a DPoP key: send a proof of it"
+        )
+    if request.dpop_jkt != bound:
+        raise invalid_grant(f"{what} is bound to another DPoP key")
+
+
+def refresh_binding(client: Client, request: TokenRequest) -> str | None:
+    """The key a new refresh family is bound to: the proof's, for a public client (RFC 9449
+    §5: a confidential client's refresh token is bound to its authentication instead)."""
+    return request.dpop_jkt if client.public else None
 
 
 class Registry:

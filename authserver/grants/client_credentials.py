@@ -38,5 +38,6 @@ class ClientCredentials:
             scope=scope_rules.render(granted),
             audience=audience,
             now=request.now,
+            jkt=request.dpop_jkt,  # RFC 9449 §5: bound to the proof's key, if one came
         )
         return self.minter.sign(TokenPlan(claims, self.minter.access_lifetime, granted))

@@ -24,7 +24,7 @@ from ..protocol.lifecycle import DEVICE, Decision, Effect, device_poll_event
 from ..registry import Client, UserDirectory
 from ..store.base import DeviceRecord, Issuance, Poll, Store
 from ..tokens import TokenPlan, digest
-from .base import ATTEMPTS, TokenRequest, audit, may_refresh
+from .base import ATTEMPTS, TokenRequest, audit, may_refresh, refresh_binding
 from .issuance import Terms, TokenIssuer
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
@@ -61,7 +61,7 @@ class DeviceCode:
             event = device_poll_event(record.state, too_fast)
             decision = lifecycle.decide(DEVICE, record.state, event)
             if decision.effect is Effect.REVOKE_ISSUED:
-                await self.store.revoke_grant(grant_id, now)
+                await self.store.revoke_grant(grant_id, now, "device_code_replay")
                 audit.warning(
                     "device code redeemed twice: tokens issued from it revoked",
                     extra={"client_id": client.client_id, "family_id": grant_id},
@@ -69,7 +69,7 @@ class DeviceCode:
                 raise invalid_grant(_DESCRIPTIONS["invalid_grant"])
             if decision.effect is Effect.ISSUE_TOKENS:
                 response = await self.issuer.issue_tokens(
-                    await self._terms(record, client, grant_id, now),
+                    await self._terms(record, client, grant_id, request),
                     partial(self._redeem, code_hash, _poll(record, decision, now)),
                 )
                 if response is not None:
@@ -89,8 +89,9 @@ class DeviceCode:
         return record
 
     async def _terms(
-        self, record: DeviceRecord, client: Client, grant_id: str, now: float
+        self, record: DeviceRecord, client: Client, grant_id: str, request: TokenRequest
     ) -> Terms:
+        now = request.now
         user = await self.users.by_subject(record.subject or "")
         if user is None:
             # The user was removed from the configuration since approving.
@@ -107,6 +108,8 @@ class DeviceCode:
             now=now,
             user_claims=user.claims,
             family=self.issuer.new_family(record.scope, now) if refresh else None,
+            dpop_jkt=request.dpop_jkt,
+            refresh_jkt=refresh_binding(client, request),
         )
 
     async def _redeem(self, code_hash: bytes, poll: Poll, issuance: Issuance, _: TokenPlan) -> bool:

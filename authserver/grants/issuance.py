@@ -51,6 +51,8 @@ class Terms:
     nonce: str | None = None
     family: Family | None = None  # None: no refresh token
     new_grant: bool = True  # False: the tokens join an existing grant (a rotation)
+    dpop_jkt: str | None = None  # the access token's DPoP key (RFC 9449 §6.1 cnf.jkt)
+    refresh_jkt: str | None = None  # the refresh token's DPoP key (RFC 9449 §5)
 
 
 class TokenIssuer:
@@ -82,7 +84,11 @@ class TokenIssuer:
             audience=terms.audience,
             now=terms.now,
             auth_time=terms.auth_time,
+            jkt=terms.dpop_jkt,
         )
+        roles = terms.user_claims.get("roles")
+        if "roles" in terms.scopes and roles:
+            access_claims["roles"] = list(roles)  # RFC 9068 §2.2.3.1
         id_claims = None
         if "openid" in terms.scopes:
             id_claims = self.minter.id_claims(
@@ -122,6 +128,7 @@ class TokenIssuer:
                 ),
                 family_expires_at=terms.family.expires_at,
                 state=Refresh.ACTIVE.value,
+                dpop_jkt=terms.refresh_jkt,
             )
         grant = None
         if terms.new_grant:

@@ -8,6 +8,12 @@ successor response, sealed in the store under a key derived from the presented t
 retry of a response that was lost (a dropped connection, a server killed after the commit).
 Otherwise a rotated or revoked token presented again revokes the whole family and writes an
 audit line. A token is bound to its client; scope may narrow only.
+
+DPoP (RFC 9449 §5): a public client's refresh token is bound to the key of the proof it
+was first issued with, for the life of its family: every use needs a proof of that key. A
+confidential client's is not (its authentication binds it); the new access token is bound
+to whatever key the request proves. A retry within the grace is answered again only with
+the key the lost response was bound to.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from ..protocol.lifecycle import REFRESH, Effect, Move
 from ..registry import Client, User, UserDirectory
 from ..store.base import Issuance, RefreshRecord, Store
 from ..tokens import TokenPlan, digest, seal, unseal
-from .base import ATTEMPTS, TokenRequest, audit
+from .base import ATTEMPTS, TokenRequest, audit, require_key
 from .issuance import Family, Terms, TokenIssuer
 
 REFUSED = "the refresh token is unknown, expired or revoked"
@@ -53,6 +59,7 @@ class RefreshToken:
             raise invalid_request("refresh_token is required")
         token_hash = digest(presented)
         record = await self._owned(token_hash, client)
+        require_key(record.dpop_jkt, request, "the refresh token")
         user = await self.users.by_subject(record.subject)
         if user is None:
             # The user was removed from the configuration: their grants end with them.
@@ -65,7 +72,7 @@ class RefreshToken:
             decision = lifecycle.decide(REFRESH, record.state, await self._event(record, now))
             if decision.effect is Effect.ISSUE_TOKENS:
                 response = await self.issuer.issue_tokens(
-                    _terms(record, client, user, scopes, now),
+                    _terms(record, client, user, scopes, request),
                     partial(self._rotate, token_hash, decision.move, presented),
                 )
                 if response is not None:
@@ -74,10 +81,13 @@ class RefreshToken:
                 continue
             if decision.effect is Effect.REPEAT_SUCCESSOR and record.successor_sealed:
                 plan = unseal(record.successor_sealed, presented)
-                if plan is not None:
+                # The retry of a lost response gets it again only with the key the lost
+                # one was bound to (or none, as then): a token bound to a key is never
+                # handed to a request that did not prove it.
+                if plan is not None and plan.dpop_jkt == request.dpop_jkt:
                     return self.issuer.repeat(plan)
             if decision.effect is Effect.REVOKE_FAMILY:
-                await self.store.revoke_grant(record.family_id, now)
+                await self.store.revoke_grant(record.family_id, now, "refresh_reuse")
                 self.metrics.refresh_reused()
                 audit.warning(
                     "refresh token reused: family revoked",
@@ -115,9 +125,15 @@ class RefreshToken:
 
 
 def _terms(
-    record: RefreshRecord, client: Client, user: User, scopes: tuple[str, ...], now: float
+    record: RefreshRecord,
+    client: Client,
+    user: User,
+    scopes: tuple[str, ...],
+    request: TokenRequest,
 ) -> Terms:
-    """The tokens of a rotation: the family's grant, subject, audience and sign-in time."""
+    """The tokens of a rotation: the family's grant, subject, audience and sign-in time. The
+    access token is bound to the request's proof; the successor keeps the family's binding."""
+    now = request.now
     return Terms(
         client=client,
         subject=record.subject,
@@ -131,4 +147,6 @@ def _terms(
         # token only.
         family=Family(record.scope, record.family_expires_at),
         new_grant=False,
+        dpop_jkt=request.dpop_jkt,
+        refresh_jkt=record.dpop_jkt,
     )

@@ -27,6 +27,7 @@ SCOPE_CLAIMS: Mapping[str, tuple[str, ...]] = {
     "email": ("email", "email_verified"),
     "address": ("address",),
     "phone": ("phone_number", "phone_number_verified"),
+    "roles": ("roles",),  # RFC 9068 §2.2.3.1: the user's roles, a list of strings
 }
 
 

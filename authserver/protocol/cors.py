@@ -60,10 +60,15 @@ class Endpoint:
 
 
 DOCUMENT = Endpoint(Kind.DOCUMENT, ("GET", "HEAD"), ("If-None-Match",))
-CLIENT = Endpoint(Kind.CLIENT, ("POST",), ("Content-Type",))
-# A page reads the RFC 6750 §3 challenge to learn why its token was refused.
+# A browser client sends its DPoP proof (RFC 9449 §4.1) and reads the server's nonce (§8).
+CLIENT = Endpoint(Kind.CLIENT, ("POST",), ("Content-Type", "DPoP"), ("DPoP-Nonce",))
+# A page reads the RFC 6750 §3 (or RFC 9449 §7.1) challenge to learn why its token was
+# refused.
 BEARER = Endpoint(
-    Kind.BEARER, ("GET", "POST"), ("Authorization", "Content-Type"), ("WWW-Authenticate",)
+    Kind.BEARER,
+    ("GET", "POST"),
+    ("Authorization", "Content-Type", "DPoP"),
+    ("WWW-Authenticate", "DPoP-Nonce"),
 )
 
 

@@ -1,4 +1,5 @@
-"""OAuth error kinds (RFC 6749 §4.1.2.1, §5.2; RFC 6750 §3.1; RFC 8628 §3.5; OIDC Core §3.1.2.6).
+"""OAuth error kinds (RFC 6749 §4.1.2.1, §5.2; RFC 6750 §3.1; RFC 8628 §3.5; RFC 9449 §5, §8;
+OIDC Core §3.1.2.6).
 
 An endpoint raises OAuthError; one place per endpoint renders it: JSON for the token,
 introspection and revocation endpoints, a redirect back to the client for authorization
@@ -34,6 +35,8 @@ class ErrorCode(StrEnum):
     INVALID_TOKEN = "invalid_token"  # noqa: S105
     INSUFFICIENT_SCOPE = "insufficient_scope"
     UNSUPPORTED_TOKEN_TYPE = "unsupported_token_type"  # noqa: S105
+    INVALID_DPOP_PROOF = "invalid_dpop_proof"  # RFC 9449 §5, §7.1
+    USE_DPOP_NONCE = "use_dpop_nonce"  # RFC 9449 §8, §9
 
 
 # RFC 6749 §5.2: 400 for everything but invalid_client (401 when the client tried to

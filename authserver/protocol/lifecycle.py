@@ -181,6 +181,9 @@ def refresh_use_event(
     if (
         state == Refresh.ROTATED
         and rotated_at is not None
+        # No window at all without a grace: a use that began before the rotation it lost
+        # to (another replica's, its clock a little ahead) is a second use, not a retry.
+        and grace > 0
         and now < rotated_at + grace
         and successor_state in (None, Refresh.ACTIVE)
     ):

@@ -21,10 +21,22 @@ Grants. Every code or device code redeemed starts a grant (`GrantRecord`), named
 code. The refresh tokens of a grant are its family; its access tokens are recorded under it.
 Revoking the grant revokes all of them, including any a rotation added concurrently.
 
+Revocation events. Every call that revokes something a resource server may hold (an access
+token, a grant's access tokens, every token of a subject or a client issued before a time)
+records a `RevocationEvent` in the same transaction: the revocation and its event commit
+together or not at all, so no revocation is ever missing from the log. Event ids increase in
+the order events are committed (a reader that has seen id N never finds a smaller one
+later) and are never reused; an event is purged once every token it names has expired.
+
 Errors. `AlreadyExists` when a call names a key (hash, grant id, user code) that is already
 stored: nothing is changed, and a clash of random secrets means a bug. `StoreUnavailable`
 when the backend cannot do its work (disk full, database unreachable, lock not obtained in
 time): the call had no effect, and the server answers 503 until the backend recovers.
+
+Signing keys. With keys kept in the store (several replicas), the key ring is one versioned
+set of rows: readers take the set and its version in one read, and a change replaces the
+whole set under a compare-and-set on the version it was decided from. Private keys reach
+the store sealed (AES-GCM, authserver/stored_keys.py): the store never sees one in clear.
 
 Concurrency. Every invariant below holds for many callers of one store and for several
 stores (processes, replicas) on one database. tests/authserver/store_conformance.py has a
@@ -34,9 +46,11 @@ on one database) pass it, and so must any other backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from enum import StrEnum
+from typing import Any, Protocol
 
 from authserver.protocol.errors import TemporarilyUnavailable
 from authserver.protocol.lifecycle import Move
@@ -65,6 +79,9 @@ class CodeRecord:
     expires_at: float
     created_at: float
     state: str = "issued"  # lifecycle.Code value
+    # RFC 9449 §10: the thumbprint of the key the client bound the code to (`dpop_jkt` on
+    # the authorization request); its redemption must prove possession of that key.
+    dpop_jkt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +114,9 @@ class RefreshRecord:
     rotated_at: float | None = None
     successor_hash: bytes | None = None  # the token that replaced this one
     successor_sealed: bytes | None = None  # the successor response, encrypted with this token
+    # RFC 9449 §5: the thumbprint of the DPoP key the token is bound to (public clients'
+    # tokens, for the life of the family); each use must prove possession of that key.
+    dpop_jkt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +146,45 @@ class Issuance:
         return self.access_token.grant_id
 
 
+class EventKind(StrEnum):
+    TOKENS = "tokens"  # access tokens named by jti
+    SUBJECT = "subject"  # every token of a subject issued before a time
+    CLIENT = "client"  # every token of a client issued before a time
+
+
+@dataclass(frozen=True)
+class RevokedToken:
+    jti: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """Every token of a subject (`kind` SUBJECT) or of a client (CLIENT) issued before
+    `issued_before` is revoked; the last of them expires by `expires_at`."""
+
+    kind: EventKind
+    key: str  # the subject, or the client_id
+    issued_before: float
+    expires_at: float
+    reason: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class RevocationEvent:
+    """One entry of the revocation log, as recorded."""
+
+    event_id: int
+    kind: EventKind
+    reason: str
+    created_at: float
+    expires_at: float
+    tokens: tuple[RevokedToken, ...] = ()  # kind TOKENS
+    key: str | None = None  # kinds SUBJECT and CLIENT
+    issued_before: float | None = None  # kinds SUBJECT and CLIENT
+
+
 @dataclass(frozen=True)
 class SessionRecord:
     session_hash: bytes
@@ -152,6 +211,28 @@ class DeviceRecord:
 
 
 @dataclass(frozen=True)
+class SigningKeyRecord:
+    """One key of the ring (keys.KeyInfo's fields) with its private half sealed."""
+
+    kid: str
+    alg: str
+    state: str  # keys.KeyState value: next | active | retired
+    created_at: float
+    activate_at: float | None
+    retired_at: float | None
+    remove_after: float | None
+    sealed_private_key: bytes  # never changes once stored
+
+
+@dataclass(frozen=True)
+class SigningKeys:
+    """The key ring as stored: its version (0 before the first write) and its keys."""
+
+    version: int
+    keys: tuple[SigningKeyRecord, ...]
+
+
+@dataclass(frozen=True)
 class Poll:
     """A device's poll as the domain decided it: the code must still be in `move.expected`
     with the `last_poll` read before; it goes to `move.next`, polled at `at`, with
@@ -161,6 +242,60 @@ class Poll:
     last_poll: float | None
     at: float
     interval: float
+
+
+@dataclass(frozen=True)
+class GrantSummary:
+    """A grant as the admin API shows it: what the user granted the client, and when its
+    refresh family was last used."""
+
+    grant: GrantRecord
+    # The family's scope; for a grant that issued no refresh token, what the user consented
+    # to for the client (space-separated).
+    scope: str
+    last_used_at: float  # the latest token of its family, or its creation
+    refresh_family: bool  # whether it issued refresh tokens
+
+
+# Who manages a client or a user: the configuration file (seeded at start and on reload,
+# read-only elsewhere) or the admin API.
+MANAGED_BY_CONFIG = "config"
+MANAGED_BY_API = "api"
+
+
+@dataclass(frozen=True)
+class ClientRecord:
+    """A client as stored. `metadata` holds its RFC 7591 metadata but the id and secret
+    (JSON values); the secret is kept only as its SHA-256 digest. `version` counts changes:
+    every update is a compare-and-set on it. Access tokens issued (`iat`, whole seconds) in
+    the second of `tokens_valid_from` or before are inactive: it moves when the secret is
+    rotated."""
+
+    client_id: str
+    metadata: Mapping[str, Any]
+    secret_sha256: bytes | None
+    managed_by: str
+    created_at: float
+    updated_at: float
+    tokens_valid_from: float
+    version: int = 1
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    """A user as stored: `subject` is the `sub`, `username` unique, `claims` the OpenID
+    Connect claims (JSON values), `version` as for clients."""
+
+    subject: str
+    username: str
+    password_hash: str
+    claims: Mapping[str, Any]
+    roles: tuple[str, ...]
+    disabled: bool
+    managed_by: str
+    created_at: float
+    updated_at: float
+    version: int = 1
 
 
 class Store(Protocol):
@@ -191,17 +326,43 @@ class Store(Protocol):
     # -- grants and access tokens
     async def get_grant(self, grant_id: str) -> GrantRecord | None: ...
 
-    async def revoke_grant(self, grant_id: str, now: float) -> bool:
+    async def revoke_grant(self, grant_id: str, now: float, reason: str = "revoked") -> bool:
         """Revoke the grant: every refresh token of its family becomes revoked and every
         access token recorded under it inactive. True if this call revoked it; False when
         it was revoked already or is unknown (then nothing changes).
 
-        Invariant: once this returns, no token of the grant is active, including tokens a
-        rotation of the family added concurrently, and no later rotation succeeds."""
+        In the same transaction, when access tokens recorded under the grant expire after
+        `now`, one TOKENS event naming them (jti and expiry) with `reason` is recorded.
 
-    async def revoke_access_token(self, jti: str, expires_at: float) -> None:
+        Invariant: once this returns, no token of the grant is active, including tokens a
+        rotation of the family added concurrently, and no later rotation succeeds; the
+        event names every access token the grant had when it was revoked."""
+
+    async def revoke_access_token(
+        self, jti: str, expires_at: float, now: float, reason: str = "revoked"
+    ) -> None:
         """Make one access token inactive until `expires_at`, recorded or not (tokens of
-        client_credentials are never recorded). Revoking twice is not an error."""
+        client_credentials are never recorded), and record a TOKENS event naming it, in one
+        transaction. Revoking twice is not an error (each records its event)."""
+
+    async def cut_off(self, cut: CutOff) -> int:
+        """In one transaction: revoke every unrevoked grant of the subject (or client) that
+        was created before `cut.issued_before`, with all their tokens, as revoke_grant
+        does, and record the cut-off as one SUBJECT (or CLIENT) event; its id.
+
+        Invariant: a rotation of a grant created before the cut-off either committed before
+        (its tokens are covered by the event's time) or fails afterwards."""
+
+    # -- revocation events
+    async def revocation_events(self, after: int, now: float, limit: int) -> list[RevocationEvent]:
+        """Events with an id above `after` not expired at `now`, by increasing id, at most
+        `limit`. Reading from the last id seen, a reader meets every event committed since,
+        once, in order."""
+
+    def events_signal(self) -> asyncio.Event:
+        """An asyncio.Event set when an event may have been recorded after this call, by
+        this store or (where the backend can tell) by another on the same database. Take it
+        before reading, then wait on it: nothing recorded in between is missed."""
 
     async def access_token_active(self, jti: str) -> bool:
         """False when the token was revoked, or recorded under a grant that was revoked;
@@ -270,10 +431,12 @@ class Store(Protocol):
     async def clear_failures(self, key: str) -> None:
         """Forget the key's counter."""
 
-    # -- replay cache for client assertions (RFC 7523 §3: jti single use)
+    # -- replay cache for client assertions (RFC 7523 §3) and DPoP proofs (RFC 9449 §11.1)
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:
         """True the first time this (client, jti) is seen; False on replay. An entry whose
         `expires_at` has passed is forgotten (the assertion itself has expired by then).
+        DPoP proofs are kept under `dpop:` and their key's thumbprint in place of a client:
+        a clash with a client so named could only refuse a proof, never accept one.
 
         Invariant: of concurrent calls with one (client, jti), exactly one returns True."""
 
@@ -313,12 +476,83 @@ class Store(Protocol):
 
         Invariant: of any number of concurrent calls for one code, at most one returns True."""
 
+    # -- signing keys (one versioned set, shared by every replica)
+    async def signing_keys(self) -> SigningKeys:
+        """The ring's version and keys, read together (one consistent snapshot)."""
+
+    async def signing_keys_version(self) -> int:
+        """The ring's version alone: what a replica polls to learn of a change."""
+
+    async def replace_signing_keys(
+        self, expected_version: int, keys: Sequence[SigningKeyRecord]
+    ) -> bool:
+        """In one transaction, when the ring is still at `expected_version`: the ring becomes
+        `keys` (keys not listed are deleted, listed ones inserted or their state and dates
+        updated; a stored key's alg, created_at and sealed private key never change) and its
+        version goes up by one. False, with nothing changed, when another change came first.
+        AlreadyExists, with nothing changed, when `keys` hold two active keys of one
+        algorithm.
+
+        Invariant: of concurrent calls with one expected version, at most one returns True;
+        the ring never has two active keys of one algorithm."""
+
+    # -- clients and users (the registry: looked up on every request, never cached)
+    async def get_client(self, client_id: str) -> ClientRecord | None: ...
+
+    async def list_clients(self) -> list[ClientRecord]:
+        """Every client, ordered by client_id."""
+
+    async def save_client(self, record: ClientRecord, expected_version: int | None) -> bool:
+        """`expected_version` None: create the client (AlreadyExists when its id is
+        taken). Otherwise replace the stored client whose version is `expected_version`
+        with `record`, stored with the next version; False, with nothing changed, when
+        the client is gone or its version moved on.
+
+        Invariant: of concurrent updates from one version, at most one returns True."""
+
+    async def delete_client(self, client_id: str) -> bool:
+        """Remove the client; False when it is unknown."""
+
+    async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
+        """Make the clients managed by the configuration exactly `records`, in one
+        transaction: each is created, or updated in place (keeping its `created_at` and
+        `tokens_valid_from`; its version moves only when something changed; a client of
+        the same id managed by the API is taken over); those managed by the configuration
+        and absent from `records` are removed. The ids removed."""
+
+    async def get_user(self, subject: str) -> UserRecord | None: ...
+
+    async def user_by_username(self, username: str) -> UserRecord | None: ...
+
+    async def list_users(self) -> list[UserRecord]:
+        """Every user, ordered by subject."""
+
+    async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
+        """As save_client; AlreadyExists also when the username is another user's."""
+
+    async def delete_user(self, subject: str) -> bool:
+        """Remove the user; False when unknown."""
+
+    async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
+        """As sync_clients, by subject; AlreadyExists, with nothing changed, when a seeded
+        username belongs to a user managed by the API. The subjects removed."""
+
+    async def delete_sessions(self, subject: str) -> int:
+        """End every login session of the subject; how many."""
+
+    async def list_grants(
+        self, client_id: str | None = None, subject: str | None = None
+    ) -> list[GrantSummary]:
+        """The grants, unrevoked and unexpired or not, ordered by grant_id; only those of
+        the client and/or subject when given."""
+
     # -- housekeeping
     async def purge_expired(self, now: float) -> int:
         """Delete rows whose lifetime is over; the number deleted. Refresh tokens of a live
         family are kept a while past their idle expiry, so that a rotated one shown again
         is still caught as reuse; a grant is kept while an access token recorded under it
-        may still be presented."""
+        may still be presented; a revocation event goes once every token it names has
+        expired."""
 
     async def ping(self) -> None:
         """Answer a trivial query, or raise: whether the store can serve (readiness)."""

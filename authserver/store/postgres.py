@@ -35,10 +35,21 @@ is the condition and whose RETURNING row says whether it held:
   counters, deciding and writing them is then one step across every replica.
 Nowhere is a row read in one statement and written in another without one of these locks.
 
+Revocation events. A transaction that records one first takes the events' advisory lock
+(pg_advisory_xact_lock, held until it commits) and then draws the id: ids are therefore
+committed in increasing order across every replica, and a reader that has seen id N never
+finds a smaller one committed after. Revocations are rare, so serialising them costs
+nothing noticeable. The same transaction runs pg_notify, which PostgreSQL delivers at
+commit to every session that LISTENs: each store keeps one connection of its own (outside
+the pool) listening, and sets `events_signal` when a notification comes, whichever replica
+recorded the event. While that connection is down (it is made again with backoff), readers
+fall back to their periodic look.
+
 Migrations (migrations/postgres/NNN_name.sql, hand-written for PostgreSQL) are applied at
-open on a connection of their own, with no statement timeout, each in one transaction that
-first takes an advisory lock named after the schema: replicas starting together apply each
-one once; the others wait, then find it recorded in schema_migrations. DDL is transactional
+open on a connection of their own, whose statements end within migration_timeout (the wait
+for the lock included), each in one transaction that first takes an advisory lock named
+after the schema: replicas starting together apply each one once; the others wait, then
+find it recorded in schema_migrations. DDL is transactional
 in PostgreSQL, so a failing migration leaves nothing of itself behind.
 
 Durability. A call returns after COMMIT, which the server acknowledges once the commit is in
@@ -62,30 +73,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any
 
 import asyncpg
+import orjson
 
 from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.settings import StoragePool
 from authserver.store.base import (
+    MANAGED_BY_CONFIG,
     AlreadyExists,
+    ClientRecord,
     CodeRecord,
+    CutOff,
     DeviceRecord,
+    EventKind,
     GrantRecord,
+    GrantSummary,
     Issuance,
     Poll,
     RefreshRecord,
+    RevocationEvent,
+    RevokedToken,
     SessionRecord,
+    SigningKeyRecord,
+    SigningKeys,
     StoreUnavailable,
+    UserRecord,
 )
 from authserver.store.migration_files import Migration, load_migrations, unknown_versions
 
@@ -96,6 +121,11 @@ APPLICATION_NAME = "portcullis-authserver"
 # Refresh tokens whose idle expiry passed this long ago are purged; until then a rotated
 # one shown again is still recognised as reuse and revokes its family (RFC 9700 §4.14.2).
 REFRESH_RETENTION = timedelta(days=1)
+EVENTS_CHANNEL = "portcullis_revocation_events"
+EVENTS_LOCK = "revocation_events"
+# The listening connection, when lost, is made again after this long at first, doubling.
+LISTEN_RETRY = timedelta(seconds=1)
+LISTEN_RETRY_MAX = timedelta(seconds=30)
 
 # What says the server cannot do the work now, as opposed to a bug: the call had no effect.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -107,6 +137,24 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.TransactionRollbackError,  # class 40: deadlock, serialization failure
     asyncpg.ReadOnlySQLTransactionError,  # 25006: a standby after a failover
 )
+
+
+class _OneLine(logging.Filter):
+    """asyncpg's pool logs each failed attempt to reopen its minimum of connections with a
+    traceback, about once a second while the database is away: one line with the reason is
+    what an operator needs, and what log collectors can take."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {error}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+logging.getLogger("asyncpg.pool").addFilter(_OneLine())
 
 
 class PostgresStore:
@@ -132,6 +180,8 @@ class PostgresStore:
         self._migrations = migrations
         self._pool: Any = None
         self._opening = False
+        self._signal = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
 
     # -- lifetime
 
@@ -150,10 +200,16 @@ class PostgresStore:
                     command_timeout=self._limits.command_timeout.total_seconds(),
                     server_settings=self._server_settings(),
                 )
+            self._listener = asyncio.create_task(self._listen(), name="revocation events listener")
         finally:
             self._opening = False
 
     async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -173,13 +229,18 @@ class PostgresStore:
         return settings
 
     async def _migrate(self) -> list[int]:
-        """Apply the pending migrations on a connection of their own: without the pool's
-        command_timeout, since a migration may rewrite a large table."""
+        """Apply the pending migrations on a connection of their own: with migration_timeout
+        rather than the pool's command_timeout, since a migration may rewrite a large table.
+        The server cancels a statement that runs longer (statement_timeout), the wait for
+        another replica's migration lock included; the client gives up a little later, in
+        case the server cannot even say so."""
         migrations = load_migrations(self._migrations)
+        limit = self._limits.migration_timeout
         conn = await asyncpg.connect(
             self.url,
             timeout=self._limits.connect_timeout.total_seconds(),
-            server_settings=self._server_settings(),
+            command_timeout=(limit + self._limits.connect_timeout).total_seconds(),
+            server_settings={**self._server_settings(), "statement_timeout": _milliseconds(limit)},
         )
         try:
             schema = await conn.fetchval("SELECT current_schema()")
@@ -230,8 +291,8 @@ class PostgresStore:
             with _unique("this authorization code"):
                 await conn.execute(
                     "INSERT INTO codes (code_hash, client_id, subject, redirect_uri, scope,"
-                    " audience, nonce, code_challenge, auth_time, expires_at, created_at, state)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                    " audience, nonce, code_challenge, auth_time, expires_at, created_at, state,"
+                    " dpop_jkt) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
                     r.code_hash,
                     r.client_id,
                     r.subject,
@@ -244,13 +305,14 @@ class PostgresStore:
                     r.expires_at,
                     r.created_at,
                     Code.ISSUED.value,
+                    r.dpop_jkt,
                 )
 
     async def get_code(self, code_hash: bytes) -> CodeRecord | None:
         async with self._connection() as conn:
             row = await conn.fetchrow(
                 "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
-                " code_challenge, auth_time, expires_at, created_at, state"
+                " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt"
                 " FROM codes WHERE code_hash = $1",
                 code_hash,
             )
@@ -284,7 +346,7 @@ class PostgresStore:
             )
         return None if row is None else GrantRecord(*row)
 
-    async def revoke_grant(self, grant_id: str, now: float) -> bool:
+    async def revoke_grant(self, grant_id: str, now: float, reason: str = "revoked") -> bool:
         async with self._transaction() as conn:
             # The grant's row lock first: a rotation holding it FOR SHARE commits before
             # this goes on, and one that comes later finds the grant revoked.
@@ -302,10 +364,31 @@ class PostgresStore:
                 Refresh.REVOKED.value,
                 grant_id,
             )
-            return True
+            # Access tokens are recorded in the transaction that adds them to the grant,
+            # which holds the grant FOR SHARE: all of them are committed by now.
+            rows = await conn.fetch(
+                "SELECT jti, expires_at FROM access_tokens"
+                " WHERE grant_id = $1 AND expires_at > $2 ORDER BY jti",
+                grant_id,
+                now,
+            )
+            tokens = [RevokedToken(row[0], row[1]) for row in rows]
+            if tokens:
+                await _insert_event(
+                    conn,
+                    EventKind.TOKENS,
+                    reason,
+                    now,
+                    max(t.expires_at for t in tokens),
+                    tokens,
+                )
+        self._wake()
+        return True
 
-    async def revoke_access_token(self, jti: str, expires_at: float) -> None:
-        async with self._connection() as conn:
+    async def revoke_access_token(
+        self, jti: str, expires_at: float, now: float, reason: str = "revoked"
+    ) -> None:
+        async with self._transaction() as conn:
             await conn.execute(
                 "INSERT INTO access_tokens (jti, expires_at, revoked) VALUES ($1, $2, true)"
                 " ON CONFLICT (jti) DO UPDATE SET revoked = true,"
@@ -313,6 +396,114 @@ class PostgresStore:
                 jti,
                 expires_at,
             )
+            await _insert_event(
+                conn, EventKind.TOKENS, reason, now, expires_at, [RevokedToken(jti, expires_at)]
+            )
+        self._wake()
+
+    async def cut_off(self, cut: CutOff) -> int:
+        column = "subject" if cut.kind is EventKind.SUBJECT else "client_id"
+        async with self._transaction() as conn:
+            # The grants first, locked in one order (as every transaction taking a grant
+            # and its tokens does), then their families.
+            revoked = await conn.fetch(
+                f"UPDATE grants SET revoked_at = $1 WHERE grant_id IN"  # noqa: S608 - fixed names
+                f" (SELECT grant_id FROM grants WHERE {column} = $2 AND created_at < $3"
+                "   AND revoked_at IS NULL ORDER BY grant_id FOR UPDATE)"
+                " RETURNING grant_id",
+                cut.created_at,
+                cut.key,
+                cut.issued_before,
+            )
+            if revoked:
+                await conn.execute(
+                    "UPDATE refresh_tokens SET state = $1"
+                    " WHERE family_id = ANY($2::text[]) AND state <> $1",
+                    Refresh.REVOKED.value,
+                    [row[0] for row in revoked],
+                )
+            event_id = await _insert_event(
+                conn,
+                cut.kind,
+                cut.reason,
+                cut.created_at,
+                cut.expires_at,
+                key=cut.key,
+                issued_before=cut.issued_before,
+            )
+        self._wake()
+        return event_id
+
+    # -- revocation events
+
+    async def revocation_events(self, after: int, now: float, limit: int) -> list[RevocationEvent]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                "SELECT event_id, kind, reason, created_at, expires_at, tokens::text, key,"
+                " issued_before FROM revocation_events WHERE event_id > $1 AND expires_at > $2"
+                " ORDER BY event_id LIMIT $3",
+                after,
+                now,
+                limit,
+            )
+        return [
+            RevocationEvent(
+                event_id=row[0],
+                kind=EventKind(row[1]),
+                reason=row[2],
+                created_at=row[3],
+                expires_at=row[4],
+                tokens=tuple(RevokedToken(jti, exp) for jti, exp in json.loads(row[5])),
+                key=row[6],
+                issued_before=row[7],
+            )
+            for row in rows
+        ]
+
+    def events_signal(self) -> asyncio.Event:
+        return self._signal
+
+    def _wake(self) -> None:
+        signal, self._signal = self._signal, asyncio.Event()
+        signal.set()
+
+    async def _listen(self) -> None:
+        """Keep one connection listening on the events channel; made again with backoff
+        when it is lost. Each notification (and each new connection, which may have missed
+        some) wakes the readers."""
+        retry = LISTEN_RETRY.total_seconds()
+        while True:
+            conn = None
+            try:
+                conn = await asyncpg.connect(
+                    self.url,
+                    timeout=self._limits.connect_timeout.total_seconds(),
+                    # Named apart from the pool's: it is one connection beside the pool.
+                    server_settings={
+                        **self._server_settings(),
+                        "application_name": self._application_name + " (events)",
+                    },
+                )
+                lost = asyncio.Event()
+                conn.add_termination_listener(functools.partial(_set_on_loss, lost))
+                await conn.add_listener(EVENTS_CHANNEL, lambda *_: self._wake())
+                retry = LISTEN_RETRY.total_seconds()
+                self._wake()
+                await lost.wait()
+                log.warning("the revocation events listener lost its connection")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "cannot listen for revocation events; readers poll meanwhile",
+                    extra={"reason": f"{type(exc).__name__}: {exc}"},
+                )
+            finally:
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(conn.close(timeout=1))
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, LISTEN_RETRY_MAX.total_seconds())
 
     async def access_token_active(self, jti: str) -> bool:
         async with self._connection() as conn:
@@ -331,7 +522,7 @@ class PostgresStore:
             row = await conn.fetchrow(
                 "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
                 " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
-                " t.successor_hash, t.successor_sealed"
+                " t.successor_hash, t.successor_sealed, t.dpop_jkt"
                 " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
                 " WHERE t.token_hash = $1",
                 token_hash,
@@ -580,13 +771,192 @@ class PostgresStore:
             await _record_tokens(conn, issuance)
             return True
 
+    # -- signing keys
+
+    async def signing_keys(self) -> SigningKeys:
+        async with self._connection() as conn:
+            # One statement, one snapshot: the version and the keys it names.
+            rows = await conn.fetch(
+                "SELECT r.version, k.kid, k.alg, k.state, k.created_at, k.activate_at,"
+                " k.retired_at, k.remove_after, k.sealed_private_key"
+                " FROM signing_key_ring r LEFT JOIN signing_keys k ON true"
+                " WHERE r.id = 1 ORDER BY k.created_at, k.kid"
+            )
+        return SigningKeys(
+            rows[0][0], tuple(SigningKeyRecord(*row[1:]) for row in rows if row[1] is not None)
+        )
+
+    async def signing_keys_version(self) -> int:
+        async with self._connection() as conn:
+            return int(await conn.fetchval("SELECT version FROM signing_key_ring WHERE id = 1"))
+
+    async def replace_signing_keys(
+        self, expected_version: int, keys: Sequence[SigningKeyRecord]
+    ) -> bool:
+        async with self._transaction() as conn:
+            # The ring's row lock: a concurrent change waits, then matches nothing.
+            changed = await conn.fetchval(
+                "UPDATE signing_key_ring SET version = version + 1"
+                " WHERE id = 1 AND version = $1 RETURNING 1",
+                expected_version,
+            )
+            if changed is None:
+                return False
+            await conn.execute(
+                "DELETE FROM signing_keys WHERE NOT (kid = ANY($1::text[]))", [k.kid for k in keys]
+            )
+            # Keys leaving `active` first, so that the index allowing one active key per
+            # algorithm sees a successor only after its predecessor is retired.
+            for k in sorted(keys, key=lambda k: k.state == "active"):
+                with _unique("a second active key of one algorithm"):
+                    await conn.execute(
+                        "INSERT INTO signing_keys (kid, alg, state, created_at, activate_at,"
+                        " retired_at, remove_after, sealed_private_key)"
+                        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                        " ON CONFLICT (kid) DO UPDATE SET state = excluded.state,"
+                        " activate_at = excluded.activate_at, retired_at = excluded.retired_at,"
+                        " remove_after = excluded.remove_after",
+                        k.kid,
+                        k.alg,
+                        k.state,
+                        k.created_at,
+                        k.activate_at,
+                        k.retired_at,
+                        k.remove_after,
+                        k.sealed_private_key,
+                    )
+            return True
+
+    # -- clients and users: JSON text for the values of mappings and lists
+
+    async def get_client(self, client_id: str) -> ClientRecord | None:
+        async with self._connection() as conn:
+            return await _get_client(conn, client_id)
+
+    async def list_clients(self) -> list[ClientRecord]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+                " tokens_valid_from, version FROM clients ORDER BY client_id"
+            )
+        return [_client(row) for row in rows]
+
+    async def save_client(self, record: ClientRecord, expected_version: int | None) -> bool:
+        async with self._connection() as conn:
+            return await _save_client(conn, record, expected_version)
+
+    async def delete_client(self, client_id: str) -> bool:
+        async with self._connection() as conn:
+            return bool(
+                await conn.fetchval(
+                    "DELETE FROM clients WHERE client_id = $1 RETURNING 1", client_id
+                )
+            )
+
+    async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
+        async with self._transaction() as conn:
+            # Replicas starting together sync one after the other.
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_id("sync", "clients"))
+            seeded = [r.client_id for r in records]
+            removed = await conn.fetch(
+                "DELETE FROM clients WHERE managed_by = $1 AND NOT (client_id = ANY($2::text[]))"
+                " RETURNING client_id",
+                MANAGED_BY_CONFIG,
+                seeded,
+            )
+            for r in records:
+                old = await _get_client(conn, r.client_id)
+                if old is None:
+                    await _save_client(conn, r, None)
+                elif (old.metadata, old.secret_sha256, old.managed_by) != (
+                    r.metadata,
+                    r.secret_sha256,
+                    MANAGED_BY_CONFIG,
+                ):
+                    kept = replace(
+                        r, created_at=old.created_at, tokens_valid_from=old.tokens_valid_from
+                    )
+                    await _save_client(conn, kept, old.version)
+        return sorted(row[0] for row in removed)
+
+    async def get_user(self, subject: str) -> UserRecord | None:
+        async with self._connection() as conn:
+            return await _get_user(conn, "subject", subject)
+
+    async def user_by_username(self, username: str) -> UserRecord | None:
+        async with self._connection() as conn:
+            return await _get_user(conn, "username", username)
+
+    async def list_users(self) -> list[UserRecord]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+                " created_at, updated_at, version FROM users ORDER BY subject"
+            )
+        return [_user(row) for row in rows]
+
+    async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
+        async with self._connection() as conn:
+            return await _save_user(conn, record, expected_version)
+
+    async def delete_user(self, subject: str) -> bool:
+        async with self._connection() as conn:
+            return bool(
+                await conn.fetchval("DELETE FROM users WHERE subject = $1 RETURNING 1", subject)
+            )
+
+    async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
+        async with self._transaction() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_id("sync", "users"))
+            removed = await conn.fetch(
+                "DELETE FROM users WHERE managed_by = $1 AND NOT (subject = ANY($2::text[]))"
+                " RETURNING subject",
+                MANAGED_BY_CONFIG,
+                [r.subject for r in records],
+            )
+            for r in records:
+                old = await _get_user(conn, "subject", r.subject)
+                if old is None:
+                    await _save_user(conn, r, None)
+                elif _user_facts(old) != _user_facts(replace(r, managed_by=MANAGED_BY_CONFIG)):
+                    await _save_user(conn, replace(r, created_at=old.created_at), old.version)
+        return sorted(row[0] for row in removed)
+
+    async def delete_sessions(self, subject: str) -> int:
+        async with self._connection() as conn:
+            rows = await conn.fetch("DELETE FROM sessions WHERE subject = $1 RETURNING 1", subject)
+        return len(rows)
+
+    async def list_grants(
+        self, client_id: str | None = None, subject: str | None = None
+    ) -> list[GrantSummary]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                "SELECT g.grant_id, g.client_id, g.subject, g.created_at, g.expires_at,"
+                " g.revoked_at,"
+                " coalesce((SELECT t.scope FROM refresh_tokens t WHERE t.family_id = g.grant_id"
+                "           ORDER BY t.created_at DESC LIMIT 1),"
+                "(SELECT string_agg(c.scope, ' ' ORDER BY c.scope) FROM consents c"
+                " WHERE c.subject = g.subject AND c.client_id = g.client_id)"
+                ", ''),"
+                " coalesce((SELECT max(t.created_at) FROM refresh_tokens t"
+                "           WHERE t.family_id = g.grant_id), g.created_at),"
+                " EXISTS (SELECT 1 FROM refresh_tokens t WHERE t.family_id = g.grant_id)"
+                " FROM grants g WHERE ($1::text IS NULL OR g.client_id = $1)"
+                " AND ($2::text IS NULL OR g.subject = $2) ORDER BY g.grant_id",
+                client_id,
+                subject,
+            )
+        return [GrantSummary(GrantRecord(*row[:6]), row[6], row[7], bool(row[8])) for row in rows]
+
     # -- housekeeping
 
     async def purge_expired(self, now: float) -> int:
         """Each step its own short transaction, so that writers wait for one table at most.
 
         The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
-        device codes, throttle keys, access tokens); grants are bookkeeping and not counted.
+        device codes, throttle keys, access tokens, revocation events); grants are
+        bookkeeping and not counted.
         """
         deleted = 0
         for statement in _PURGE_BY_EXPIRY:
@@ -641,6 +1011,8 @@ _PURGE_BY_EXPIRY = (
     "WITH gone AS (DELETE FROM failures WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
     "WITH gone AS (DELETE FROM access_tokens WHERE expires_at <= $1 RETURNING 1)"
+    " SELECT count(*) FROM gone",
+    "WITH gone AS (DELETE FROM revocation_events WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
 )
 
@@ -717,6 +1089,127 @@ def _unavailable() -> Iterator[None]:
         raise StoreUnavailable(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
 
 
+_USER_BY = {
+    "subject": (
+        "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+        " created_at, updated_at, version FROM users WHERE subject = $1"
+    ),
+    "username": (
+        "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+        " created_at, updated_at, version FROM users WHERE username = $1"
+    ),
+}
+
+
+def _client(row: Any) -> ClientRecord:
+    return ClientRecord(
+        client_id=row[0],
+        metadata=orjson.loads(row[1]),
+        secret_sha256=row[2],
+        managed_by=row[3],
+        created_at=row[4],
+        updated_at=row[5],
+        tokens_valid_from=row[6],
+        version=row[7],
+    )
+
+
+def _user(row: Any) -> UserRecord:
+    return UserRecord(
+        subject=row[0],
+        username=row[1],
+        password_hash=row[2],
+        claims=orjson.loads(row[3]),
+        roles=tuple(orjson.loads(row[4])),
+        disabled=row[5],
+        managed_by=row[6],
+        created_at=row[7],
+        updated_at=row[8],
+        version=row[9],
+    )
+
+
+def _user_facts(r: UserRecord) -> tuple[Any, ...]:
+    """What a seed sets of a user: a sync changes the stored one only when these differ."""
+    return (r.username, r.password_hash, dict(r.claims), r.roles, r.disabled, r.managed_by)
+
+
+async def _get_client(conn: Any, client_id: str) -> ClientRecord | None:
+    row = await conn.fetchrow(
+        "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+        " tokens_valid_from, version FROM clients WHERE client_id = $1",
+        client_id,
+    )
+    return None if row is None else _client(row)
+
+
+async def _save_client(conn: Any, r: ClientRecord, expected: int | None) -> bool:
+    values = (
+        orjson.dumps(r.metadata).decode(),
+        r.secret_sha256,
+        r.managed_by,
+        r.created_at,
+        r.updated_at,
+        r.tokens_valid_from,
+    )
+    if expected is None:
+        with _unique(f"client {r.client_id!r}"):
+            await conn.execute(
+                "INSERT INTO clients (client_id, metadata, secret_sha256, managed_by,"
+                " created_at, updated_at, tokens_valid_from, version) VALUES ($1, $2, $3, $4,"
+                " $5, $6, $7, 1)",
+                r.client_id,
+                *values,
+            )
+        return True
+    changed = await conn.fetchval(
+        "UPDATE clients SET metadata = $2, secret_sha256 = $3, managed_by = $4,"
+        " created_at = $5, updated_at = $6, tokens_valid_from = $7, version = version + 1"
+        " WHERE client_id = $1 AND version = $8 RETURNING 1",
+        r.client_id,
+        *values,
+        expected,
+    )
+    return changed is not None
+
+
+async def _get_user(conn: Any, column: str, value: str) -> UserRecord | None:
+    row = await conn.fetchrow(_USER_BY[column], value)
+    return None if row is None else _user(row)
+
+
+async def _save_user(conn: Any, r: UserRecord, expected: int | None) -> bool:
+    values = (
+        r.username,
+        r.password_hash,
+        orjson.dumps(r.claims).decode(),
+        orjson.dumps(list(r.roles)).decode(),
+        r.disabled,
+        r.managed_by,
+        r.created_at,
+        r.updated_at,
+    )
+    with _unique(f"user {r.subject!r} or username {r.username!r}"):
+        if expected is None:
+            await conn.execute(
+                "INSERT INTO users (subject, username, password_hash, claims, roles, disabled,"
+                " managed_by, created_at, updated_at, version)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1)",
+                r.subject,
+                *values,
+            )
+            return True
+        changed = await conn.fetchval(
+            "UPDATE users SET username = $2, password_hash = $3, claims = $4, roles = $5,"
+            " disabled = $6, managed_by = $7, created_at = $8, updated_at = $9,"
+            " version = version + 1 WHERE subject = $1 AND version = $10 RETURNING 1",
+            r.subject,
+            *values,
+            expected,
+        )
+        return changed is not None
+
+
 @contextlib.contextmanager
 def _unique(what: str) -> Iterator[None]:
     """Turn a primary-key or unique violation into AlreadyExists."""
@@ -747,6 +1240,39 @@ async def _insert_grant(conn: Any, g: GrantRecord) -> None:
         )
 
 
+def _set_on_loss(lost: asyncio.Event, _conn: Any) -> None:
+    lost.set()
+
+
+async def _insert_event(
+    conn: Any,
+    kind: EventKind,
+    reason: str,
+    now: float,
+    expires_at: float,
+    tokens: Sequence[RevokedToken] = (),
+    *,
+    key: str | None = None,
+    issued_before: float | None = None,
+) -> int:
+    """Inside a transaction: the events' lock (ids committed in order), the row, and the
+    notification every replica's listener gets when the transaction commits."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_id("events", EVENTS_LOCK))
+    event_id: int = await conn.fetchval(
+        "INSERT INTO revocation_events (kind, reason, tokens, key, issued_before, created_at,"
+        " expires_at) VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7) RETURNING event_id",
+        kind.value,
+        reason,
+        json.dumps([[t.jti, t.expires_at] for t in tokens]),
+        key,
+        issued_before,
+        now,
+        expires_at,
+    )
+    await conn.execute("SELECT pg_notify($1, $2)", EVENTS_CHANNEL, str(event_id))
+    return event_id
+
+
 async def _record_tokens(conn: Any, issuance: Issuance) -> None:
     """The access token and the refresh token of an issuance."""
     a = issuance.access_token
@@ -768,7 +1294,8 @@ async def _record_tokens(conn: Any, issuance: Issuance) -> None:
         await conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
             " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
-            " successor_sealed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            " successor_sealed, dpop_jkt)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
             r.token_hash,
             r.family_id,
             r.client_id,
@@ -782,6 +1309,7 @@ async def _record_tokens(conn: Any, issuance: Issuance) -> None:
             r.rotated_at,
             r.successor_hash,
             r.successor_sealed,
+            r.dpop_jkt,
         )
 
 

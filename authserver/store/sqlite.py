@@ -30,6 +30,11 @@ PostgreSQL backend covers better. foreign_keys=ON keeps refresh tokens tied to t
 Cancellation. A call whose awaiting task is cancelled still runs to its end on the worker:
 a transaction is never left half done, but the caller does not learn its result.
 
+Revocation events. Written in the transaction of their revocation; the write lock orders
+them, so ids are committed in increasing order. `events_signal` is set by this store after
+each call that recorded one; events another process writes to the same file are found by
+the readers' periodic look (authserver/events.py polls as a fallback).
+
 Errors. An OperationalError (the disk full or failing, the file read-only, a lock not
 obtained within busy_timeout) or a corrupt file becomes StoreUnavailable: the transaction
 was rolled back and the connection stays usable, so the store recovers by itself when the
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -47,23 +53,36 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import TypeVar
 
+import orjson
+
 from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
+    MANAGED_BY_CONFIG,
     AlreadyExists,
+    ClientRecord,
     CodeRecord,
+    CutOff,
     DeviceRecord,
+    EventKind,
     GrantRecord,
+    GrantSummary,
     Issuance,
     Poll,
     RefreshRecord,
+    RevocationEvent,
+    RevokedToken,
     SessionRecord,
+    SigningKeyRecord,
+    SigningKeys,
     StoreUnavailable,
+    UserRecord,
 )
 from authserver.store.migration_files import Migration, load_migrations, unknown_versions
 
@@ -93,6 +112,7 @@ class SQLiteStore:
         self._migrations = migrations
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        self._signal = asyncio.Event()
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -171,11 +191,36 @@ class SQLiteStore:
     async def get_grant(self, grant_id: str) -> GrantRecord | None:
         return await self._call(lambda conn: _get_grant(conn, grant_id))
 
-    async def revoke_grant(self, grant_id: str, now: float) -> bool:
-        return await self._call(lambda conn: _in_transaction(conn, _revoke_grant, grant_id, now))
+    async def revoke_grant(self, grant_id: str, now: float, reason: str = "revoked") -> bool:
+        revoked = await self._call(
+            lambda conn: _in_transaction(conn, _revoke_grant, grant_id, now, reason)
+        )
+        if revoked:
+            self._wake()
+        return revoked
 
-    async def revoke_access_token(self, jti: str, expires_at: float) -> None:
-        await self._call(lambda conn: _revoke_access_token(conn, jti, expires_at))
+    async def revoke_access_token(
+        self, jti: str, expires_at: float, now: float, reason: str = "revoked"
+    ) -> None:
+        await self._call(lambda conn: _revoke_access_token(conn, jti, expires_at, now, reason))
+        self._wake()
+
+    async def cut_off(self, cut: CutOff) -> int:
+        event_id = await self._call(lambda conn: _in_transaction(conn, _cut_off, cut))
+        self._wake()
+        return event_id
+
+    # -- revocation events
+
+    async def revocation_events(self, after: int, now: float, limit: int) -> list[RevocationEvent]:
+        return await self._call(lambda conn: _revocation_events(conn, after, now, limit))
+
+    def events_signal(self) -> asyncio.Event:
+        return self._signal
+
+    def _wake(self) -> None:
+        signal, self._signal = self._signal, asyncio.Event()
+        signal.set()
 
     async def access_token_active(self, jti: str) -> bool:
         return await self._call(lambda conn: _access_token_active(conn, jti))
@@ -259,6 +304,66 @@ class SQLiteStore:
 
     async def redeem_device(self, device_code_hash: bytes, poll: Poll, issuance: Issuance) -> bool:
         return await self._call(lambda conn: _redeem_device(conn, device_code_hash, poll, issuance))
+
+    # -- signing keys
+
+    async def signing_keys(self) -> SigningKeys:
+        return await self._call(_signing_keys)
+
+    async def signing_keys_version(self) -> int:
+        return await self._call(_signing_keys_version)
+
+    async def replace_signing_keys(
+        self, expected_version: int, keys: Sequence[SigningKeyRecord]
+    ) -> bool:
+        return await self._call(lambda conn: _replace_signing_keys(conn, expected_version, keys))
+
+    # -- clients and users
+
+    async def get_client(self, client_id: str) -> ClientRecord | None:
+        return await self._call(lambda conn: _get_client(conn, client_id))
+
+    async def list_clients(self) -> list[ClientRecord]:
+        return await self._call(_list_clients)
+
+    async def save_client(self, record: ClientRecord, expected_version: int | None) -> bool:
+        return await self._call(
+            lambda conn: _in_transaction(conn, _save_client, record, expected_version)
+        )
+
+    async def delete_client(self, client_id: str) -> bool:
+        return await self._call(lambda conn: _delete_row(conn, "clients", client_id))
+
+    async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
+        return await self._call(lambda conn: _in_transaction(conn, _sync_clients, records))
+
+    async def get_user(self, subject: str) -> UserRecord | None:
+        return await self._call(lambda conn: _get_user(conn, "subject", subject))
+
+    async def user_by_username(self, username: str) -> UserRecord | None:
+        return await self._call(lambda conn: _get_user(conn, "username", username))
+
+    async def list_users(self) -> list[UserRecord]:
+        return await self._call(_list_users)
+
+    async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
+        return await self._call(
+            lambda conn: _in_transaction(conn, _save_user, record, expected_version)
+        )
+
+    async def delete_user(self, subject: str) -> bool:
+        return await self._call(lambda conn: _delete_row(conn, "users", subject))
+
+    async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
+        return await self._call(lambda conn: _in_transaction(conn, _sync_users, records))
+
+    async def delete_sessions(self, subject: str) -> int:
+        return await self._call(lambda conn: _delete_rows(conn, "sessions", subject))
+
+    async def list_grants(
+        self, client_id: str | None = None, subject: str | None = None
+    ) -> list[GrantSummary]:
+        return await self._call(lambda conn: _list_grants(conn, client_id, subject))
 
     # -- housekeeping
 
@@ -395,8 +500,8 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
     with _transaction(conn), _unique("this authorization code"):
         conn.execute(
             "INSERT INTO codes (code_hash, client_id, subject, redirect_uri, scope, audience,"
-            " nonce, code_challenge, auth_time, expires_at, created_at, state)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " nonce, code_challenge, auth_time, expires_at, created_at, state, dpop_jkt)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 r.code_hash,
                 r.client_id,
@@ -410,6 +515,7 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
                 r.expires_at,
                 r.created_at,
                 Code.ISSUED.value,
+                r.dpop_jkt,
             ),
         )
 
@@ -417,7 +523,7 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
 def _get_code(conn: sqlite3.Connection, code_hash: bytes) -> CodeRecord | None:
     row = conn.execute(
         "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
-        " code_challenge, auth_time, expires_at, created_at, state"
+        " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt"
         " FROM codes WHERE code_hash = ?",
         (code_hash,),
     ).fetchone()
@@ -482,10 +588,29 @@ def _record_tokens(conn: sqlite3.Connection, issuance: Issuance) -> None:
         _insert_refresh_token(conn, issuance.refresh_token)
 
 
-def _revoke_grant(conn: sqlite3.Connection, grant_id: str, now: float) -> bool:
-    """Inside a transaction: the grant, then every token of its family. Whatever a rotation
-    committed before this transaction began is in the family, and none can commit after
-    it: rotations check the grant in their own write transaction."""
+def _revoke_grant(conn: sqlite3.Connection, grant_id: str, now: float, reason: str) -> bool:
+    """Inside a transaction: the grant, then every token of its family, then the event
+    naming its access tokens. Whatever a rotation committed before this transaction began
+    is in the family, and none can commit after it: rotations check the grant in their own
+    write transaction."""
+    if not _revoke_one_grant(conn, grant_id, now):
+        return False
+    tokens = [
+        RevokedToken(jti, expires_at)
+        for jti, expires_at in conn.execute(
+            "SELECT jti, expires_at FROM access_tokens"
+            " WHERE grant_id = ? AND expires_at > ? ORDER BY jti",
+            (grant_id, now),
+        )
+    ]
+    if tokens:
+        _insert_event(
+            conn, EventKind.TOKENS, reason, now, max(t.expires_at for t in tokens), tokens
+        )
+    return True
+
+
+def _revoke_one_grant(conn: sqlite3.Connection, grant_id: str, now: float) -> bool:
     changed = conn.execute(
         "UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL",
         (now, grant_id),
@@ -499,7 +624,9 @@ def _revoke_grant(conn: sqlite3.Connection, grant_id: str, now: float) -> bool:
     return True
 
 
-def _revoke_access_token(conn: sqlite3.Connection, jti: str, expires_at: float) -> None:
+def _revoke_access_token(
+    conn: sqlite3.Connection, jti: str, expires_at: float, now: float, reason: str
+) -> None:
     with _transaction(conn):
         conn.execute(
             "INSERT INTO access_tokens (jti, expires_at, revoked) VALUES (?, ?, 1)"
@@ -507,6 +634,86 @@ def _revoke_access_token(conn: sqlite3.Connection, jti: str, expires_at: float) 
             " expires_at = max(access_tokens.expires_at, excluded.expires_at)",
             (jti, expires_at),
         )
+        _insert_event(
+            conn, EventKind.TOKENS, reason, now, expires_at, [RevokedToken(jti, expires_at)]
+        )
+
+
+def _cut_off(conn: sqlite3.Connection, cut: CutOff) -> int:
+    """Inside a transaction: the grants of the subject or client created before the cut,
+    each revoked with its family, then the event."""
+    column = "subject" if cut.kind is EventKind.SUBJECT else "client_id"
+    grant_ids = [
+        grant_id
+        for (grant_id,) in conn.execute(
+            f"SELECT grant_id FROM grants WHERE {column} = ?"  # noqa: S608 - one of two names
+            " AND created_at < ? AND revoked_at IS NULL",
+            (cut.key, cut.issued_before),
+        )
+    ]
+    for grant_id in grant_ids:
+        _revoke_one_grant(conn, grant_id, cut.created_at)
+    return _insert_event(
+        conn,
+        cut.kind,
+        cut.reason,
+        cut.created_at,
+        cut.expires_at,
+        key=cut.key,
+        issued_before=cut.issued_before,
+    )
+
+
+def _insert_event(
+    conn: sqlite3.Connection,
+    kind: EventKind,
+    reason: str,
+    now: float,
+    expires_at: float,
+    tokens: Sequence[RevokedToken] = (),
+    *,
+    key: str | None = None,
+    issued_before: float | None = None,
+) -> int:
+    cursor = conn.execute(
+        "INSERT INTO revocation_events (kind, reason, tokens, key, issued_before, created_at,"
+        " expires_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            kind.value,
+            reason,
+            json.dumps([[t.jti, t.expires_at] for t in tokens]),
+            key,
+            issued_before,
+            now,
+            expires_at,
+        ),
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def _revocation_events(
+    conn: sqlite3.Connection, after: int, now: float, limit: int
+) -> list[RevocationEvent]:
+    rows = conn.execute(
+        "SELECT event_id, kind, reason, created_at, expires_at, tokens, key, issued_before"
+        " FROM revocation_events WHERE event_id > ? AND expires_at > ?"
+        " ORDER BY event_id LIMIT ?",
+        (after, now, limit),
+    ).fetchall()
+    return [
+        RevocationEvent(
+            event_id=event_id,
+            kind=EventKind(kind),
+            reason=reason,
+            created_at=created_at,
+            expires_at=expires_at,
+            tokens=tuple(RevokedToken(jti, exp) for jti, exp in json.loads(tokens)),
+            key=key,
+            issued_before=issued_before,
+        )
+        for event_id, kind, reason, created_at, expires_at, tokens, key, issued_before in rows
+    ]
 
 
 def _access_token_active(conn: sqlite3.Connection, jti: str) -> bool:
@@ -526,7 +733,7 @@ def _get_refresh(conn: sqlite3.Connection, token_hash: bytes) -> RefreshRecord |
     row = conn.execute(
         "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
         " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
-        " t.successor_hash, t.successor_sealed"
+        " t.successor_hash, t.successor_sealed, t.dpop_jkt"
         " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
         " WHERE t.token_hash = ?",
         (token_hash,),
@@ -539,7 +746,7 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
         conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
             " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
-            " successor_sealed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " successor_sealed, dpop_jkt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 r.token_hash,
                 r.family_id,
@@ -554,6 +761,7 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
                 r.rotated_at,
                 r.successor_hash,
                 r.successor_sealed,
+                r.dpop_jkt,
             ),
         )
 
@@ -812,6 +1020,295 @@ def _redeem_device(
         return True
 
 
+# -- signing keys
+
+
+def _signing_keys(conn: sqlite3.Connection) -> SigningKeys:
+    # One statement, one snapshot: the version and the keys it names.
+    rows = conn.execute(
+        "SELECT r.version, k.kid, k.alg, k.state, k.created_at, k.activate_at, k.retired_at,"
+        " k.remove_after, k.sealed_private_key"
+        " FROM signing_key_ring r LEFT JOIN signing_keys k ON 1"
+        " WHERE r.id = 1 ORDER BY k.created_at, k.kid"
+    ).fetchall()
+    return SigningKeys(
+        int(rows[0][0]), tuple(SigningKeyRecord(*row[1:]) for row in rows if row[1] is not None)
+    )
+
+
+def _signing_keys_version(conn: sqlite3.Connection) -> int:
+    (version,) = conn.execute("SELECT version FROM signing_key_ring WHERE id = 1").fetchone()
+    return int(version)
+
+
+def _replace_signing_keys(
+    conn: sqlite3.Connection, expected_version: int, keys: Sequence[SigningKeyRecord]
+) -> bool:
+    with _transaction(conn):
+        changed = conn.execute(
+            "UPDATE signing_key_ring SET version = version + 1 WHERE id = 1 AND version = ?",
+            (expected_version,),
+        ).rowcount
+        if changed != 1:
+            return False
+        conn.execute(
+            "DELETE FROM signing_keys WHERE kid NOT IN (SELECT value FROM json_each(?))",
+            (json.dumps([k.kid for k in keys]),),
+        )
+        # Keys leaving `active` first, so that the index allowing one active key per
+        # algorithm sees a successor only after its predecessor is retired.
+        for k in sorted(keys, key=lambda k: k.state == "active"):
+            with _unique("a second active key of one algorithm"):
+                conn.execute(
+                    "INSERT INTO signing_keys (kid, alg, state, created_at, activate_at,"
+                    " retired_at, remove_after, sealed_private_key)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (kid) DO UPDATE SET state = excluded.state,"
+                    " activate_at = excluded.activate_at, retired_at = excluded.retired_at,"
+                    " remove_after = excluded.remove_after",
+                    (
+                        k.kid,
+                        k.alg,
+                        k.state,
+                        k.created_at,
+                        k.activate_at,
+                        k.retired_at,
+                        k.remove_after,
+                        k.sealed_private_key,
+                    ),
+                )
+        return True
+
+
+# -- clients and users: JSON text for the values of mappings and lists
+
+_USER_BY = {
+    "subject": (
+        "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+        " created_at, updated_at, version FROM users WHERE subject = ?"
+    ),
+    "username": (
+        "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+        " created_at, updated_at, version FROM users WHERE username = ?"
+    ),
+}
+_DELETE = {
+    "clients": "DELETE FROM clients WHERE client_id = ?",
+    "users": "DELETE FROM users WHERE subject = ?",
+    "sessions": "DELETE FROM sessions WHERE subject = ?",
+}
+
+
+def _client(row: Sequence[object]) -> ClientRecord:
+    client_id, metadata, secret, managed_by, created, updated, valid_from, version = row
+    return ClientRecord(
+        client_id=str(client_id),
+        metadata=orjson.loads(metadata),  # type: ignore[arg-type]
+        secret_sha256=secret,  # type: ignore[arg-type]
+        managed_by=str(managed_by),
+        created_at=float(created),  # type: ignore[arg-type]
+        updated_at=float(updated),  # type: ignore[arg-type]
+        tokens_valid_from=float(valid_from),  # type: ignore[arg-type]
+        version=int(version),  # type: ignore[call-overload]
+    )
+
+
+def _user(row: Sequence[object]) -> UserRecord:
+    subject, username, password_hash, claims, roles, disabled, managed_by = row[:7]
+    created, updated, version = row[7:]
+    return UserRecord(
+        subject=str(subject),
+        username=str(username),
+        password_hash=str(password_hash),
+        claims=orjson.loads(claims),  # type: ignore[arg-type]
+        roles=tuple(orjson.loads(roles)),  # type: ignore[arg-type]
+        disabled=bool(disabled),
+        managed_by=str(managed_by),
+        created_at=float(created),  # type: ignore[arg-type]
+        updated_at=float(updated),  # type: ignore[arg-type]
+        version=int(version),  # type: ignore[call-overload]
+    )
+
+
+def _client_values(r: ClientRecord, version: int) -> tuple[object, ...]:
+    return (
+        r.client_id,
+        orjson.dumps(r.metadata).decode(),
+        r.secret_sha256,
+        r.managed_by,
+        r.created_at,
+        r.updated_at,
+        r.tokens_valid_from,
+        version,
+    )
+
+
+def _user_values(r: UserRecord, version: int) -> tuple[object, ...]:
+    return (
+        r.subject,
+        r.username,
+        r.password_hash,
+        orjson.dumps(r.claims).decode(),
+        orjson.dumps(list(r.roles)).decode(),
+        int(r.disabled),
+        r.managed_by,
+        r.created_at,
+        r.updated_at,
+        version,
+    )
+
+
+def _get_client(conn: sqlite3.Connection, client_id: str) -> ClientRecord | None:
+    row = conn.execute(
+        "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+        " tokens_valid_from, version FROM clients WHERE client_id = ?",
+        (client_id,),
+    ).fetchone()
+    return None if row is None else _client(row)
+
+
+def _list_clients(conn: sqlite3.Connection) -> list[ClientRecord]:
+    rows = conn.execute(
+        "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+        " tokens_valid_from, version FROM clients ORDER BY client_id"
+    )
+    return [_client(row) for row in rows]
+
+
+def _save_client(conn: sqlite3.Connection, r: ClientRecord, expected: int | None) -> bool:
+    if expected is None:
+        with _unique(f"client {r.client_id!r}"):
+            conn.execute(
+                "INSERT INTO clients (client_id, metadata, secret_sha256, managed_by,"
+                " created_at, updated_at, tokens_valid_from, version) VALUES (?, ?, ?, ?, ?, ?,"
+                " ?, ?)",
+                _client_values(r, 1),
+            )
+        return True
+    values = _client_values(r, expected + 1)
+    return (
+        conn.execute(
+            "UPDATE clients SET metadata = ?, secret_sha256 = ?, managed_by = ?,"
+            " created_at = ?, updated_at = ?, tokens_valid_from = ?, version = ?"
+            " WHERE client_id = ? AND version = ?",
+            (*values[1:], r.client_id, expected),
+        ).rowcount
+        == 1
+    )
+
+
+def _sync_clients(conn: sqlite3.Connection, records: Sequence[ClientRecord]) -> list[str]:
+    seeded = {r.client_id for r in records}
+    removed = [
+        client_id
+        for (client_id,) in conn.execute(
+            "SELECT client_id FROM clients WHERE managed_by = ? ORDER BY client_id",
+            (MANAGED_BY_CONFIG,),
+        )
+        if client_id not in seeded
+    ]
+    conn.executemany("DELETE FROM clients WHERE client_id = ?", [(c,) for c in removed])
+    for r in records:
+        old = _get_client(conn, r.client_id)
+        if old is None:
+            _save_client(conn, r, None)
+        elif (old.metadata, old.secret_sha256, old.managed_by) != (
+            r.metadata,
+            r.secret_sha256,
+            MANAGED_BY_CONFIG,
+        ):
+            kept = replace(r, created_at=old.created_at, tokens_valid_from=old.tokens_valid_from)
+            _save_client(conn, kept, old.version)
+    return removed
+
+
+def _get_user(conn: sqlite3.Connection, column: str, value: str) -> UserRecord | None:
+    row = conn.execute(_USER_BY[column], (value,)).fetchone()
+    return None if row is None else _user(row)
+
+
+def _list_users(conn: sqlite3.Connection) -> list[UserRecord]:
+    return [
+        _user(row)
+        for row in conn.execute(
+            "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+            " created_at, updated_at, version FROM users ORDER BY subject"
+        )
+    ]
+
+
+def _save_user(conn: sqlite3.Connection, r: UserRecord, expected: int | None) -> bool:
+    with _unique(f"user {r.subject!r} or username {r.username!r}"):
+        if expected is None:
+            conn.execute(
+                "INSERT INTO users (subject, username, password_hash, claims, roles, disabled,"
+                " managed_by, created_at, updated_at, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?)",
+                _user_values(r, 1),
+            )
+            return True
+        values = _user_values(r, expected + 1)
+        return (
+            conn.execute(
+                "UPDATE users SET username = ?, password_hash = ?, claims = ?, roles = ?,"
+                " disabled = ?, managed_by = ?, created_at = ?, updated_at = ?, version = ?"
+                " WHERE subject = ? AND version = ?",
+                (*values[1:], r.subject, expected),
+            ).rowcount
+            == 1
+        )
+
+
+def _sync_users(conn: sqlite3.Connection, records: Sequence[UserRecord]) -> list[str]:
+    seeded = {r.subject for r in records}
+    removed = [
+        subject
+        for (subject,) in conn.execute(
+            "SELECT subject FROM users WHERE managed_by = ? ORDER BY subject",
+            (MANAGED_BY_CONFIG,),
+        )
+        if subject not in seeded
+    ]
+    conn.executemany("DELETE FROM users WHERE subject = ?", [(s,) for s in removed])
+    for r in records:
+        old = _get_user(conn, "subject", r.subject)
+        if old is None:
+            _save_user(conn, r, None)
+        elif _user_values(old, 0)[1:7] != (*_user_values(r, 0)[1:6], MANAGED_BY_CONFIG):
+            _save_user(conn, replace(r, created_at=old.created_at), old.version)
+    return removed
+
+
+def _delete_row(conn: sqlite3.Connection, table: str, value: str) -> bool:
+    return _delete_rows(conn, table, value) == 1
+
+
+def _delete_rows(conn: sqlite3.Connection, table: str, value: str) -> int:
+    with _transaction(conn):
+        return conn.execute(_DELETE[table], (value,)).rowcount
+
+
+def _list_grants(
+    conn: sqlite3.Connection, client_id: str | None, subject: str | None
+) -> list[GrantSummary]:
+    rows = conn.execute(
+        "SELECT g.grant_id, g.client_id, g.subject, g.created_at, g.expires_at, g.revoked_at,"
+        " coalesce((SELECT t.scope FROM refresh_tokens t WHERE t.family_id = g.grant_id"
+        "           ORDER BY t.created_at DESC LIMIT 1),"
+        "(SELECT group_concat(c.scope, ' ') FROM (SELECT scope FROM consents c2"
+        " WHERE c2.subject = g.subject AND c2.client_id = g.client_id ORDER BY"
+        " scope) c)"
+        ", ''),"
+        " coalesce((SELECT max(t.created_at) FROM refresh_tokens t"
+        "           WHERE t.family_id = g.grant_id), g.created_at),"
+        " EXISTS (SELECT 1 FROM refresh_tokens t WHERE t.family_id = g.grant_id)"
+        " FROM grants g WHERE (:client IS NULL OR g.client_id = :client)"
+        " AND (:subject IS NULL OR g.subject = :subject) ORDER BY g.grant_id",
+        {"client": client_id, "subject": subject},
+    )
+    return [GrantSummary(GrantRecord(*row[:6]), row[6], row[7], bool(row[8])) for row in rows]
+
+
 # -- housekeeping
 
 
@@ -819,7 +1316,8 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
     """Each table in its own short transaction, so writers wait for one table at most.
 
     The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
-    device codes, throttle keys, access tokens); grants are bookkeeping and not counted.
+    device codes, throttle keys, access tokens, revocation events); grants are bookkeeping
+    and not counted.
     """
     deleted = 0
     for statement in (
@@ -829,6 +1327,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
         "DELETE FROM device_codes WHERE expires_at <= :now",
         "DELETE FROM failures WHERE expires_at <= :now",
         "DELETE FROM access_tokens WHERE expires_at <= :now",
+        "DELETE FROM revocation_events WHERE expires_at <= :now",
     ):
         with _transaction(conn):
             deleted += conn.execute(statement, {"now": now}).rowcount

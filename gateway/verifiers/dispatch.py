@@ -25,13 +25,15 @@ import orjson
 
 from ..bearer import looks_like_jwt
 from ..clock import SYSTEM_CLOCK, Clock
+from ..jose import b64url_decode
 from ..jwks import KeySet
 from ..principal import Principal
-from ..settings import IssuerSettings, JwksSettings
+from ..records import Issuer
+from ..settings import JwksSettings
 from .base import Verifier
 from .cache import TokenCache, token_key
 from .introspection import Introspector
-from .jwt import JwtVerifier, TrustedIssuer, b64url_decode
+from .jwt import JwtVerifier, TrustedIssuer
 
 
 def unverified_issuer(token: str) -> str | None:
@@ -91,12 +93,12 @@ class DispatchingVerifier:
         return await self._jwt.verify(token)
 
 
-def keyset_identity(issuer: IssuerSettings, jwks: JwksSettings) -> tuple[object, ...]:
+def keyset_identity(issuer: Issuer, jwks: JwksSettings) -> tuple[object, ...]:
     """What a key set depends on: the same values mean the same keys (kept on reload)."""
     return (issuer.issuer, issuer.jwks_uri, issuer.allow_http, issuer.ca_file, jwks)
 
 
-def introspector_identity(issuer: IssuerSettings) -> tuple[object, ...]:
+def introspector_identity(issuer: Issuer) -> tuple[object, ...]:
     return (
         issuer.issuer,
         issuer.allow_http,
@@ -117,7 +119,7 @@ class Verification:
 
 
 def build(
-    issuers: Sequence[IssuerSettings],
+    issuers: Sequence[Issuer],
     jwks: JwksSettings,
     keys_session: aiohttp.ClientSession,
     cache: TokenCache,
@@ -140,7 +142,7 @@ def build(
             keyset = keysets.get(identity) or KeySet(issuer, jwks, keys_session, clock.monotonic)
             used_keysets[identity] = keyset
             trusted[issuer.issuer] = TrustedIssuer(
-                settings=issuer,
+                require_typ=issuer.require_typ,
                 keys=keyset,
                 algorithms=frozenset(issuer.algorithms),
                 leeway=issuer.leeway.total_seconds(),

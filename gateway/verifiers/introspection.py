@@ -10,7 +10,10 @@ One `Introspector` per issuer in mode `introspection` or `auto`:
     min(cache_ttl, exp - now, the answer's max-age), an inactive one for inactive_cache_ttl;
     `Cache-Control: no-store` on the answer is meant for shared caches between us and the
     issuer, and the gateway's own cache stays bounded by cache_ttl (§4 leaves the trade-off
-    between freshness and load to the resource server);
+    between freshness and load to the resource server); with `cache: redis://...` the
+    answers are also left in Redis for the other gateways, under the same deadlines, and
+    looked up there before asking the issuer (shared_cache.py: a keyed hash, never the token;
+    a Redis error is a miss);
  4. concurrent requests with the same token share one call (single flight), and at most
     `max_pending` distinct tokens are asked about at once: past that a new one fails at once
     with VerifierUnavailable (503 with Retry-After) rather than queue without bound;
@@ -20,7 +23,9 @@ One `Introspector` per issuer in mode `introspection` or `auto`:
  6. an active answer is checked like a JWT: `iss` (when given) must be this issuer, `exp`
     and `nbf` with leeway, a `sub`, and a `token_type` that is an access token (a refresh
     token is active too, but is no bearer credential for an API), and a `scope` made of
-    RFC 6749 §3.3 scope tokens split on U+0020 alone (§2.2), as for JWTs. Audience and
+    RFC 6749 §3.3 scope tokens split on U+0020 alone (§2.2), as for JWTs; `cnf.jkt`, the
+    key a DPoP-bound token is bound to (RFC 9449 §6.2), is kept for the bind-check, and
+    `token_type: DPoP` without it is refused. Audience and
     scope are route-specific and belong to policy.decide, as for JWTs.
 Neither the token nor the client secret is ever logged.
 """
@@ -44,10 +49,18 @@ import orjson
 
 from ..clock import SYSTEM_CLOCK, Clock
 from ..jwks import FetchError, discovery_urls, fetch_json, issuer_tls, read_bounded
-from ..principal import MalformedScope, Principal, audiences_of, normalise_scopes
-from ..settings import IntrospectionSettings, IssuerSettings
+from ..principal import (
+    MalformedScope,
+    Principal,
+    UnsupportedBinding,
+    audiences_of,
+    bound_key,
+    normalise_scopes,
+)
+from ..records import Introspection, Issuer
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache
+from .shared_cache import NoSharedAnswers, RedisAnswers, SharedAnswers, cache_secret
 from .validity import check_validity
 
 log = logging.getLogger("portcullis.gateway.introspection")
@@ -59,7 +72,7 @@ _BUSY_LOG_INTERVAL = timedelta(seconds=10)
 # RFC 7662 §2.2 token_type values (RFC 6749 §7.1 types, RFC 8693 §3 identifiers) that name
 # an access token; anything else (refresh_token, ...) is refused.
 _ACCESS_TOKEN_TYPES = frozenset(
-    {"bearer", "access_token", "urn:ietf:params:oauth:token-type:access_token"}
+    {"bearer", "dpop", "access_token", "urn:ietf:params:oauth:token-type:access_token"}
 )
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?", re.IGNORECASE)
 
@@ -111,8 +124,8 @@ class Introspector:
 
     def __init__(
         self,
-        issuer: IssuerSettings,
-        settings: IntrospectionSettings,
+        issuer: Issuer,
+        settings: Introspection,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.issuer = issuer
@@ -127,6 +140,16 @@ class Introspector:
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout.total_seconds())
         self.cache = TokenCache(settings.cache_size, clock.wall)
         self.inactive = InactiveTokens(settings.cache_size)
+        self.shared: SharedAnswers = NoSharedAnswers()
+        if settings.cache is not None:
+            self.shared = RedisAnswers(
+                settings.cache,
+                cache_secret(issuer.issuer, settings.client_id, settings.client_secret),
+                settings.cache_key_prefix,
+                settings.cache_timeout,
+                clock.wall,
+                clock.monotonic,
+            )
         self._flights: dict[bytes, asyncio.Task[Principal]] = {}
         self._max_pending = settings.max_pending
         self._log_issuer = {"issuer": issuer.issuer}
@@ -176,6 +199,7 @@ class Introspector:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.shared.close()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -217,6 +241,10 @@ class Introspector:
             flight.exception()  # retrieved here even when every waiter has gone
 
     async def _introspect(self, token: str, key: bytes) -> Principal:
+        found = await self.shared.lookup(token)
+        if found is not None and isinstance(found.answer.get("active"), bool):
+            # Another gateway asked: the same checks as for the issuer's own answer.
+            return self._answered(found.answer, key, self._now(), found.until)
         endpoint = self._endpoint or await self._discover_now()
         if endpoint is None:
             raise VerifierUnavailable("the introspection endpoint is not known")
@@ -244,19 +272,38 @@ class Introspector:
             raise VerifierUnavailable("introspection failed")
         self.last_error = None
         now = self._now()
-        if not answer["active"]:
+        if answer["active"]:
+            self.active += 1
+        else:
             self.inactive_answers += 1
-            self.inactive.put(key, now + self._inactive_ttl)
+        until = now + self._inactive_ttl
+        try:
+            principal = self._principal(answer, now) if answer["active"] else None
+        except InvalidToken:
+            principal = None
+        if principal is not None:
+            ttl = min(self._cache_ttl, principal.expires_at - now, _max_age(cache_control))
+            until = now + ttl
+        await self.shared.store(token, answer, until)
+        return self._answered(answer, key, now, until)
+
+    def _answered(
+        self, answer: Mapping[str, Any], key: bytes, now: float, until: float
+    ) -> Principal:
+        """The principal of an answer (the issuer's, or another gateway's from the shared
+        cache), cached in memory until `until`; InvalidToken for an inactive or unacceptable
+        one, remembered as inactive for inactive_cache_ttl at most."""
+        inactive_until = min(until, now + self._inactive_ttl)
+        if not answer["active"]:
+            self.inactive.put(key, inactive_until)
             raise InvalidToken("the token is not active")
-        self.active += 1
         try:
             principal = self._principal(answer, now)
         except InvalidToken:
-            self.inactive.put(key, now + self._inactive_ttl)
+            self.inactive.put(key, inactive_until)
             raise
-        ttl = min(self._cache_ttl, principal.expires_at - now, _max_age(cache_control))
-        if ttl > 0:
-            self.cache.put(key, principal, now + ttl)
+        if until > now:
+            self.cache.put(key, principal, until)
         return principal
 
     def _refuse_busy(self) -> None:
@@ -302,6 +349,13 @@ class Introspector:
             scopes = normalise_scopes(claims)
         except MalformedScope:
             raise InvalidToken("the token's scope is not a list of scope tokens") from None
+        try:
+            jkt = bound_key(claims)
+        except UnsupportedBinding as exc:
+            raise InvalidToken(str(exc)) from None
+        # RFC 9449 §6.2: a DPoP-bound token is reported with token_type DPoP and its cnf.
+        if jkt is None and isinstance(token_type, str) and token_type.lower() == "dpop":
+            raise InvalidToken("the token is DPoP-bound but its key is not known (no cnf.jkt)")
         return Principal(
             issuer=self.issuer.issuer,
             subject=sub,
@@ -310,6 +364,7 @@ class Introspector:
             audiences=audiences_of(claims),
             expires_at=expires_at,
             claims=MappingProxyType(claims),
+            jkt=jkt,
         )
 
     # ------------------------------------------------------------------ discovery

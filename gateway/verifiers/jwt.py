@@ -15,14 +15,15 @@ The checks, in order (each failure is a 401 invalid_token with a short descripti
  7. signature;
  8. `exp` (required), `nbf`, `iat` with leeway; `sub` and `aud` present;
  9. not an ID token (RFC 9068 §4 asks resource servers to tell them apart);
-10. the scope claim is a list of RFC 6749 §3.3 scope tokens (principal.normalise_scopes).
+10. the scope claim is a list of RFC 6749 §3.3 scope tokens (principal.normalise_scopes);
+11. a `cnf` claim names a DPoP key (`jkt`, RFC 9449 §6.1): the proof is checked per request
+    by the pipeline's bind-check, cache hit or not.
 Audience and scope are route-specific and belong to policy.decide. Steps 2-10 run only for a
 token the cache of step 1 does not hold, and what they accept is what it then holds.
 """
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 import time
@@ -34,9 +35,9 @@ import orjson
 from jwt.algorithms import Algorithm, get_default_algorithms
 
 from ..clock import Now
+from ..jose import b64url_decode
 from ..jwks import KeySet, VerifyKey
-from ..principal import MalformedScope, Principal, from_claims
-from ..settings import IssuerSettings
+from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache, token_key
 from .validity import check_validity
@@ -44,26 +45,6 @@ from .validity import check_validity
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 _ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
-_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-_B64URL_TEXT = re.compile(r"[A-Za-z0-9_-]*")
-# RFC 4648 §3.5: the bits a final partial group leaves unused must be zero. With 2 characters
-# left the last one carries 4 unused bits, with 3 it carries 2; only the characters whose
-# unused bits are zero spell the bytes canonically. (PyJWT's decoder accepts any of them.)
-_CANONICAL_LAST = {
-    2: frozenset(_B64URL[::16]),
-    3: frozenset(_B64URL[::4]),
-}
-
-
-def b64url_decode(part: str) -> bytes:
-    """Unpadded base64url (RFC 7515 §2) in its one canonical spelling, else binascii.Error:
-    no `=`, nothing outside the alphabet, no length that no bytes encode to, zero pad bits."""
-    if not _B64URL_TEXT.fullmatch(part):
-        raise binascii.Error("not base64url")
-    rest = len(part) % 4
-    if rest == 1 or (rest and part[-1] not in _CANONICAL_LAST[rest]):
-        raise binascii.Error("not canonical base64url")
-    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
@@ -78,7 +59,7 @@ def _json_object(part: str, what: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TrustedIssuer:
-    settings: IssuerSettings
+    require_typ: bool  # RFC 9068 §4
     keys: KeySet
     algorithms: frozenset[str]
     leeway: float  # seconds
@@ -145,7 +126,7 @@ class JwtVerifier:
             raise InvalidToken("the token's issuer is not trusted")
         if alg not in issuer.algorithms:
             raise InvalidToken("the token's signing algorithm is not accepted")
-        if issuer.settings.require_typ:
+        if issuer.require_typ:
             typ = header.get("typ")
             if not isinstance(typ, str) or typ.lower() not in _AT_JWT_TYPES:
                 raise InvalidToken("the token is not an access token (typ must be at+jwt)")
@@ -170,6 +151,8 @@ class JwtVerifier:
             principal = from_claims(claims)
         except MalformedScope:
             raise InvalidToken("the token's scope is not a list of scope tokens") from None
+        except UnsupportedBinding as exc:
+            raise InvalidToken(str(exc)) from None
         return principal, exp + leeway
 
     @staticmethod

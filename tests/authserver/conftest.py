@@ -176,12 +176,26 @@ def _key_template(root: Path) -> Path:
     return template
 
 
+# keys.encryption_key of the test servers whose keys live in the storage (PostgreSQL, or
+# SQLite without keys.dir): base64 of 32 bytes.
+KEY_SECRET = base64.b64encode(bytes(range(32))).decode()
+
+
 def render_config(config: dict[str, Any] | str, directory: Path, port: int) -> str:
-    """The full YAML text: `config` plus the issuer, listen addresses, storage and keys."""
+    """The full YAML text: `config` plus the issuer, listen addresses, storage and keys.
+
+    The keys live in `directory/keys`, unless the storage is PostgreSQL (where replicas
+    share them through the database) or the test gave `keys.encryption_key` or
+    `keys.dir: null`: then in the storage, sealed with KEY_SECRET unless the test gave one."""
     body = yaml.safe_load(config) if isinstance(config, str) else copy.deepcopy(config)
     body = dict(body or {})
     keys = dict(body.pop("keys", None) or {})
-    keys.setdefault("dir", str(directory / "keys"))
+    postgres = str(body.get("storage", "")).startswith(("postgresql://", "postgres://"))
+    if postgres or "encryption_key" in keys or ("dir" in keys and keys["dir"] is None):
+        keys.pop("dir", None)
+        keys.setdefault("encryption_key", KEY_SECRET)
+    else:
+        keys.setdefault("dir", str(directory / "keys"))
     head = {
         "issuer": f"http://127.0.0.1:{port}",
         "listen": f"127.0.0.1:{port}",
@@ -328,6 +342,9 @@ async def start_authserver(tmp_path: Path, key_root: Path) -> AsyncIterator[Star
         started.append(server)
         return server
 
+    # The shared keys exist before the test begins: a MovableClock it makes starts no earlier
+    # than the moment they began to sign.
+    _key_template(key_root)
     yield start
     for server in started:
         await server.stop()
@@ -564,6 +581,9 @@ async def verify_jwt(
     matching = [k for k in jwks["keys"] if k["kid"] == header["kid"]]
     assert len(matching) == 1, (header, jwks)
     key = jwt.PyJWK(matching[0])
+    # A test may have moved the server's clock ahead of the real one: its tokens are not from
+    # the future by that much (PyJWT reads the real time only).
+    ahead = max(0.0, server.clock() - time.time())
     claims: dict[str, Any] = jwt.decode(
         token,
         key.key,
@@ -571,6 +591,7 @@ async def verify_jwt(
         audience=audience,
         issuer=server.settings.issuer,
         options={"verify_aud": audience is not None},
+        leeway=ahead,
     )
     return claims
 

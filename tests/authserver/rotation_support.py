@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def config_file(server: RunningAuthServer, config: dict[str, Any]) -> Path:
     """The YAML file a running server started by `start_authserver(config)` was made from,
     for the command line to read."""
-    directory = Path(server.settings.keys.dir).parent
+    keys_dir = server.settings.keys.dir
+    # Keys kept in the storage: the file may be anywhere.
+    directory = Path(keys_dir).parent if keys_dir else Path(tempfile.mkdtemp(prefix="authserver-"))
     path = directory / "authserver.yaml"
     path.write_text(render_config(config, directory, server.port))
     return path
@@ -58,10 +61,17 @@ async def listed(path: Path) -> dict[str, dict[str, Any]]:
     return {entry["kid"]: entry for entry in json.loads(out)}
 
 
-def on_disk(server: RunningAuthServer) -> dict[str, dict[str, Any]]:
-    """keyring.json as the processes sharing the directory last wrote it, by kid."""
+async def on_disk(server: RunningAuthServer) -> dict[str, dict[str, Any]]:
+    """The ring as the processes sharing it last wrote it, by kid: keyring.json in the key
+    directory, or the rows of the storage."""
+    if server.settings.keys.dir is None:
+        ring = await server.services.store.signing_keys()
+        return {key.kid: {f: getattr(key, f) for f in STORED_FIELDS} for key in ring.keys}
     entries = json.loads((Path(server.settings.keys.dir) / "keyring.json").read_text())
     return {entry["kid"]: entry for entry in entries}
+
+
+STORED_FIELDS = ("kid", "alg", "state", "created_at", "activate_at", "retired_at", "remove_after")
 
 
 async def published(http: aiohttp.ClientSession, server: RunningAuthServer) -> set[str]:
@@ -81,7 +91,3 @@ async def eventually(
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(every)
     return time.time()
-
-
-async def sleep_until(moment: float) -> None:
-    await asyncio.sleep(max(0.0, moment - time.time()))

@@ -30,16 +30,25 @@ import pytest
 from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Backoff, Cap, Refuse
 from authserver.store.base import (
+    MANAGED_BY_API,
+    MANAGED_BY_CONFIG,
     AccessTokenRecord,
     AlreadyExists,
+    ClientRecord,
     CodeRecord,
+    CutOff,
     DeviceRecord,
+    EventKind,
     GrantRecord,
     Issuance,
     Poll,
     RefreshRecord,
+    RevokedToken,
     SessionRecord,
+    SigningKeyRecord,
+    SigningKeys,
     Store,
+    UserRecord,
 )
 
 StoreFactory = Callable[[], Store]
@@ -54,6 +63,8 @@ REDEEM = Move(Code.ISSUED, Code.CONSUMED)
 ROTATE = Move(Refresh.ACTIVE, Refresh.ROTATED)
 APPROVE = Move(Device.PENDING, Device.APPROVED)
 DENY = Move(Device.PENDING, Device.DENIED)
+# A DPoP key's JWK SHA-256 thumbprint (RFC 7638), as codes and refresh tokens are bound to.
+JKT = "0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I"
 
 
 def digest(label: str) -> bytes:
@@ -197,6 +208,59 @@ def a_poll(
     return Poll(Move(state, to or state), last_poll, at, interval)
 
 
+def a_signing_key(
+    kid: str, alg: str = "ES256", state: str = "active", **changes: Any
+) -> SigningKeyRecord:
+    record = SigningKeyRecord(
+        kid=kid,
+        alg=alg,
+        state=state,
+        created_at=T0,
+        activate_at=None,
+        retired_at=None,
+        remove_after=None,
+        sealed_private_key=b"\x01sealed:" + kid.encode(),
+    )
+    return replace(record, **changes)
+
+
+def a_client(client_id: str = "webapp", **changes: Any) -> ClientRecord:
+    record = ClientRecord(
+        client_id=client_id,
+        metadata={
+            "client_name": "Web App",
+            "redirect_uris": ["https://app.example.com/callback"],
+            "scope": "openid orders:read",
+            "jwks": None,
+        },
+        secret_sha256=digest("secret-of-" + client_id),
+        managed_by=MANAGED_BY_API,
+        created_at=T0,
+        updated_at=T0,
+        tokens_valid_from=T0,
+    )
+    return replace(record, **changes)
+
+
+def a_user(subject: str = "sub-alice", username: str = "alice", **changes: Any) -> UserRecord:
+    record = UserRecord(
+        subject=subject,
+        username=username,
+        password_hash="scrypt$4$1$1$c2FsdA$aGFzaA",
+        claims={
+            "email": f"{username}@example.com",
+            "email_verified": True,
+            "address": {"country": "FR"},
+        },
+        roles=("admin", "auditor"),
+        disabled=False,
+        managed_by=MANAGED_BY_API,
+        created_at=T0,
+        updated_at=T0,
+    )
+    return replace(record, **changes)
+
+
 class StoreConformance:
     """Subclass in a backend's test module and provide the `make_store` fixture."""
 
@@ -249,8 +313,18 @@ class StoreConformance:
 
     @pytest.mark.parametrize(
         "code",
-        [a_code(), a_code(nonce=None, code_challenge=None), a_code(state=Code.CONSUMED.value)],
-        ids=["with-nonce-and-challenge", "without-nonce-or-challenge", "given-consumed"],
+        [
+            a_code(),
+            a_code(nonce=None, code_challenge=None),
+            a_code(state=Code.CONSUMED.value),
+            a_code(dpop_jkt=JKT),
+        ],
+        ids=[
+            "with-nonce-and-challenge",
+            "without-nonce-or-challenge",
+            "given-consumed",
+            "bound-to-a-dpop-key",
+        ],
     )
     async def test_a_saved_code_reads_back_issued(self, store: Store, code: CodeRecord) -> None:
         await store.save_code(code)
@@ -322,6 +396,31 @@ class StoreConformance:
         if taken != "refresh-token":
             assert await store.get_refresh(digest("rt-1")) is None
         assert await store.redeem_code(code.code_hash, REDEEM, redemption("fam-1", "at-1", "rt-1"))
+
+    async def test_refresh_tokens_keep_their_dpop_binding_through_redemption_and_rotation(
+        self, store: Store
+    ) -> None:
+        code = a_code(dpop_jkt=JKT)
+        await store.save_code(code)
+        issuance = redemption("fam-1", "at-1", "rt-1", T0)
+        assert issuance.refresh_token is not None
+        bound = Issuance(
+            issuance.access_token, replace(issuance.refresh_token, dpop_jkt=JKT), issuance.grant
+        )
+        assert await store.redeem_code(code.code_hash, REDEEM, bound)
+        first = await store.get_refresh(digest("rt-1"))
+        assert first is not None and first.dpop_jkt == JKT
+
+        # The successor is stored as given: bound to the key it names, or to none.
+        successor = rotation("rt-2", T0 + 1, dpop_jkt=JKT)
+        assert await store.rotate_refresh(digest("rt-1"), ROTATE, successor, sealed("rt-2"))
+        second = await store.get_refresh(digest("rt-2"))
+        assert second is not None and second.dpop_jkt == JKT
+        assert second == successor.refresh_token
+        unbound = rotation("rt-3", T0 + 2)
+        assert await store.rotate_refresh(digest("rt-2"), ROTATE, unbound, sealed("rt-3"))
+        third = await store.get_refresh(digest("rt-3"))
+        assert third is not None and third.dpop_jkt is None
 
     async def test_redeeming_a_code_leaves_its_expiry_to_the_caller(self, store: Store) -> None:
         code = a_code()
@@ -409,9 +508,9 @@ class StoreConformance:
         await start_family(store, "rt-0", "fam-1")
         assert await rotate(store, "rt-0", "rt-1", T0 + 1)
 
-        await store.revoke_access_token("at-of-fam-1", T0 + 300)
-        await store.revoke_access_token("at-unrecorded", T0 + 300)
-        await store.revoke_access_token("at-unrecorded", T0 + 300)  # again: no error
+        await store.revoke_access_token("at-of-fam-1", T0 + 300, T0)
+        await store.revoke_access_token("at-unrecorded", T0 + 300, T0)
+        await store.revoke_access_token("at-unrecorded", T0 + 300, T0)  # again: no error
 
         assert not await store.access_token_active("at-of-fam-1")
         assert not await store.access_token_active("at-unrecorded")
@@ -993,6 +1092,147 @@ class StoreConformance:
         grants = [await store.get_grant(f"d-{i}") for i in range(RACERS)]
         assert [i for i, grant in enumerate(grants) if grant is not None] == [winner]
 
+    # -- revocation events ----------------------------------------------------------------
+
+    async def test_revoking_an_access_token_records_an_event_naming_it(self, store: Store) -> None:
+        await store.revoke_access_token("at-1", T0 + 300, T0, "revoked")
+        (event,) = await store.revocation_events(0, T0, 100)
+        assert event.kind is EventKind.TOKENS
+        assert event.tokens == (RevokedToken("at-1", T0 + 300),)
+        assert (event.reason, event.created_at, event.expires_at) == ("revoked", T0, T0 + 300)
+        assert event.key is None and event.issued_before is None
+
+    async def test_revoking_a_grant_records_one_event_naming_its_unexpired_access_tokens(
+        self, store: Store
+    ) -> None:
+        await start_family(store)  # at-of-fam-1 expires at T0 + 300
+        assert await rotate(store, "rt-0", "rt-1", T0 + 200)  # at-rt-1 expires at T0 + 500
+        assert await rotate(store, "rt-1", "rt-2", T0 + 250)  # at-rt-2 expires at T0 + 550
+        assert await store.revoke_grant("fam-1", T0 + 400, "refresh_reuse")
+        (event,) = await store.revocation_events(0, T0 + 400, 100)
+        assert event.kind is EventKind.TOKENS and event.reason == "refresh_reuse"
+        assert set(event.tokens) == {
+            RevokedToken("at-rt-1", T0 + 500),
+            RevokedToken("at-rt-2", T0 + 550),
+        }
+        assert event.expires_at == T0 + 550
+
+        assert not await store.revoke_grant("fam-1", T0 + 401)  # again: no second event
+        assert len(await store.revocation_events(0, T0 + 401, 100)) == 1
+
+    async def test_a_grant_whose_access_tokens_all_expired_is_revoked_without_an_event(
+        self, store: Store
+    ) -> None:
+        await start_family(store)
+        assert await store.revoke_grant("fam-1", T0 + HOUR)
+        assert await store.revocation_events(0, T0 + HOUR, 100) == []
+
+    async def test_a_cut_off_revokes_the_older_grants_of_its_subject_alone_and_records_it(
+        self, store: Store
+    ) -> None:
+        await start_family(store, "rt-old", "fam-old")  # alice, created at T0
+        await start_family(store, "rt-new", "fam-new", now=T0 + 20)  # alice, after the cut
+        code = a_code("code-bob", subject="bob")
+        await store.save_code(code)
+        bob = redemption("fam-bob", "at-bob", "rt-bob")
+        bob = replace(bob, grant=replace(bob.grant, subject="bob"))  # type: ignore[arg-type]
+        assert await store.redeem_code(code.code_hash, REDEEM, bob)
+
+        cut = CutOff(EventKind.SUBJECT, "alice", T0 + 10, T0 + 310, "user_disabled", T0 + 15)
+        event_id = await store.cut_off(cut)
+
+        old = await store.get_grant("fam-old")
+        assert old is not None and old.revoked_at == T0 + 15
+        assert not await store.access_token_active("at-of-fam-old")
+        assert not await rotate(store, "rt-old", "rt-old-1", T0 + 30, family="fam-old")
+        assert await store.access_token_active("at-of-fam-new")
+        assert await store.access_token_active("at-bob")
+        (event,) = await store.revocation_events(0, T0 + 15, 100)
+        assert event.event_id == event_id
+        assert (event.kind, event.key, event.issued_before) == (EventKind.SUBJECT, "alice", T0 + 10)
+        assert (event.reason, event.created_at, event.expires_at) == (
+            "user_disabled",
+            T0 + 15,
+            T0 + 310,
+        )
+        assert event.tokens == ()
+
+    async def test_a_client_cut_off_revokes_the_clients_grants(self, store: Store) -> None:
+        await start_family(store)
+        cut = CutOff(EventKind.CLIENT, "webapp", T0 + 1, T0 + 301, "client_deleted", T0 + 1)
+        await store.cut_off(cut)
+        assert not await store.access_token_active("at-of-fam-1")
+        (event,) = await store.revocation_events(0, T0 + 1, 100)
+        assert (event.kind, event.key) == (EventKind.CLIENT, "webapp")
+
+    async def test_events_are_read_after_an_id_in_order_without_the_expired_ones(
+        self, store: Store
+    ) -> None:
+        await store.revoke_access_token("at-1", T0 + 300, T0)
+        await store.revoke_access_token("at-2", T0 + 100, T0)
+        await store.revoke_access_token("at-3", T0 + 300, T0)
+        events = await store.revocation_events(0, T0, 100)
+        assert [e.tokens[0].jti for e in events] == ["at-1", "at-2", "at-3"]
+        ids = [e.event_id for e in events]
+        assert ids == sorted(ids) and len(set(ids)) == 3
+        assert [e.tokens[0].jti for e in await store.revocation_events(ids[0], T0, 100)] == [
+            "at-2",
+            "at-3",
+        ]
+        assert [e.tokens[0].jti for e in await store.revocation_events(0, T0 + 200, 100)] == [
+            "at-1",
+            "at-3",
+        ]
+        assert len(await store.revocation_events(0, T0, 2)) == 2
+
+    async def test_purge_deletes_expired_events_and_ids_are_never_reused(
+        self, store: Store
+    ) -> None:
+        await store.revoke_access_token("at-1", T0 + 300, T0)
+        await store.revoke_access_token("at-2", T0 + 300, T0)
+        (_, last) = await store.revocation_events(0, T0, 100)
+        assert await store.purge_expired(T0 + 400) >= 2
+        assert await store.revocation_events(0, T0, 100) == []
+        await store.revoke_access_token("at-3", T0 + 900, T0 + 400)
+        (event,) = await store.revocation_events(0, T0 + 400, 100)
+        assert event.event_id > last.event_id
+
+    async def test_the_events_signal_is_set_when_this_store_records_an_event(
+        self, store: Store
+    ) -> None:
+        signal = store.events_signal()
+        assert not signal.is_set()
+        await store.revoke_access_token("at-1", T0 + 300, T0)
+        assert signal.is_set()
+        assert not store.events_signal().is_set()  # a new one for the next reader
+
+    async def test_a_reader_following_the_log_meets_every_event_of_concurrent_writers(
+        self, store: Store, other: Store
+    ) -> None:
+        """Ids are committed in increasing order: reading on from the last id seen while
+        two stores write, nothing is skipped."""
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        async def follow() -> None:
+            while True:
+                finished = done.is_set()
+                for event in await store.revocation_events(seen[-1] if seen else 0, T0, 1000):
+                    seen.append(event.event_id)
+                if finished:
+                    return
+                await asyncio.sleep(0)
+
+        async def write(writer: Store, i: int) -> None:
+            await writer.revoke_access_token(f"at-{i}", T0 + 300, T0)
+
+        reader = asyncio.create_task(follow())
+        await asyncio.gather(*(write(store if i % 2 else other, i) for i in range(2 * RACERS)))
+        done.set()
+        await reader
+        assert len(seen) == 2 * RACERS
+        assert seen == sorted(seen)
+
     # -- housekeeping -------------------------------------------------------------------
 
     async def test_purge_of_an_empty_store_deletes_nothing(self, store: Store) -> None:
@@ -1010,7 +1250,7 @@ class StoreConformance:
         await store.save_device(a_device("dc-live", "LIVELIVE", expires_at=at + 600))
         await store.reserve_attempt([Cap("login:old", limit=1, window=MINUTE)], T0)
         await store.reserve_attempt([Cap("login:live", limit=1, window=MINUTE)], at - 10)
-        await store.revoke_access_token("at-revoked-old", T0 + 300)
+        await store.revoke_access_token("at-revoked-old", T0 + 300, T0)
         # fam-a: over at T0 + 900, its first access token expired at T0 + 300; fam-b lives,
         # revoked, with an access token that lives too.
         await start_family(store, "rt-a0", "fam-a", family_expires_at=T0 + 900)
@@ -1021,8 +1261,9 @@ class StoreConformance:
 
         # Three codes (code-old, and the two the families were redeemed from); session, jti,
         # device code, throttle key: one each; three access token records (at-of-fam-a,
-        # at-rt-a1, at-revoked-old); the two tokens of the family past its absolute lifetime.
-        assert await store.purge_expired(at) == 12
+        # at-rt-a1, at-revoked-old); the two tokens of the family past its absolute lifetime;
+        # the revocation event of at-revoked-old (fam-b's names a token that lives).
+        assert await store.purge_expired(at) == 13
         assert await store.purge_expired(at) == 0
 
         assert await store.get_code(digest("code-old")) is None
@@ -1098,7 +1339,7 @@ class StoreConformance:
         await rotate(first, "rt-0", "rt-1", T0 + HOUR)
         await start_family(first, "rt-doomed", "fam-doomed")
         await first.revoke_grant("fam-doomed", T0 + HOUR)
-        await first.revoke_access_token("at-revoked", T0 + HOUR + 300)
+        await first.revoke_access_token("at-revoked", T0 + HOUR + 300, T0 + HOUR)
         await first.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}), T0)
         await first.save_session(a_session())
         throttle = Cap("login:ip:192.0.2.1", limit=2, window=MINUTE)
@@ -1132,3 +1373,232 @@ class StoreConformance:
             assert device is not None and device.state == Device.APPROVED
         finally:
             await second.close()
+
+    # -- signing keys -------------------------------------------------------------------
+
+    async def test_a_new_database_has_an_empty_key_ring_at_version_zero(self, store: Store) -> None:
+        assert await store.signing_keys() == SigningKeys(0, ())
+        assert await store.signing_keys_version() == 0
+
+    async def test_replacing_the_key_ring_adds_changes_and_removes_keys_and_moves_its_version(
+        self, store: Store, other: Store
+    ) -> None:
+        es, rs = a_signing_key("es-1"), a_signing_key("rs-1", "RS256")
+        assert await store.replace_signing_keys(0, [es, rs])
+        assert await other.signing_keys() == SigningKeys(1, (es, rs))
+        successor = a_signing_key("es-2", state="next", created_at=T0 + 1, activate_at=T0 + 60)
+        retired = replace(es, state="retired", retired_at=T0 + 60, remove_after=T0 + 360)
+        activated = replace(successor, state="active")
+        # The predecessor retired and its successor activated in one change, listed in
+        # any order: the ring never has two active keys of one algorithm.
+        assert await other.replace_signing_keys(1, [activated, rs, retired])
+        assert await store.signing_keys() == SigningKeys(2, (retired, rs, activated))
+        assert await store.replace_signing_keys(2, [activated])
+        assert await other.signing_keys() == SigningKeys(3, (activated,))
+        assert await other.signing_keys_version() == 3
+
+    async def test_a_stored_keys_algorithm_creation_time_and_sealed_key_never_change(
+        self, store: Store
+    ) -> None:
+        key = a_signing_key("es-1")
+        assert await store.replace_signing_keys(0, [key])
+        tampered = replace(key, alg="RS256", created_at=T0 + 5, sealed_private_key=b"\x01other")
+        assert await store.replace_signing_keys(1, [replace(tampered, state="retired")])
+        (stored,) = (await store.signing_keys()).keys
+        assert stored == replace(key, state="retired")
+
+    async def test_a_key_ring_change_decided_from_an_old_version_changes_nothing(
+        self, store: Store, other: Store
+    ) -> None:
+        first = a_signing_key("es-1")
+        assert await store.replace_signing_keys(0, [first])
+        assert not await other.replace_signing_keys(0, [a_signing_key("es-other")])
+        assert not await other.replace_signing_keys(5, [])
+        assert await other.signing_keys() == SigningKeys(1, (first,))
+
+    async def test_two_active_keys_of_one_algorithm_are_refused_and_nothing_changes(
+        self, store: Store
+    ) -> None:
+        first = a_signing_key("es-1")
+        assert await store.replace_signing_keys(0, [first])
+        with pytest.raises(AlreadyExists):
+            await store.replace_signing_keys(1, [first, a_signing_key("es-2")])
+        assert await store.signing_keys() == SigningKeys(1, (first,))
+        # One active key per algorithm: an ES256 and an RS256 key may both be active.
+        assert await store.replace_signing_keys(1, [first, a_signing_key("rs-1", "RS256")])
+
+    @pytest.mark.parametrize("stores", [1, 2], ids=["one-store", "two-stores"])
+    async def test_of_concurrent_key_ring_changes_from_one_version_exactly_one_succeeds(
+        self, store: Store, other: Store, stores: int
+    ) -> None:
+        callers = [store, other][:stores]
+        rings = [
+            [a_signing_key(f"es-{n}"), a_signing_key(f"rs-{n}", "RS256")] for n in range(RACERS)
+        ]
+        results = await asyncio.gather(
+            *(callers[n % stores].replace_signing_keys(0, ring) for n, ring in enumerate(rings))
+        )
+        assert results.count(True) == 1
+        winner = rings[results.index(True)]
+        assert await store.signing_keys() == SigningKeys(1, tuple(winner))
+
+    # -- clients and users ----------------------------------------------------------------
+
+    async def test_a_saved_client_reads_back_as_given(self, store: Store, other: Store) -> None:
+        client = a_client()
+        assert await store.save_client(client, None)
+        assert await other.get_client("webapp") == client
+        assert await store.get_client("nobody") is None
+        assert [c.client_id for c in await store.list_clients()] == ["webapp"]
+
+    async def test_creating_a_client_whose_id_is_taken_raises_and_changes_nothing(
+        self, store: Store
+    ) -> None:
+        await store.save_client(a_client(), None)
+        with pytest.raises(AlreadyExists):
+            await store.save_client(a_client(metadata={"client_name": "Other"}), None)
+        stored = await store.get_client("webapp")
+        assert stored is not None and stored.metadata["client_name"] == "Web App"
+
+    async def test_a_client_update_is_a_compare_and_set_on_its_version(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_client(a_client(), None)
+        changed = a_client(metadata={"client_name": "Renamed"}, updated_at=T0 + 1)
+        assert await store.save_client(changed, 1)
+        assert not await other.save_client(a_client(metadata={"client_name": "Stale"}), 1)
+        stored = await store.get_client("webapp")
+        assert stored is not None
+        assert (stored.metadata["client_name"], stored.version) == ("Renamed", 2)
+        assert not await store.save_client(a_client("nobody"), 1)
+
+    async def test_of_concurrent_client_updates_from_one_version_one_wins(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_client(a_client(), None)
+        updates = [
+            (store if i % 2 else other).save_client(a_client(metadata={"client_name": f"n{i}"}), 1)
+            for i in range(RACERS)
+        ]
+        assert sum(await asyncio.gather(*updates)) == 1
+
+    async def test_a_deleted_client_is_gone(self, store: Store) -> None:
+        await store.save_client(a_client(), None)
+        assert await store.delete_client("webapp")
+        assert await store.get_client("webapp") is None
+        assert not await store.delete_client("webapp")
+
+    async def test_syncing_clients_creates_updates_takes_over_and_removes_the_seeded_ones(
+        self, store: Store, other: Store
+    ) -> None:
+        seeded = [
+            a_client("a", managed_by=MANAGED_BY_CONFIG),
+            a_client("b", managed_by=MANAGED_BY_CONFIG),
+        ]
+        assert await store.sync_clients(seeded, T0) == []
+        await store.save_client(a_client("api-made"), None)
+        await store.save_client(a_client("c"), None)  # by the API; then in the file too
+        later = T0 + HOUR
+        renamed = a_client(
+            "a",
+            managed_by=MANAGED_BY_CONFIG,
+            metadata={"client_name": "A"},
+            created_at=later,
+            updated_at=later,
+            tokens_valid_from=later,
+        )
+        taken_over = a_client("c", managed_by=MANAGED_BY_CONFIG, created_at=later, updated_at=later)
+        assert await other.sync_clients([renamed, taken_over], later) == ["b"]
+        a = await store.get_client("a")
+        assert a is not None
+        assert (a.metadata["client_name"], a.version) == ("A", 2)
+        assert (a.created_at, a.tokens_valid_from) == (T0, T0)  # kept from the first seed
+        c = await store.get_client("c")
+        assert c is not None and c.managed_by == MANAGED_BY_CONFIG
+        assert await store.get_client("b") is None
+        assert await store.get_client("api-made") is not None
+        # Syncing what is stored already changes nothing.
+        assert await store.sync_clients([renamed, taken_over], later + 1) == []
+        again = await store.get_client("a")
+        assert again is not None and again.version == 2
+
+    async def test_a_saved_user_reads_back_by_subject_and_username(
+        self, store: Store, other: Store
+    ) -> None:
+        user = a_user()
+        assert await store.save_user(user, None)
+        assert await other.get_user("sub-alice") == user
+        assert await other.user_by_username("alice") == user
+        assert await store.user_by_username("bob") is None
+        assert [u.subject for u in await store.list_users()] == ["sub-alice"]
+
+    async def test_a_username_belongs_to_one_user(self, store: Store) -> None:
+        await store.save_user(a_user(), None)
+        await store.save_user(a_user("sub-bob", "bob"), None)
+        with pytest.raises(AlreadyExists):
+            await store.save_user(a_user("sub-other", "alice"), None)
+        with pytest.raises(AlreadyExists):
+            await store.save_user(a_user("sub-bob", "alice"), 1)
+        bob = await store.get_user("sub-bob")
+        assert bob is not None and (bob.username, bob.version) == ("bob", 1)
+
+    async def test_a_user_update_is_a_compare_and_set_and_a_deleted_user_is_gone(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        assert await store.save_user(a_user(disabled=True, roles=()), 1)
+        assert not await other.save_user(a_user(), 1)
+        stored = await other.get_user("sub-alice")
+        assert stored is not None and (stored.disabled, stored.roles, stored.version) == (
+            True,
+            (),
+            2,
+        )
+        assert await store.delete_user("sub-alice")
+        assert await other.get_user("sub-alice") is None
+        assert not await store.delete_user("sub-alice")
+
+    async def test_syncing_users_refuses_a_username_the_api_gave_and_changes_nothing(
+        self, store: Store
+    ) -> None:
+        await store.sync_users([a_user("s1", "carol", managed_by=MANAGED_BY_CONFIG)], T0)
+        await store.save_user(a_user("api-1", "dave"), None)
+        with pytest.raises(AlreadyExists):
+            await store.sync_users([a_user("s2", "dave", managed_by=MANAGED_BY_CONFIG)], T0)
+        assert [u.username for u in await store.list_users()] == ["dave", "carol"]
+        assert await store.sync_users([], T0) == ["s1"]
+        assert [u.username for u in await store.list_users()] == ["dave"]
+
+    async def test_ending_the_sessions_of_a_subject_leaves_the_others(self, store: Store) -> None:
+        await store.save_session(a_session("s1"))
+        await store.save_session(a_session("s2"))
+        await store.save_session(a_session("s3", subject="bob"))
+        assert await store.delete_sessions("alice") == 2
+        assert await store.get_session(digest("s1"), T0) is None
+        assert await store.get_session(digest("s3"), T0) is not None
+        assert await store.delete_sessions("alice") == 0
+
+    async def test_grants_are_listed_with_their_scope_and_last_use(self, store: Store) -> None:
+        await start_family(store, "rt-a", "fam-a")
+        await start_family(store, "rt-b", "fam-b")
+        assert await rotate(store, "rt-a", "rt-a2", T0 + HOUR, "fam-a")
+        listed = await store.list_grants()
+        assert [s.grant.grant_id for s in listed] == ["fam-a", "fam-b"]
+        assert listed[0].scope == "openid offline_access orders:read"
+        assert (listed[0].last_used_at, listed[1].last_used_at) == (T0 + HOUR, T0)
+        assert await store.list_grants(client_id="other") == []
+        assert len(await store.list_grants(client_id="webapp", subject="alice")) == 2
+        assert await store.list_grants(subject="bob") == []
+
+    async def test_a_grant_without_refresh_tokens_is_listed_with_the_scopes_consented(
+        self, store: Store
+    ) -> None:
+        code = a_code("code-x")
+        await store.save_code(code)
+        assert await store.redeem_code(code.code_hash, REDEEM, redemption("fam-x", "at-x", None))
+        await store.grant_scopes("alice", "webapp", frozenset({"openid", "email"}), T0)
+        [summary] = await store.list_grants()
+        assert (summary.scope, summary.refresh_family) == ("email openid", False)
+        await start_family(store, "rt-y", "fam-y")
+        listed = await store.list_grants()
+        assert [s.refresh_family for s in listed] == [False, True]

@@ -4,8 +4,6 @@ loopback rule, PKCE, prompt and max_age, consent memory, and what the code redir
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -19,6 +17,7 @@ from tests.authserver.conftest import (
     REDIRECT,
     SECRET,
     CodeResult,
+    MovableClock,
     RunningAuthServer,
     authorize_code,
     default_config,
@@ -41,10 +40,15 @@ def shared_keys(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def start(start_authserver: Any, shared_keys: str) -> Any:
-    async def start_with_shared_keys(config: dict[str, Any] | None = None) -> RunningAuthServer:
+    async def start_with_shared_keys(
+        config: dict[str, Any] | None = None, clock: MovableClock | None = None
+    ) -> RunningAuthServer:
         config = default_config() if config is None else config
         config.setdefault("keys", {"dir": shared_keys})
-        server: RunningAuthServer = await start_authserver(config)
+        if clock is None:
+            server: RunningAuthServer = await start_authserver(config)
+        else:
+            server = await start_authserver(config, clock=clock)
         return server
 
     return start_with_shared_keys
@@ -545,14 +549,16 @@ async def test_prompt_consent_asks_again_although_consent_was_given(authserver, 
     assert form_action(reply) == "/consent"
 
 
-async def test_max_age_zero_forces_a_new_login_and_updates_auth_time(authserver, http):
+async def test_max_age_zero_forces_a_new_login_and_updates_auth_time(start, http):
+    clock = MovableClock()
+    authserver = await start(clock=clock)
     first = await authorize_code(http, authserver, scope="openid orders:read")
     status, body = await exchange_code(http, authserver, first)
     assert status == 200, body
     first_auth = (await verify_jwt(http, authserver, body["id_token"], audience="spa"))["auth_time"]
 
     # auth_time has whole seconds: start the second login in the next second.
-    await asyncio.sleep(1.01 - time.time() % 1)
+    clock.advance(1.01 - clock.now % 1)
     reply = await send(http, authserver, auth_params(max_age="0", nonce="n-2"))
     assert reply.status == 200 and form_action(reply) == "/login"
     after = await sign_in(http, authserver, reply)

@@ -267,7 +267,7 @@ async def test_preflights_from_a_browser_origin_are_answered_with_what_each_endp
     assert {k: v for k, v in response.headers.items() if k.startswith("Access-Control-")} == {
         "Access-Control-Allow-Origin": SPA_ORIGIN,
         "Access-Control-Allow-Methods": "POST",
-        "Access-Control-Allow-Headers": "Content-Type",
+        "Access-Control-Allow-Headers": "Content-Type, DPoP",
         "Access-Control-Max-Age": "600",
     }
     assert response.headers["Vary"] == (
@@ -285,7 +285,9 @@ async def test_preflights_from_a_browser_origin_are_answered_with_what_each_endp
         assert response.status == 204
         assert response.headers["Access-Control-Allow-Origin"] == EXTRA_ORIGIN
         assert response.headers["Access-Control-Allow-Methods"] == "GET, POST"
-        assert response.headers["Access-Control-Allow-Headers"] == "Authorization, Content-Type"
+        assert (
+            response.headers["Access-Control-Allow-Headers"] == "Authorization, Content-Type, DPoP"
+        )
         assert "Access-Control-Allow-Credentials" not in response.headers
 
     # What an endpoint does not take is refused, with no CORS header.
@@ -311,7 +313,9 @@ async def test_userinfo_answers_every_browser_clients_origin_and_exposes_its_cha
         ) as response:
             assert response.status == 200
             assert_readable_by(response, page)
-            assert response.headers["Access-Control-Expose-Headers"] == "WWW-Authenticate"
+            assert (
+                response.headers["Access-Control-Expose-Headers"] == "WWW-Authenticate, DPoP-Nonce"
+            )
     status, body, response = await post(
         http, server, "/userinfo", {"access_token": tokens["access_token"]}, SPA_ORIGIN
     )
@@ -324,7 +328,7 @@ async def test_userinfo_answers_every_browser_clients_origin_and_exposes_its_cha
         assert response.status == 401
         assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
         assert_readable_by(response, SPA_ORIGIN)
-        assert response.headers["Access-Control-Expose-Headers"] == "WWW-Authenticate"
+        assert response.headers["Access-Control-Expose-Headers"] == "WWW-Authenticate, DPoP-Nonce"
 
 
 # ---------------------------------------------------------------------------- never, always

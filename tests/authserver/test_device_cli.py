@@ -89,7 +89,15 @@ async def test_the_cli_shows_code_and_link_polls_politely_and_prints_verified_cl
         assert parse_qs(urlsplit(complete).query) == {"user_code": [code]}
         await cli.read_until(r"expires in 10 min 0 s")
 
-        await asyncio.sleep(1.5)  # it polls, and hears authorization_pending
+        # It polls, and hears authorization_pending.
+        user_code = code.replace("-", "")
+        deadline = time.monotonic() + 30
+        while True:
+            record = await server.services.store.device_by_user_code(user_code, time.time())
+            if record is not None and record.last_poll is not None:
+                break
+            assert time.monotonic() < deadline, "the command never polled"
+            await asyncio.sleep(0.05)
         done = await approve_on_pages(browser, server, complete)
         assert "Device connected" in done.text
         status, out, err = await cli.finish()

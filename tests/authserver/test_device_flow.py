@@ -4,7 +4,6 @@ wrong user codes."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import re
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from tests.authserver.conftest import (
     SECRET,
+    MovableClock,
     RunningAuthServer,
     StartAuthServer,
     introspect,
@@ -44,6 +44,19 @@ USER_CODE = re.compile(r"^[BCDFGHJKLMNPQRSTVWXZ]{4}-[BCDFGHJKLMNPQRSTVWXZ]{4}$")
 @pytest.fixture
 async def server(start_authserver: StartAuthServer) -> RunningAuthServer:
     return await start_authserver(device_config())
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    """The time of `clocked_server`, which tests move instead of waiting."""
+    return MovableClock()
+
+
+@pytest.fixture
+async def clocked_server(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> RunningAuthServer:
+    return await start_authserver(device_config(), clock=clock)
 
 
 @pytest.fixture
@@ -167,9 +180,13 @@ async def test_a_confidential_client_starts_with_its_secret(server, http) -> Non
 
 
 async def test_full_flow_through_the_pages_gives_tokens_exactly_once(
-    server: RunningAuthServer, http: aiohttp.ClientSession, browser: aiohttp.ClientSession
+    clocked_server: RunningAuthServer,
+    http: aiohttp.ClientSession,
+    browser: aiohttp.ClientSession,
+    clock: MovableClock,
 ) -> None:
-    before = time.time()
+    server = clocked_server
+    before = clock.now
     body = await started(http, server)
     status, polled = await poll(http, server, body["device_code"])
     assert_oauth_error(status, polled, 400, "authorization_pending")
@@ -194,7 +211,7 @@ async def test_full_flow_through_the_pages_gives_tokens_exactly_once(
         browser, server, login.form, {"username": "alice", "password": "wonderland"}
     )
     assert consent.status == 200
-    signed_in = time.time()
+    signed_in = clock.now
     assert urlsplit(consent.form.action).path == "/device/consent"
     assert sorted(consent.form.buttons) == [("decision", "approve"), ("decision", "deny")]
     assert "Living Room TV" in consent.text
@@ -209,7 +226,7 @@ async def test_full_flow_through_the_pages_gives_tokens_exactly_once(
     assert done.status == 200
     assert "Device connected" in done.text
 
-    await asyncio.sleep(1.0)  # the interval
+    clock.advance(1.0)  # the interval
     status, tokens = await poll(http, server, body["device_code"])
     assert status == 200, tokens
     assert tokens["token_type"] == "Bearer"
@@ -301,8 +318,9 @@ async def test_the_code_is_accepted_in_any_case_with_or_without_the_hyphen(
 
 
 async def test_a_signed_in_person_goes_straight_to_consent_and_tokens_keep_their_sign_in_time(
-    server, http, browser
+    clocked_server, http, browser, clock
 ) -> None:
+    server = clocked_server
     first = await started(http, server)
     await approve_on_pages(browser, server, first["verification_uri_complete"])
     status, tokens = await poll(http, server, first["device_code"])
@@ -311,7 +329,7 @@ async def test_a_signed_in_person_goes_straight_to_consent_and_tokens_keep_their
         "auth_time"
     ]
 
-    await asyncio.sleep(1.1)  # auth_time has one-second resolution
+    clock.advance(1.1)  # auth_time has one-second resolution
     second = await started(http, server)
     status, page, _ = await enter_code(browser, server, second["user_code"])
     assert status == 200
@@ -367,19 +385,20 @@ async def test_the_link_prefills_only_a_well_formed_code(server, browser) -> Non
 
 
 async def test_polling_faster_than_the_interval_gets_slow_down_and_five_more_seconds(
-    server, http
+    clocked_server, http, clock
 ) -> None:
+    server = clocked_server
     body = await started(http, server)
     status, first = await poll(http, server, body["device_code"])
     assert_oauth_error(status, first, 400, "authorization_pending")
     status, second = await poll(http, server, body["device_code"])
     assert_oauth_error(status, second, 400, "slow_down")
     # The interval is now 6 s: waiting the original second is still too fast.
-    await asyncio.sleep(1.2)
+    clock.advance(1.2)
     status, third = await poll(http, server, body["device_code"])
     assert_oauth_error(status, third, 400, "slow_down")
     record = await server.services.store.device_by_user_code(
-        body["user_code"].replace("-", ""), time.time()
+        body["user_code"].replace("-", ""), clock.now
     )
     assert record is not None and record.interval == 11.0  # raised twice
 
@@ -409,10 +428,11 @@ async def test_an_expired_code_gets_expired_token_and_the_page_refuses_it(
     start_authserver: StartAuthServer, http, browser
 ) -> None:
     config = device_config(lifetimes={"device_code": "1s"})
-    server = await start_authserver(config)
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
     body = await started(http, server)
     assert body["expires_in"] == 1
-    await asyncio.sleep(1.1)
+    clock.advance(1.1)
     status, polled = await poll(http, server, body["device_code"])
     assert_oauth_error(status, polled, 400, "expired_token")
     status, page, _ = await enter_code(browser, server, body["user_code"])

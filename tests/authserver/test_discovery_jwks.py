@@ -34,6 +34,7 @@ REQUIRED_FIELDS = (
     "jwks_uri",
     "revocation_endpoint",
     "introspection_endpoint",
+    "revocation_events_endpoint",
     "end_session_endpoint",
     "scopes_supported",
     "response_types_supported",
@@ -126,6 +127,7 @@ ENDPOINT_PROBES = {
     "jwks_uri": ("GET", {200}),
     "revocation_endpoint": ("POST", {400, 401}),
     "introspection_endpoint": ("POST", {400, 401}),
+    "revocation_events_endpoint": ("GET", {401}),
     "end_session_endpoint": ("GET", {200, 400}),
 }
 

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from tests.authserver.conftest import (
     JWT_BEARER,
     SECRET,
+    MovableClock,
     RunningAuthServer,
     StartAuthServer,
     basic_auth,
@@ -168,6 +169,33 @@ async def test_introspection_of_an_active_access_token_describes_it(
     assert answer["iss"] == authserver.settings.issuer
     assert answer["aud"] == "orders-api"
     assert answer["token_type"] == "Bearer"
+
+
+async def test_an_access_token_is_judged_at_the_servers_time(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    config = default_config()
+    config["lifetimes"] = {"access_token": "60s"}
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
+    tokens = await tokens_for(http, server)
+    claims = jwt.decode(tokens["access_token"], options={"verify_signature": False})
+    clock.advance(claims["exp"] - clock.now - 1)  # a second before exp
+    assert (await introspect(http, server, tokens["access_token"]))["active"] is True
+    clock.advance(1)  # exp: expired (RFC 7519 §4.1.4, "on or after")
+    assert await introspect(http, server, tokens["access_token"]) == {"active": False}
+
+
+async def test_an_access_token_from_the_servers_future_is_not_active(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    clock = MovableClock()
+    server = await start_authserver(clock=clock)
+    tokens = await tokens_for(http, server)
+    clock.advance(-5)  # the server's time went back: the token's iat is ahead of it
+    assert await introspect(http, server, tokens["access_token"]) == {"active": False}
+    clock.advance(5)
+    assert (await introspect(http, server, tokens["access_token"]))["active"] is True
 
 
 async def test_introspection_of_an_active_refresh_token_describes_it(

@@ -9,6 +9,7 @@ import fcntl
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from authserver import settings as authserver_settings
 from authserver.keys import CHECK_EVERY, LOCK, NOTICE_WITHIN, KeyRing, RotationPolicy
 from portcullis.yamlconf import ConfigError
 from tests.authserver.conftest import (
+    MovableClock,
+    RunningAuthServer,
     StartAuthServer,
     client_credentials,
     default_config,
@@ -28,6 +31,7 @@ from tests.authserver.conftest import (
     tokens_for,
     verify_jwt,
 )
+from tests.authserver.postgres_support import fresh_schema, postgres_url_or_skip
 from tests.authserver.rotation_support import (
     ROOT,
     config_file,
@@ -38,9 +42,8 @@ from tests.authserver.rotation_support import (
     on_disk,
     published,
     rotate,
-    sleep_until,
 )
-from tests.support import UNBOUND_PORT
+from tests.support import UNBOUND_PORT, wait_for
 
 NOTICE = NOTICE_WITHIN.total_seconds()
 
@@ -54,6 +57,38 @@ def rotation_config(**keys: Any) -> dict[str, Any]:
     return config
 
 
+@pytest.fixture(params=["directory", "postgresql"])
+async def keys_kept(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, Any]]:
+    """What to add to a config for its keys to live in a directory (SQLite storage), or in
+    PostgreSQL (sealed, in a schema of the test's own)."""
+    if request.param == "directory":
+        yield {}
+        return
+    url = await postgres_url_or_skip()
+    async with fresh_schema(url) as schema:
+        yield {"storage": f"{url}?search_path={schema}"}
+
+
+def waiting_config() -> dict[str, Any]:
+    """For the commands alone: a rotated key waits a minute before it signs, so that what
+    they list does not depend on how fast the machine runs them."""
+    return rotation_config(publish_ahead="1m")
+
+
+async def move_clock(server: RunningAuthServer, clock: MovableClock, moment: float) -> None:
+    """Move the server's time to `moment`. A ring kept in the storage is trusted only as
+    recently as it was read (a jump looks like a store that went silent): wait for the
+    server's next read, which comes every CHECK_EVERY of real time, at the new time."""
+    clock.advance(moment - clock.now)
+    ring = server.services.keyring
+
+    async def current() -> bool:
+        return ring.stale(clock.now) is None
+
+    if not await current():  # only a jump past what the last read allows
+        await eventually(current, 5, "the server to read its key ring at the moved time")
+
+
 async def machine_token(http: aiohttp.ClientSession, server: Any) -> str:
     status, body = await client_credentials(http, server)
     assert status == 200, body
@@ -64,10 +99,13 @@ async def machine_token(http: aiohttp.ClientSession, server: Any) -> str:
 
 
 async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_goes_with_its_last_token(  # noqa: E501
-    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession, keys_kept: dict[str, Any]
 ) -> None:
-    config = rotation_config()
-    server = await start_authserver(config)
+    config = {**rotation_config(), **keys_kept}
+    # The server's time, moved to the moments the rotation names; the command that rotates
+    # and the server's checks every CHECK_EVERY run on real time.
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
     path = config_file(server, config)
     old = kid_of(await machine_token(http, server))
     before = await listed(path)
@@ -81,26 +119,27 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
     out = await rotate(path)
     lines = out.splitlines()
     assert len(lines) == 2 and all("next: published now; signs from " in line for line in lines)
-    after = await listed(path)
-    waiting = {e["alg"]: e for e in after.values() if e["state"] == "next"}
-    assert set(waiting) == {"ES256", "RS256"}
-    new, new_rs = waiting["ES256"]["kid"], waiting["RS256"]["kid"]
-    activate_at = waiting["ES256"]["activate_at"]
-    # publish_ahead, plus the time every running server may take to notice the new key.
-    assert rotated_at + 1 + NOTICE <= activate_at <= time.time() + 1 + NOTICE
+    created = {line.split()[1]: line.split()[0] for line in lines}
+    new, new_rs = created["ES256"], created["RS256"]
 
     async def new_key_published() -> bool:
         return {new, new_rs} <= await published(http, server)
 
     seen = await eventually(new_key_published, NOTICE + 0.5, "the new key in the JWKS")
+    signed_by = kid_of(await machine_token(http, server))
+    after = await listed(path)
+    waiting = {e["alg"]: e for e in after.values() if e["state"] == "next"}
+    assert {alg: e["kid"] for alg, e in waiting.items()} == created
+    activate_at = waiting["ES256"]["activate_at"]
+    # publish_ahead, plus the time every running server may take to notice the new key.
+    assert rotated_at + 1 + NOTICE <= activate_at <= time.time() + 1 + NOTICE
     assert seen <= activate_at - 1  # published at least publish_ahead before it signs
-    assert time.time() < activate_at - 0.2
-    assert kid_of(await machine_token(http, server)) == old
+    assert clock.now < activate_at and signed_by == old
 
-    await sleep_until(activate_at - 0.4)
+    await move_clock(server, clock, activate_at - 0.4)
     last_old = await machine_token(http, server)
     assert kid_of(last_old) == old
-    await sleep_until(activate_at + 0.05)
+    await move_clock(server, clock, activate_at + 0.05)
     first_new = await machine_token(http, server)
     assert kid_of(first_new) == new
     id_token = (await tokens_for(http, server))["id_token"]
@@ -111,24 +150,27 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
     assert (await introspect(http, server, last_old))["active"] is True
 
     async def retired_on_disk() -> bool:
-        return on_disk(server)[old]["state"] == "retired"
+        return (await on_disk(server))[old]["state"] == "retired"
 
     await eventually(retired_on_disk, 1.5, "the server to write the retirement")
-    disk = on_disk(server)
+    disk = await on_disk(server)
     assert disk[new]["state"] == "active"
     assert disk[old]["retired_at"] == activate_at
     assert disk[old]["remove_after"] == activate_at + 2  # the longest token lifetime
     assert disk[old_rs]["state"] == "retired"
 
-    await sleep_until(disk[old]["remove_after"])
+    await move_clock(server, clock, disk[old]["remove_after"])
 
     async def old_key_gone() -> bool:
         return not {old, old_rs} & await published(http, server)
 
     await eventually(old_key_gone, 1.5, "the retired keys to leave the JWKS")
-    keys_dir = Path(server.settings.keys.dir)
-    assert not (keys_dir / f"{old}.pem").exists()
-    assert (keys_dir / f"{new}.pem").exists()
+    if server.settings.keys.dir is not None:
+        keys_dir = Path(server.settings.keys.dir)
+        assert not (keys_dir / f"{old}.pem").exists()
+        assert (keys_dir / f"{new}.pem").exists()
+    else:
+        assert set(await on_disk(server)) == {new, new_rs}
     listing = await listed(path)
     assert old not in listing and old_rs not in listing
     assert {(e["kid"], e["state"]) for e in listing.values()} == {
@@ -136,12 +178,12 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
         (new_rs, "active"),
     }
     # Nothing unexpired depended on it.
-    assert jwt.decode(last_old, options={"verify_signature": False})["exp"] <= time.time()
+    assert jwt.decode(last_old, options={"verify_signature": False})["exp"] <= clock.now
 
 
 async def test_keys_list_prints_each_keys_kid_algorithm_state_and_dates(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
+    path.write_text(render_config(waiting_config(), tmp_path, UNBOUND_PORT))
     out = await rotate(path, "--alg", "ES256")
     status, table, err = await keys_command("list", "--config", str(path))
     assert status == 0, err
@@ -165,7 +207,7 @@ async def test_keys_list_prints_each_keys_kid_algorithm_state_and_dates(tmp_path
 
 async def test_a_second_rotate_keeps_the_key_already_waiting(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
+    path.write_text(render_config(waiting_config(), tmp_path, UNBOUND_PORT))
     first = await rotate(path)
     second = await rotate(path)
     kids = lambda out: sorted(line.split()[0] for line in out.splitlines())  # noqa: E731
@@ -182,7 +224,7 @@ async def test_a_second_rotate_keeps_the_key_already_waiting(tmp_path: Path) -> 
 
 async def test_rotate_refuses_an_algorithm_the_server_does_not_sign_with(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
+    path.write_text(render_config(waiting_config(), tmp_path, UNBOUND_PORT))
     status, out, err = await keys_command("rotate", "--config", str(path), "--alg", "EdDSA")
     assert status == 1
     assert out == ""
@@ -191,16 +233,32 @@ async def test_rotate_refuses_an_algorithm_the_server_does_not_sign_with(tmp_pat
 
 async def test_list_says_when_there_are_no_keys_yet(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
+    path.write_text(render_config(waiting_config(), tmp_path, UNBOUND_PORT))
     status, _, err = await keys_command("list", "--config", str(path))
     assert status == 1
     assert "no keys in" in err and "when it first starts" in err
     assert not (tmp_path / "keys").exists()  # listing changes nothing
 
 
+def _waits_for_flock(pid: int, path: Path) -> bool:
+    """Whether process `pid` is blocked on an flock of `path` (Linux /proc/locks lists each
+    waiter with `->` before the lock it waits for)."""
+    inode = str(path.stat().st_ino)
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if (
+            len(fields) > 6
+            and fields[1:3] == ["->", "FLOCK"]
+            and fields[5] == str(pid)
+            and fields[6].rsplit(":", 1)[-1] == inode
+        ):
+            return True
+    return False
+
+
 async def test_key_commands_wait_for_the_lock_another_process_holds(tmp_path: Path) -> None:
     path = tmp_path / "authserver.yaml"
-    path.write_text(render_config(rotation_config(), tmp_path, UNBOUND_PORT))
+    path.write_text(render_config(waiting_config(), tmp_path, UNBOUND_PORT))
     keys_dir = tmp_path / "keys"
     KeyRing(keys_dir).load(["ES256", "RS256"])
     metadata = (keys_dir / "keyring.json").read_text()
@@ -220,7 +278,12 @@ async def test_key_commands_wait_for_the_lock_another_process_holds(tmp_path: Pa
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        await asyncio.sleep(1.0)
+        # The kernel lists the command as a waiter on the lock: it got that far and waits.
+        await wait_for(
+            lambda: _waits_for_flock(process.pid, keys_dir / LOCK) or process.returncode,
+            30,
+            "the command to wait for the lock",
+        )
         assert process.returncode is None  # still waiting for the lock
         assert (keys_dir / "keyring.json").read_text() == metadata
     finally:
@@ -279,9 +342,9 @@ def test_the_automatic_schedule_publishes_ahead_switches_on_time_and_removes_aft
 
 
 async def test_a_running_server_rotates_on_its_own_when_rotate_every_is_set(
-    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession, keys_kept: dict[str, Any]
 ) -> None:
-    server = await start_authserver(rotation_config(rotate_every="2s"))
+    server = await start_authserver({**rotation_config(rotate_every="2s"), **keys_kept})
     first = kid_of(await machine_token(http, server))
     published_at: dict[str, float] = {}
 
@@ -295,7 +358,7 @@ async def test_a_running_server_rotates_on_its_own_when_rotate_every_is_set(
     switched = await eventually(rotated, 1 + NOTICE + 2, "an automatic rotation", every=0.1)
     second = kid_of(await machine_token(http, server))
     assert switched - published_at[second] >= 1  # at least publish_ahead in the JWKS first
-    assert on_disk(server)[second]["activate_at"] <= switched
+    assert (await on_disk(server))[second]["activate_at"] <= switched
 
 
 # ---------------------------------------------------------------------------- JWKS and config

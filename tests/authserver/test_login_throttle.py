@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 import pytest
 
-from tests.authserver.conftest import PASSWORD, RunningAuthServer, default_config, parse_form
+from tests.authserver.conftest import (
+    PASSWORD,
+    MovableClock,
+    RunningAuthServer,
+    default_config,
+    parse_form,
+)
 from tests.authserver.test_authorize import (
     Reply,
     assert_error_redirect,
@@ -34,7 +39,9 @@ def shared_keys(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def start(start_authserver: Any, shared_keys: str) -> Any:
     async def start_throttled(
-        trusted_proxies: list[str] | None = None, **throttle: Any
+        trusted_proxies: list[str] | None = None,
+        clock: MovableClock | None = None,
+        **throttle: Any,
     ) -> RunningAuthServer:
         config = default_config()
         config["keys"] = {"dir": shared_keys}
@@ -46,7 +53,10 @@ def start(start_authserver: Any, shared_keys: str) -> Any:
             "window": "1h",
             **throttle,
         }
-        server: RunningAuthServer = await start_authserver(config)
+        if clock is None:
+            server: RunningAuthServer = await start_authserver(config)
+        else:
+            server = await start_authserver(config, clock=clock)
         return server
 
     return start_throttled
@@ -160,12 +170,14 @@ async def test_a_successful_login_clears_the_username_counter(authserver, http):
 
 
 async def test_throttle_lifts_when_the_window_has_passed(start, http):
-    server = await start(window="1500ms")
+    clock = MovableClock()
+    server = await start(window="1500ms", clock=clock)
     for _ in range(3):
         assert_refused(await attempt(http, server, "alice", "wrong"))
-    last_failure = time.monotonic()
     assert_throttled(await attempt(http, server, "alice", PASSWORD), server)
-    await asyncio.sleep(max(0.0, last_failure + 1.6 - time.monotonic()))
+    clock.advance(1.4)  # still within the window
+    assert_throttled(await attempt(http, server, "alice", PASSWORD), server)
+    clock.advance(0.2)
     consent = await attempt(http, server, "alice", PASSWORD)
     assert consent.status == 200 and form_action(consent) == "/consent"
 
@@ -280,7 +292,8 @@ async def test_failures_from_another_address_do_not_lock_the_user_out(authserver
 
 
 async def test_failures_for_a_username_from_many_addresses_slow_it_down_without_a_lock(start, http):
-    server = await start(max_failures=50, max_failures_per_address=50, backoff_after=4)
+    clock = MovableClock()
+    server = await start(max_failures=50, max_failures_per_address=50, backoff_after=4, clock=clock)
     attackers = [client_at(f"127.0.0.{host}") for host in range(2, 14)]
     try:
         for attacker in attackers[:4]:
@@ -302,7 +315,7 @@ async def test_failures_for_a_username_from_many_addresses_slow_it_down_without_
     finally:
         await asyncio.gather(*(attacker.close() for attacker in attackers))
     # A delay, not a lock: once it has passed, alice signs in from her own address.
-    await asyncio.sleep(max(waits) + 1)
+    clock.advance(max(waits) + 1)
     consent = await attempt(http, server, "alice", PASSWORD)
     assert consent.status == 200 and form_action(consent) == "/consent"
 

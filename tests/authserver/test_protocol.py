@@ -253,6 +253,8 @@ def _refresh_event(state: Refresh, now: float, **given: Any) -> str:
         (Refresh.ROTATED, 104.999, {}, "use_within_grace"),
         (Refresh.ROTATED, 105.0, {}, "use"),  # the window ends grace seconds after rotation
         (Refresh.ROTATED, 100.0, {"grace": 0.0}, "use"),
+        # Without a grace, even a use timed before the rotation it lost to is a replay.
+        (Refresh.ROTATED, 99.0, {"grace": 0.0}, "use"),
         (Refresh.ROTATED, 101.0, {"successor_state": Refresh.ROTATED}, "use"),
         (Refresh.ROTATED, 101.0, {"successor_state": Refresh.REVOKED}, "use"),
         (Refresh.ROTATED, 101.0, {"successor_state": None}, "use_within_grace"),

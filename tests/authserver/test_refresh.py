@@ -220,11 +220,12 @@ async def test_retry_within_the_grace_window_repeats_the_same_response(
 async def test_reuse_after_the_grace_window_revokes_the_family(
     start_authserver: StartAuthServer, http: aiohttp.ClientSession
 ) -> None:
-    server = await start_authserver(with_grace("200ms"))
+    clock = MovableClock()
+    server = await start_authserver(with_grace("200ms"), clock=clock)
     first = await tokens_for(http, server)
     status, second = await refresh(http, server, first["refresh_token"])
     assert status == 200
-    await asyncio.sleep(0.3)
+    clock.advance(0.3)
     status, body = await refresh(http, server, first["refresh_token"])
     assert_invalid_grant(status, body)
     status, body = await refresh(http, server, second["refresh_token"])
@@ -265,10 +266,11 @@ async def test_refresh_token_unused_past_its_idle_lifetime_is_refused(
 ) -> None:
     config = default_config()
     config["lifetimes"] = {"refresh_token_idle": "300ms", "refresh_token_absolute": "1h"}
-    server = await start_authserver(config)
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
     first = await tokens_for(http, server)
     assert (await introspect(http, server, first["refresh_token"]))["active"] is True
-    await asyncio.sleep(0.4)
+    clock.advance(0.4)
     assert await introspect(http, server, first["refresh_token"]) == {"active": False}
     status, body = await refresh(http, server, first["refresh_token"])
     assert_invalid_grant(status, body)
@@ -279,10 +281,11 @@ async def test_idle_expiry_slides_with_each_use(
 ) -> None:
     config = default_config()
     config["lifetimes"] = {"refresh_token_idle": "400ms", "refresh_token_absolute": "1h"}
-    server = await start_authserver(config)
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
     current = await tokens_for(http, server)
     for _ in range(3):  # 750 ms in all, each use within the idle window of the previous
-        await asyncio.sleep(0.25)
+        clock.advance(0.25)
         status, current = await refresh(http, server, current["refresh_token"])
         assert status == 200, current
 
@@ -292,16 +295,17 @@ async def test_family_ends_at_its_absolute_lifetime_however_often_it_is_used(
 ) -> None:
     config = default_config()
     config["lifetimes"] = {"refresh_token_idle": "400ms", "refresh_token_absolute": "700ms"}
-    server = await start_authserver(config)
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
     current = await tokens_for(http, server)
-    await asyncio.sleep(0.25)
+    clock.advance(0.25)
     status, current = await refresh(http, server, current["refresh_token"])
     assert status == 200
-    await asyncio.sleep(0.25)
+    clock.advance(0.25)
     status, current = await refresh(http, server, current["refresh_token"])
     assert status == 200
-    # Used 250 ms ago, well within the idle window, but the family is 800 ms old.
-    await asyncio.sleep(0.3)
+    # Used 300 ms ago, within the idle window, but the family is 800 ms old.
+    clock.advance(0.3)
     status, body = await refresh(http, server, current["refresh_token"])
     assert_invalid_grant(status, body)
 

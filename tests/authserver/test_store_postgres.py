@@ -33,6 +33,7 @@ from authserver.store.migration_files import load_migrations
 from authserver.store.postgres import MIGRATIONS, PostgresStore
 from portcullis.yamlconf import ConfigError
 from tests.authserver.conftest import (
+    KEY_SECRET,
     authorize_code,
     default_config,
     exchange_code,
@@ -459,12 +460,13 @@ STORAGE = "storage: postgresql://portcullis@db/auth\n"
 
 
 def settings_text(extra: str, storage: str = STORAGE) -> str:
-    return (
-        "issuer: https://auth.example.com\n"
-        + storage
-        + "keys: {dir: /var/lib/portcullis/keys}\n"
-        + extra
+    # On PostgreSQL the keys live in the database, sealed; on SQLite in a directory.
+    keys = (
+        f"keys: {{encryption_key: {KEY_SECRET}}}\n"
+        if "postgresql://" in storage
+        else "keys: {dir: /var/lib/portcullis/keys}\n"
     )
+    return "issuer: https://auth.example.com\n" + storage + keys + extra
 
 
 def test_storage_pool_settings_are_read_with_their_defaults() -> None:
@@ -546,7 +548,7 @@ async def test_migrate_command_reports_an_unreachable_database(
         cli, "migrate", "--config", str(write_config(tmp_path, config))
     )
     assert result.returncode == 1
-    assert "storage unavailable" in result.stderr
+    assert "cannot migrate the store" in result.stderr
 
 
 async def test_migrate_command_on_sqlite_creates_the_database(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from tests.authserver.conftest import (
     REDIRECT,
     SECRET,
+    MovableClock,
     RunningAuthServer,
     StartAuthServer,
     authorize_code,
@@ -490,9 +491,10 @@ async def test_expired_code_is_invalid_grant(
 ) -> None:
     config = default_config()
     config["lifetimes"] = {"authorization_code": "200ms"}
-    server = await start_authserver(config)
+    clock = MovableClock()
+    server = await start_authserver(config, clock=clock)
     result = await authorize_code(http, server)
-    await asyncio.sleep(0.3)
+    clock.advance(0.3)
     status, body = await exchange_code(http, server, result)
     assert_error(status, body, 400, "invalid_grant")
 

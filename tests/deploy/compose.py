@@ -20,6 +20,7 @@ from tests.deploy.dockerfile import ROOT
 COMPOSE_DIR = ROOT / "examples" / "compose"
 BASE = "compose.yaml"
 SCALED = "compose.scaled.yaml"
+REPLICATED = "compose.replicated.yaml"
 JOINED = ("ports", "volumes", "cap_drop", "security_opt")
 
 _VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")

@@ -4,8 +4,6 @@ authorization server's keys through its discovery document, as it would any issu
 
 from __future__ import annotations
 
-import asyncio
-
 from tests.authserver.conftest import (
     client_credentials,
     default_config,
@@ -15,6 +13,7 @@ from tests.support import (
     UNBOUND_ADMIN_LISTEN,
     UNBOUND_LISTEN,
     EchoUpstream,
+    ManualClock,
     header_values,
     running_gateway,
 )
@@ -112,15 +111,17 @@ async def test_an_expired_token_from_the_authserver_is_refused(start_authserver,
     config["lifetimes"] = {"access_token": "1s"}
     server = await start_authserver(config)
     upstream = await EchoUpstream().start()
+    manual = ManualClock()  # the gateway's time; the token's lifetime passes when it moves
     try:
         async with running_gateway(
-            gateway_config(server.url, upstream.url, leeway="0s")
+            gateway_config(server.url, upstream.url, leeway="0s"), clock=manual.clock
         ) as gateway:
             status, body = await client_credentials(http, server, scope="orders:read")
             assert status == 200
+            manual.catch_up()  # leeway 0s: the token's iat must not be ahead of the gateway
             code, _, _ = await get(http, gateway.url + "/orders", body["access_token"])
             assert code == 200  # valid, and now in the gateway's verified-token cache
-            await asyncio.sleep(2.1)
+            manual.advance(2.1)
             code, headers, _ = await get(http, gateway.url + "/orders", body["access_token"])
             assert code == 401
             assert 'error_description="the token has expired"' in headers["WWW-Authenticate"]

@@ -8,6 +8,7 @@ tests/deploy/test_image.py runs the same commands, environment and config files.
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -17,16 +18,23 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from authserver import settings as authserver_settings
 from gateway import settings as gateway_settings
 from portcullis.yamlconf import duration
 from tests.deploy import compose
 from tests.deploy.dockerfile import ROOT, parse, with_data_volume
 
 SECRET = "compose-test-machine-secret-0123456789abcdef"
-ENV = {"MACHINE_CLIENT_SECRET": SECRET}  # what .env provides
+KEY_SECRET = base64.b64encode(bytes(range(32))).decode()
+ENV = {  # what .env provides
+    "MACHINE_CLIENT_SECRET": SECRET,
+    "POSTGRES_PASSWORD": "compose-test-database-password",
+    "PORTCULLIS_KEY_SECRET": KEY_SECRET,
+}
 SCENARIOS = {
     "sidecar": (compose.BASE,),
     "scaled": (compose.BASE, compose.SCALED),
+    "replicated": (compose.BASE, compose.REPLICATED),
 }
 IMAGE_TAG = "portcullis"  # README: docker build -t portcullis .
 
@@ -109,7 +117,22 @@ def test_the_gateways_are_the_only_way_in(model):
     expected = {(api, port) for api in apis for port in gateway_ports}
     assert {(n, p) for n, p in open_ports if n in apis} == expected
     # Besides the gateways, only the authorization server (browsers sign in there).
-    assert {n for n, _ in open_ports} - apis == {"authserver"}
+    assert {n for n, _ in open_ports} - apis == set(authservers(model))
+
+
+def authservers(model: dict[str, Any]) -> list[str]:
+    return [
+        name
+        for name, service in model["services"].items()
+        if (service.get("command") or [""])[0] == "portcullis-authserver"
+    ]
+
+
+def authserver_config(model: dict[str, Any], name: str) -> authserver_settings.Settings:
+    service = model["services"][name]
+    return authserver_settings.load(
+        str(mounted_config(service, "authserver.yaml")), env=compose.environment(service)
+    )
 
 
 def test_every_mounted_config_exists_and_passes_its_programs_check(model, tmp_path):
@@ -120,7 +143,9 @@ def test_every_mounted_config_exists_and_passes_its_programs_check(model, tmp_pa
                 continue
             path = compose.config_file(source)
             assert path.is_file(), f"{name} mounts {source}, which does not exist"
-            program = {"gateway.yaml": "gateway", "authserver.yaml": "authserver"}[path.name]
+            program = {"gateway.yaml": "gateway", "authserver.yaml": "authserver"}[
+                Path(target).name
+            ]
             assert service["command"][:2] == [f"portcullis-{program}", "run"]
             assert service["command"][2:] == ["--config", target]
             env = {
@@ -175,7 +200,8 @@ def test_health_checks_ask_each_programs_own_endpoint(model):
     assert published(auth) == [("9000", 9000)]
 
 
-def test_the_authserver_keeps_its_state_in_a_named_volume(model):
+def test_the_authserver_keeps_its_state_in_a_named_volume():
+    model = compose.load(compose.BASE, env=ENV)
     auth = model["services"]["authserver"]
     source, options = compose.mounts(auth)["/var/lib/portcullis"]
     assert source in model["volumes"] and options == "rw"
@@ -185,18 +211,24 @@ def test_the_authserver_keeps_its_state_in_a_named_volume(model):
 
 
 def test_secrets_come_only_from_the_environment_and_are_required():
-    raw = compose.raw(compose.BASE, compose.SCALED)
+    raw = compose.raw(compose.BASE, compose.SCALED, compose.REPLICATED)
     secrets = set()
     for service in raw["services"].values():
         for name, value in compose.environment(service).items():
             if "SECRET" in name or "PASSWORD" in name:
                 assert value.startswith(f"${{{name}:?"), f"{name} must come from .env"
                 secrets.add(name)
-    assert secrets == {"MACHINE_CLIENT_SECRET"}
+    assert secrets == {"MACHINE_CLIENT_SECRET", "POSTGRES_PASSWORD", "PORTCULLIS_KEY_SECRET"}
     with pytest.raises(compose.Unset, match="MACHINE_CLIENT_SECRET"):
         compose.load(compose.BASE, env={})
+    for missing in ("POSTGRES_PASSWORD", "PORTCULLIS_KEY_SECRET"):
+        without = {k: v for k, v in ENV.items() if k != missing}
+        compose.load(compose.BASE, compose.SCALED, env=without)  # only the replicas need it
+        with pytest.raises(compose.Unset, match=missing):
+            compose.load(compose.BASE, compose.REPLICATED, env=without)
     example = (compose.COMPOSE_DIR / ".env.example").read_text()
     assert "MACHINE_CLIENT_SECRET=\n" in example  # no value to copy by mistake
+    assert "# POSTGRES_PASSWORD=\n" in example and "# PORTCULLIS_KEY_SECRET=\n" in example
     assert (compose.COMPOSE_DIR / ".gitignore").read_text().split() == [".env"]
 
 
@@ -232,3 +264,39 @@ def test_the_three_commands_are_the_same_wherever_they_are_given():
     assert all(f"#   {command}" in header for command in commands)
     # The tag those commands build is the image the services run.
     assert f"-t {IMAGE_TAG} ." in commands[0]
+
+
+def test_the_replicated_setup_runs_two_authservers_on_one_postgresql_with_sealed_keys():
+    model = compose.load(compose.BASE, compose.REPLICATED, env=ENV)
+    names = authservers(model)
+    assert names == ["authserver", "authserver-2"]
+    settings = [authserver_config(model, name) for name in names]
+    # One service: one issuer, one database, one key secret.
+    assert len({s.issuer for s in settings}) == 1
+    assert len({s.storage for s in settings}) == 1
+    storage = urlsplit(settings[0].storage)
+    assert (storage.scheme, storage.hostname, storage.password) == (
+        "postgresql",
+        "postgres",
+        ENV["POSTGRES_PASSWORD"],
+    )
+    for each in settings:
+        assert each.keys.dir is None and each.keys.encryption_key == KEY_SECRET
+        assert each.keys.reload_every <= each.keys.jwks_max_age
+        # replicas × max_size within PostgreSQL's default max_connections (100)
+        assert len(settings) * each.storage_pool.max_size < 100
+    postgres = model["services"]["postgres"]
+    assert "ports" not in postgres
+    assert compose.environment(postgres)["POSTGRES_PASSWORD"] == ENV["POSTGRES_PASSWORD"]
+    for name in names:
+        service = model["services"][name]
+        assert service["depends_on"]["postgres"] == {"condition": "service_healthy"}
+        assert service["image"] == IMAGE_TAG and service.get("read_only") is True
+    # Each replica answers on a port of its own, for the load balancer in front of both.
+    assert [published(model["services"][n]) for n in names] == [
+        [("9000", 9000)],
+        [("9001", 9000)],
+    ]
+    readme = (compose.COMPOSE_DIR / "README.md").read_text()
+    assert "docker compose -f compose.yaml -f compose.replicated.yaml up -d" in readme
+    assert "PORTCULLIS_KEY_SECRET" in readme

@@ -284,7 +284,8 @@ async def test_bodies_in_flight_per_client_address_are_capped_with_429(issuer, u
     text = config(issuer, upstream, limits="body_timeout: 2s, max_bodies_per_client: 2")
     small = raw_request("POST", "/public/third", [("Content-Length", "5")], b"hello")
     async with running_gateway(text) as gw, slow_bodies(gw.url, 2) as (first, _):
-        await asyncio.sleep(2 * TRICKLE)
+        bodies = gw.gateway.bodies_in_flight
+        await wait_for(lambda: bodies.count("127.0.0.1") == 2, what="both slow bodies")
         refused = await raw_exchange(gw.url, small)
         assert refused.status == 429
         assert refused.headers["Retry-After"] == "1"
@@ -317,7 +318,8 @@ async def test_bodies_are_counted_per_client_behind_trusted_proxies(issuer, upst
     async with running_gateway(text) as gw:
         slow = await SlowBody.start(gw.url, headers=(("X-Forwarded-For", "203.0.113.1"),))
         try:
-            await asyncio.sleep(2 * TRICKLE)
+            bodies = gw.gateway.bodies_in_flight
+            await wait_for(lambda: bodies.count("203.0.113.1") == 1, what="the slow body")
             assert (await raw_exchange(gw.url, body_from("203.0.113.2"))).status == 200
             assert (await raw_exchange(gw.url, body_from("203.0.113.1"))).status == 429
         finally:

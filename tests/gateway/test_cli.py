@@ -370,6 +370,7 @@ async def test_explain_shows_the_matched_rule_its_params_and_needs(
         "  params: id=42",
         "  auth: required (Authorization: Bearer <token>)",
         f"  accepts tokens from {issuer.url} with aud in: orders-api",
+        "  dpop: allowed (bearer tokens, or DPoP-bound tokens with a proof of their key)",
         "  scopes: all of orders:read orders:write",
         "  max body: 1048576 bytes",
         "  mode: enforce",
@@ -532,3 +533,57 @@ async def test_explain_when_the_issuer_keys_cannot_be_fetched_decides_503(
         "decision: 503 (the gateway is not ready for this issuer)"
     )
     assert issuer.jwks_fetches >= 1
+
+
+# ---------------------------------------------------------------------------- explain --ext-authz
+
+
+async def test_explain_ext_authz_tells_what_each_front_proxy_makes_of_an_allow(
+    config_path: str, issuer: TestIssuer
+) -> None:
+    token = issuer.token("ES256", scope="orders:read", drop=("client_id",))
+    result = await gateway_cli(
+        "explain", "--config", config_path, "GET", "/orders/1", "--token", token, "--ext-authz"
+    )
+    assert (result.code, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    start = lines.index("decision: forward, with the identity headers of this token")
+    assert lines[start + 1 :] == [
+        "ext_authz (decision listener: not configured):",
+        "  answer: 200, empty body, with every identity header (empty without a value):",
+        "    X-Auth-Subject: user-123",
+        "    X-Auth-Client-Id: ",
+        "    X-Auth-Scopes: orders:read",
+        f"    X-Auth-Issuer: {issuer.url}",
+        "  nginx auth_request: the request goes on; auth_request_set copies the headers",
+        "  Traefik forwardAuth: the request goes on with authResponseHeaders",
+        "  Caddy forward_auth: the request goes on with copy_headers",
+        "  Envoy ext_authz: the request goes on with allowed_upstream_headers",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "status", "nginx"),
+    [
+        ("PUT", "/orders/1", "401", "401 with WWW-Authenticate"),
+        ("DELETE", "/orders/1", "404", "500 (the example's error_page restores 404)"),
+        ("GET", "/orders/..%2fx", "400", "500 (the example's error_page restores 400)"),
+    ],
+)
+async def test_explain_ext_authz_tells_what_each_front_proxy_makes_of_a_denial(
+    tmp_path: Path, method: str, target: str, status: str, nginx: str
+) -> None:
+    text = explain_config("https://auth.example.com") + (
+        'ext_authz: {listen: "127.0.0.1:9001", trusted_callers: ["127.0.0.1/32"]}\n'
+    )
+    path = write(tmp_path, text)
+    result = await gateway_cli("explain", "--config", path, method, target, "--ext-authz")
+    lines = result.stdout.splitlines()
+    start = lines.index("ext_authz (decision listener: 127.0.0.1:9001):")
+    assert lines[start + 1 :] == [
+        f"  answer: {status}, as in proxy mode (challenge, Retry-After, error body)",
+        f"  nginx auth_request: {nginx}",
+        f"  Traefik forwardAuth: {status}, answer returned as is",
+        f"  Caddy forward_auth: {status}, answer returned as is",
+        f"  Envoy ext_authz: {status} and the body; headers in allowed_client_headers only",
+    ]

@@ -50,6 +50,7 @@ async def test_explain_lists_the_mode_limits_cors_and_websocket_that_apply(
         "  path: /chat/**   methods: any",
         "  auth: required (Authorization: Bearer <token>)",
         f"  accepts tokens from {issuer.url} with aud in: orders-api",
+        "  dpop: allowed (bearer tokens, or DPoP-bound tokens with a proof of their key)",
         "  scopes: all of chat",
         "  mode: monitor (refusals are logged as would_deny; the request is forwarded)",
         "  rate limit: 10/60s (burst 5) per header:x-api-key (route policy, 'chat')",
@@ -59,7 +60,7 @@ async def test_explain_lists_the_mode_limits_cors_and_websocket_that_apply(
         "  websocket: proxied (closed when the token expires: yes)",
         "decision without a token: 401 (pass --token to check one)",
     ]
-    assert orders.stdout.splitlines()[5:] == [
+    assert orders.stdout.splitlines()[6:] == [
         "  mode: enforce",
         "  rate limit: 100/1s (burst 200) per subject (default policy, 'orders')",
         "  pre-auth limit: 20/1s (burst 40) per client address "
@@ -69,7 +70,7 @@ async def test_explain_lists_the_mode_limits_cors_and_websocket_that_apply(
         "  origin https://app.example.com: allowed (Access-Control-Allow-Origin is sent)",
         "decision without a token: 401 (pass --token to check one)",
     ]
-    assert elsewhere.stdout.splitlines()[9] == (
+    assert elsewhere.stdout.splitlines()[10] == (
         "  origin https://evil.example: not allowed (no CORS headers; preflights get 403)"
     )
 

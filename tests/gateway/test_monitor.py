@@ -5,7 +5,6 @@ still set only from a token that is valid for the route.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from tests.support import (
     running_gateway,
     sample,
     scrape,
+    wait_for,
 )
 
 IDENTITY = ("X-Auth-Subject", "X-Auth-Client-Id", "X-Auth-Scopes", "X-Auth-Issuer")
@@ -48,7 +48,7 @@ async def test_a_monitored_route_forwards_what_an_enforced_route_refuses(
     async with running_gateway(monitor_config(issuer.url, upstream.url, log)) as gateway:
         enforced = await call(client, gateway.url + "/orders/1")
         monitored = await call(client, gateway.url + "/legacy/1")
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(read_json_lines(log)) >= 2, what="the access log")
         samples = await scrape(gateway.admin_url)
     assert enforced.status == 401
     assert monitored.status == 200
@@ -105,7 +105,7 @@ async def test_identity_headers_come_only_from_a_token_valid_for_the_route(
             },
         ) as response:
             assert response.status == 200
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(read_json_lines(log)) >= 1, what="the access log")
     seen = upstream.requests[-1]
     expected_scopes = "orders:read" if token_kind == "lacks_scope" else "admin"
     if with_identity:
@@ -174,7 +174,7 @@ routes:
     async with running_gateway(config) as gateway:
         unmatched = await call(client, gateway.url + "/nowhere")
         no_token = await call(client, gateway.url + "/orders/1")
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(read_json_lines(log)) >= 2, what="the access log")
     assert (unmatched.status, no_token.status) == (200, 200)
     assert [r["raw_path"] for r in upstream.requests] == ["/nowhere", "/orders/1"]
     entries = read_json_lines(log)

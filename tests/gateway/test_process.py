@@ -143,7 +143,9 @@ async def test_sigterm_drains_an_in_flight_request_then_exits_zero(
     async def refused() -> bool:
         try:
             connection = await RawConnection.open(gateway.url)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, ConnectionResetError):
+            # A connect racing the listener's close is reset instead of refused: the
+            # kernel drops the closing listener's queue. Either way nobody serves it.
             return True
         connection.close()
         return False

@@ -5,7 +5,6 @@ session ends (1008) when the token that opened it expires.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,7 +14,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.support import gateway_yaml, raw_exchange, raw_request, running_gateway, start_site
+from tests.support import (
+    gateway_yaml,
+    raw_exchange,
+    raw_request,
+    running_gateway,
+    start_site,
+    wait_for,
+)
 
 ROUTES = """
   - name: chat
@@ -117,7 +123,7 @@ async def test_messages_flow_both_ways_with_the_identity_of_the_token(issuer, ws
     assert seen["X-Auth-Scopes"] == "chat"
     assert seen["X-Auth-Issuer"] == issuer.url
     assert "Sec-WebSocket-Key" in seen  # the gateway's own handshake, not the client's
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: ws_upstream.closed, what="the upstream's close")
     assert ws_upstream.closed == [1000]  # the client's close reached the upstream
 
 
@@ -196,7 +202,7 @@ async def test_close_on_token_expiry_ends_the_session_with_1008(issuer, ws_upstr
         message = await ws.receive(timeout=5)
     assert message.type == aiohttp.WSMsgType.CLOSE
     assert (message.data, message.extra) == (1008, "token expired")
-    await asyncio.sleep(0.1)
+    await wait_for(lambda: ws_upstream.closed, what="the upstream's close")
     assert ws_upstream.closed == [1008]
 
 

@@ -1,0 +1,247 @@
+"""/admin/v1/clients: the clients of the server, with RFC 7591 metadata in camelCase.
+
+A confidential client's secret is generated here, never chosen by the caller, and shown
+once: in the answer that created it (or made the client confidential) and in the answer of
+`POST /clients/{id}/secret`, which replaces it. The store keeps only its digest. Rotating
+the secret or deleting the client cuts it off (events.Revocations). Clients of the
+configuration file are listed but read-only (409 `managed_by_config`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from .. import registry
+from ..events import Reason
+from ..settings import ClientSettings, unknown_scopes
+from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, ClientRecord
+from . import validation
+from .access import Caller
+from .collection import Collection, page, parse_query
+from .context import Context
+from .http import (
+    MERGE_PATCH,
+    ApiError,
+    camel,
+    check_if_match,
+    conflict,
+    etag_of,
+    invalid,
+    iso,
+    json_answer,
+    managed_by_config,
+    merge_patch,
+    no_content,
+    not_found,
+    read_object,
+    single,
+    snake,
+)
+
+RESOURCE = "client"
+WRITABLE = tuple(camel(name) for name in registry.CLIENT_METADATA)
+READ_ONLY = ("clientId", "managedBy", "createdAt", "updatedAt")
+FIELDS = ("clientId", *WRITABLE, "managedBy", "createdAt", "updatedAt")
+_SECRET_METHODS = ("client_secret_basic", "client_secret_post")
+# RFC 7591 §2: a client registered without a method authenticates with client_secret_basic.
+DEFAULT_METHOD = "client_secret_basic"
+
+COLLECTION = Collection(
+    key="clientId",
+    fields=FIELDS,
+    filters=frozenset(
+        {"clientId", "tokenEndpointAuthMethod", "grantTypes", "managedBy", "applicationType"}
+    ),
+    sortable=frozenset({"clientId", "clientName", "createdAt", "updatedAt", "managedBy"}),
+    search=("clientId", "clientName"),
+)
+
+
+def represent(r: ClientRecord) -> dict[str, Any]:
+    client = registry.client_from_record(r)
+    values = {name: r.metadata.get(name) for name in registry.CLIENT_METADATA}
+    values["client_name"] = client.client_name
+    return {
+        "clientId": r.client_id,
+        **{camel(name): value for name, value in values.items()},
+        "managedBy": r.managed_by,
+        "createdAt": iso(r.created_at),
+        "updatedAt": iso(r.updated_at),
+    }
+
+
+class Clients:
+    def __init__(self, context: Context) -> None:
+        self.c = context
+
+    # ------------------------------------------------------------------ reading
+
+    async def index(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        query = parse_query(COLLECTION, request.query)
+        records = await self.c.store.list_clients()
+        return json_answer(page(COLLECTION, query, [represent(r) for r in records]))
+
+    async def show(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        return single(request, represent(await self._existing(ids[0])))
+
+    # ------------------------------------------------------------------ changing
+
+    async def create(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        body = await read_object(request)
+        client_id = body.pop("clientId", None)
+        if client_id is None:
+            client_id = secrets.token_urlsafe(12)
+        elif not isinstance(client_id, str):
+            raise invalid([("clientId", "must be a string")])
+        fields = self._writable(body, {})
+        secret = secrets.token_urlsafe(32)
+        checked = self._check(client_id, fields, secret)
+        needs_secret = checked.token_endpoint_auth_method in _SECRET_METHODS
+        now = self.c.clock()
+        record = registry.client_record(
+            checked,
+            MANAGED_BY_API,
+            now,
+            secret_sha256=registry.secret_digest(secret) if needs_secret else None,
+        )
+        if not needs_secret:
+            record = replace(record, secret_sha256=None)
+        try:
+            await self.c.store.save_client(record, None)
+        except AlreadyExists:
+            raise conflict(f"a client {client_id!r} exists already") from None
+        self.c.audit(caller, "created", RESOURCE, client_id)
+        shown = represent(record)
+        answer = {**shown, "clientSecret": secret} if needs_secret else shown
+        return json_answer(
+            answer,
+            status=201,
+            headers={"Location": self.c.location("clients", client_id), "ETag": etag_of(shown)},
+        )
+
+    async def replace(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        body = await read_object(request)
+        return await self._update(request, caller, ids[0], lambda current: body)
+
+    async def patch(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        patch = await read_object(request, MERGE_PATCH)
+        return await self._update(
+            request, caller, ids[0], lambda current: merge_patch(current, patch)
+        )
+
+    async def _update(
+        self, request: web.Request, caller: Caller, client_id: str, change: Any
+    ) -> web.Response:
+        old = await self._changeable(request, client_id)
+        current = represent(old)
+        fields = self._writable(change(current), current)
+        secret = secrets.token_urlsafe(32)
+        checked = self._check(client_id, fields, secret)
+        now = self.c.clock()
+        needs_secret = checked.token_endpoint_auth_method in _SECRET_METHODS
+        new_secret = needs_secret and old.secret_sha256 is None
+        digest = old.secret_sha256 if needs_secret else None
+        if new_secret:
+            digest = registry.secret_digest(secret)
+        record = replace(
+            registry.client_record(checked, MANAGED_BY_API, now, secret_sha256=digest),
+            secret_sha256=digest,
+            created_at=old.created_at,
+            tokens_valid_from=old.tokens_valid_from,
+        )
+        await self._save(request, record, old.version)
+        self.c.audit(caller, "updated", RESOURCE, client_id)
+        shown = represent(record)
+        answer = {**shown, "clientSecret": secret} if new_secret else shown
+        return json_answer(answer, headers={"ETag": etag_of(shown)})
+
+    async def rotate_secret(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        old = await self._changeable(request, ids[0])
+        if old.metadata.get("token_endpoint_auth_method") not in _SECRET_METHODS:
+            raise conflict("this client authenticates without a secret")
+        secret = secrets.token_urlsafe(32)
+        now = self.c.clock()
+        record = replace(
+            old,
+            secret_sha256=registry.secret_digest(secret),
+            updated_at=now,
+            tokens_valid_from=now,
+        )
+        await self._save(request, record, old.version)
+        # The old secret is refused from now on; what was obtained with it ends too.
+        await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_SECRET_ROTATED)
+        self.c.audit(caller, "secret rotated", RESOURCE, old.client_id)
+        shown = represent(record)
+        return json_answer({**shown, "clientSecret": secret}, headers={"ETag": etag_of(shown)})
+
+    async def delete(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        old = await self._changeable(request, ids[0])
+        if not await self.c.store.delete_client(old.client_id):
+            raise not_found(RESOURCE)
+        await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_DELETED)
+        self.c.audit(caller, "deleted", RESOURCE, old.client_id)
+        return no_content()
+
+    # ------------------------------------------------------------------ steps
+
+    async def _existing(self, client_id: str) -> ClientRecord:
+        record = await self.c.store.get_client(client_id)
+        if record is None:
+            raise not_found(RESOURCE)
+        return record
+
+    async def _changeable(self, request: web.Request, client_id: str) -> ClientRecord:
+        record = await self._existing(client_id)
+        check_if_match(request, etag_of(represent(record)))
+        if record.managed_by == MANAGED_BY_CONFIG:
+            raise managed_by_config(RESOURCE)
+        return record
+
+    async def _save(self, request: web.Request, record: ClientRecord, version: int) -> None:
+        if not await self.c.store.save_client(record, version):
+            raise ApiError(
+                412 if "If-Match" in request.headers else 409,
+                "precondition_failed" if "If-Match" in request.headers else "conflict",
+                "the client changed while this request was served: read it again",
+            )
+
+    def _writable(self, body: Any, current: dict[str, Any]) -> dict[str, Any]:
+        """The writable fields of a body, snake_case; 422 for unknown fields and changed
+        read-only ones."""
+        if not isinstance(body, dict):
+            raise invalid([("", "the body must be a JSON object")])
+        problems = []
+        fields: dict[str, Any] = {}
+        for name, value in body.items():
+            if name in READ_ONLY:
+                if value != current.get(name):
+                    problems.append((name, "is read-only"))
+            elif name == "clientSecret":
+                problems.append((name, "is generated: rotate it with POST .../secret"))
+            elif name not in WRITABLE:
+                problems.append((name, f"unknown field; known: {', '.join(FIELDS)}"))
+            elif value is not None:
+                fields[snake(name)] = value
+        if problems:
+            raise invalid(problems)
+        return fields
+
+    def _check(self, client_id: str, fields: dict[str, Any], secret: str) -> ClientSettings:
+        """The client as the configuration file's rules read it; 422 otherwise."""
+        data = {"client_id": client_id, **fields}
+        data.setdefault("token_endpoint_auth_method", DEFAULT_METHOD)
+        if data["token_endpoint_auth_method"] in _SECRET_METHODS:
+            data["client_secret"] = secret  # generated: satisfies the rules on secrets
+        checked = validation.build(ClientSettings, data)
+        unknown = unknown_scopes(checked.scope, self.c.settings.known_scopes)
+        if unknown:
+            raise invalid(
+                [("scope", f"{token!r} is not a scope of this server") for token in unknown]
+            )
+        return checked

@@ -1,0 +1,47 @@
+"""What the admin API's resources are given: the store, the clock, the configuration in
+force and the password-hashing pool, and the audit log they write every change to."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from ..clock import Clock
+from ..events import Revocations
+from ..keys import SigningRing
+from ..settings import Settings
+from ..store.base import Store
+from ..users import PasswordHasher
+from .access import Caller
+
+audit_log = logging.getLogger("portcullis.authserver.audit")
+
+
+@dataclass(frozen=True)
+class Context:
+    store: Store
+    clock: Clock
+    settings: Settings
+    hasher: PasswordHasher
+    keyring: SigningRing
+    base_url: str  # {issuer}/admin/v1
+    # The one way to cut a client or a user off: revokes, records the event (events.py).
+    revocations: Revocations
+
+    def location(self, collection: str, item_id: str) -> str:
+        return f"{self.base_url}/{collection}/{quote(item_id, safe='')}"
+
+    def audit(self, caller: Caller, action: str, resource: str, item_id: str) -> None:
+        """One line per change: who (the token's client and user), what, which resource.
+        Never a secret or a password: callers pass names and ids only."""
+        audit_log.info(
+            f"admin: {resource} {action}",
+            extra={
+                "actor_client_id": caller.client_id,
+                "actor_subject": caller.subject,
+                "action": action,
+                "resource": resource,
+                "id": item_id,
+            },
+        )

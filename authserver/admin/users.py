@@ -1,0 +1,288 @@
+"""/admin/v1/users: the people who sign in, their OpenID Connect claims and roles.
+
+`id` is the user's `sub`: stable for the life of the account, generated unless given at
+creation. The password is write-only: never echoed, never logged, hashed with scrypt on the
+server's bounded hashing pool; it has at least 8 characters and is not the username.
+Disabling a user (`"disabled": true`) or deleting them cuts them off (events.Revocations): their
+sessions end, their grants are revoked, and they cannot sign in. Users of the
+configuration file are listed but read-only (409 `managed_by_config`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from .. import users as passwords
+from ..events import Reason
+from ..registry import plain
+from ..settings import UserSettings, claim_names
+from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, UserRecord
+from . import validation
+from .access import Caller
+from .collection import Collection, page, parse_query
+from .context import Context
+from .http import (
+    MERGE_PATCH,
+    ApiError,
+    camel,
+    check_if_match,
+    conflict,
+    etag_of,
+    invalid,
+    iso,
+    json_answer,
+    managed_by_config,
+    merge_patch,
+    no_content,
+    not_found,
+    read_object,
+    single,
+    snake,
+)
+
+RESOURCE = "user"
+MIN_PASSWORD = 8
+CLAIMS = tuple(camel(name) for name in claim_names())
+WRITABLE = ("username", *CLAIMS, "roles", "disabled")
+READ_ONLY = ("id", "managedBy", "createdAt", "updatedAt")
+FIELDS = ("id", *WRITABLE, "managedBy", "createdAt", "updatedAt")
+
+COLLECTION = Collection(
+    key="id",
+    fields=FIELDS,
+    filters=frozenset({"id", "username", "email", "roles", "disabled", "managedBy"}),
+    sortable=frozenset({"id", "username", "email", "name", "createdAt", "updatedAt"}),
+    search=("username", "email", "name"),
+)
+
+
+def represent(r: UserRecord) -> dict[str, Any]:
+    return {
+        "id": r.subject,
+        "username": r.username,
+        **{camel(name): r.claims.get(name) for name in claim_names()},
+        "roles": list(r.roles),
+        "disabled": r.disabled,
+        "managedBy": r.managed_by,
+        "createdAt": iso(r.created_at),
+        "updatedAt": iso(r.updated_at),
+    }
+
+
+def password_problems(
+    password: Any, username: str, field: str = "password"
+) -> list[tuple[str, str]]:
+    if not isinstance(password, str):
+        return [(field, "must be a string")]
+    if len(password) < MIN_PASSWORD:
+        return [(field, f"must have at least {MIN_PASSWORD} characters")]
+    if password == username:
+        return [(field, "must not be the username")]
+    return []
+
+
+class Users:
+    def __init__(self, context: Context) -> None:
+        self.c = context
+
+    # ------------------------------------------------------------------ reading
+
+    async def index(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        query = parse_query(COLLECTION, request.query)
+        records = await self.c.store.list_users()
+        return json_answer(page(COLLECTION, query, [represent(r) for r in records]))
+
+    async def show(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        return single(request, represent(await self._existing(ids[0])))
+
+    # ------------------------------------------------------------------ changing
+
+    async def create(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        body = await read_object(request)
+        subject = body.pop("id", None)
+        if subject is None:
+            subject = secrets.token_urlsafe(16)
+        elif not isinstance(subject, str) or not subject:
+            raise invalid([("id", "must be a non-empty string")])
+        password = body.pop("password", None)
+        fields, disabled, problems = self._writable(body, {})
+        checked = self._check(subject, fields, password, problems, required=True)
+        password_hash = await self.c.hasher.hash(password)
+        now = self.c.clock()
+        record = UserRecord(
+            subject=subject,
+            username=checked.username,
+            password_hash=password_hash,
+            claims=plain(checked.claims),
+            roles=checked.roles,
+            disabled=disabled,
+            managed_by=MANAGED_BY_API,
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            await self.c.store.save_user(record, None)
+        except AlreadyExists:
+            raise conflict("a user with this id or username exists already") from None
+        self.c.audit(caller, "created", RESOURCE, subject)
+        shown = represent(record)
+        return json_answer(
+            shown,
+            status=201,
+            headers={"Location": self.c.location("users", subject), "ETag": etag_of(shown)},
+        )
+
+    async def replace(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        body = await read_object(request)
+        return await self._update(request, caller, ids[0], lambda current: body)
+
+    async def patch(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        patch = await read_object(request, MERGE_PATCH)
+        return await self._update(
+            request, caller, ids[0], lambda current: merge_patch(current, patch)
+        )
+
+    async def _update(
+        self, request: web.Request, caller: Caller, subject: str, change: Any
+    ) -> web.Response:
+        old = await self._changeable(request, subject)
+        current = represent(old)
+        body = change(current)
+        if not isinstance(body, dict):
+            raise invalid([("", "the body must be a JSON object")])
+        password = body.pop("password", None)
+        fields, disabled, problems = self._writable(body, current)
+        checked = self._check(subject, fields, password, problems, required=False)
+        password_hash = (
+            old.password_hash if password is None else await self.c.hasher.hash(password)
+        )
+        now = self.c.clock()
+        record = replace(
+            old,
+            username=checked.username,
+            password_hash=password_hash,
+            claims=plain(checked.claims),
+            roles=checked.roles,
+            disabled=disabled,
+            updated_at=now,
+        )
+        await self._save(request, record, old.version)
+        if disabled and not old.disabled:
+            await self.c.revocations.cut_off_subject(subject, Reason.USER_DISABLED)
+        self.c.audit(
+            caller, "disabled" if disabled and not old.disabled else "updated", RESOURCE, subject
+        )
+        shown = represent(record)
+        return json_answer(shown, headers={"ETag": etag_of(shown)})
+
+    async def set_password(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        body = await read_object(request)
+        old = await self._changeable(request, ids[0])
+        unknown = [(name, "unknown field; known: password") for name in body if name != "password"]
+        problems = unknown + password_problems(body.get("password"), old.username)
+        if problems:
+            raise invalid(problems)
+        record = replace(
+            old,
+            password_hash=await self.c.hasher.hash(body["password"]),
+            updated_at=self.c.clock(),
+        )
+        await self._save(request, record, old.version)
+        self.c.audit(caller, "password set", RESOURCE, old.subject)
+        return no_content()
+
+    async def delete(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        old = await self._changeable(request, ids[0])
+        if not await self.c.store.delete_user(old.subject):
+            raise not_found(RESOURCE)
+        await self.c.revocations.cut_off_subject(old.subject, Reason.USER_DELETED)
+        self.c.audit(caller, "deleted", RESOURCE, old.subject)
+        return no_content()
+
+    # ------------------------------------------------------------------ steps
+
+    async def _existing(self, subject: str) -> UserRecord:
+        record = await self.c.store.get_user(subject)
+        if record is None:
+            raise not_found(RESOURCE)
+        return record
+
+    async def _changeable(self, request: web.Request, subject: str) -> UserRecord:
+        record = await self._existing(subject)
+        check_if_match(request, etag_of(represent(record)))
+        if record.managed_by == MANAGED_BY_CONFIG:
+            raise managed_by_config(RESOURCE)
+        return record
+
+    async def _save(self, request: web.Request, record: UserRecord, version: int) -> None:
+        try:
+            saved = await self.c.store.save_user(record, version)
+        except AlreadyExists:
+            raise conflict("another user has this username") from None
+        if not saved:
+            raise ApiError(
+                412 if "If-Match" in request.headers else 409,
+                "precondition_failed" if "If-Match" in request.headers else "conflict",
+                "the user changed while this request was served: read it again",
+            )
+
+    def _writable(
+        self, body: dict[str, Any], current: dict[str, Any]
+    ) -> tuple[dict[str, Any], bool, list[tuple[str, str]]]:
+        """The writable fields of a body (snake_case, `disabled` apart), and the problems
+        of unknown fields, changed read-only ones and a `disabled` that is no boolean."""
+        problems = []
+        fields: dict[str, Any] = {}
+        disabled = False
+        for name, value in body.items():
+            if name in READ_ONLY:
+                if value != current.get(name):
+                    problems.append((name, "is read-only"))
+            elif name not in WRITABLE:
+                problems.append((name, f"unknown field; known: password, {', '.join(FIELDS)}"))
+            elif name == "disabled":
+                if not isinstance(value, bool) and value is not None:
+                    problems.append((name, "must be true or false"))
+                disabled = value is True
+            elif value is not None:
+                fields[snake(name)] = value
+        return fields, disabled, problems
+
+    def _check(
+        self,
+        subject: str,
+        fields: dict[str, Any],
+        password: Any,
+        problems: list[tuple[str, str]],
+        *,
+        required: bool,
+    ) -> UserSettings:
+        """The user as the configuration file's rules read it, and the password's rules;
+        422 listing every problem of both, and those found before (`problems`)."""
+        data = {"sub": subject, **fields, "password_hash": passwords.dummy_hash()}
+        username = fields.get("username")
+        if password is not None or required:
+            if password is None:
+                problems.append(("password", "is required"))
+            else:
+                problems += password_problems(
+                    password, username if isinstance(username, str) else ""
+                )
+        try:
+            checked = validation.build(UserSettings, data, _path)
+        except ApiError as exc:
+            exc.details = problems + exc.details
+            raise
+        if problems:
+            raise invalid(problems)
+        return checked
+
+
+def _path(key: str) -> str:
+    return "id" if key == "sub" else camel(key)

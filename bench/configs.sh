@@ -1,0 +1,86 @@
+# The authserver configs the bench writes, sourced by bench/run.sh (and by the test that
+# checks them: tests/test_bench_configs.py). Every function writes one config and runs
+# `portcullis-authserver check` on it, so a config the server no longer accepts stops the
+# bench before any load.
+#
+# They read: TMP (the run's temporary directory), AUTHSERVER (the issuer of the single
+# servers), P_AS and P_AS_ADMIN (ports), CLIENT_ID, CLIENT_SECRET, BENCH_USER,
+# BENCH_PASSWORD, BENCH_REDIRECT, and AUTHSERVER_CMD (how to run the authserver's CLI;
+# default .venv/bin/portcullis-authserver). The configs name the signing keys' encryption
+# secret as ${PORTCULLIS_KEY_SECRET}: new_key_secret makes one for the run and exports it.
+
+# new_key_secret: a fresh secret for the signing keys kept in the storage (base64 of 32
+# random bytes, what `openssl rand -base64 32` prints), exported as PORTCULLIS_KEY_SECRET
+# so that every server of the run (and `check`) reads it from the environment, not a file.
+new_key_secret() {
+    PORTCULLIS_KEY_SECRET=$(head -c 32 /dev/urandom | base64 -w0)
+    export PORTCULLIS_KEY_SECRET
+}
+
+# check_config FILE: `portcullis-authserver check`, quiet unless it finds a problem.
+check_config() {
+    local cmd
+    read -r -a cmd <<<"${AUTHSERVER_CMD:-.venv/bin/portcullis-authserver}"
+    "${cmd[@]}" check --config "$1" >/dev/null
+}
+
+# authserver_config ALG: writes the authserver's config for tokens signed with ALG (its own
+# sqlite file and key directory in the temporary directory); sets AUTHSERVER_CONFIG.
+authserver_config() {
+    local dir=$TMP/authserver-$1
+    mkdir -p "$dir"
+    AUTHSERVER_CONFIG=$dir/authserver.yaml
+    cat >"$AUTHSERVER_CONFIG" <<EOF
+issuer: "$AUTHSERVER"
+listen: "127.0.0.1:$P_AS"
+admin_listen: "127.0.0.1:$P_AS_ADMIN"
+storage: "sqlite://$dir/authserver.db"
+keys: {dir: "$dir/keys", access_token_alg: $1}
+lifetimes: {access_token: 5m}
+default_audience: bench-api
+scopes: [{name: "bench:read", description: "Read the bench API"}]
+clients:
+  - client_id: $CLIENT_ID
+    client_secret: "$CLIENT_SECRET"
+    token_endpoint_auth_method: client_secret_basic
+    grant_types: [client_credentials]
+    scope: "bench:read"
+log_level: warning
+EOF
+    check_config "$AUTHSERVER_CONFIG"
+}
+
+# store_config NAME STORAGE ISSUER LISTEN-PORT ADMIN-PORT [KEY-DIR]: an authserver config in
+# TMP/NAME/authserver.yaml; sets AUTHSERVER_CONFIG. With a KEY-DIR (SQLite) the signing keys
+# are files there; without one (PostgreSQL, where replicas share their keys through the
+# database) they live in the storage, sealed with ${PORTCULLIS_KEY_SECRET}.
+store_config() {
+    local dir=$TMP/$1 keys
+    mkdir -p "$dir"
+    if [ -n "${6:-}" ]; then
+        keys="{dir: \"$6\", access_token_alg: ES256}"
+    else
+        keys='{encryption_key: "${PORTCULLIS_KEY_SECRET}", access_token_alg: ES256}'
+    fi
+    AUTHSERVER_CONFIG=$dir/authserver.yaml
+    cat >"$AUTHSERVER_CONFIG" <<EOF
+issuer: "$3"
+listen: "127.0.0.1:$4"
+admin_listen: "127.0.0.1:$5"
+storage: "$2"
+keys: $keys
+lifetimes: {access_token: 5m}
+default_audience: bench-api
+scopes: [{name: "bench:read", description: "Read the bench API"}]
+users: [{username: $BENCH_USER, password: "$BENCH_PASSWORD"}]
+clients:
+  - client_id: $CLIENT_ID
+    client_secret: "$CLIENT_SECRET"
+    token_endpoint_auth_method: client_secret_basic
+    grant_types: [client_credentials, authorization_code, refresh_token]
+    redirect_uris: ["$BENCH_REDIRECT"]
+    scope: "bench:read"
+log_level: warning
+EOF
+    check_config "$AUTHSERVER_CONFIG"
+}

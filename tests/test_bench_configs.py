@@ -1,0 +1,85 @@
+"""The authserver configs the bench writes (bench/configs.sh) are ones the server accepts.
+
+The bench runs rarely; a setting that changes under it would otherwise break it unseen. Each
+config is written by the bench's own shell function, with the variables the bench sets, and
+checked by `authserver check` (what the function itself runs), without starting any server
+or database.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from authserver.settings import encryption_key_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "bench-secret-0123456789-abcdefghijklmnopqr"
+
+
+def write_config(tmp_path: Path, call: str) -> subprocess.CompletedProcess[str]:
+    """Sources bench/configs.sh in bash, sets what bench/run.sh sets, runs `call`, then
+    prints the config file it wrote."""
+    script = f"""
+set -euo pipefail
+. bench/configs.sh
+TMP={shlex.quote(str(tmp_path))}
+AUTHSERVER=http://127.0.0.1:9000 P_AS=9000 P_AS_ADMIN=9001
+CLIENT_ID=bench CLIENT_SECRET={SECRET}
+BENCH_USER=bench BENCH_PASSWORD=bench-password-123 BENCH_REDIRECT=http://127.0.0.1/cb
+AUTHSERVER_CMD={shlex.quote(f"{sys.executable} -m authserver")}
+new_key_secret
+{call}
+cat "$AUTHSERVER_CONFIG"
+"""
+    return subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "authserver_config ES256",
+        "authserver_config RS256",
+        'store_config store-sqlite "sqlite://$TMP/store.db" "$AUTHSERVER" 9000 9001 "$TMP/keys"',
+        f'store_config store-postgres "{POSTGRES}" "$AUTHSERVER" 9000 9001',
+        f'store_config replica-b "{POSTGRES}" http://127.0.0.1:9100 9002 9003',
+    ],
+)
+def test_every_bench_config_passes_check(tmp_path: Path, call: str) -> None:
+    done = write_config(tmp_path, call)
+    assert done.returncode == 0, done.stderr
+    if "postgres" in call or "replica" in call:
+        # Replicas share their keys through the database: sealed with the run's secret,
+        # named by its variable, never written into the file.
+        assert "dir:" not in done.stdout
+        assert 'encryption_key: "${PORTCULLIS_KEY_SECRET}"' in done.stdout
+    else:
+        assert "dir:" in done.stdout
+
+
+def test_a_config_check_refuses_stops_the_bench(tmp_path: Path) -> None:
+    # A key directory on PostgreSQL is refused: the function fails instead of going on.
+    done = write_config(
+        tmp_path, f'store_config store-postgres "{POSTGRES}" "$AUTHSERVER" 9000 9001 "$TMP/keys"'
+    )
+    assert done.returncode != 0
+    assert "keys.dir" in done.stderr
+
+
+def test_the_key_secret_is_fresh_base64_of_32_bytes(tmp_path: Path) -> None:
+    script = ". bench/configs.sh; new_key_secret; echo $PORTCULLIS_KEY_SECRET; new_key_secret;"
+    script += " bash -c 'echo $PORTCULLIS_KEY_SECRET'"
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True)
+    first, second = done.stdout.split()
+    assert encryption_key_bytes(first) is not None
+    assert encryption_key_bytes(second) is not None  # exported to the servers it starts
+    assert first != second
