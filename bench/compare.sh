@@ -13,9 +13,15 @@
 #
 # Environment:
 #   BENCH_BASE=            the other checkout (required); its own code runs (PYTHONPATH)
-#   BENCH_ROUNDS=5         rounds
+#   BENCH_ROUNDS=5         rounds (0: profile only)
 #   BENCH_DURATION=5       seconds of measured load per run (after a 1 s warm-up)
 #   BENCH_CONNECTIONS=64   wrk connections (one wrk thread)
+#   BENCH_PROFILE=0        warm (or 1) or none: afterwards, profile each checkout's gateway
+#                          under py-spy (base, then head) while wrk loads that route, for
+#                          BENCH_DURATION seconds each; writes bench/out/profile-compare-
+#                          ROUTE-base.txt and -head.txt (py-spy's raw format), and
+#                          -summary.txt, the two side by side (bench/profile_summary.py --base)
+#   BENCH_PYSPY_ARGS=--function   py-spy flags (e.g. "--native", or "" for line numbers)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,6 +30,9 @@ BASE=$(cd "$BASE" && pwd)
 ROUNDS=${BENCH_ROUNDS:-5}
 DURATION=${BENCH_DURATION:-5}
 CONNECTIONS=${BENCH_CONNECTIONS:-64}
+PROFILE=${BENCH_PROFILE:-0}
+[ "$PROFILE" = 1 ] && PROFILE=warm
+case $PROFILE in 0 | warm | none) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm or none" >&2; exit 2 ;; esac
 PY=$ROOT/.venv/bin/python
 [ -x "$PY" ] || { echo "$PY not found: run 'make bench' once (it creates .venv)" >&2; exit 1; }
 for tool in wrk taskset curl; do
@@ -164,6 +173,7 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 
+if [ -s "$TMP/results" ]; then
 "$PY" - "$TMP/results" "$BASE" <<'EOF'
 import statistics
 import sys
@@ -194,3 +204,38 @@ for route, name in (("public", "auth none"), ("api", "warm JWT")):
     base, head = median[("base", route)], median[("head", route)]
     print(f"| {name}: head / base | {head[0] / base[0]:.2f} | {base[1] / head[1]:.2f} |")
 EOF
+fi
+
+# profile SIDE ROUTE: py-spy attached to SIDE's gateway (from core 1, beside wrk) while wrk
+# loads ROUTE; the raw profile goes to bench/out/profile-compare-MODE-SIDE.txt.
+profile() {
+    local side=$1 route=$2 port pid
+    if [ "$side" = base ]; then port=$P_BASE pid=$PID_base; else port=$P_HEAD pid=$PID_head; fi
+    taskset -c 1 wrk -t1 -c"$CONNECTIONS" -d"$((DURATION + 3))s" \
+        "http://127.0.0.1:$port/$route/items" -H "Authorization: Bearer $TOKEN" >/dev/null &
+    local load=$!
+    PIDS+=("$load")
+    sleep 1
+    echo "profiling $side ($route) for ${DURATION}s" >&2
+    # shellcheck disable=SC2086 # extra flags are words
+    taskset -c 1 "$SPY" record --duration "$DURATION" --rate 250 --format raw \
+        --output "$OUT/profile-compare-$PROFILE-$side.txt" ${BENCH_PYSPY_ARGS---function} \
+        --pid "$pid" >"$TMP/py-spy-$side.log" 2>&1 ||
+        { cat "$TMP/py-spy-$side.log" >&2; echo "py-spy could not profile $side" >&2; exit 1; }
+    wait "$load" || true
+}
+
+if [ "$PROFILE" != 0 ]; then
+    SPY=$ROOT/.venv/bin/py-spy
+    [ -x "$SPY" ] || "$PY" -m pip install --quiet py-spy
+    OUT=$ROOT/bench/out
+    mkdir -p "$OUT"
+    route=public
+    [ "$PROFILE" = warm ] && route=api
+    profile base "$route"
+    profile head "$route"
+    echo
+    "$PY" bench/profile_summary.py "$OUT/profile-compare-$PROFILE-head.txt" \
+        --base "$OUT/profile-compare-$PROFILE-base.txt" |
+        tee "$OUT/profile-compare-$PROFILE-summary.txt"
+fi

@@ -1,13 +1,46 @@
-# The authserver configs the bench writes, sourced by bench/run.sh (and by the test that
-# checks them: tests/test_bench_configs.py). Every function writes one config and runs
-# `portcullis-authserver check` on it, so a config the server no longer accepts stops the
-# bench before any load.
+# The gateway and authserver configs the bench writes, sourced by bench/run.sh (and by the
+# test that checks them: tests/test_bench_configs.py). Every function writes one config and
+# runs `portcullis-gateway check` or `portcullis-authserver check` on it, so a config the
+# server no longer accepts stops the bench before any load.
 #
-# They read: TMP (the run's temporary directory), AUTHSERVER (the issuer of the single
-# servers), P_AS and P_AS_ADMIN (ports), CLIENT_ID, CLIENT_SECRET, BENCH_USER,
+# The gateway's read: P_GW and P_GW_ADMIN (ports), NGINX (the upstream's URL), ISSUER (the
+# bench issuer's URL) and GATEWAY_CMD (how to run the gateway's CLI; default
+# .venv/bin/portcullis-gateway).
+#
+# The authserver's read: TMP (the run's temporary directory), AUTHSERVER (the issuer of the
+# single servers), P_AS and P_AS_ADMIN (ports), CLIENT_ID, CLIENT_SECRET, BENCH_USER,
 # BENCH_PASSWORD, BENCH_REDIRECT, and AUTHSERVER_CMD (how to run the authserver's CLI;
 # default .venv/bin/portcullis-authserver). The configs name the signing keys' encryption
 # secret as ${PORTCULLIS_KEY_SECRET}: new_key_secret makes one for the run and exports it.
+
+# gateway_config FILE CACHE-SIZE [WORKERS]: the gateway of the gateway scenarios: the bench
+# issuer, nginx as the upstream, a public route and a route needing bench:read, a
+# verified-token cache of CACHE-SIZE entries, and WORKERS processes (default 1).
+gateway_config() {
+    local cmd
+    cat >"$1" <<EOF
+listen: "127.0.0.1:$P_GW"
+admin_listen: "127.0.0.1:$P_GW_ADMIN"
+upstream: {url: "$NGINX", connect_timeout: 2s, read_timeout: 10s}
+issuers:
+  - issuer: "$ISSUER"
+    audiences: [bench-api]
+    algorithms: [ES256]
+routes:
+  - {name: public, path: "/public/**", auth: none}
+  - {name: api, path: "/api/**", scopes: {any: ["bench:read"]}}
+token_cache_size: $2
+workers: ${3:-1}
+shutdown_grace: 1s
+log_level: warning
+# The dpop scenario's proofs are all signed before the run starts.
+dpop: {proof_max_age: 10m}
+EOF
+    read -r -a cmd <<<"${GATEWAY_CMD:-.venv/bin/portcullis-gateway}"
+    # Its warnings are left out: with two workers, that each worker keeps its own DPoP replay
+    # cache, which the bench (no proof sent twice) never meets. A refusal is printed.
+    "${cmd[@]}" check --config "$1" >/dev/null 2>"$1.check" || { cat "$1.check" >&2; return 1; }
+}
 
 # new_key_secret: a fresh secret for the signing keys kept in the storage (base64 of 32
 # random bytes, what `openssl rand -base64 32` prints), exported as PORTCULLIS_KEY_SECRET

@@ -17,11 +17,13 @@
 #   BENCH_TOKENS=200000    distinct tokens for the fresh-token scenario
 #   BENCH_PROOFS=100000    DPoP proofs (distinct jti) for the measured dpop run, signed
 #                          beforehand by bench/mkproofs.py; a third as many for its warm-up
-#   BENCH_SCENARIOS="direct none warm dpop cold haproxy revocation decision nginx-authreq
-#                    token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite
-#                    cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas
-#                    refresh-1-replica refresh-2-replicas"   the scenarios to run
-#                    (revocation: bench/revocations.py, the deny-set and revoke-to-refusal)
+#   BENCH_SCENARIOS="direct none warm dpop cold haproxy workers-1 workers-2 revocation decision
+#                    nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256
+#                    cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica
+#                    cc-2-replicas refresh-1-replica refresh-2-replicas"   the scenarios to run
+#                    (revocation: bench/revocations.py, the deny-set and revoke-to-refusal;
+#                    workers-1, workers-2: each worker under a CPU quota, which needs a
+#                    writable cgroup cpu controller, as root; else reported as not run)
 #   BENCH_OIDC_PROVIDER=   npm spec of oidc-provider; default oidc-provider@^9 on Node 22 or
 #                          later, oidc-provider@^8 on Node 18 and 20 (installed once into
 #                          bench/out/node/, which git ignores)
@@ -43,7 +45,7 @@ CONNECTIONS=${BENCH_CONNECTIONS:-64}
 TOKENS=${BENCH_TOKENS:-200000}
 PROOFS=${BENCH_PROOFS:-100000}
 PROFILE=${BENCH_PROFILE:-0}
-SCENARIOS=" ${BENCH_SCENARIOS-direct none warm dpop cold haproxy revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas} "
+SCENARIOS=" ${BENCH_SCENARIOS-direct none warm dpop cold haproxy workers-1 workers-2 revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas} "
 OUT=$ROOT/bench/out
 SERVER_CPU=0
 CLIENT_CPU=1
@@ -55,7 +57,9 @@ wanted() { [[ $SCENARIOS == *" $1 "* ]]; }
 case $PROFILE in 0 | warm | cold | token) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm, cold or token" >&2; exit 2 ;; esac
 # The gateway part (nginx, issuer, tokens) is set up only when one of its scenarios runs.
 GATEWAY_BENCH=0
-for key in direct none warm dpop cold haproxy revocation decision nginx-authreq; do wanted "$key" && GATEWAY_BENCH=1; done
+for key in direct none warm dpop cold haproxy workers-1 workers-2 revocation decision nginx-authreq; do
+    wanted "$key" && GATEWAY_BENCH=1
+done
 [ "$PROFILE" = warm ] || [ "$PROFILE" = cold ] && GATEWAY_BENCH=1
 OIDC_BENCH=0
 wanted oidc-es256 || wanted oidc-rs256 && OIDC_BENCH=1
@@ -159,6 +163,7 @@ cleanup() {
     for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
         stop_pid "${PIDS[$i]}"
     done
+    quota_remove
     # The bench's own PostgreSQL runs in the background of pg_ctl: stopped by it.
     if [ -n "${PGROOT:-}" ]; then
         "${PG_AS[@]}" "$PGBIN/pg_ctl" stop --pgdata "$PGROOT/data" --mode immediate \
@@ -180,6 +185,77 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+# ---------------------------------------------------------------------------- CPU quotas
+
+# The workers scenarios give each gateway worker process a share of one CPU of its own: a
+# cgroup of the cpu controller per worker, with a CFS bandwidth quota (cgroup v1:
+# cpu.cfs_quota_us and cpu.cfs_period_us; v2: cpu.max). The groups live under one group of
+# the bench's, QUOTA_ROOT, removed on exit; whatever is still in them then goes back to the
+# hierarchy's root group.
+QUOTA_PERCENT=45
+QUOTA_PERIOD_US=10000 # short, so a worker that used its share waits at most 5.5 ms for more
+QUOTA_BASE=
+QUOTA_ROOT=
+QUOTA_KIND=
+
+# quota_setup: finds a writable cpu controller and makes the bench's group in it; returns 1
+# (and sets QUOTA_WHY) when there is none: not root, no cpu controller, or a cgroup v2
+# hierarchy whose root does not hand the cpu controller down.
+quota_setup() {
+    [ -n "$QUOTA_ROOT" ] && return 0
+    QUOTA_WHY="needs a writable cgroup cpu controller"
+    if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+        QUOTA_BASE=/sys/fs/cgroup/cpu QUOTA_KIND=v1
+    elif [ -f /sys/fs/cgroup/cgroup.subtree_control ] &&
+        grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control; then
+        QUOTA_BASE=/sys/fs/cgroup QUOTA_KIND=v2
+    else
+        return 1
+    fi
+    mkdir "$QUOTA_BASE/portcullis-bench-$$" 2>/dev/null || return 1
+    QUOTA_ROOT=$QUOTA_BASE/portcullis-bench-$$
+    if [ "$QUOTA_KIND" = v2 ] && ! echo +cpu >"$QUOTA_ROOT/cgroup.subtree_control" 2>/dev/null; then
+        quota_remove
+        return 1
+    fi
+}
+
+# quota_add NAME PID: PID (with all its threads, and what it starts later) into the group
+# NAME of the bench's, limited to QUOTA_PERCENT of one CPU.
+quota_add() {
+    local group=$QUOTA_ROOT/$1 quota=$((QUOTA_PERIOD_US * QUOTA_PERCENT / 100))
+    mkdir -p "$group"
+    if [ "$QUOTA_KIND" = v1 ]; then
+        echo "$QUOTA_PERIOD_US" >"$group/cpu.cfs_period_us"
+        echo "$quota" >"$group/cpu.cfs_quota_us"
+    else
+        echo "$quota $QUOTA_PERIOD_US" >"$group/cpu.max"
+    fi
+    echo "$2" >"$group/cgroup.procs"
+}
+
+# quota_release: empties the bench's groups (what is left in them goes back to the root
+# group) and removes them, keeping QUOTA_ROOT for the next scenario.
+quota_release() {
+    [ -n "$QUOTA_ROOT" ] && [ -d "$QUOTA_ROOT" ] || return 0
+    local group pid
+    for group in "$QUOTA_ROOT"/*/; do
+        [ -d "$group" ] || continue
+        while read -r pid; do
+            echo "$pid" >"$QUOTA_BASE/cgroup.procs" 2>/dev/null || true
+        done <"$group/cgroup.procs"
+        rmdir "$group" 2>/dev/null || log "warning: could not remove the cgroup $group"
+    done
+}
+
+# quota_remove: quota_release, then the bench's own group (on exit, also after a failure).
+quota_remove() {
+    [ -n "$QUOTA_ROOT" ] || return 0
+    quota_release
+    rmdir "$QUOTA_ROOT" 2>/dev/null || log "warning: could not remove the cgroup $QUOTA_ROOT"
+    QUOTA_ROOT=
+}
 
 # start NAME CPU COMMAND...: runs COMMAND pinned to CPU, output to $TMP/NAME.log; sets LAST_PID.
 start() {
@@ -384,28 +460,6 @@ EOF
 
     # ------------------------------------------------------------------------ gateway
 
-    # gateway_config FILE CACHE-SIZE
-    gateway_config() {
-        cat >"$1" <<EOF
-listen: "127.0.0.1:$P_GW"
-admin_listen: "127.0.0.1:$P_GW_ADMIN"
-upstream: {url: "$NGINX", connect_timeout: 2s, read_timeout: 10s}
-issuers:
-  - issuer: "$ISSUER"
-    audiences: [bench-api]
-    algorithms: [ES256]
-routes:
-  - {name: public, path: "/public/**", auth: none}
-  - {name: api, path: "/api/**", scopes: {any: ["bench:read"]}}
-token_cache_size: $2
-shutdown_grace: 1s
-log_level: warning
-# The dpop scenario's proofs are all signed before the run starts.
-dpop: {proof_max_age: 10m}
-EOF
-        .venv/bin/portcullis-gateway check --config "$1" >/dev/null
-    }
-
     # start_gateway CONFIG: runs the gateway on core 0 and waits for /readyz.
     start_gateway() {
         start gateway "$SERVER_CPU" .venv/bin/portcullis-gateway run --config "$1"
@@ -469,6 +523,78 @@ EOF
         measure cold "$GATEWAY/api/items" -s bench/fresh_tokens.lua -- "$TMP/tokens.txt" 1
         WARM_ARGS=()
         stop_started "$GATEWAY_PID"
+    fi
+
+    # ------------------------------------------------------------------------ workers
+
+    # listening PORT: how many sockets listen on 127.0.0.1:PORT (one per worker, which all
+    # bind it with SO_REUSEPORT).
+    listening() {
+        awk -v port="$(printf ':%04X' "$1")" \
+            '$2 ~ "^0100007F" port "$" && $4 == "0A" { n++ } END { print n + 0 }' /proc/net/tcp
+    }
+
+    # gateway_workers PID COUNT: waits until COUNT sockets listen on the gateway's port, then
+    # sets WORKER_PIDS: PID itself when COUNT is 1 (`workers: 1` serves in the process
+    # started), else the worker processes the supervisor PID spawned (multiprocessing marks
+    # their command lines with --multiprocessing-fork, which its resource tracker lacks).
+    gateway_workers() {
+        local supervisor=$1 count=$2 pid i
+        for i in $(seq 200); do
+            [ "$(listening "$P_GW")" -ge "$count" ] && break
+            [ "$i" -lt 200 ] || die "gateway: $count workers did not all listen on $P_GW"
+            sleep 0.1
+        done
+        WORKER_PIDS=()
+        if [ "$count" = 1 ]; then
+            WORKER_PIDS=("$supervisor")
+            return 0
+        fi
+        for pid in $(pgrep -P "$supervisor" || true); do
+            tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- --multiprocessing-fork &&
+                WORKER_PIDS+=("$pid")
+        done
+        [ ${#WORKER_PIDS[@]} -eq "$count" ] ||
+            die "gateway: expected $count workers, found ${#WORKER_PIDS[@]} (${WORKER_PIDS[*]})"
+    }
+
+    # Scenario 3's route and token, with one worker and with two, each worker process in a
+    # cgroup of its own limited to QUOTA_PERCENT of one CPU: two workers get twice the CPU of
+    # one, all on core 0, so their ratio tells whether throughput follows the CPU given to
+    # workers. The server's CPU is that of the supervisor and every process it started.
+    if wanted workers-1 || wanted workers-2; then
+        if quota_setup; then
+            log "workers: each worker process limited to $QUOTA_PERCENT% of a CPU" \
+                "(cgroup $QUOTA_KIND, $QUOTA_ROOT)"
+            for count in 1 2; do
+                wanted "workers-$count" || continue
+                gateway_config "$TMP/gateway-workers-$count.yaml" 100000 "$count"
+                start_gateway "$TMP/gateway-workers-$count.yaml"
+                gateway_workers "$GATEWAY_PID" "$count"
+                for i in "${!WORKER_PIDS[@]}"; do
+                    quota_add "worker-$((i + 1))" "${WORKER_PIDS[$i]}"
+                done
+                # shellcheck disable=SC2207 # pids are words
+                SERVER_PIDS=("$GATEWAY_PID" $(pgrep -P "$GATEWAY_PID" || true))
+                check_proxy "gateway ($count workers)" "$GATEWAY"
+                measure "workers-$count" "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+                # A worker replaced during the run would have served outside its quota.
+                for pid in "${WORKER_PIDS[@]}"; do
+                    kill -0 "$pid" 2>/dev/null || die "gateway: worker $pid exited during the run"
+                done
+                stop_started "$GATEWAY_PID"
+                quota_release
+            done
+            WORKER_QUOTA="each worker process in a cgroup of its own (cgroup $QUOTA_KIND, cpu"
+            WORKER_QUOTA+=" controller) limited to $QUOTA_PERCENT% of one CPU"
+            WORKER_QUOTA+=" ($((QUOTA_PERIOD_US * QUOTA_PERCENT / 100)) µs every"
+            WORKER_QUOTA+=" $QUOTA_PERIOD_US µs), all on core 0"
+        else
+            log "workers-1, workers-2: not run: $QUOTA_WHY"
+            for count in 1 2; do
+                wanted "workers-$count" && echo "$QUOTA_WHY" >"$RAW/workers-$count.skipped"
+            done
+        fi
     fi
 
     # ------------------------------------------------------------------------ behind a front proxy
@@ -864,6 +990,10 @@ tool_version() { "$@" 2>&1 | head -1 || true; }
     echo "warmup=$WARMUP"
     echo "wrk_args=$WRK_ARGS"
     echo "tokens=$TOKENS"
+    if [ -n "${WORKER_QUOTA:-}" ]; then
+        echo "worker_quota=$WORKER_QUOTA"
+        echo "worker_quota_percent=$QUOTA_PERCENT"
+    fi
     echo "clk_tck=$(getconf CLK_TCK)"
     versions="$("$PY" -c 'import sys, aiohttp; print(f"Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")')"
     if [ "$GATEWAY_BENCH" = 1 ]; then

@@ -83,3 +83,45 @@ def test_the_key_secret_is_fresh_base64_of_32_bytes(tmp_path: Path) -> None:
     assert encryption_key_bytes(first) is not None
     assert encryption_key_bytes(second) is not None  # exported to the servers it starts
     assert first != second
+
+
+def write_gateway_config(tmp_path: Path, args: str) -> subprocess.CompletedProcess[str]:
+    """Sources bench/configs.sh, sets what bench/run.sh sets for the gateway, runs
+    `gateway_config FILE ARGS` (which checks the file), then prints the file."""
+    config = tmp_path / "gateway.yaml"
+    script = f"""
+set -euo pipefail
+. bench/configs.sh
+P_GW=9080 P_GW_ADMIN=9081 NGINX=http://127.0.0.1:9082 ISSUER=http://127.0.0.1:9083
+GATEWAY_CMD={shlex.quote(f"{sys.executable} -m gateway")}
+gateway_config {shlex.quote(str(config))} {args}
+cat {shlex.quote(str(config))}
+"""
+    return subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "cache", "workers"),
+    [
+        ("100000", "100000", "1"),  # scenarios 2, 3 and 3b
+        ("0", "0", "1"),  # scenario 4: every token verified
+        ("100000 1", "100000", "1"),  # workers-1
+        ("100000 2", "100000", "2"),  # workers-2
+    ],
+)
+def test_every_bench_gateway_config_passes_check(
+    tmp_path: Path, args: str, cache: str, workers: str
+) -> None:
+    done = write_gateway_config(tmp_path, args)
+    assert done.returncode == 0, done.stderr
+    assert f"token_cache_size: {cache}\n" in done.stdout
+    assert f"workers: {workers}\n" in done.stdout
+
+
+def test_a_gateway_config_check_refuses_stops_the_bench(tmp_path: Path) -> None:
+    # More workers than the gateway allows: the function fails instead of going on.
+    done = write_gateway_config(tmp_path, "100000 1000")
+    assert done.returncode != 0
+    assert "workers" in done.stderr
