@@ -23,15 +23,16 @@ should_keep_alive); no byte came after the answer. Anything else — an error, a
 cancellation, an answer given before the request body was all sent, a body left unread —
 closes it.
 
-Framing. A bytes body is sent with `Content-Length` in the same write as the head; a
+Framing. A bytes body is sent with `Content-Length`, in the same write as the head; a
 streamed body with `Transfer-Encoding: chunked`, unless the forwarder passed the client's
 `Content-Length`, which is then kept and the body sent as it is; no body on a method that
 may carry one gets `Content-Length: 0` (RFC 9110 §8.6). `Host` is the URL's host[:port]
 unless the headers hold one (preserve_host). The answer's body is framed by
-`Content-Length`, chunked coding or the end of the connection; an answer to HEAD and a 204 or
-304 have none whatever their headers say (RFC 9112 §6.3), and 1xx interim answers are
-skipped. llhttp runs strict: an answer with both `Content-Length` and `Transfer-Encoding`,
-two `Content-Length` fields, a bad chunk size or a malformed field is a broken exchange
+`Content-Length`, chunked coding or the end of the connection (a clean end: after a reset
+the body may be cut short, and the exchange is broken); an answer to HEAD and a 204 or 304
+have none whatever their fields say (RFC 9112 §6.3), and 1xx interim answers are skipped.
+llhttp runs strict: an answer with both `Content-Length` and `Transfer-Encoding`, two
+`Content-Length` fields, a bad chunk size or a malformed field is a broken exchange
 (`UpstreamBroken`), never read one way here and another way by someone else.
 
 Flow control. The answer's body is kept in a buffer of at most about `buffer_size` bytes:
@@ -54,7 +55,8 @@ connection, as nginx and HAProxy do; the upstream cannot have acted on a request
 answered and had no body to read. Any other failure is the caller's to report.
 
 Cancellation. A cancelled exchange (the client gone, shutdown) closes its connection: it is
-never put back half used. `close()` closes every connection, idle or busy.
+never put back half used. `close()` closes every connection, idle or busy; an exchange still
+waiting on one fails at once (UpstreamBroken) instead of at its read timeout.
 """
 
 from __future__ import annotations
@@ -193,21 +195,23 @@ class _Connection(asyncio.Protocol):
             self._poll.register(sock.fileno(), select.POLLIN)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        first = not self.closed
-        self.closed = True
-        self.reusable = False
-        if first:
+        if not self.closed:  # closed by the upstream, not by `abort`
+            self.closed = True
+            self.reusable = False
             self._client._forget(self)
-        if self.busy and not self._complete:
-            if self._headers_done and self._until_close and self._failure is None:
-                self._complete = True  # RFC 9112 §6.3 (8): the body ends with the connection
-            elif self._failure is None:
-                self._failure = UpstreamBroken(
-                    "connection closed before the answer was complete"
-                    if self._received
-                    else "connection closed before any answer"
-                )
-        self._wake()
+            self._stop_timer()
+            if self.busy and not self._complete and self._failure is None:
+                if self._headers_done and self._until_close and exc is None:
+                    # RFC 9112 §6.3 (8): the body ends with the connection (a reset is
+                    # no end: the body may be cut short).
+                    self._complete = True
+                else:
+                    self._failure = UpstreamBroken(
+                        "connection closed before the answer was complete"
+                        if self._received
+                        else "connection closed before any answer"
+                    )
+            self._wake()
         drain = self._drain
         if drain is not None and not drain.done():
             drain.set_exception(UpstreamBroken("connection closed while sending"))
@@ -356,7 +360,7 @@ class _Connection(asyncio.Protocol):
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 else:
                     transport.write(chunk)
-                if self._writing_paused:
+                if self._writing_paused and not self.closed:
                     await self._drained()
             if chunked and not self.closed:
                 transport.write(b"0\r\n\r\n")
@@ -448,13 +452,27 @@ class _Connection(asyncio.Protocol):
         self.abort()
 
     def abort(self) -> None:
+        """Close the connection now; an exchange still waiting on it fails."""
         self.reusable = False
+        if self.busy and not self._complete and self._failure is None:
+            self._failure = UpstreamBroken("the connection was closed")
         transport = self.transport
         if transport is not None and not self.closed:
             self.closed = True
             self._client._forget(self)
+            self._stop_timer()
             transport.abort()
         self._wake()
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_exception(UpstreamBroken("connection closed while sending"))
+            drain.exception()  # retrieved: the writer may be gone already
+
+    def _stop_timer(self) -> None:
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            timer.cancel()
 
     @property
     def answer_started(self) -> bool:
@@ -560,23 +578,22 @@ class UpstreamClient:
     ) -> tuple[bytes, bool]:
         """The request head as bytes, and whether the body goes chunked."""
         host = headers.popall("Host", None)
-        lines = [f"{method} {target} HTTP/1.1\r\nHost: {host[0] if host else self._host}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
+        start = f"{method} {target} HTTP/1.1\r\nHost: {host[0] if host else self._host}\r\n"
+        fields = [f"{name}: {value}\r\n" for name, value in headers.items()]
         chunked = False
         if body is None:
             if method not in _NO_LENGTH_METHODS and "Content-Length" not in headers:
-                lines.append("Content-Length: 0\r\n")
+                fields.append("Content-Length: 0\r\n")
         elif isinstance(body, bytes):
             if "Content-Length" not in headers:
-                lines.append(f"Content-Length: {len(body)}\r\n")
+                fields.append(f"Content-Length: {len(body)}\r\n")
         elif "Content-Length" not in headers:
             chunked = True
-            lines.append("Transfer-Encoding: chunked\r\n")
-        lines.append("\r\n")
-        text = "".join(lines)
+            fields.append("Transfer-Encoding: chunked\r\n")
+        text = start + "".join(fields) + "\r\n"
         # Every line ends in CRLF and holds no other CR or LF: a value cannot add a field.
-        ends = len(lines) + 1  # the first item holds the request line and Host
-        if text.count("\n") != ends or text.count("\r") != ends or "\0" in text:
+        lines = len(fields) + 3  # the request line, Host, the fields and the empty line
+        if text.count("\n") != lines or text.count("\r") != lines or "\0" in text:
             raise ValueError("a header name or value holds CR, LF or NUL")
         return text.encode("utf-8", "surrogateescape"), chunked
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -331,6 +333,35 @@ async def test_bytes_after_a_head_answer_close_the_connection():
         assert client.open_connections == 0
 
 
+async def test_bytes_from_the_upstream_while_idle_close_the_connection():
+    async with upstream(lambda r: OK) as up, client_for(up.port) as client:
+        assert (await fetch(client))[0] == 200
+        up.writers[0].write(OK)  # an answer to no request
+        await settle()
+        assert client.open_connections == client.idle_connections == 0
+        assert (await fetch(client))[0] == 200
+        assert up.connections == 2
+
+
+async def test_a_body_until_close_cut_by_a_reset_is_broken_not_whole():
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npart of it")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    try:
+        async with client_for(server.sockets[0].getsockname()[1]) as client:
+            with pytest.raises(UpstreamBroken):
+                await fetch(client)
+    finally:
+        server.close()
+
+
 async def test_interim_answers_are_skipped():
     raw = (
         b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -495,6 +526,24 @@ async def test_a_cancelled_exchange_closes_its_connection():
                 await task
             await asyncio.wait_for(ended.wait(), 2)
             assert client.open_connections == client.idle_connections == 0
+    finally:
+        server.close()
+
+
+async def test_closing_the_client_fails_the_exchanges_waiting_on_it_at_once():
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    try:
+        async with client_for(server.sockets[0].getsockname()[1], read_timeout=30) as client:
+            waiting = asyncio.create_task(fetch(client))
+            await asyncio.sleep(0.1)
+            await client.close()
+            with pytest.raises(UpstreamBroken):
+                await asyncio.wait_for(waiting, 2)
+            with pytest.raises(UpstreamRefused):
+                await fetch(client)
     finally:
         server.close()
 
