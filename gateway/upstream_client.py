@@ -272,10 +272,13 @@ class _Connection(asyncio.Protocol):
         headers = self.headers
         if self._head_only or status in _NO_BODY_STATUS:
             # RFC 9112 §6.3 (1): no body, whatever the fields say. llhttp does not know the
-            # request was HEAD, so its state is dropped with its parser.
+            # request was HEAD, so its state is dropped with its parser, and so is its view
+            # of keep-alive (it may expect a body until the end of the connection).
             self.content_length = None
             self._complete = True
             self._fresh_parser = True
+            if not _keeps_alive(parser.get_http_version(), headers):
+                self.reusable = False
             return
         length = headers.get("Content-Length")
         if length is not None:
@@ -663,6 +666,19 @@ class UpstreamClient:
         for connection in list(self._open):
             connection.abort()
         await asyncio.sleep(0)  # let the transports finish closing
+
+
+def _keeps_alive(version: str, headers: CIMultiDict[str]) -> bool:
+    """RFC 9112 §9.3: whether the connection stays open after an answer, by its version and
+    its Connection field."""
+    tokens = {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+    }
+    if "close" in tokens:
+        return False
+    return version != "1.0" or "keep-alive" in tokens
 
 
 def _host_port(origin: Origin) -> str:

@@ -325,6 +325,23 @@ async def test_head_204_and_304_answers_have_no_body_and_the_connection_carries_
         assert up.connections == 1
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n",
+    ],
+    ids=["connection-close", "http-1.0"],
+)
+async def test_a_head_answer_that_ends_the_connection_is_not_pooled(raw):
+    answers = iter([raw, OK])
+    async with upstream(lambda r: next(answers)) as up, client_for(up.port) as client:
+        assert (await fetch(client, "HEAD"))[0] == 200
+        assert client.idle_connections == 0
+        assert (await fetch(client))[2] == b"ok"
+        assert up.connections == 2
+
+
 async def test_bytes_after_a_head_answer_close_the_connection():
     raw = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
     async with upstream(lambda r: raw) as up, client_for(up.port) as client:
