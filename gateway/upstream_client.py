@@ -384,8 +384,11 @@ class _Connection(asyncio.Protocol):
         already in the socket's buffer, is read. While bytes wait, the loop is given a turn.
         """
         poll = self._poll
-        # A turn of the loop is what is waited for: no event stands for it.
-        while poll is not None and poll.poll(0) and not self.closed and not self._complete:  # noqa: ASYNC110
+        if poll is None:
+            return
+        # A turn of the loop is what is waited for: no event stands for it. Not while reading
+        # is paused: the bytes would stay where they are.
+        while poll.poll(0) and not (self.closed or self._complete or self._reading_paused):  # noqa: ASYNC110
             await asyncio.sleep(0)
 
     async def _drained(self) -> None:

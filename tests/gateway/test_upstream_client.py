@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -636,5 +637,43 @@ async def test_a_large_streamed_body_goes_out_as_fast_as_the_upstream_reads_it()
         # The client's send buffer never held much more than one block beyond the
         # transport's high-water mark: the body waited for the upstream.
         assert max(written) <= 1024 * 1024
+    finally:
+        server.close()
+
+
+async def test_an_answer_held_back_while_the_body_still_goes_out_costs_no_cpu():
+    size = 8 * 1024 * 1024
+
+    async def duplex(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Answers at once, and reads the request body meanwhile, as fast as it comes.
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+        writer.write(b"a" * size)
+        while length := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            await reader.readexactly(length + 2)
+        await reader.readexactly(2)
+        await writer.drain()
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(size // 65536):
+            yield b"e" * 65536
+            await asyncio.sleep(0.002)
+
+    server = await asyncio.start_server(duplex, "127.0.0.1", 0)
+    try:
+        async with client_for(server.sockets[0].getsockname()[1]) as client:
+            cpu, wall = time.process_time(), time.perf_counter()
+            answer = await client.request("POST", "/", CIMultiDict(), body())
+            try:
+                received = 0
+                while chunk := await answer.readany():
+                    received += len(chunk)
+                    await asyncio.sleep(0.01)  # a slow reader: the answer is held back
+            finally:
+                answer.release()
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        assert received == size
+        # While the answer waits for its reader, the body's writer does not spin.
+        assert cpu < 0.6 * wall
     finally:
         server.close()
