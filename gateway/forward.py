@@ -28,8 +28,8 @@
 - Requests go over the gateway's own keep-alive HTTP/1.1 client (upstream_client.py), which
   reads answers strictly: one that could be read more than one way (Content-Length with
   Transfer-Encoding, two lengths, a bad chunk size, a malformed field) is a broken answer,
-  and its connection is closed. A request without a body that meets a pooled connection the
-  upstream closed as it went is sent once more, on a new connection.
+  and its connection is closed. An idempotent request without a body that meets a pooled
+  connection the upstream closed as it went is sent once more, on a new connection.
 - Upstream refused or broken → 502; not connected within `upstream.connect_timeout`, or
   silent for `upstream.read_timeout` → 504.
 - WebSocket upgrades (on routes that allow them) are made to the upstream by the gateway,

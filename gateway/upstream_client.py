@@ -48,11 +48,12 @@ One timer per connection serves all its waits: it is armed when a wait begins an
 armed, and when it fires early for a later wait it re-arms itself for that wait's deadline.
 
 Errors. `UpstreamRefused` when no connection could be opened; `UpstreamBroken` when the
-connection failed or the answer could not be read. A request without a body sent on an idle
-connection that the upstream closed just then (the end of the connection before any byte of
-the answer: it timed the connection out as the request went) is sent once more on a new
-connection, as nginx and HAProxy do; the upstream cannot have acted on a request it never
-answered and had no body to read. Any other failure is the caller's to report.
+connection failed or the answer could not be read. An idempotent request (RFC 9110 §9.2.2:
+GET, HEAD, OPTIONS, TRACE, PUT, DELETE) without a body, sent on an idle connection that the
+upstream closed just then (the end of the connection before any byte of the answer: it timed
+the connection out as the request went), is sent once more on a new connection, as nginx
+and HAProxy do: sending it twice means what sending it once does, and it has no body that
+would have to be kept for a second try. Any other failure is the caller's to report.
 
 Cancellation. A cancelled exchange (the client gone, shutdown) closes its connection: it is
 never put back half used. `close()` closes every connection, idle or busy; an exchange still
@@ -95,6 +96,9 @@ class Origin:
 # RFC 9110 §8.6: methods a body is expected on, or may be; the others get no Content-Length
 # when they have none (the same set aiohttp leaves alone).
 _NO_LENGTH_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# RFC 9110 §9.2.2: the methods a client may send again without asking whether the first
+# attempt took effect.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _FINAL = 200
 _NO_BODY_STATUS = frozenset({204, 304})
 _SMALL_BODY = 16 * 1024  # a body up to this size goes in the head's write
@@ -532,7 +536,7 @@ class UpstreamClient:
         head, chunked = self._head(method, target, headers, body)
         head_only = method == "HEAD"
         # A request that may be sent again if its pooled connection turns out to be closed.
-        retry = body is None
+        retry = body is None and method in _IDEMPOTENT
         while True:
             connection, pooled = await self._take()
             try:

@@ -196,14 +196,17 @@ async def test_a_request_without_body_is_sent_again_when_its_pooled_connection_c
         assert up.connections == 2
 
 
-async def test_a_request_with_a_body_is_not_sent_again():
+@pytest.mark.parametrize(
+    ("method", "body"), [("PUT", b"once"), ("POST", None)], ids=["with-a-body", "post"]
+)
+async def test_a_request_with_a_body_or_not_idempotent_is_not_sent_again(method, body):
     def answer(r: Request) -> bytes | None:
         return None if sum(q.connection == r.connection for q in up.requests) == 2 else OK
 
     async with upstream(answer) as up, client_for(up.port) as client:
         assert (await fetch(client))[0] == 200
         with pytest.raises(UpstreamBroken):
-            await fetch(client, "POST", "/", b"once")
+            await fetch(client, method, "/", body)
         assert len(up.requests) == 2
 
 
