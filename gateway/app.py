@@ -26,12 +26,14 @@ from dataclasses import replace
 from datetime import timedelta
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import RawRequestMessage
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from yarl import URL
 
 from portcullis import runtime, tls
 from portcullis.http import json_response
@@ -60,6 +62,7 @@ from .ratelimit import Buckets, Limiter, buckets_for
 from .replay import replay_cache_for, replay_identity
 from .revocations import Revocations
 from .settings import IssuerSettings, Settings
+from .upstream_client import Origin, UpstreamClient
 from .verifiers import dispatch
 from .verifiers.cache import TokenCache
 from .verifiers.introspection import Introspector
@@ -105,6 +108,8 @@ def _upstream_pool(settings: Settings) -> tuple[object, ...]:
     TLS files' contents count, so a reload picks up a rotated client certificate or CA."""
     up = settings.upstream
     return (
+        up.url,  # the client's connections are to the URL's origin
+        up.server_name,
         up.max_connections,
         up.connect_timeout,
         up.read_timeout,
@@ -152,8 +157,8 @@ class Gateway:
         self.access_log = AccessLog(log) if log.enabled else None
         self._keys_session = keys_session
         self._upstream = Upstream(
+            upstream_client(settings),
             upstream_session,
-            _single_use_session(settings),
             Slots(settings.upstream.max_connections),
         )
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
@@ -462,8 +467,8 @@ class Gateway:
         if _upstream_pool(new) != _upstream_pool(old_settings):
             retired.append(upstream)
             upstream = Upstream(
+                upstream_client(new),
                 upstream_session(new),
-                _single_use_session(new),
                 Slots(new.upstream.max_connections),
             )
         buckets = self._buckets
@@ -656,16 +661,39 @@ def upstream_tls(settings: Settings) -> ssl.SSLContext | bool:
     return tls.client_context(up.ca_file, up.cert_file, up.key_file)
 
 
-def upstream_session(settings: Settings, *, single_use: bool = False) -> aiohttp.ClientSession:
-    """One pooled keep-alive session to the upstream; bytes pass through untouched. With
-    `single_use`, each connection carries one request (sent with `Connection: close`) and is
-    then closed."""
+def upstream_client(settings: Settings) -> UpstreamClient:
+    """The keep-alive connections every exchange but a WebSocket upgrade goes over."""
+    up = settings.upstream
+    url = urlsplit(up.url)
+    context: ssl.SSLContext | None = None
+    if url.scheme == "https":
+        checked = upstream_tls(settings)
+        context = checked if isinstance(checked, ssl.SSLContext) else ssl.create_default_context()
+    host = url.hostname or ""
+    return UpstreamClient(
+        Origin(
+            host,
+            url.port or (443 if context is not None else 80),
+            context,
+            up.server_name,
+            # The URL's authority as written, lower-cased as aiohttp's URL sends it.
+            URL(up.url).host_port_subcomponent or host,
+        ),
+        max_connections=up.max_connections,
+        connect_timeout=up.connect_timeout.total_seconds(),
+        read_timeout=up.read_timeout.total_seconds(),
+        buffer_size=settings.forward.buffer_size,
+    )
+
+
+def upstream_session(settings: Settings) -> aiohttp.ClientSession:
+    """The session WebSocket upgrades to the upstream are made with; bytes pass through
+    untouched."""
     up = settings.upstream
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(
             limit=up.max_connections,
             limit_per_host=0,
-            force_close=single_use,
             ssl=upstream_tls(settings),
         ),
         timeout=aiohttp.ClientTimeout(
@@ -682,10 +710,6 @@ def upstream_session(settings: Settings, *, single_use: bool = False) -> aiohttp
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         read_bufsize=settings.forward.buffer_size,
     )
-
-
-def _single_use_session(settings: Settings) -> aiohttp.ClientSession:
-    return upstream_session(settings, single_use=True)
 
 
 def settle_head(response: web.StreamResponse, server_header: str) -> None:

@@ -25,7 +25,13 @@
 - The upstream's answer comes back as it was given: status, reason, end-to-end headers and
   body. `Content-Type` and `Server`, which aiohttp adds to an answer without them, are
   taken back out of an answer whose upstream did not send them (`LEFT_OUT`).
-- Upstream refused or broken → 502; no answer in time → 504.
+- Requests go over the gateway's own keep-alive HTTP/1.1 client (upstream_client.py), which
+  reads answers strictly: one that could be read more than one way (Content-Length with
+  Transfer-Encoding, two lengths, a bad chunk size, a malformed field) is a broken answer,
+  and its connection is closed. An idempotent request without a body that meets a pooled
+  connection the upstream closed as it went is sent once more, on a new connection.
+- Upstream refused or broken → 502; not connected within `upstream.connect_timeout`, or
+  silent for `upstream.read_timeout` → 504.
 - WebSocket upgrades (on routes that allow them) are made to the upstream by the gateway,
   then the client's upgrade is accepted with the subprotocol the upstream chose, and
   messages flow both ways until either side closes; the other side is closed with the same
@@ -44,14 +50,14 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from aiohttp.client_middlewares import ClientHandlerType
 from aiohttp.http import HttpProcessingError
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from portcullis.addresses import ClientAddresses
@@ -62,6 +68,7 @@ from .clock import Now
 from .exchange import Exchange
 from .principal import Principal
 from .settings import Settings, WebSocketSettings
+from .upstream_client import UpstreamBroken, UpstreamClient, UpstreamRefused
 
 log = logging.getLogger("portcullis.gateway.forward")
 
@@ -251,29 +258,64 @@ class Upstream:
     """How requests reach the upstream, shared by every Forwarder built on the same pool."""
 
     def __init__(
-        self, pooled: aiohttp.ClientSession, single_use: aiohttp.ClientSession, slots: Slots
+        self, client: UpstreamClient, websockets: aiohttp.ClientSession, slots: Slots
     ) -> None:
-        self.pooled = pooled  # keep-alive connections
-        # Connections that carry one request and are closed: for requests whose body the
-        # upstream may not read, so its bytes can never be taken for a later request.
-        self.single_use = single_use
-        self.slots = slots  # exchanges using either session at once
-        # WebSocket upgrades, over the pooled connections: a session of its own only so that
-        # an upstream's refusal comes back as an answer to relay (`_refused_upgrade`).
+        self.client = client  # every exchange but WebSocket upgrades
+        self.websockets = websockets
+        self.slots = slots  # exchanges using the upstream at once
+        # WebSocket upgrades: a session of its own only so that an upstream's refusal comes
+        # back as an answer to relay (`_refused_upgrade`).
         self.upgrades = aiohttp.ClientSession(
-            connector=pooled.connector,
+            connector=websockets.connector,
             connector_owner=False,
-            timeout=pooled.timeout,
+            timeout=websockets.timeout,
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=pooled.skip_auto_headers,
+            skip_auto_headers=websockets.skip_auto_headers,
             middlewares=(_refused_upgrade,),
         )
 
     async def close(self) -> None:
         await self.upgrades.close()
-        await self.pooled.close()
-        await self.single_use.close()
+        await self.websockets.close()
+        await self.client.close()
+
+
+class _Answer(Protocol):
+    """What `_relay` reads of an answer: the upstream client's, or aiohttp's (a refused
+    WebSocket upgrade)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> MultiMapping[str]: ...
+    @property
+    def content_length(self) -> int | None: ...
+
+    async def read(self) -> bytes: ...
+
+    async def readany(self) -> bytes: ...
+
+
+class _AiohttpAnswer:
+    """An aiohttp answer as `_relay` reads it."""
+
+    __slots__ = ("_answer", "content_length", "headers", "reason", "status")
+
+    def __init__(self, answer: aiohttp.ClientResponse) -> None:
+        self._answer = answer
+        self.status = answer.status
+        self.reason = answer.reason
+        self.headers = answer.headers
+        self.content_length = answer.content_length
+
+    async def read(self) -> bytes:
+        return await self._answer.read()
+
+    async def readany(self) -> bytes:
+        return await self._answer.content.readany()
 
 
 class RefusedUpgrade(Exception):
@@ -307,9 +349,8 @@ class Forwarder:
         """`bodies` counts bodies arriving per client, for the whole process; `now` is the
         wall clock tokens expire by."""
         self._now = now
-        self._session = upstream.pooled
+        self._upstream = upstream.client
         self._upgrades = upstream.upgrades
-        self._single_use = upstream.single_use
         self._slots = upstream.slots
         self._pool_timeout = settings.upstream.pool_timeout.total_seconds()
         self._bodies = bodies
@@ -476,7 +517,7 @@ class Forwarder:
 
     def response_headers(
         self,
-        upstream: aiohttp.ClientResponse,
+        upstream: _Answer,
         request_id: str,
         extra: Sequence[tuple[str, str]] = (),
         own_cors: bool = False,
@@ -667,43 +708,37 @@ class Forwarder:
             return busy
         started = time.perf_counter()
         try:  # from here on, the slot is given back whatever happens
-            url = URL(self._base + self._prefix + request.raw_path, encoded=True)
-            session = (
-                self._session
-                if upload is None or request.method in _BODY_METHODS
-                else self._single_use
-            )
-            async with session.request(
+            answer = await self._upstream.request(
                 request.method,
-                url,
-                headers=headers,
-                data=data,
-                allow_redirects=False,
-                server_hostname=self._server_name,
-            ) as upstream:
+                self._prefix + request.raw_path,
+                headers,
+                data,
+                single_use=upload is not None and request.method not in _BODY_METHODS,
+            )
+            try:
                 if upload is not None and not upload.complete:
                     # The answer came before the body was all sent: what the upstream makes
                     # of the rest of it is not known, so the connection is not used again.
-                    _keep_out_of_pool(upstream)
-                return await self._relay(request, upstream, exchange, extra, own_cors)
+                    answer.keep_out_of_pool()
+                return await self._relay(request, answer, exchange, extra, own_cors)
+            finally:
+                answer.release()
         except BodyFailure as exc:
             return self._body_failure(exc, upload.limit if upload is not None else None)
-        except (TimeoutError, aiohttp.ServerTimeoutError):
+        except TimeoutError:
             if upload is not None and upload.failure is not None:
                 return self._body_failure(upload.failure, upload.limit)
             log.warning("upstream timed out", extra={"request_id": exchange.request_id})
             exchange.upstream_error = "timeout"
             return errors.gateway_timeout()
-        except aiohttp.ClientError as exc:
+        except (UpstreamRefused, UpstreamBroken) as exc:
             if upload is not None and upload.failure is not None:
                 return self._body_failure(upload.failure, upload.limit)
             log.warning(
                 "upstream failed",
-                extra={"request_id": exchange.request_id, "reason": type(exc).__name__},
+                extra={"request_id": exchange.request_id, "reason": str(exc)},
             )
-            exchange.upstream_error = (
-                "connect" if isinstance(exc, aiohttp.ClientConnectorError) else "broken"
-            )
+            exchange.upstream_error = "connect" if isinstance(exc, UpstreamRefused) else "broken"
             return errors.bad_gateway()
         finally:
             exchange.upstream_seconds = time.perf_counter() - started
@@ -734,7 +769,7 @@ class Forwarder:
     async def _relay(
         self,
         request: web.BaseRequest,
-        upstream: aiohttp.ClientResponse,
+        upstream: _Answer,
         exchange: Exchange,
         extra: Sequence[tuple[str, str]],
         own_cors: bool,
@@ -758,8 +793,8 @@ class Forwarder:
         await response.prepare(request)
         while not no_body:
             try:
-                chunk = await upstream.content.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                chunk = await upstream.readany()
+            except (UpstreamBroken, aiohttp.ClientError, TimeoutError) as exc:
                 # Headers are already sent: the only honest signal left is to cut the
                 # connection, so the client cannot mistake a truncated body for a whole one.
                 log.warning(
@@ -775,7 +810,7 @@ class Forwarder:
             try:
                 await response.write(chunk)
             except ConnectionError:
-                # The client went away; leaving the `async with` drops the upstream
+                # The client went away; releasing the answer closes the upstream
                 # connection, which is not reused with a body half read.
                 log.info("client left mid-body", extra={"request_id": request_id})
                 return response
@@ -879,7 +914,7 @@ class Forwarder:
             # The gateway's CORS fields, when it adds them, replace the upstream's.
             own_cors = any(name.lower().startswith("access-control-") for name, _ in extra)
             async with refusal.answer as answer:
-                return await self._relay(request, answer, exchange, extra, own_cors)
+                return await self._relay(request, _AiohttpAnswer(answer), exchange, extra, own_cors)
         except aiohttp.WSServerHandshakeError as exc:
             # A 101 whose handshake does not hold (RFC 6455 §4.1: a wrong accept key, ...).
             log.warning(
@@ -947,14 +982,6 @@ def _client_websocket(
         max_msg_size=settings.max_message_size,
         heartbeat=settings.heartbeat.total_seconds() if settings.heartbeat else None,
     )
-
-
-def _keep_out_of_pool(upstream: aiohttp.ClientResponse) -> None:
-    """Have the upstream connection closed when the exchange ends instead of pooled."""
-    connection = upstream.connection
-    protocol = connection.protocol if connection is not None else None
-    if protocol is not None:
-        protocol.force_close()
 
 
 async def _pump(

@@ -1,0 +1,694 @@
+"""An HTTP/1.1 client for the one upstream: keep-alive connections to one origin, no more.
+
+What it is for. The forward path sends every request (WebSocket upgrades aside) to the same
+origin, with headers the forwarder has already decided, and relays what comes back. A general
+client library builds a request object, adds headers of its own, looks up a connector per
+host and arms timers per read; none of that is needed here. This client writes the request
+head as bytes in one go and parses the answer with llhttp (httptools), on asyncio Protocols.
+
+Connection lifecycle. A connection is opened when an exchange finds no idle one (within
+`connect_timeout`), carries one exchange at a time, and afterwards either goes back to the
+idle list or is closed. At most `max_connections` are open at once, idle or busy: the
+forwarder's `Slots` already let no more exchanges run than that, and each exchange holds at
+most one connection. The idle list is last in, first out, so the connections in use stay
+warm and the others are the ones the upstream times out. A connection the upstream closes
+while idle is taken off the list at once (connection_lost) and any byte it sends while idle
+closes it: an answer to no request is never taken for the next one's.
+
+Reuse. A connection goes back to the idle list only when all of these hold: the request was
+sent whole; the answer was read whole; the request was not single-use (a body on a method
+other than POST, PUT or PATCH: sent with `Connection: close`, see forward.py); the upstream
+did not say `Connection: close`, nor answer in HTTP/1.0 without keep-alive (llhttp's
+should_keep_alive); no byte came after the answer. Anything else — an error, a timeout, a
+cancellation, an answer given before the request body was all sent, a body left unread —
+closes it.
+
+Framing. A bytes body is sent with `Content-Length`, in the same write as the head; a
+streamed body with `Transfer-Encoding: chunked`, unless the forwarder passed the client's
+`Content-Length`, which is then kept and the body sent as it is; no body on a method that
+may carry one gets `Content-Length: 0` (RFC 9110 §8.6). `Host` is the URL's host[:port]
+unless the headers hold one (preserve_host). The answer's body is framed by
+`Content-Length`, chunked coding or the end of the connection (a clean end: after a reset
+the body may be cut short, and the exchange is broken); an answer to HEAD and a 204 or 304
+have none whatever their fields say (RFC 9112 §6.3), and 1xx interim answers are skipped.
+llhttp runs strict: an answer with both `Content-Length` and `Transfer-Encoding`, two
+`Content-Length` fields, a bad chunk size or a malformed field is a broken exchange
+(`UpstreamBroken`), never read one way here and another way by someone else.
+
+Flow control. The answer's body is kept in a buffer of at most about `buffer_size` bytes:
+over it, the socket stops being read (pause_reading) until the relay has taken what is
+there. A streamed request body is written chunk by chunk, each write waiting while the
+socket's send buffer is full (pause_writing/resume_writing). The body goes out in a task of
+its own while the answer is awaited, since an upstream may answer before it has read all of
+it (a 413, say).
+
+Timeouts. Connecting: `connect_timeout`. Reading: every wait for bytes of the answer (its
+head, then each piece of its body) ends with TimeoutError after `read_timeout` without one.
+One timer per connection serves all its waits: it is armed when a wait begins and none is
+armed, and when it fires early for a later wait it re-arms itself for that wait's deadline.
+
+Errors. `UpstreamRefused` when no connection could be opened; `UpstreamBroken` when the
+connection failed or the answer could not be read. An idempotent request (RFC 9110 §9.2.2:
+GET, HEAD, OPTIONS, TRACE, PUT, DELETE) without a body, sent on an idle connection that the
+upstream closed just then (the end of the connection before any byte of the answer: it timed
+the connection out as the request went), is sent once more on a new connection, as nginx
+and HAProxy do: sending it twice means what sending it once does, and it has no body that
+would have to be kept for a second try. Any other failure is the caller's to report.
+
+Cancellation. A cancelled exchange (the client gone, shutdown) closes its connection: it is
+never put back half used. `close()` closes every connection, idle or busy; an exchange still
+waiting on one fails at once (UpstreamBroken) instead of at its read timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import cast
+
+import httptools
+from multidict import CIMultiDict
+
+
+class UpstreamRefused(Exception):
+    """No connection could be opened to the upstream."""
+
+
+class UpstreamBroken(Exception):
+    """The connection failed, or the answer could not be read as HTTP/1.1."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the upstream is (host and port), and how TLS is spoken to it (None: not)."""
+
+    host: str
+    port: int
+    tls: ssl.SSLContext | None = None
+    server_hostname: str | None = None  # SNI and the name checked; None: `host`
+    host_header: str = ""  # the Host field sent unless the request has one; "": host[:port]
+
+
+# RFC 9110 §8.6: methods a body is expected on, or may be; the others get no Content-Length
+# when they have none (the same set aiohttp leaves alone).
+_NO_LENGTH_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# RFC 9110 §9.2.2: the methods a client may send again without asking whether the first
+# attempt took effect.
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+_FINAL = 200
+_NO_BODY_STATUS = frozenset({204, 304})
+_SMALL_BODY = 16 * 1024  # a body up to this size goes in the head's write
+
+
+class Answer:
+    """The upstream's answer: status, reason and headers read, the body still to read.
+
+    `release()` must be called once the caller is done with it (in a `finally`): it puts
+    the connection back when everything allows it, else closes it."""
+
+    __slots__ = (
+        "_client",
+        "_connection",
+        "_released",
+        "content_length",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(self, client: UpstreamClient, connection: _Connection) -> None:
+        self._client = client
+        self._connection = connection
+        self._released = False
+        self.status = connection.status
+        self.reason = connection.reason
+        self.headers = connection.headers
+        self.content_length = connection.content_length
+
+    async def readany(self) -> bytes:
+        """What has arrived of the body; b"" at its end."""
+        return await self._connection.read_body()
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        connection = self._connection
+        parts = []
+        while chunk := await connection.read_body():
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def keep_out_of_pool(self) -> None:
+        """Close the connection at release, whatever else holds."""
+        self._connection.reusable = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._client._release(self._connection)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection to the upstream and the exchange it is carrying."""
+
+    def __init__(self, client: UpstreamClient) -> None:
+        self._client = client
+        self._loop = client._loop
+        self._read_timeout = client._read_timeout
+        self._high_water = client._high_water
+        self.transport: asyncio.Transport | None = None
+        self._poll: select.poll | None = None  # whether answer bytes wait (`_let_answer_in`)
+        self.closed = False
+        self.reusable = True  # cleared by anything that forbids reuse
+        self._parser = httptools.HttpResponseParser(self)
+        self.busy = False  # an exchange is under way
+        self.idle = False  # in the client's idle list
+        self._head_only = False  # the request was HEAD: the answer has no body
+        self._received = False  # any byte of the answer arrived
+        self._headers_done = False
+        self._complete = False
+        self._interim = False  # the message being parsed is a 1xx
+        self._fresh_parser = False  # the next exchange needs a new parser
+        self._until_close = False  # the body ends with the connection
+        self._failure: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._wait_started = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._body: deque[bytes] = deque()
+        self._buffered = 0
+        self._reading_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._writing_paused = False
+        self.writer: asyncio.Task[None] | None = None
+        self.status = 0
+        self.reason = ""
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.content_length: int | None = None
+
+    # ------------------------------------------------------------------ the transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:  # closed by the upstream, not by `abort`
+            self.closed = True
+            self.reusable = False
+            self._client._forget(self)
+            self._stop_timer()
+            if self.busy and not self._complete and self._failure is None:
+                if self._headers_done and self._until_close and exc is None:
+                    # RFC 9112 §6.3 (8): the body ends with the connection (a reset is
+                    # no end: the body may be cut short).
+                    self._complete = True
+                else:
+                    self._failure = UpstreamBroken(
+                        "connection closed before the answer was complete"
+                        if self._received
+                        else "connection closed before any answer"
+                    )
+            self._wake()
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_exception(UpstreamBroken("connection closed while sending"))
+            drain.exception()  # retrieved: the writer may be gone already
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy or self._complete:
+            # Bytes after the answer, or while idle: no answer to any request we will send.
+            self.abort()
+            return
+        self._received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamBroken("the upstream switched protocols unasked"))
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamBroken(f"unreadable answer: {exc}"))
+        self._wake()
+
+    def eof_received(self) -> bool:
+        return False  # close; connection_lost decides what the end means
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        drain = self._drain
+        if drain is not None:
+            self._drain = None
+            if not drain.done():
+                drain.set_result(None)
+
+    # ------------------------------------------------------------------ llhttp callbacks
+
+    def on_message_begin(self) -> None:
+        if self._headers_done and not self._interim:
+            self.reusable = False  # a second answer to one request
+
+    def on_status(self, status: bytes) -> None:
+        self.reason = status.decode("utf-8", "surrogateescape")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # As the server side decodes a client's fields, so that the bytes go on unchanged.
+        self.headers.add(
+            name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
+        )
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < _FINAL:
+            self._interim = True  # 1xx: skipped, the final answer follows
+            self.headers = CIMultiDict()
+            return
+        self.status = status
+        self._headers_done = True
+        headers = self.headers
+        if self._head_only or status in _NO_BODY_STATUS:
+            # RFC 9112 §6.3 (1): no body, whatever the fields say. llhttp does not know the
+            # request was HEAD, so its state is dropped with its parser, and so is its view
+            # of keep-alive (it may expect a body until the end of the connection).
+            self.content_length = None
+            self._complete = True
+            self._fresh_parser = True
+            if not _keeps_alive(parser.get_http_version(), headers):
+                self.reusable = False
+            return
+        length = headers.get("Content-Length")
+        if length is not None:
+            self.content_length = int(length)  # llhttp has checked the digits
+        else:
+            # RFC 9112 §6.3 (6, 7): chunked when it is the last coding, else until the end.
+            codings = ",".join(headers.getall("Transfer-Encoding", ())).rstrip().lower()
+            self._until_close = not codings.endswith("chunked")
+        if not parser.should_keep_alive():
+            self.reusable = False
+
+    def on_body(self, body: bytes) -> None:
+        if self._complete:
+            self.reusable = False  # bytes where the answer has no body
+            return
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > self._high_water and not self._reading_paused:
+            self._reading_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        if not self._complete:
+            self._complete = True
+            if not self._parser.should_keep_alive():
+                self.reusable = False
+
+    # ------------------------------------------------------------------ the exchange
+
+    def begin(self, head_only: bool) -> None:
+        if self._fresh_parser:
+            self._parser = httptools.HttpResponseParser(self)
+            self._fresh_parser = False
+        self.busy = True
+        self._head_only = head_only
+        self._received = False
+        self._headers_done = False
+        self._complete = False
+        self._until_close = False
+        self._interim = False
+        self.status = 0
+        self.reason = ""
+        self.headers = CIMultiDict()
+        self.content_length = None
+
+    def finish(self) -> bool:
+        """The exchange is over; whether the connection may carry another."""
+        self.busy = False
+        writer = self.writer
+        if writer is not None:
+            self.writer = None
+            if not writer.done():
+                writer.cancel()
+                self.reusable = False
+            elif writer.cancelled() or writer.exception() is not None:
+                self.reusable = False
+        return (
+            self.reusable
+            and self._complete
+            and not self._body
+            and not self._reading_paused
+            and not self.closed
+        )
+
+    async def send_body(self, chunks: AsyncIterator[bytes], chunked: bool) -> None:
+        """Write a streamed body, each chunk once the socket can take it."""
+        transport = self.transport
+        assert transport is not None
+        try:
+            async for chunk in chunks:
+                if not chunk:
+                    continue
+                await self._let_answer_in()
+                if self.closed or self._complete:
+                    self.reusable = False  # answered already, or gone: the rest is not sent
+                    return
+                if chunked:
+                    transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                else:
+                    transport.write(chunk)
+                if self._writing_paused and not self.closed:
+                    await self._drained()
+            if chunked and not self.closed:
+                transport.write(b"0\r\n\r\n")
+        except BaseException as exc:
+            # The body cannot be finished: the upstream must not take what it got for a
+            # whole request, and whoever waits for the answer learns why it will not come.
+            self.reusable = False
+            if not isinstance(exc, asyncio.CancelledError):
+                self._fail(UpstreamBroken("the request body could not be sent"))
+            self.abort()
+            raise
+
+    async def _let_answer_in(self) -> None:
+        """Let the event loop read what the upstream has sent before writing more.
+
+        An upstream that answers early and closes with the body unread resets the
+        connection; a write that meets the reset closes the transport before its answer,
+        already in the socket's buffer, is read. While bytes wait, the loop is given a turn.
+        """
+        poll = self._poll
+        if poll is None:
+            return
+        # A turn of the loop is what is waited for: no event stands for it. Not while reading
+        # is paused: the bytes would stay where they are.
+        while poll.poll(0) and not (self.closed or self._complete or self._reading_paused):  # noqa: ASYNC110
+            await asyncio.sleep(0)
+
+    async def _drained(self) -> None:
+        drain = self._drain = self._loop.create_future()
+        await drain
+
+    async def head(self) -> None:
+        """Wait for the answer's head (a failure or a timeout raises)."""
+        while not self._headers_done:
+            await self._wait()
+
+    async def read_body(self) -> bytes:
+        body = self._body
+        while not body:
+            if self._complete:
+                return b""
+            await self._wait()
+        if len(body) == 1:
+            chunk = body.popleft()
+        else:
+            chunk = b"".join(body)
+            body.clear()
+        self._buffered = 0
+        if self._reading_paused and not self.closed:
+            self._reading_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+        return chunk
+
+    async def _wait(self) -> None:
+        failure = self._failure
+        if failure is not None:
+            raise failure
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        self._wait_started = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_at(self._wait_started + self._read_timeout, self._check_timer)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+        failure = self._failure
+        if failure is not None:
+            raise failure
+
+    def _check_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        deadline = self._wait_started + self._read_timeout
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._check_timer)
+            return
+        self.reusable = False
+        waiter.set_exception(TimeoutError())
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, failure: BaseException) -> None:
+        if self._failure is None:
+            self._failure = failure
+        self.abort()
+
+    def abort(self) -> None:
+        """Close the connection now; an exchange still waiting on it fails."""
+        self.reusable = False
+        if self.busy and not self._complete and self._failure is None:
+            self._failure = UpstreamBroken("the connection was closed")
+        transport = self.transport
+        if transport is not None and not self.closed:
+            self.closed = True
+            self._client._forget(self)
+            self._stop_timer()
+            transport.abort()
+        self._wake()
+        drain = self._drain
+        if drain is not None and not drain.done():
+            drain.set_exception(UpstreamBroken("connection closed while sending"))
+            drain.exception()  # retrieved: the writer may be gone already
+
+    def _stop_timer(self) -> None:
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            timer.cancel()
+
+    @property
+    def answer_started(self) -> bool:
+        return self._received
+
+
+class UpstreamClient:
+    """Keep-alive connections to one origin, at most `max_connections` open."""
+
+    def __init__(
+        self,
+        origin: Origin,
+        *,
+        max_connections: int,
+        connect_timeout: float,
+        read_timeout: float,
+        buffer_size: int,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._origin = origin
+        self._max = max_connections
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._high_water = buffer_size
+        host = origin.host_header or _host_port(origin)
+        self._host = host
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    @property
+    def idle_connections(self) -> int:
+        return len(self._idle)
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: CIMultiDict[str],
+        body: bytes | AsyncIterator[bytes] | None,
+        *,
+        single_use: bool = False,
+    ) -> Answer:
+        """Send a request and read the answer's head. `target` is the request-target as it
+        goes on the wire; `headers` are sent as they are, with Host and body framing added.
+        The caller releases the answer."""
+        head, chunked = self._head(method, target, headers, body)
+        head_only = method == "HEAD"
+        # A request that may be sent again if its pooled connection turns out to be closed.
+        retry = body is None and method in _IDEMPOTENT
+        while True:
+            connection, pooled = await self._take()
+            try:
+                connection.begin(head_only)
+                if single_use:
+                    connection.reusable = False
+                self._write(connection, head, body, chunked)
+                await connection.head()
+            except BaseException as exc:
+                connection.abort()
+                connection.finish()
+                if (
+                    retry
+                    and pooled
+                    and isinstance(exc, UpstreamBroken)
+                    and not connection.answer_started
+                ):
+                    retry = False
+                    continue
+                raise
+            return Answer(self, connection)
+
+    def _write(
+        self,
+        connection: _Connection,
+        head: bytes,
+        body: bytes | AsyncIterator[bytes] | None,
+        chunked: bool,
+    ) -> None:
+        transport = connection.transport
+        assert transport is not None
+        if body is None:
+            transport.write(head)
+        elif isinstance(body, bytes):
+            if len(body) <= _SMALL_BODY:
+                transport.write(head + body)
+            else:
+                transport.writelines((head, body))
+        else:
+            transport.write(head)
+            connection.writer = self._loop.create_task(connection.send_body(body, chunked))
+
+    def _head(
+        self,
+        method: str,
+        target: str,
+        headers: CIMultiDict[str],
+        body: bytes | AsyncIterator[bytes] | None,
+    ) -> tuple[bytes, bool]:
+        """The request head as bytes, and whether the body goes chunked."""
+        host = headers.popall("Host", None)
+        start = f"{method} {target} HTTP/1.1\r\nHost: {host[0] if host else self._host}\r\n"
+        fields = [f"{name}: {value}\r\n" for name, value in headers.items()]
+        chunked = False
+        if body is None:
+            if method not in _NO_LENGTH_METHODS and "Content-Length" not in headers:
+                fields.append("Content-Length: 0\r\n")
+        elif isinstance(body, bytes):
+            if "Content-Length" not in headers:
+                fields.append(f"Content-Length: {len(body)}\r\n")
+        elif "Content-Length" not in headers:
+            chunked = True
+            fields.append("Transfer-Encoding: chunked\r\n")
+        text = start + "".join(fields) + "\r\n"
+        # Every line ends in CRLF and holds no other CR or LF: a value cannot add a field.
+        lines = len(fields) + 3  # the request line, Host, the fields and the empty line
+        if text.count("\n") != lines or text.count("\r") != lines or "\0" in text:
+            raise ValueError("a header name or value holds CR, LF or NUL")
+        return text.encode("utf-8", "surrogateescape"), chunked
+
+    async def _take(self) -> tuple[_Connection, bool]:
+        """An idle connection (True) or a new one (False)."""
+        if self._closed:
+            raise UpstreamRefused("the client is closed")
+        idle = self._idle
+        while idle:
+            connection = idle.pop()
+            connection.idle = False
+            if not connection.closed:
+                return connection, True
+        return await self._connect(), False
+
+    async def _connect(self) -> _Connection:
+        if len(self._open) >= self._max:
+            # The forwarder's Slots keep exchanges within the limit; this would be a bug.
+            raise UpstreamRefused("connection limit reached")
+        origin = self._origin
+        connection = _Connection(self)
+        self._open.add(connection)
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._loop.create_connection(
+                    lambda: connection,
+                    origin.host,
+                    origin.port,
+                    ssl=origin.tls,
+                    server_hostname=(origin.server_hostname or origin.host)
+                    if origin.tls is not None
+                    else None,
+                )
+        except TimeoutError:
+            self._open.discard(connection)
+            raise
+        except (OSError, ssl.SSLError) as exc:
+            self._open.discard(connection)
+            raise UpstreamRefused(str(exc) or type(exc).__name__) from exc
+        except BaseException:
+            self._open.discard(connection)
+            raise
+        if self._closed:
+            connection.abort()
+            raise UpstreamRefused("the client is closed")
+        return connection
+
+    def _release(self, connection: _Connection) -> None:
+        if connection.finish() and not self._closed:
+            connection.idle = True
+            self._idle.append(connection)
+        else:
+            connection.abort()
+
+    def _forget(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        if connection.idle:
+            connection.idle = False
+            self._idle.remove(connection)  # closed while idle: rare, and the list is short
+
+    async def close(self) -> None:
+        """Close every connection, idle or in use."""
+        self._closed = True
+        for connection in self._idle:
+            connection.idle = False
+        self._idle.clear()
+        for connection in list(self._open):
+            connection.abort()
+        await asyncio.sleep(0)  # let the transports finish closing
+
+
+def _keeps_alive(version: str, headers: CIMultiDict[str]) -> bool:
+    """RFC 9112 §9.3: whether the connection stays open after an answer, by its version and
+    its Connection field."""
+    tokens = {
+        token.strip().lower()
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+    }
+    if "close" in tokens:
+        return False
+    return version != "1.0" or "keep-alive" in tokens
+
+
+def _host_port(origin: Origin) -> str:
+    host = f"[{origin.host}]" if ":" in origin.host else origin.host
+    default = 443 if origin.tls is not None else 80
+    return host if origin.port == default else f"{host}:{origin.port}"
