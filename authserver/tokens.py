@@ -237,9 +237,13 @@ class Minter:
         claims.update(released(user_claims, scopes))
         return claims
 
-    def sign(self, plan: TokenPlan) -> dict[str, Any]:
-        """The token response of a committed plan (RFC 6749 §5.1)."""
-        access_token = self.keyring.sign(self.access_alg, plan.access_claims, typ="at+jwt")
+    def sign(self, plan: TokenPlan, *, repeatable: bool = True) -> dict[str, Any]:
+        """The token response of a committed plan (RFC 6749 §5.1). `repeatable`: signed
+        again, the plan gives the same response (a refresh retried within the grace window
+        is answered byte for byte); False where a plan is never signed again."""
+        access_token = self.keyring.sign(
+            self.access_alg, plan.access_claims, typ="at+jwt", repeatable=repeatable
+        )
         body: dict[str, Any] = {
             "access_token": access_token,
             # RFC 9449 §5.1: a token bound to a DPoP key is of type DPoP.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jwt
 
-from authserver.keys import KeyRing, RotationPolicy
+from authserver.keys import KeyRing, RotationPolicy, _ecdsa_sha256
 from authserver.tokens import UniqueBytes, new_jti
 
 
@@ -106,3 +106,22 @@ def test_a_forked_child_does_not_reuse_its_parents_block() -> None:
     os.waitpid(pid, 0)
     parent = source.take(16)
     assert len(child) == 16 and child != parent
+
+
+def test_repeatable_signatures_repeat_and_the_others_still_verify(tmp_path: Path) -> None:
+    ring = KeyRing(tmp_path / "keys", RotationPolicy(publish_ahead=60, retain=300))
+    ring.load(["ES256", "RS256"])
+    claims = {"sub": "s", "aud": "api", "jti": "one"}
+    # A rotated refresh's response, signed again within the grace window, is the same
+    # (where OpenSSL signs deterministically: 3.2 and later).
+    if _ecdsa_sha256().deterministic_signing:
+        again = ring.sign("ES256", claims, typ="at+jwt")
+        assert ring.sign("ES256", claims, typ="at+jwt") == again
+    # A token signed once (client_credentials) need not be: ES256 draws its nonce.
+    once = {ring.sign("ES256", claims, typ="at+jwt", repeatable=False) for _ in range(3)}
+    assert len(once) == 3
+    for token in once:
+        header, verified = header_and_claims(ring, token)
+        assert header["alg"] == "ES256" and verified == claims
+    # RS256 signatures are deterministic either way.
+    assert ring.sign("RS256", claims, repeatable=False) == ring.sign("RS256", claims)
