@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import fcntl
 import functools
@@ -200,6 +201,12 @@ class _Snapshot:
     stamp: Stamp | None
     jwks_body: bytes
     jwks_etag: str
+    # Per algorithm, the keys that may sign (active or next), the one to prefer first: the
+    # signer at a time is the first whose activation has come (`_signing_key`).
+    signers: Mapping[str, tuple[KeyInfo, ...]]
+    # The encoded protected header of each (kid, typ) signed with so far: a few per key,
+    # gone with the snapshot when the ring changes, so bounded by the keys in the ring.
+    headers: dict[tuple[str, str], bytes]
 
 
 def ring_snapshot(
@@ -208,7 +215,15 @@ def ring_snapshot(
     ordered = sorted(infos.values(), key=lambda i: (i.created_at, i.kid))
     body = orjson.dumps({"keys": [public_jwk(private[i.kid], i.kid, i.alg) for i in ordered]})
     etag = '"' + base64.urlsafe_b64encode(hashlib.sha256(body).digest()[:12]).decode() + '"'
-    return _Snapshot(dict(infos), dict(private), stamp, body, etag)
+    signers: dict[str, list[KeyInfo]] = {}
+    for info in infos.values():
+        if info.state in (KeyState.ACTIVE, KeyState.NEXT):
+            signers.setdefault(info.alg, []).append(info)
+    preferred = {
+        alg: tuple(sorted(keys, key=lambda i: (i.active_from, i.created_at), reverse=True))
+        for alg, keys in signers.items()
+    }
+    return _Snapshot(dict(infos), dict(private), stamp, body, etag, preferred, {})
 
 
 def transitions(
@@ -357,8 +372,6 @@ class SigningRing:
         self.policy = policy
         self.clock = clock  # decides which key signs: see the module's description
         self._snap = ring_snapshot({}, {}, None)
-        # Encoded protected headers by (kid, typ); a few per key, kept for the process.
-        self._headers: dict[tuple[str, str], bytes] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -415,20 +428,25 @@ class SigningRing:
         """The key that signs `alg` at `now`: the newest one whose activation has come."""
         return _signing_key(self._snap, alg, self.clock() if now is None else now)
 
-    def sign(self, alg: str, claims: Mapping[str, Any], typ: str = "JWT") -> str:
+    def sign(
+        self, alg: str, claims: Mapping[str, Any], typ: str = "JWT", *, repeatable: bool = True
+    ) -> str:
         """A JWS compact serialisation (RFC 7515 §7.1) of `claims`, signed by the key that
-        signs for `alg` now. On the token endpoint's hot path: the protected header of a
-        (kid, typ) is encoded once, and the signature is made with cryptography directly."""
+        signs for `alg` now. `repeatable`: the same claims signed again give the same token
+        (`_ecdsa_sha256`); False for a token that is never signed again, which ES256 then
+        signs with a random nonce, a little faster. On the token endpoint's hot path: the
+        protected header of a (kid, typ) is encoded once per ring snapshot, and the signature
+        is made with cryptography directly."""
         snap = self._snap
         now = self.clock()
         self._refuse_if_stale(now)
         info = _signing_key(snap, alg, now)
-        header = self._headers.get((info.kid, typ))
+        header = snap.headers.get((info.kid, typ))
         if header is None:
             header = _b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
-            self._headers[(info.kid, typ)] = header
+            snap.headers[(info.kid, typ)] = header
         signing_input = header + b"." + _b64url(orjson.dumps(dict(claims)))
-        signature = _jws_signature(alg, snap.private[info.kid], signing_input)
+        signature = _jws_signature(alg, snap.private[info.kid], signing_input, repeatable)
         return (signing_input + b"." + _b64url(signature)).decode("ascii")
 
     def _refuse_if_stale(self, now: float) -> None:
@@ -681,17 +699,24 @@ def _ecdsa_sha256() -> ec.ECDSA:
 
 _SHA256 = hashes.SHA256()
 _PKCS1V15 = padding.PKCS1v15()
+_ECDSA_RANDOM = ec.ECDSA(_SHA256)
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def _b64url(data: bytes) -> bytes:
-    return base64.urlsafe_b64encode(data).rstrip(b"=")
+    """base64url without padding (RFC 7515 §2), without base64.urlsafe_b64encode's copies."""
+    return binascii.b2a_base64(data, newline=False).translate(_URLSAFE).rstrip(b"=")
 
 
-def _jws_signature(alg: str, key: Any, signing_input: bytes) -> bytes:
+def _jws_signature(alg: str, key: Any, signing_input: bytes, repeatable: bool = True) -> bytes:
     """RFC 7518 §3.3 (RS256), §3.4 (ES256: r and s as fixed-size big-endian integers, not
-    DER), RFC 8037 §3.1 (EdDSA)."""
+    DER), RFC 8037 §3.1 (EdDSA). RS256 and EdDSA signatures are deterministic by nature;
+    ES256's only when `repeatable`."""
     if alg == "ES256":
-        r, s = decode_dss_signature(key.sign(signing_input, _ecdsa_sha256()))
+        ecdsa = _ecdsa_sha256() if repeatable else _ECDSA_RANDOM
+        r, s = decode_dss_signature(key.sign(signing_input, ecdsa))
         return r.to_bytes(32, "big") + s.to_bytes(32, "big")
     if alg == "RS256":
         return bytes(key.sign(signing_input, _PKCS1V15, _SHA256))
@@ -701,14 +726,12 @@ def _jws_signature(alg: str, key: Any, signing_input: bytes) -> bytes:
 
 
 def _signing_key(snap: _Snapshot, alg: str, now: float) -> KeyInfo:
-    candidates = [
-        i
-        for i in snap.infos.values()
-        if i.alg == alg and i.state in (KeyState.ACTIVE, KeyState.NEXT) and i.active_from <= now
-    ]
-    if not candidates:
-        raise LookupError(f"no active {alg} key")
-    return max(candidates, key=lambda i: (i.active_from, i.created_at))
+    """The active or next key of `alg` activated last by `now` (the newest of those that
+    were activated together)."""
+    for info in snap.signers.get(alg, ()):
+        if info.active_from <= now:
+            return info
+    raise LookupError(f"no active {alg} key")
 
 
 def jwks_max_age(settings: Settings) -> int:

@@ -17,6 +17,7 @@ signs in as them, and their sessions and refresh tokens lead nowhere.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -84,14 +85,34 @@ class UserDirectory(Protocol):
 
 
 class StoredClients:
-    """The clients of the store: read at every lookup."""
+    """The clients of the store: read at every lookup.
 
-    def __init__(self, store: Store) -> None:
+    What is derived from a record (its `Client`) is kept beside the record it came from, for
+    the `keep` clients looked up last, and given again only while the store answers with a
+    record equal to that one in every field: a rotated secret, changed metadata, a moved
+    cut-off, a client deleted and made again are other records, in force at the next lookup.
+    Nothing of the store's answer is kept in its place: a deleted client is not found."""
+
+    def __init__(self, store: Store, keep: int = 1024) -> None:
         self._store = store
+        self._keep = keep
+        self._derived: OrderedDict[str, tuple[ClientRecord, Client]] = OrderedDict()
 
     async def client(self, client_id: str) -> Client | None:
         record = await self._store.get_client(client_id)
-        return None if record is None else client_from_record(record)
+        if record is None:
+            self._derived.pop(client_id, None)
+            return None
+        kept = self._derived.get(client_id)
+        if kept is not None and kept[0] == record:
+            self._derived.move_to_end(client_id)
+            return kept[1]
+        client = client_from_record(record)
+        self._derived[client_id] = (record, client)
+        self._derived.move_to_end(client_id)
+        if len(self._derived) > self._keep:
+            self._derived.popitem(last=False)
+        return client
 
 
 class StoredUsers:

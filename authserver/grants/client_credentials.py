@@ -40,4 +40,6 @@ class ClientCredentials:
             now=request.now,
             jkt=request.dpop_jkt,  # RFC 9449 §5: bound to the proof's key, if one came
         )
-        return self.minter.sign(TokenPlan(claims, self.minter.access_lifetime, granted))
+        # Signed once: nothing is kept to sign it again from.
+        plan = TokenPlan(claims, self.minter.access_lifetime, granted)
+        return self.minter.sign(plan, repeatable=False)

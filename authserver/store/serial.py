@@ -1,0 +1,98 @@
+"""One worker thread that runs blocking calls one at a time, in submission order, and hands
+their results back to the event loop in batches.
+
+Why not `loop.run_in_executor` per call: each such call wakes the thread, and each result
+wakes the loop, one thread switch each way per call. Under load most of a short call's cost
+was that. Here a call is queued; a worker that is idle is woken once, then runs every call
+queued by then, and gives their results back to the loop in one callback. A worker that is
+busy picks new calls up when it is done with the ones it holds, without being woken. So the
+order and the one-at-a-time of a single-thread executor hold, and while calls keep coming
+the switches are paid once per batch, not once per call.
+
+Cancellation is that of `run_in_executor`: a call whose caller was cancelled before the
+worker reached it is not run; one already running runs to its end, and its result is
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# A call as queued: what to run, the loop that waits, and the future it waits on.
+_Queued = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+# A result as handed back: the future, and its value or the exception the call raised.
+_Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class SerialWorker:
+    """Calls run one at a time on `executor`'s thread (an executor of one worker, whose
+    other jobs, such as opening a connection, keep their place in its queue)."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self._executor = executor
+        self._queue: deque[_Queued] = deque()
+        self._lock = threading.Lock()
+        self._running = False  # a drain is submitted or running; guarded by _lock
+        self.batches = 0  # results handed back, one count per callback (for tests)
+
+    async def call(self, operation: Callable[[], T]) -> T:
+        """The result of `operation()`, run on the worker thread."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        with self._lock:
+            self._queue.append((operation, loop, future))
+            idle = not self._running
+            self._running = True
+        if idle:
+            try:
+                self._executor.submit(self._drain)
+            except RuntimeError:  # the executor was shut down: the store is closed
+                with self._lock:
+                    self._queue.clear()
+                    self._running = False
+                raise
+        return await future
+
+    def _drain(self) -> None:
+        """On the worker: run what is queued, hand the results back, until nothing is."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running = False
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+            outcomes: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+            for operation, loop, future in batch:
+                # Read across threads: a cancellation that lands just after this check
+                # finds the call running, as with run_in_executor.
+                if future.cancelled():
+                    continue
+                try:
+                    outcome: _Outcome = (future, operation(), None)
+                except BaseException as exc:  # handed to the caller, who raises it
+                    outcome = (future, None, exc)
+                outcomes.setdefault(loop, []).append(outcome)
+            for loop, results in outcomes.items():
+                # A loop that is closed has nobody waiting for these any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._settle, results)
+
+    def _settle(self, results: list[_Outcome]) -> None:
+        """On the loop: each caller gets its result (unless it stopped waiting)."""
+        self.batches += 1
+        for future, value, error in results:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(value)
+            else:
+                future.set_exception(error)
