@@ -852,8 +852,9 @@ start_store_server() {
 
 # refresh_tokens URL FILE COUNT: COUNT refresh tokens of fresh families into FILE.
 refresh_tokens() {
-    "$PY" bench/refresh_tokens.py --server "$1" --client-id "$CLIENT_ID" \
-        --secret "$CLIENT_SECRET" --username "$BENCH_USER" --password "$BENCH_PASSWORD" \
+    # `--name=value`: a random secret may begin with `-`, which would read as an option.
+    "$PY" bench/refresh_tokens.py --server="$1" --client-id="$CLIENT_ID" \
+        --secret="$CLIENT_SECRET" --username="$BENCH_USER" --password="$BENCH_PASSWORD" \
         --redirect-uri "$BENCH_REDIRECT" --scope bench:read --count "$3" --out "$2" ||
         die "could not make refresh tokens at $1"
 }
