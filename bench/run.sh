@@ -439,7 +439,7 @@ EOF
         # A token bound to a client key (cnf.jkt), and proofs of that key made beforehand,
         # each with its own jti: wrk cannot sign, and a proof is accepted only once.
         DPOP_JKT=$("$PY" bench/mkproofs.py key --out "$TMP/dpop-key.pem")
-        DPOP_TOKEN=$("${MKTOKEN[@]}" --cnf-jkt "$DPOP_JKT")
+        DPOP_TOKEN=$("${MKTOKEN[@]}" --cnf-jkt="$DPOP_JKT") # a thumbprint may begin with -
         DPOP_URL="$GATEWAY/api/items"
         log "signing $PROOFS DPoP proofs (and $((PROOFS / 3)) for the warm-up)"
         mkproofs() {
