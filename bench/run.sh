@@ -439,7 +439,7 @@ EOF
         # A token bound to a client key (cnf.jkt), and proofs of that key made beforehand,
         # each with its own jti: wrk cannot sign, and a proof is accepted only once.
         DPOP_JKT=$("$PY" bench/mkproofs.py key --out "$TMP/dpop-key.pem")
-        DPOP_TOKEN=$("${MKTOKEN[@]}" --cnf-jkt "$DPOP_JKT")
+        DPOP_TOKEN=$("${MKTOKEN[@]}" --cnf-jkt="$DPOP_JKT") # a thumbprint may begin with -
         DPOP_URL="$GATEWAY/api/items"
         log "signing $PROOFS DPoP proofs (and $((PROOFS / 3)) for the warm-up)"
         mkproofs() {
@@ -852,8 +852,9 @@ start_store_server() {
 
 # refresh_tokens URL FILE COUNT: COUNT refresh tokens of fresh families into FILE.
 refresh_tokens() {
-    "$PY" bench/refresh_tokens.py --server "$1" --client-id "$CLIENT_ID" \
-        --secret "$CLIENT_SECRET" --username "$BENCH_USER" --password "$BENCH_PASSWORD" \
+    # `--name=value`: a random secret may begin with `-`, which would read as an option.
+    "$PY" bench/refresh_tokens.py --server="$1" --client-id="$CLIENT_ID" \
+        --secret="$CLIENT_SECRET" --username="$BENCH_USER" --password="$BENCH_PASSWORD" \
         --redirect-uri "$BENCH_REDIRECT" --scope bench:read --count "$3" --out "$2" ||
         die "could not make refresh tokens at $1"
 }

@@ -199,7 +199,6 @@ class PostgresStore:
                     timeout=self._limits.connect_timeout.total_seconds(),
                     command_timeout=self._limits.command_timeout.total_seconds(),
                     server_settings=self._server_settings(),
-                    reset=_keep_session,
                 )
             self._listener = asyncio.create_task(self._listen(), name="revocation events listener")
         finally:
@@ -1128,15 +1127,6 @@ def _user(row: Any) -> UserRecord:
         updated_at=row[8],
         version=row[9],
     )
-
-
-async def _keep_session(conn: Any) -> None:
-    """What the pool does to a connection given back, after asyncpg has rolled back any
-    transaction left open on it: nothing more. asyncpg's default sends one more statement
-    per call (advisory unlocks, CLOSE ALL, UNLISTEN *, RESET ALL), a second round trip on
-    every store call, to undo session state this store never leaves: its advisory locks are
-    a transaction's (pg_advisory_xact_lock), it LISTENs on a connection of its own, opens
-    no cursors, and sets nothing per session (its settings are given at connect)."""
 
 
 def _user_facts(r: UserRecord) -> tuple[Any, ...]:

@@ -271,27 +271,6 @@ def silent_server() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{listener.getsockname()[1]}/test"
 
 
-async def test_a_connection_given_back_to_the_pool_is_sent_no_reset_statement(
-    postgres_url: str, schema: str
-) -> None:
-    # The store leaves no session state behind (no session locks, LISTEN, cursors or SET),
-    # so the pool gives a connection back without asyncpg's reset statement: one round trip
-    # per call, not two. What the server last saw on the connection is the store's own.
-    store = PostgresStore(postgres_url, StoragePool(min_size=1, max_size=1), schema=schema)
-    await store.open()
-    try:
-        assert store._pool is not None
-        async with store._pool.acquire() as conn:
-            pid = conn.get_server_pid()
-        for _ in range(3):
-            assert await store.get_client("nobody") is None  # its schema, still in force
-        async with admin(postgres_url) as watcher:
-            last = await watcher.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
-        assert "FROM clients WHERE client_id" in last and "RESET" not in last
-    finally:
-        await store.close()
-
-
 async def test_a_refused_connection_raises_unavailable(refused_port: int) -> None:
     store = PostgresStore(f"postgresql://postgres@127.0.0.1:{refused_port}/test", QUICK)
     with pytest.raises(StoreUnavailable, match="PostgreSQL"):
