@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
-import os
 import secrets
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +20,8 @@ from typing import Any
 import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from portcullis.unique import UniqueBytes
 
 from .keys import SigningRing
 from .protocol import scopes as scope_rules
@@ -36,35 +36,6 @@ def random_token(nbytes: int = 32) -> str:
 def digest(secret: str) -> bytes:
     """What the store keeps of a code, refresh token, device code or session id."""
     return hashlib.sha256(secret.encode()).digest()
-
-
-class UniqueBytes:
-    """Random bytes for values that must be unique but are not secret: a token's `jti`, an
-    AES-GCM nonce. Drawn from the operating system's generator a block at a time: each
-    os.urandom call lets go of the interpreter lock for its system call, and on the token
-    endpoint the store's thread was then often the one to take it, so a draw per token cost
-    a thread switch. A forked child starts with a block of its own, never its parent's.
-    Never for secrets (refresh tokens, codes, client secrets: `random_token`)."""
-
-    BLOCK = 4096
-
-    def __init__(self) -> None:
-        self._block = b""
-        self._at = 0
-        self._lock = threading.Lock()  # no two callers, on any thread, get the same bytes
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._block, self._at = b"", 0
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bytes:
-        with self._lock:
-            at = self._at
-            if at + n > len(self._block):
-                self._block, at = os.urandom(max(self.BLOCK, n)), 0
-            self._at = at + n
-            return self._block[at : at + n]
 
 
 _UNIQUE = UniqueBytes()

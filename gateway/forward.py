@@ -46,7 +46,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine, Sequence
@@ -62,7 +61,7 @@ from yarl import URL
 
 from portcullis.addresses import ClientAddresses
 
-from . import clientcert, errors
+from . import clientcert, errors, tracecontext
 from .capacity import BodiesInFlight, Slots
 from .clock import Now
 from .exchange import Exchange
@@ -419,7 +418,7 @@ class Forwarder:
         given = request.headers.get(self._request_id_header)
         if given is not None and _REQUEST_ID.fullmatch(given):
             return given
-        return fresh or os.urandom(16).hex()
+        return fresh or tracecontext.RANDOM.take(16).hex()
 
     def upstream_headers(
         self, request: web.BaseRequest, principal: Principal | None, exchange: Exchange

@@ -7,13 +7,14 @@ the client's `tracestate` is dropped with it: it describes a trace that is not c
 A new trace is marked sampled, so that an upstream whose tracer follows its parent's
 decision keeps recording as it did before the gateway was put in front of it.
 
-Pure: no I/O beyond os.urandom.
+Pure: no I/O beyond the operating system's random generator.
 """
 
 from __future__ import annotations
 
-import os
 import re
+
+from portcullis.unique import UniqueBytes
 
 # version "-" trace-id "-" parent-id "-" trace-flags, lower-case hex; a future
 # version may append fields after a dash, version 00 may not.
@@ -21,6 +22,8 @@ _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 _ZERO_TRACE = "0" * 32
 _ZERO_PARENT = "0" * 16
 NEW_TRACE_FLAGS = "01"
+# Trace and parent ids need to be unique, not secret (the request id is one of them too).
+RANDOM = UniqueBytes()
 
 
 def outgoing(incoming: str | None) -> tuple[str, str, bool]:
@@ -35,7 +38,7 @@ def outgoing(incoming: str | None) -> tuple[str, str, bool]:
                 and trace_id != _ZERO_TRACE
                 and parent_id != _ZERO_PARENT
             ):
-                return trace_id, f"00-{trace_id}-{os.urandom(8).hex()}-{flags}", False
-    random = os.urandom(24).hex()
+                return trace_id, f"00-{trace_id}-{RANDOM.take(8).hex()}-{flags}", False
+    random = RANDOM.take(24).hex()
     trace_id = random[:32]
     return trace_id, f"00-{trace_id}-{random[32:]}-{NEW_TRACE_FLAGS}", True

@@ -11,7 +11,8 @@ from pathlib import Path
 import jwt
 
 from authserver.keys import KeyRing, RotationPolicy, _ecdsa_sha256
-from authserver.tokens import UniqueBytes, new_jti
+from authserver.tokens import new_jti
+from portcullis.unique import UniqueBytes
 
 
 def header_and_claims(ring: KeyRing, token: str) -> tuple[dict[str, object], dict[str, object]]:
