@@ -134,7 +134,9 @@ class JwtVerifier:
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise InvalidToken("the token's kid is not a string")
-        verify_key = await self._key_for(issuer, kid, alg)
+        verify_key = issuer.keys.find(kid, alg)
+        if verify_key is None:
+            verify_key = await self._key_after_miss(issuer, kid, alg)
 
         signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
         if not verify_signature(alg, verify_key.key, signing_input, signature):
@@ -156,16 +158,16 @@ class JwtVerifier:
         return principal, exp + leeway
 
     @staticmethod
-    async def _key_for(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:
-        """The key that must have signed the token. Only a kid the set does not hold (or no
-        set at all yet) may refetch: a known kid naming a key of another type never does."""
+    async def _key_after_miss(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:
+        """The key that must have signed the token, when the set in memory has none that
+        fits. Only a kid the set does not hold (or no set at all yet) may refetch: a known
+        kid naming a key of another type never does."""
         keys = issuer.keys
-        verify_key = keys.find(kid, alg)
-        if verify_key is None and (not keys.loaded or not keys.knows(kid)):
+        if not keys.loaded or not keys.knows(kid):
             await keys.refetch_for_unknown_kid()
             verify_key = keys.find(kid, alg)
-        if verify_key is not None:
-            return verify_key
+            if verify_key is not None:
+                return verify_key
         if not keys.loaded:
             raise VerifierUnavailable("the issuer's keys are not loaded yet")
         if kid is None:
