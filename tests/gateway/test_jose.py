@@ -13,12 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jwt.algorithms import get_default_algorithms
 
+from gateway.dpop import ASYMMETRIC_ALGORITHMS
 from gateway.jose import (
     SIGNATURE_ALGORITHMS,
     b64url_decode,
     decode_checked_alphabet,
     verify_signature,
 )
+from gateway.jwks import KEY_TYPE_OF_ALG
 from gateway.settings import SUPPORTED_ALGORITHMS
 
 SIGNERS = get_default_algorithms()
@@ -45,8 +47,10 @@ CASES = [(alg, None) for alg in SUPPORTED_ALGORITHMS] + [("EdDSA", "Ed448")]
 IDS = [alg if curve is None else f"{alg}-{curve}" for alg, curve in CASES]
 
 
-def test_every_algorithm_the_settings_accept_has_a_signature_check() -> None:
+def test_every_algorithm_the_gateway_accepts_has_a_signature_check() -> None:
     assert set(SUPPORTED_ALGORITHMS) == SIGNATURE_ALGORITHMS
+    assert set(KEY_TYPE_OF_ALG) == SIGNATURE_ALGORITHMS  # access tokens and events
+    assert set(ASYMMETRIC_ALGORITHMS) == SIGNATURE_ALGORITHMS  # DPoP proofs
     assert not {"none", "HS256", "HS384", "HS512"} & SIGNATURE_ALGORITHMS
 
 
