@@ -50,9 +50,9 @@ import orjson
 from jwt.algorithms import Algorithm, get_default_algorithms
 from jwt.exceptions import InvalidKeyError
 
-from .jose import b64url_decode, b64url_encode
+from .jose import b64url_decode, b64url_encode, decode_checked_alphabet, verify_signature
 
-_ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
+_KEY_LOADERS: Mapping[str, Algorithm] = get_default_algorithms()  # from_jwk of each alg
 # RFC 9449 §4.2: an asymmetric algorithm; `none` and the MAC algorithms never qualify.
 ASYMMETRIC_ALGORITHMS = (
     "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "RS256", "RS384", "RS512", "EdDSA",
@@ -359,11 +359,11 @@ class ProofChecker:
         key = self._key(alg, jkt, jwk)
         # 6. signature (item 6)
         try:
-            signature = b64url_decode(signature_b64)
+            signature = decode_checked_alphabet(signature_b64)
         except binascii.Error:
             raise InvalidProof("the DPoP proof's signature is not base64url") from None
         signing_input = proof[: len(header_b64) + 1 + len(payload_b64)].encode("ascii")
-        if not _ALGORITHMS[alg].verify(signing_input, key, signature):
+        if not verify_signature(alg, key, signing_input, signature):
             raise InvalidProof("the DPoP proof's signature is invalid")
         # 7. claims (item 3)
         claims = _json_object(payload_b64, "payload")
@@ -412,7 +412,7 @@ class ProofChecker:
             self._keys.move_to_end(slot)
             return key
         try:
-            key = _ALGORITHMS[alg].from_jwk(dict(jwk))
+            key = _KEY_LOADERS[alg].from_jwk(dict(jwk))
         except (InvalidKeyError, ValueError, TypeError, KeyError):
             raise InvalidProof("the DPoP proof's jwk is not a valid public key") from None
         if family == "RSA" and key.key_size < _MIN_RSA_BITS:
@@ -424,8 +424,9 @@ class ProofChecker:
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
+    """The JSON object a part of a proof that matched _COMPACT_JWS encodes."""
     try:
-        value = orjson.loads(b64url_decode(part))
+        value = orjson.loads(decode_checked_alphabet(part))
     except (binascii.Error, ValueError):
         raise InvalidProof(f"the DPoP proof's {what} is not base64url-encoded JSON") from None
     if not isinstance(value, dict):

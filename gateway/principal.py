@@ -6,7 +6,7 @@ Pure: built from a claims mapping, whatever verified it (a JWT signature or intr
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -53,7 +53,13 @@ def bound_key(claims: Mapping[str, Any]) -> str | None:
 
 
 # RFC 6749 §3.3: scope-token = 1*( %x21 / %x23-5B / %x5D-7E ): visible ASCII but `"` and `\`.
-_SCOPE_TOKEN = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+")
+# Checked over a whole claim at once: every scope token of a string is made of these
+# characters exactly when the string is made of them and the spaces between its tokens, and
+# every element of an array exactly when the elements put end to end are.
+_SCOPE_STRING = re.compile(r"[\x21\x23-\x5B\x5D-\x7E ]*")
+_SCOPE_CHARACTERS = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]*")
+_EMPTY = frozenset({""})
+_SCOPE_REFUSED = "a scope token holds characters RFC 6749 §3.3 does not allow"
 
 
 def normalise_scopes(claims: Mapping[str, Any]) -> frozenset[str]:
@@ -65,23 +71,21 @@ def normalise_scopes(claims: Mapping[str, Any]) -> frozenset[str]:
     scope, never split again: a token granted the one odd scope "x<NBSP>orders:write" does
     not hold `orders:write`. A scope token with characters outside the RFC 6749 §3.3 set
     raises MalformedScope: such a claim cannot be read one way only, so it is not read at all.
+    Empty items (from repeated spaces, or "" in an array) carry no scope and are dropped.
     """
     for name in ("scope", "scp"):
         value = claims.get(name)
         if isinstance(value, str):
-            return _scope_tokens(value.split(" "))
+            if not _SCOPE_STRING.fullmatch(value):
+                raise MalformedScope(_SCOPE_REFUSED)
+            scopes = frozenset(value.split(" "))
+            return scopes - _EMPTY if "" in scopes else scopes
         if isinstance(value, list):
-            return _scope_tokens(item for item in value if isinstance(item, str))
+            items = [item for item in value if isinstance(item, str)]
+            if not _SCOPE_CHARACTERS.fullmatch("".join(items)):
+                raise MalformedScope(_SCOPE_REFUSED)
+            return frozenset(item for item in items if item)
     return frozenset()
-
-
-def _scope_tokens(items: Iterable[str]) -> frozenset[str]:
-    # Empty items (from repeated spaces, or "" in an array) carry no scope and are dropped.
-    scopes = frozenset(item for item in items if item)
-    for scope in scopes:
-        if not _SCOPE_TOKEN.fullmatch(scope):
-            raise MalformedScope("a scope token holds characters RFC 6749 §3.3 does not allow")
-    return scopes
 
 
 def audiences_of(claims: Mapping[str, Any]) -> tuple[str, ...]:
@@ -99,10 +103,10 @@ def from_claims(claims: Mapping[str, Any]) -> Principal:
     raises MalformedScope for a scope claim that is not a list of scope tokens, and
     UnsupportedBinding for a `cnf` that is not a DPoP binding."""
     # RFC 9068 §2.2 names `client_id`; OpenID Connect providers often give only `azp`.
-    client_id = next(
-        (v for v in (claims.get("client_id"), claims.get("azp")) if isinstance(v, str) and v),
-        None,
-    )
+    client_id = claims.get("client_id")
+    if not isinstance(client_id, str) or not client_id:
+        azp = claims.get("azp")
+        client_id = azp if isinstance(azp, str) and azp else None
     return Principal(
         issuer=claims["iss"],
         subject=claims["sub"],

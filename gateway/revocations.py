@@ -48,10 +48,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
-from jwt.algorithms import Algorithm, get_default_algorithms
 
 from .clock import Now
-from .jose import b64url_decode
+from .jose import SIGNATURE_ALGORITHMS, b64url_decode, verify_signature
 from .jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
 from .principal import Principal
 from .records import Issuer, RevocationEvents
@@ -65,7 +64,6 @@ CLIENT_TOKENS_REVOKED = "https://portcullis.dev/secevent/client-tokens-revoked"
 # RFC 8417 §2.3 explicit typing; media types compare case-insensitively (RFC 8725 §3.11).
 _SET_TYPES = frozenset({"secevent+jwt", "application/secevent+jwt"})
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
-_ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
 
 REVOKED = "token_revoked"
 STREAM_DOWN = "revocations_unknown"
@@ -263,7 +261,7 @@ async def verify_set(token: str, issuer: Issuer, keys: KeySet) -> dict[str, Any]
     header_b64, payload_b64, signature_b64 = token.split(".")
     header = _json_object(header_b64)
     alg = header.get("alg")
-    if not isinstance(alg, str) or alg not in issuer.algorithms or alg not in _ALGORITHMS:
+    if not isinstance(alg, str) or alg not in issuer.algorithms or alg not in SIGNATURE_ALGORITHMS:
         raise RejectedEvent("signing algorithm not accepted")
     if "crit" in header:
         raise RejectedEvent("critical header parameters")
@@ -284,7 +282,7 @@ async def verify_set(token: str, issuer: Issuer, keys: KeySet) -> dict[str, Any]
     if key is None:
         raise UnknownKey("signed with an unknown key")
     signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
-    if not _ALGORITHMS[alg].verify(signing_input, key.key, signature):
+    if not verify_signature(alg, key.key, signing_input, signature):
         raise RejectedEvent("signature invalid")
     claims = _json_object(payload_b64)
     if claims.get("iss") != issuer.issuer:

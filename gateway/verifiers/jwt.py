@@ -32,24 +32,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from jwt.algorithms import Algorithm, get_default_algorithms
 
 from ..clock import Now
-from ..jose import b64url_decode
+from ..jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
+from ..jose import decode_checked_alphabet, verify_signature
 from ..jwks import KeySet, VerifyKey
 from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache, token_key
 from .validity import check_validity
 
-_COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
-_ALGORITHMS: Mapping[str, Algorithm] = get_default_algorithms()
+_COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
+    """The JSON object a part of a token that matched _COMPACT_JWS encodes."""
     try:
-        value = orjson.loads(b64url_decode(part))
+        value = orjson.loads(decode_checked_alphabet(part))
     except (binascii.Error, ValueError):
         raise InvalidToken(f"the token {what} is not base64url-encoded JSON") from None
     if not isinstance(value, dict):
@@ -102,7 +102,7 @@ class JwtVerifier:
         return principal
 
     async def _verify(self, token: str) -> tuple[Principal, float]:
-        if not _COMPACT_JWS.match(token):
+        if not _COMPACT_JWS.fullmatch(token):
             raise InvalidToken("the token is not a signed JWT")
         header_b64, payload_b64, signature_b64 = token.split(".")
         header = _json_object(header_b64, "header")
@@ -115,7 +115,7 @@ class JwtVerifier:
         # Decoded before any key lookup: a signature spelt otherwise than canonically is
         # refused without the refetch an unknown kid may cause.
         try:
-            signature = b64url_decode(signature_b64)
+            signature = decode_checked_alphabet(signature_b64)
         except binascii.Error:
             raise InvalidToken("the token signature is not base64url") from None
 
@@ -134,10 +134,12 @@ class JwtVerifier:
         kid = header.get("kid")
         if kid is not None and not isinstance(kid, str):
             raise InvalidToken("the token's kid is not a string")
-        verify_key = await self._key_for(issuer, kid, alg)
+        verify_key = issuer.keys.find(kid, alg)
+        if verify_key is None:
+            verify_key = await self._key_after_miss(issuer, kid, alg)
 
         signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
-        if not _ALGORITHMS[alg].verify(signing_input, verify_key.key, signature):
+        if not verify_signature(alg, verify_key.key, signing_input, signature):
             raise InvalidToken("the token signature is invalid")
 
         leeway = issuer.leeway
@@ -156,16 +158,16 @@ class JwtVerifier:
         return principal, exp + leeway
 
     @staticmethod
-    async def _key_for(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:
-        """The key that must have signed the token. Only a kid the set does not hold (or no
-        set at all yet) may refetch: a known kid naming a key of another type never does."""
+    async def _key_after_miss(issuer: TrustedIssuer, kid: str | None, alg: str) -> VerifyKey:
+        """The key that must have signed the token, when the set in memory has none that
+        fits. Only a kid the set does not hold (or no set at all yet) may refetch: a known
+        kid naming a key of another type never does."""
         keys = issuer.keys
-        verify_key = keys.find(kid, alg)
-        if verify_key is None and (not keys.loaded or not keys.knows(kid)):
+        if not keys.loaded or not keys.knows(kid):
             await keys.refetch_for_unknown_kid()
             verify_key = keys.find(kid, alg)
-        if verify_key is not None:
-            return verify_key
+            if verify_key is not None:
+                return verify_key
         if not keys.loaded:
             raise VerifierUnavailable("the issuer's keys are not loaded yet")
         if kid is None:

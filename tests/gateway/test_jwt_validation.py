@@ -24,7 +24,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jwt.algorithms import get_default_algorithms
 
-from gateway.verifiers.jwt import b64url_decode
+from gateway import adapter
+from gateway.jwks import KeySet
+from gateway.settings import IssuerSettings, JwksSettings
+from gateway.verifiers.base import InvalidToken
+from gateway.verifiers.cache import TokenCache
+from gateway.verifiers.jwt import JwtVerifier, TrustedIssuer, b64url_decode
 from tests.support import (
     EchoUpstream,
     RunningGateway,
@@ -786,3 +791,21 @@ async def test_distinct_tokens_each_get_their_own_verdict(gateway, issuer, upstr
         client, gateway, upstream, bad, "the token is not meant for this API (audience)"
     )
     await assert_passes(client, gateway, good)
+
+
+@pytest.mark.parametrize("suffix", ["\n", "\r\n", " ", "\t", "=", "\n.x"])
+async def test_a_token_with_anything_after_its_signature_is_refused(issuer, client, suffix):
+    # The shape check covers the whole token, so the decoders that then trust its alphabet
+    # never see a character outside it (a lenient base64 decoder would skip a newline).
+    keys = KeySet(
+        adapter.issuer(IssuerSettings(issuer=issuer.url, audiences=("orders-api",))),
+        JwksSettings(),
+        client,
+    )
+    assert await keys.refresh()
+    trusted = TrustedIssuer(True, keys, frozenset({"ES256"}), 30.0)
+    verifier = JwtVerifier({issuer.url: trusted}, TokenCache(100))
+    token = issuer.token("ES256")
+    assert (await verifier.verify(token)).subject == "user-123"
+    with pytest.raises(InvalidToken, match="not a signed JWT"):
+        await verifier.verify(token + suffix)
