@@ -101,6 +101,27 @@ async def test_identity_headers_are_set_from_the_verified_token(gateway, issuer,
     assert upstream.requests == [seen]
 
 
+async def test_a_cached_tokens_identity_headers_are_its_own_on_every_request(
+    gateway, issuer, upstream, client
+):
+    """A principal's identity headers are remembered after its first request: the same
+    token gets the same ones again, requests with another token in between get theirs, and
+    the client's copies are dropped every time."""
+    alice = issuer.token(sub="alice", client_id="cli-a")
+    bob = issuer.token(sub="bob", client_id="cli-b", scope="orders:read orders:admin")
+    for token in (alice, bob, alice, bob, alice):
+        headers = CIMultiDict([("X-Auth-Subject", "forged"), ("Authorization", f"Bearer {token}")])
+        async with client.get(gateway.url + "/orders/1", headers=headers) as resp:
+            assert resp.status == 200
+    identities = [
+        [header_values(seen, name)[0] for name in IDENTITY[:3]] for seen in upstream.requests
+    ]
+    alice_headers = ["alice", "cli-a", "orders:read"]
+    bob_headers = ["bob", "cli-b", "orders:admin orders:read"]
+    assert identities == [alice_headers, bob_headers, alice_headers, bob_headers, alice_headers]
+    assert all(normalised_names(seen).count("x-auth-subject") == 1 for seen in upstream.requests)
+
+
 SPOOFED_SPELLINGS = [
     "X-Auth-Subject",
     "x-auth-subject",
