@@ -3,8 +3,10 @@
 What it is for. The forward path sends every request (WebSocket upgrades aside) to the same
 origin, with headers the forwarder has already decided, and relays what comes back. A general
 client library builds a request object, adds headers of its own, looks up a connector per
-host and arms timers per read; none of that is needed here. This client writes the request
-head as bytes in one go and parses the answer with llhttp (httptools), on asyncio Protocols.
+host and arms timers per read; none of that is needed here. The forwarder hands over its
+fields as the bytes they will be (`RequestFields`); this client puts the request line, Host
+and the framing around them, writes the head in one go and parses the answer with llhttp
+(httptools), on asyncio Protocols.
 
 Connection lifecycle. A connection is opened when an exchange finds no idle one (within
 `connect_timeout`), carries one exchange at a time, and afterwards either goes back to the
@@ -27,7 +29,7 @@ Framing. A bytes body is sent with `Content-Length`, in the same write as the he
 streamed body with `Transfer-Encoding: chunked`, unless the forwarder passed the client's
 `Content-Length`, which is then kept and the body sent as it is; no body on a method that
 may carry one gets `Content-Length: 0` (RFC 9110 §8.6). `Host` is the URL's host[:port]
-unless the headers hold one (preserve_host). The answer's body is framed by
+unless the fields name one (preserve_host). The answer's body is framed by
 `Content-Length`, chunked coding or the end of the connection (a clean end: after a reset
 the body may be cut short, and the exchange is broken); an answer to HEAD and a 204 or 304
 have none whatever their fields say (RFC 9112 §6.3), and 1xx interim answers are skipped.
@@ -99,7 +101,7 @@ def field_lines(lines: Sequence[str]) -> bytes:
     could add a field of its own, or end the head (RFC 9112 §2.2, §5)."""
     if not lines:
         return b""
-    # One scan of the lines joined for each character, rather than one per line.
+    # Searched joined: one fast scan per character for all the lines at once.
     probe = "".join(lines)
     if "\r" in probe or "\n" in probe or "\0" in probe:
         raise ValueError("a request line or header field holds CR, LF or NUL")
