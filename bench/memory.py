@@ -234,7 +234,7 @@ class Forwarding:
 
     def __init__(self, config: settings.Settings, upstream: Upstream) -> None:
         self.forwarder = Forwarder(config, upstream, BodiesInFlight(0))
-        self.identities: list[tuple[tuple[str, str], ...]] = []
+        self.identities: list[bytes] = []
         assert config.rate_limits.default is not None
         self.policy = ratelimit.Policy(
             "default", config.rate_limits.default, ClientAddresses(config.trusted_proxies)
@@ -243,7 +243,7 @@ class Forwarding:
     def add_memo(self, principal: Any) -> None:
         # The forwarder keeps a principal's identity headers in a cache of its own (the
         # principal is read-only): held here, one per entry, they count as that cache would.
-        self.identities.append(self.forwarder.identity_headers(principal))
+        self.identities.append(self.forwarder.identity_fields(principal))
         self.policy.key(principal, {}, "127.0.0.1")  # type: ignore[arg-type]
 
 

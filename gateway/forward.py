@@ -67,7 +67,13 @@ from .clock import Now
 from .exchange import Exchange
 from .principal import Principal
 from .settings import Settings, WebSocketSettings
-from .upstream_client import UpstreamBroken, UpstreamClient, UpstreamRefused
+from .upstream_client import (
+    RequestFields,
+    UpstreamBroken,
+    UpstreamClient,
+    UpstreamRefused,
+    field_lines,
+)
 
 log = logging.getLogger("portcullis.gateway.forward")
 
@@ -119,6 +125,7 @@ _LEFT_OUT_BY_PRESENCE: dict[tuple[bool, bool], tuple[str, ...]] = {
     (False, False): ("Content-Type", "Server"),
 }
 _NONE: frozenset[str] = frozenset()
+_NO_NAMES: frozenset[bytes] = frozenset()
 # The handshake headers of the client's upgrade: the gateway makes its own upstream.
 _WEBSOCKET_HANDSHAKE = frozenset(
     {
@@ -386,21 +393,46 @@ class Forwarder:
         # Folded, so that one lookup also drops the `_` spellings of each: a CGI/WSGI
         # upstream would read `X_Forwarded_For` as the gateway's own `X-Forwarded-For`.
         self._drop = frozenset(_fold(name) for name in dropped)
+        # Whether a Content-Length is among the fields sent: the client's, unless dropped, or
+        # the gateway's own under a request id header of that name.
+        self._keeps_content_length = "content-length" not in self._drop
+        self._sets_content_length = self._request_id_header.lower() == "content-length"
         self.websockets_open = 0
-        self._keep: dict[str, bool] = {}
+        self._keep: dict[bytes, bool] = {}
+        self._excluded: dict[tuple[frozenset[str], bool], frozenset[bytes]] = {}
         self._hosts: dict[str, bool] = {}
-        # id(principal) -> (principal, its identity headers). The entry holds the principal,
-        # so its id cannot be reused by another object while the entry is here.
-        self._identities: dict[int, tuple[Principal, tuple[tuple[str, str], ...]]] = {}
+        # id(principal) -> (principal, its identity headers as wire text). The entry holds
+        # the principal, so its id cannot be reused by another object while it is here.
+        self._identities: dict[int, tuple[Principal, bytes]] = {}
 
     # ------------------------------------------------------------------ headers
 
-    def _keeps(self, name: str) -> bool:
+    def _keeps(self, name: bytes) -> bool:
         """Whether a client header may go upstream, whatever the request (remembered)."""
-        kept = _fold(name) not in self._drop
+        kept = _fold(name.decode("utf-8", "surrogateescape")) not in self._drop
         if len(self._keep) < _MEMO_LIMIT:
             self._keep[name] = kept
         return kept
+
+    def _excluded_names(self, incoming: Any, drop_tracestate: bool) -> frozenset[bytes]:
+        """The client fields this request drops beyond those `_keeps` refuses, as lower-case
+        names: those its `Connection` lists (RFC 9110 §7.6.1), and `tracestate` when its
+        trace is not continued. Remembered: nearly every request says `keep-alive`, which
+        names nothing that would be kept."""
+        tokens = _connection_tokens(incoming)
+        drop_tracestate = drop_tracestate and "tracestate" in incoming
+        if not tokens and not drop_tracestate:
+            return _NO_NAMES
+        key = (tokens, drop_tracestate)
+        excluded = self._excluded.get(key)
+        if excluded is None:
+            names = {t for t in tokens if _fold(t) not in self._drop}
+            if drop_tracestate:
+                names.add("tracestate")
+            excluded = frozenset(n.encode("utf-8", "surrogateescape") for n in names)
+            if len(self._excluded) < _MEMO_LIMIT:
+                self._excluded[key] = excluded
+        return excluded
 
     def _forwarded_host(self, host: str | None) -> str | None:
         """The Host if it is a plain host[:port], else None (remembered)."""
@@ -420,71 +452,88 @@ class Forwarder:
             return given
         return fresh or tracecontext.RANDOM.take(16).hex()
 
-    def upstream_headers(
+    def upstream_fields(
         self, request: web.BaseRequest, principal: Principal | None, exchange: Exchange
-    ) -> CIMultiDict[str]:
+    ) -> RequestFields:
+        """The header fields the upstream gets, as wire bytes: the client's that may go on,
+        in their order and as the bytes the client sent, then the gateway's own, then the
+        identity headers.
+
+        The client's names and values reach the wire unchecked: the listener's parser
+        refuses CR, LF and NUL in any of them (tests/gateway/test_forward.py proves it of
+        each kind of field), so none can end its line. Every line the gateway composes is
+        checked (`field_lines`), per request or, for a principal's identity headers, once.
+        """
         incoming = request.headers
-        named_in_connection = _connection_tokens(incoming)
+        trace = self._traceparent and exchange.traceparent is not None
+        excluded = self._excluded_names(incoming, trace and exchange.trace_restarted)
         keep = self._keep
-        out: CIMultiDict[str] = CIMultiDict()
-        for name, value in incoming.items():
+        wire: list[bytes] = []
+        for name, value in request.raw_headers:
             kept = keep.get(name)
             if kept is None:
                 kept = self._keeps(name)
-            if kept and (not named_in_connection or name.lower() not in named_in_connection):
-                out.add(name, value)
+            if kept and (not excluded or name.lower() not in excluded):
+                wire += (name, b": ", value, b"\r\n")
+        content_length = self._sets_content_length or (
+            self._keeps_content_length
+            and "Content-Length" in incoming
+            and b"content-length" not in excluded
+        )
 
         # Every header set below was dropped from the client's copy above (`_drop`), so it
-        # is added, not replaced: no search through the headers already there.
-        add = out.add
+        # is added, not replaced.
         request_host = request.host
         scheme = request.scheme
-        if self._preserve_host and request_host:
-            add("Host", request_host)
         peer = request.remote
         prior = ", ".join(incoming.getall("X-Forwarded-For", ()))
-        add("X-Forwarded-For", f"{prior}, {peer}" if prior else (peer or "unknown"))
-        add("X-Forwarded-Proto", scheme)
+        forwarded_for = f"{prior}, {peer}" if prior else (peer or "unknown")
         # A Host such as `a";for=6.6.6.6` would add a forged element to Forwarded: a name
         # that is not a plain host[:port] is left out of both headers rather than escaped.
         host = self._forwarded_host(request_host)
-        if host:
-            add("X-Forwarded-Host", host)
         element = f"for={_forwarded_node(peer)};proto={scheme}"
         if host:
             element += f';host="{host}"'
         prior_fwd = ", ".join(incoming.getall("Forwarded", ()))
-        add("Forwarded", f"{prior_fwd}, {element}" if prior_fwd else element)
+        forwarded = f"{prior_fwd}, {element}" if prior_fwd else element
         prior_via = ", ".join(incoming.getall("Via", ()))
         version = request.version
         via = "1.1 portcullis" if version == (1, 1) else f"{version[0]}.{version[1]} portcullis"
-        add("Via", f"{prior_via}, {via}" if prior_via else via)
-        add(self._request_id_header, exchange.request_id)
-        if self._traceparent and exchange.traceparent is not None:
-            add("traceparent", exchange.traceparent)
-            if exchange.trace_restarted and "tracestate" in out:
-                del out["tracestate"]
+        if prior_via:
+            via = f"{prior_via}, {via}"
+        own = [f"X-Forwarded-For: {forwarded_for}", f"X-Forwarded-Proto: {scheme}"]
+        if host:
+            own.append(f"X-Forwarded-Host: {host}")
+        own += (
+            f"Forwarded: {forwarded}",
+            f"Via: {via}",
+            f"{self._request_id_header}: {exchange.request_id}",
+        )
+        if trace:
+            own.append(f"traceparent: {exchange.traceparent}")
+        wire.append(field_lines(own))
 
         if principal is not None:
             # A cached token is the same principal on every request: its headers are
-            # computed once. (A reload builds a new Forwarder, with new names, and no memory.)
+            # computed and checked once. (A reload builds a new Forwarder, with new names,
+            # and no memory.)
             known = self._identities.get(id(principal))
             if known is None or known[0] is not principal:
                 known = self._remember_identity(principal)
-            out.extend(known[1])
+            wire.append(known[1])
         if self._client_cert:
             certificate = clientcert.of(request)
             if certificate is not None:
-                out.extend(self.client_cert_headers(certificate))
-        return out
+                cert_headers = self.client_cert_headers(certificate)
+                wire.append(field_lines([f"{name}: {value}" for name, value in cert_headers]))
+        kept_host = request_host if self._preserve_host and request_host else None
+        return RequestFields(wire, kept_host, content_length)
 
-    def _remember_identity(
-        self, principal: Principal
-    ) -> tuple[Principal, tuple[tuple[str, str], ...]]:
+    def _remember_identity(self, principal: Principal) -> tuple[Principal, bytes]:
         identities = self._identities
         if len(identities) >= _IDENTITIES_REMEMBERED:
             del identities[next(iter(identities))]  # the oldest
-        known = identities[id(principal)] = (principal, self.identity_headers(principal))
+        known = identities[id(principal)] = (principal, self.identity_fields(principal))
         return known
 
     def client_cert_headers(
@@ -498,8 +547,13 @@ class Forwarder:
             headers.append((ids.client_cert_san, header_value(", ".join(certificate.sans))))
         return headers
 
+    def identity_fields(self, principal: Principal) -> bytes:
+        """The identity headers of a principal as wire text, checked as `field_lines`
+        checks; computed once per verified token."""
+        return field_lines([f"{name}: {value}" for name, value in self.identity_headers(principal)])
+
     def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
-        """The identity headers of a principal; computed once per verified token."""
+        """The identity headers of a principal."""
         ids = self.identity
         headers = [(ids.subject, string_header_value(principal.subject))]
         if principal.client_id is not None:
@@ -648,15 +702,15 @@ class Forwarder:
         Not itself a coroutine: it hands back the one that does the work, so a request
         without a body (the common case) goes through one coroutine, not two.
         """
-        headers = self.upstream_headers(request, principal, exchange)
+        fields = self.upstream_fields(request, principal, exchange)
         if not request.body_exists:
-            return self._exchange(request, headers, None, None, exchange, extra, own_cors)
-        return self._send_with_body(request, headers, exchange, max_body, extra, own_cors)
+            return self._exchange(request, fields, None, None, exchange, extra, own_cors)
+        return self._send_with_body(request, fields, exchange, max_body, extra, own_cors)
 
     async def _send_with_body(
         self,
         request: web.BaseRequest,
-        headers: CIMultiDict[str],
+        fields: RequestFields,
         exchange: Exchange,
         max_body: int | None,
         extra: Sequence[tuple[str, str]],
@@ -681,15 +735,16 @@ class Forwarder:
             if request.method not in _BODY_METHODS:
                 # RFC 9112 §9.6: the upstream handles no further request on this connection,
                 # so body bytes it did not read as a body cannot become one.
-                headers["Connection"] = "close"
-            return await self._exchange(request, headers, data, upload, exchange, extra, own_cors)
+                # (The client's own Connection field never goes upstream: this is the only one.)
+                fields.add("Connection", "close")
+            return await self._exchange(request, fields, data, upload, exchange, extra, own_cors)
         finally:
             upload.stopped()
 
     async def _exchange(
         self,
         request: web.BaseRequest,
-        headers: CIMultiDict[str],
+        fields: RequestFields,
         data: bytes | AsyncIterator[bytes] | None,
         upload: _Upload | None,
         exchange: Exchange,
@@ -707,10 +762,10 @@ class Forwarder:
             return busy
         started = time.perf_counter()
         try:  # from here on, the slot is given back whatever happens
-            answer = await self._upstream.request(
+            answer = await self._upstream.send(
                 request.method,
                 self._prefix + request.raw_path,
-                headers,
+                fields,
                 data,
                 single_use=upload is not None and request.method not in _BODY_METHODS,
             )
@@ -839,7 +894,8 @@ class Forwarder:
         """Open the upstream WebSocket, then accept the client's and relay messages."""
         if not _client_websocket(settings).can_prepare(request).ok:
             return errors.bad_request("The WebSocket upgrade request is not valid (RFC 6455).")
-        headers = self.upstream_headers(request, principal, exchange)
+        # aiohttp's client makes the upgrade, and takes the same fields as a multidict.
+        headers = self.upstream_fields(request, principal, exchange).as_headers()
         for name in [n for n in headers if n.lower() in _WEBSOCKET_HANDSHAKE]:
             headers.popall(name, None)
         protocols = tuple(

@@ -3,8 +3,10 @@
 What it is for. The forward path sends every request (WebSocket upgrades aside) to the same
 origin, with headers the forwarder has already decided, and relays what comes back. A general
 client library builds a request object, adds headers of its own, looks up a connector per
-host and arms timers per read; none of that is needed here. This client writes the request
-head as bytes in one go and parses the answer with llhttp (httptools), on asyncio Protocols.
+host and arms timers per read; none of that is needed here. The forwarder hands over its
+fields as the bytes they will be (`RequestFields`); this client puts the request line, Host
+and the framing around them, writes the head in one go and parses the answer with llhttp
+(httptools), on asyncio Protocols.
 
 Connection lifecycle. A connection is opened when an exchange finds no idle one (within
 `connect_timeout`), carries one exchange at a time, and afterwards either goes back to the
@@ -27,7 +29,7 @@ Framing. A bytes body is sent with `Content-Length`, in the same write as the he
 streamed body with `Transfer-Encoding: chunked`, unless the forwarder passed the client's
 `Content-Length`, which is then kept and the body sent as it is; no body on a method that
 may carry one gets `Content-Length: 0` (RFC 9110 §8.6). `Host` is the URL's host[:port]
-unless the headers hold one (preserve_host). The answer's body is framed by
+unless the fields name one (preserve_host). The answer's body is framed by
 `Content-Length`, chunked coding or the end of the connection (a clean end: after a reset
 the body may be cut short, and the exchange is broken); an answer to HEAD and a 204 or 304
 have none whatever their fields say (RFC 9112 §6.3), and 1xx interim answers are skipped.
@@ -66,12 +68,12 @@ import asyncio
 import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import httptools
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 
 
 class UpstreamRefused(Exception):
@@ -91,6 +93,63 @@ class Origin:
     tls: ssl.SSLContext | None = None
     server_hostname: str | None = None  # SNI and the name checked; None: `host`
     host_header: str = ""  # the Host field sent unless the request has one; "": host[:port]
+
+
+def field_lines(lines: Sequence[str]) -> bytes:
+    """`Name: value` lines (without their line ends) as they go on the wire, each ended by
+    CRLF. ValueError when any holds CR, LF or NUL: a name or value that could end its line
+    could add a field of its own, or end the head (RFC 9112 §2.2, §5)."""
+    if not lines:
+        return b""
+    # Searched joined: one fast scan per character for all the lines at once.
+    probe = "".join(lines)
+    if "\r" in probe or "\n" in probe or "\0" in probe:
+        raise ValueError("a request line or header field holds CR, LF or NUL")
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
+
+
+class RequestFields:
+    """A request's header fields as the bytes that go on the wire, Host apart.
+
+    `wire` holds whole `Name: value` CRLF lines, in order, in pieces of any size. No name
+    or value in them may hold CR, LF or NUL: `from_headers` and `add` check it (see
+    `field_lines`), and whoever appends to `wire` directly answers for it. `host` is the
+    Host field's value (None: the origin's); `content_length` says whether a
+    Content-Length field is among the lines, which decides how a body is framed. Text is
+    encoded as UTF-8 with surrogates escaped, so that a value decoded the same way from a
+    client's bytes goes out as those bytes.
+    """
+
+    __slots__ = ("content_length", "host", "wire")
+
+    def __init__(
+        self, wire: list[bytes], host: str | None = None, content_length: bool = False
+    ) -> None:
+        self.wire = wire
+        self.host = host
+        self.content_length = content_length
+
+    @classmethod
+    def from_headers(cls, headers: MultiMapping[str]) -> RequestFields:
+        """The fields of a multidict, in its order; its first Host, if any, is the Host."""
+        host = headers.getall("Host", None)
+        lines = [f"{name}: {value}" for name, value in headers.items() if name.lower() != "host"]
+        return cls([field_lines(lines)], host[0] if host else None, "Content-Length" in headers)
+
+    def add(self, name: str, value: str) -> None:
+        """One more field, last (checked as `field_lines` checks)."""
+        self.wire.append(field_lines((f"{name}: {value}",)))
+
+    def as_headers(self) -> CIMultiDict[str]:
+        """The same fields as a multidict, Host first, for a client library that takes one."""
+        headers: CIMultiDict[str] = CIMultiDict()
+        if self.host is not None:
+            headers.add("Host", self.host)
+        text = b"".join(self.wire).decode("utf-8", "surrogateescape")
+        for line in text.split("\r\n")[:-1]:
+            name, _, value = line.partition(": ")
+            headers.add(name, value)
+        return headers
 
 
 # RFC 9110 §8.6: methods a body is expected on, or may be; the others get no Content-Length
@@ -530,10 +589,23 @@ class UpstreamClient:
         *,
         single_use: bool = False,
     ) -> Answer:
+        """`send` with the fields of a multidict (see `RequestFields.from_headers`)."""
+        fields = RequestFields.from_headers(headers)
+        return await self.send(method, target, fields, body, single_use=single_use)
+
+    async def send(
+        self,
+        method: str,
+        target: str,
+        fields: RequestFields,
+        body: bytes | AsyncIterator[bytes] | None,
+        *,
+        single_use: bool = False,
+    ) -> Answer:
         """Send a request and read the answer's head. `target` is the request-target as it
-        goes on the wire; `headers` are sent as they are, with Host and body framing added.
-        The caller releases the answer."""
-        head, chunked = self._head(method, target, headers, body)
+        goes on the wire; `fields` are sent as they are, after the Host field and before
+        the body's framing. The caller releases the answer."""
+        head, chunked = self._head(method, target, fields, body)
         head_only = method == "HEAD"
         # A request that may be sent again if its pooled connection turns out to be closed.
         retry = body is None and method in _IDEMPOTENT
@@ -583,29 +655,24 @@ class UpstreamClient:
         self,
         method: str,
         target: str,
-        headers: CIMultiDict[str],
+        fields: RequestFields,
         body: bytes | AsyncIterator[bytes] | None,
     ) -> tuple[bytes, bool]:
         """The request head as bytes, and whether the body goes chunked."""
-        host = headers.popall("Host", None)
-        start = f"{method} {target} HTTP/1.1\r\nHost: {host[0] if host else self._host}\r\n"
-        fields = [f"{name}: {value}\r\n" for name, value in headers.items()]
+        host = self._host if fields.host is None else fields.host
+        start = field_lines((f"{method} {target} HTTP/1.1", f"Host: {host}"))
+        framing = b""
         chunked = False
         if body is None:
-            if method not in _NO_LENGTH_METHODS and "Content-Length" not in headers:
-                fields.append("Content-Length: 0\r\n")
+            if method not in _NO_LENGTH_METHODS and not fields.content_length:
+                framing = b"Content-Length: 0\r\n"
         elif isinstance(body, bytes):
-            if "Content-Length" not in headers:
-                fields.append(f"Content-Length: {len(body)}\r\n")
-        elif "Content-Length" not in headers:
+            if not fields.content_length:
+                framing = b"Content-Length: %d\r\n" % len(body)
+        elif not fields.content_length:
             chunked = True
-            fields.append("Transfer-Encoding: chunked\r\n")
-        text = start + "".join(fields) + "\r\n"
-        # Every line ends in CRLF and holds no other CR or LF: a value cannot add a field.
-        lines = len(fields) + 3  # the request line, Host, the fields and the empty line
-        if text.count("\n") != lines or text.count("\r") != lines or "\0" in text:
-            raise ValueError("a header name or value holds CR, LF or NUL")
-        return text.encode("utf-8", "surrogateescape"), chunked
+            framing = b"Transfer-Encoding: chunked\r\n"
+        return b"".join((start, *fields.wire, framing, b"\r\n")), chunked
 
     async def _take(self) -> tuple[_Connection, bool]:
         """An idle connection (True) or a new one (False)."""

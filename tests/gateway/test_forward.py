@@ -101,6 +101,27 @@ async def test_identity_headers_are_set_from_the_verified_token(gateway, issuer,
     assert upstream.requests == [seen]
 
 
+async def test_a_cached_tokens_identity_headers_are_its_own_on_every_request(
+    gateway, issuer, upstream, client
+):
+    """A principal's identity headers are remembered after its first request: the same
+    token gets the same ones again, requests with another token in between get theirs, and
+    the client's copies are dropped every time."""
+    alice = issuer.token(sub="alice", client_id="cli-a")
+    bob = issuer.token(sub="bob", client_id="cli-b", scope="orders:read orders:admin")
+    for token in (alice, bob, alice, bob, alice):
+        headers = CIMultiDict([("X-Auth-Subject", "forged"), ("Authorization", f"Bearer {token}")])
+        async with client.get(gateway.url + "/orders/1", headers=headers) as resp:
+            assert resp.status == 200
+    identities = [
+        [header_values(seen, name)[0] for name in IDENTITY[:3]] for seen in upstream.requests
+    ]
+    alice_headers = ["alice", "cli-a", "orders:read"]
+    bob_headers = ["bob", "cli-b", "orders:admin orders:read"]
+    assert identities == [alice_headers, bob_headers, alice_headers, bob_headers, alice_headers]
+    assert all(normalised_names(seen).count("x-auth-subject") == 1 for seen in upstream.requests)
+
+
 SPOOFED_SPELLINGS = [
     "X-Auth-Subject",
     "x-auth-subject",
@@ -517,6 +538,206 @@ async def test_a_bracketed_ipv6_host_is_kept_in_forwarded(gateway):
         {"for": "127.0.0.1", "proto": "http", "host": "[2001:db8::5]:8443"}
     ]
     assert header_values(seen, "X-Forwarded-Host") == ["[2001:db8::5]:8443"]
+
+
+# ---------------------------------------------------------------------------- the head on the wire
+
+
+@dataclass
+class HeadUpstream:
+    """An upstream that keeps each request head as the bytes it read, reads the body its
+    Content-Length announces, and answers 204 with `Connection: close`."""
+
+    url: str = ""
+    heads: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            self.heads.append(head)
+            length = re.search(rb"\r\ncontent-length: *([0-9]+)\r\n", head, re.IGNORECASE)
+            self.bodies.append(await reader.readexactly(int(length[1])) if length else b"")
+            writer.write(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def head_upstream() -> AsyncIterator[HeadUpstream]:
+    upstream = HeadUpstream()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    upstream.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield upstream
+    finally:
+        server.close()
+
+
+def head_lines(head: bytes) -> list[bytes]:
+    """A head's lines, the random parent id of a continued traceparent replaced by `P`s."""
+    head = re.sub(
+        rb"(\r\ntraceparent: 00-[0-9a-f]{32}-)[0-9a-f]{16}(-01\r\n)",
+        rb"\1" + b"P" * 16 + rb"\2",
+        head,
+    )
+    return head.split(b"\r\n")
+
+
+async def test_the_upstream_gets_the_request_head_byte_for_byte(issuer):
+    """Every field in the order the client sent it, bytes that are not ASCII unchanged, then
+    the gateway's own fields in a fixed order, then the identity headers."""
+    token = issuer.token(email="alice@example.com")
+    async with head_upstream() as upstream:
+        extra = "identity_headers: {claims: {X-Auth-Email: email, X-Auth-Name: name}}"
+        async with running_gateway(gateway_yaml(issuer.url, upstream.url, extra=extra)) as gw:
+            request = (
+                b"GET /orders/1?q=%C3%A9&r HTTP/1.1\r\n"
+                b"Host: api.example:8443\r\n"
+                b"User-Agent: probe/1.0\r\n"
+                b"X-Latin: caf\xe9\r\n"
+                b"X-Utf8: caf\xc3\xa9\r\n"
+                b'x-lower: a:b, "c"\t d\r\n'
+                b"X-Empty:\r\n"
+                b"Authorization: Bearer " + token.encode() + b"\r\n"
+                b"X-Auth-Subject: forged\r\n"
+                b"x_auth_email: forged\r\n"
+                b"X-Forwarded-For: 203.0.113.7\r\n"
+                b"X-Forwarded-For: 198.51.100.2 \xe9\r\n"
+                b"Forwarded: for=192.0.2.60\r\n"
+                b"Via: 1.0 fred\r\n"
+                b"X-Request-Id: req-42\r\n"
+                b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+                b"tracestate: vendor=1\r\n"
+                b"Connection: keep-alive, X-Hop\r\n"
+                b"X-Hop: dropped\r\n"
+                b"Keep-Alive: timeout=5\r\n"
+                b"Accept: */*\r\n"
+                b"\r\n"
+            )
+            answer = await raw_exchange(gw.url, request)
+    assert answer.status == 204
+    port = upstream.url.rsplit(":", 1)[1]
+    assert head_lines(upstream.heads[0]) == [
+        b"GET /orders/1?q=%C3%A9&r HTTP/1.1",
+        b"Host: 127.0.0.1:" + port.encode(),
+        b"User-Agent: probe/1.0",
+        b"X-Latin: caf\xe9",
+        b"X-Utf8: caf\xc3\xa9",
+        b'x-lower: a:b, "c"\t d',
+        b"X-Empty: ",
+        b"Authorization: Bearer " + token.encode(),
+        b"tracestate: vendor=1",
+        b"Accept: */*",
+        b"X-Forwarded-For: 203.0.113.7, 198.51.100.2 \xe9, 127.0.0.1",
+        b"X-Forwarded-Proto: http",
+        b"X-Forwarded-Host: api.example:8443",
+        b'Forwarded: for=192.0.2.60, for=127.0.0.1;proto=http;host="api.example:8443"',
+        b"Via: 1.0 fred, 1.1 portcullis",
+        b"X-Request-Id: req-42",
+        b"traceparent: 00-0af7651916cd43dd8448eb211c80319c-PPPPPPPPPPPPPPPP-01",
+        b"X-Auth-Subject: user-123",
+        b"X-Auth-Client-Id: webapp",
+        b"X-Auth-Scopes: orders:read",
+        b"X-Auth-Issuer: " + issuer.url.encode(),
+        b"X-Auth-Email: alice@example.com",
+        b"",
+        b"",
+    ]
+
+
+async def test_a_new_trace_a_kept_host_and_a_body_on_get_shape_the_upstream_head(issuer):
+    """A new trace drops the client's tracestate; `preserve_host` sends the client's Host;
+    a client's Content-Length is kept as the framing; a body on GET adds `Connection:
+    close` last (RFC 9112 §9.6)."""
+    async with head_upstream() as upstream:
+        config = gateway_yaml(issuer.url, upstream.url, extra_routes=BODY_ON_GET_ROUTE).replace(
+            "read_timeout: 2s", "read_timeout: 2s, preserve_host: true"
+        )
+        async with running_gateway(config) as gw:
+            fields = [
+                ("Content-Length", "5"),
+                ("traceparent", "00-00000000000000000000000000000000-b7ad6b7169203331-01"),
+                ("TraceState", "vendor=1"),
+                ("X-Request-Id", "bad id"),
+            ]
+            for target in ("/search/x", "/public/x"):
+                request = raw_request(
+                    "GET" if target == "/search/x" else "POST",
+                    target,
+                    fields,
+                    b"hello",
+                    host="api.example",
+                )
+                assert (await raw_exchange(gw.url, request)).status == 204
+    assert upstream.bodies == [b"hello", b"hello"]
+    for head, method in zip(upstream.heads, ("GET /search/x", "POST /public/x"), strict=True):
+        lines = head.decode("latin-1").split("\r\n")
+        sent = dict(line.split(": ", 1) for line in lines[1:-2])
+        request_id, traceparent = sent["X-Request-Id"], sent["traceparent"]
+        assert re.fullmatch(r"[0-9a-f]{32}", request_id)
+        assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", traceparent)
+        assert traceparent[3:35] != "0" * 32
+        expected = [
+            f"{method} HTTP/1.1",
+            "Host: api.example",
+            "Content-Length: 5",
+            "X-Forwarded-For: 127.0.0.1",
+            "X-Forwarded-Proto: http",
+            "X-Forwarded-Host: api.example",
+            'Forwarded: for=127.0.0.1;proto=http;host="api.example"',
+            "Via: 1.1 portcullis",
+            f"X-Request-Id: {request_id}",
+            f"traceparent: {traceparent}",
+        ]
+        if method.startswith("GET"):
+            expected.append("Connection: close")
+        assert lines == [*expected, "", ""]
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        b"X-A: a\rX-Injected: 1",
+        b"X-A: a\nX-Injected: 1",
+        b"X-A: a\x00X-Injected: 1",
+        b"X-A: a\r\n X-Injected: 1",
+        b"X\rInjected: 1",
+        b"X\x00Injected: 1",
+        b"X-Forwarded-For: 1.2.3.4\rX-Injected: 1",
+        b"Forwarded: for=1.2.3.4\nX-Injected: 1",
+        b"Via: 1.0 fred\x00X-Injected: 1",
+        b"Host: a\rX-Injected: 1",
+    ],
+    ids=[
+        "cr-in-value",
+        "lf-in-value",
+        "nul-in-value",
+        "folded-line",
+        "cr-in-name",
+        "nul-in-name",
+        "cr-in-x-forwarded-for",
+        "lf-in-forwarded",
+        "nul-in-via",
+        "cr-in-host",
+    ],
+)
+async def test_a_client_field_holding_cr_lf_or_nul_is_refused_and_never_forwarded(issuer, field):
+    """The listener's parser refuses these (400): no client name or value that reaches the
+    forwarder holds CR, LF or NUL, so none can add a field to the upstream request."""
+    request = b"GET /public/x HTTP/1.1\r\n" + field + b"\r\nX-B: b\r\n\r\n"
+    if not field.startswith(b"Host"):
+        request = request.replace(b"\r\n", b"\r\nHost: gateway.test\r\n", 1)
+    async with (
+        head_upstream() as upstream,
+        running_gateway(gateway_yaml(issuer.url, upstream.url)) as gw,
+    ):
+        answer = await raw_exchange(gw.url, request)
+    assert answer.status == 400
+    assert upstream.heads == []
 
 
 # ---------------------------------------------------------------------------- request id

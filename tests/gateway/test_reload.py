@@ -89,6 +89,33 @@ async def test_a_changed_file_applies_to_new_requests_while_in_flight_ones_finis
     assert len(server.calls) == 1  # the introspection cache outlived the reload
 
 
+async def test_a_cached_jwt_gets_the_identity_header_names_of_the_config_in_force(
+    issuer, upstream, client, tmp_path
+):
+    """The forwarder remembers each principal's identity headers; a reload brings a new
+    forwarder, so the same token's next request carries the new names, and only those."""
+    path = tmp_path / "gateway.yaml"
+    text = gateway_yaml(issuer.url, upstream.url, extra=WATCH)
+    token = issuer.token("ES256", email="alice@example.com")
+    async with running_gateway(text, config_file=path) as gateway:
+        before = await call(client, gateway.url + "/orders/1", token)
+        path.write_text(text + "identity_headers: {subject: X-User, claims: {X-Mail: email}}\n")
+
+        async def reloaded() -> bool:
+            return gateway.gateway.settings.identity_headers.subject == "X-User"
+
+        await eventually(reloaded, what="the reload")
+        after = await call(client, gateway.url + "/orders/2", token)
+    assert (before.status, after.status) == (200, 200)
+    first, second = upstream.requests
+    assert header_values(first, "X-Auth-Subject") == ["user-123"]
+    assert header_values(first, "X-Mail") == []
+    assert header_values(second, "X-User") == ["user-123"]
+    assert header_values(second, "X-Mail") == ["alice@example.com"]
+    assert header_values(second, "X-Auth-Subject") == []
+    assert header_values(second, "X-Auth-Scopes") == ["orders:read"]
+
+
 async def test_an_invalid_file_is_refused_with_its_problems_and_the_old_config_keeps_serving(
     issuer, upstream, client, tmp_path, caplog
 ):

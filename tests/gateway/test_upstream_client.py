@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 import pytest
 from multidict import CIMultiDict
 
-from gateway.upstream_client import Origin, UpstreamBroken, UpstreamClient, UpstreamRefused
+from gateway.upstream_client import (
+    Origin,
+    RequestFields,
+    UpstreamBroken,
+    UpstreamClient,
+    UpstreamRefused,
+)
 from tests.support import gateway_yaml, raw_exchange, raw_request, running_gateway
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -259,6 +265,50 @@ async def test_a_header_value_holding_cr_or_lf_is_never_written():
         with pytest.raises(ValueError):
             await fetch(client, headers=[("X-A", "a\r\nX-Injected: b")])
         assert up.requests == []
+
+
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        ("/a\r\nX-Injected: b", []),
+        ("/a\x00", []),
+        ("/", [("Host", "a\nX-Injected: b")]),
+        ("/", [("X-A\r\nX-Injected", "b")]),
+        ("/", [("X-A", "a\x00")]),
+    ],
+    ids=["crlf-in-target", "nul-in-target", "lf-in-host", "crlf-in-name", "nul-in-value"],
+)
+async def test_a_request_line_host_or_field_holding_cr_lf_or_nul_is_never_written(target, headers):
+    async with upstream(lambda r: OK) as up, client_for(up.port) as client:
+        with pytest.raises(ValueError):
+            await fetch(client, "GET", target, None, headers)
+        assert up.requests == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("X-A", "a\r\nX-B: b"), ("X-A", "a\rb"), ("X-A", "a\x00"), ("X\nA", "a")]
+)
+def test_a_field_added_holding_cr_lf_or_nul_is_refused(name, value):
+    fields = RequestFields([b"X-Z: z\r\n"])
+    with pytest.raises(ValueError):
+        fields.add(name, value)
+    assert fields.wire == [b"X-Z: z\r\n"]
+
+
+def test_fields_read_back_as_a_multidict_are_the_same_fields_in_order_host_first():
+    headers = CIMultiDict(
+        [("X-A", "caf\udce9"), ("Host", "api.example"), ("x-a", "2"), ("X-Empty", "")]
+    )
+    fields = RequestFields.from_headers(headers)
+    fields.add("Connection", "close")
+    assert fields.wire[0] == b"X-A: caf\xe9\r\nx-a: 2\r\nX-Empty: \r\n"
+    assert list(fields.as_headers().items()) == [
+        ("Host", "api.example"),
+        ("X-A", "caf\udce9"),
+        ("x-a", "2"),
+        ("X-Empty", ""),
+        ("Connection", "close"),
+    ]
 
 
 # ---------------------------------------------------------------------- answers and their bodies
