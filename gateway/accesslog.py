@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import sys
 import time
+from collections import OrderedDict
 from typing import IO, Any
 
 import orjson
@@ -38,7 +39,8 @@ class AccessLog:
         self._include_query = settings.include_query
         self._subject = settings.subject
         self._key = settings.subject_hash_key.encode()
-        self._hashed: dict[str, str] = {}  # subject -> its digest, for the latest subjects
+        # subject -> its digest, for the latest subjects (ordered: the oldest found at once)
+        self._hashed: OrderedDict[str, str] = OrderedDict()
         # One growing buffer: holding each line as its own bytes object until the flush
         # costs several times more than serialising it (the allocator suffers).
         self._buffer = bytearray()
@@ -93,7 +95,7 @@ class AccessLog:
         """The subject's keyed digest, remembered for the most recent subjects."""
         digest = hmac.new(self._key, subject.encode(), hashlib.sha256).hexdigest()[:32]
         if len(self._hashed) >= _SUBJECTS_REMEMBERED:
-            del self._hashed[next(iter(self._hashed))]  # the oldest
+            self._hashed.popitem(last=False)  # the oldest
         self._hashed[subject] = digest
         return digest
 

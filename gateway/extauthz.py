@@ -32,6 +32,7 @@ read, since an allow answer says which identity a token carries.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -192,7 +193,9 @@ class Decider:
         # The same test as trusted_proxies': an address inside one of the networks.
         self._callers = ClientAddresses(settings.trusted_callers)
         self._identity = identity
-        self._answers: dict[int, tuple[Principal, tuple[tuple[str, str], ...]]] = {}
+        self._answers: OrderedDict[int, tuple[Principal, tuple[tuple[str, str], ...]]] = (
+            OrderedDict()  # the oldest found at once, however many went before it
+        )
         # Every identity header, empty: the answer when there is no principal.
         self._anonymous = tuple((name, "") for name in identity.names())
 
@@ -240,7 +243,7 @@ class Decider:
             return known[1]
         headers = identity_answer(self._identity, principal)
         if len(self._answers) >= _REMEMBERED:
-            del self._answers[next(iter(self._answers))]  # the oldest
+            self._answers.popitem(last=False)  # the oldest
         self._answers[id(principal)] = (principal, headers)
         return headers
 

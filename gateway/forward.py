@@ -48,6 +48,7 @@ import json
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -403,7 +404,9 @@ class Forwarder:
         self._hosts: dict[str, bool] = {}
         # id(principal) -> (principal, its identity headers as wire text). The entry holds
         # the principal, so its id cannot be reused by another object while it is here.
-        self._identities: dict[int, tuple[Principal, bytes]] = {}
+        # An OrderedDict: a plain dict's oldest key, once many were deleted from its front,
+        # takes a scan over their empty slots to find (7.5 µs at this size, against 0.2).
+        self._identities: OrderedDict[int, tuple[Principal, bytes]] = OrderedDict()
 
     # ------------------------------------------------------------------ headers
 
@@ -532,7 +535,7 @@ class Forwarder:
     def _remember_identity(self, principal: Principal) -> tuple[Principal, bytes]:
         identities = self._identities
         if len(identities) >= _IDENTITIES_REMEMBERED:
-            del identities[next(iter(identities))]  # the oldest
+            identities.popitem(last=False)  # the oldest
         known = identities[id(principal)] = (principal, self.identity_fields(principal))
         return known
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
+from gateway import forward
 from gateway.forward import header_value, string_header_value
 from tests.support import (
     RawConnection,
@@ -120,6 +121,28 @@ async def test_a_cached_tokens_identity_headers_are_its_own_on_every_request(
     bob_headers = ["bob", "cli-b", "orders:admin orders:read"]
     assert identities == [alice_headers, bob_headers, alice_headers, bob_headers, alice_headers]
     assert all(normalised_names(seen).count("x-auth-subject") == 1 for seen in upstream.requests)
+
+
+async def test_identity_headers_stay_right_as_remembered_principals_make_room(
+    gateway, issuer, upstream, client, monkeypatch
+):
+    """Past its bound the forwarder forgets the principal it remembered first; a forgotten
+    principal's headers are computed again, and the memory never holds more than the bound."""
+    monkeypatch.setattr(forward, "_IDENTITIES_REMEMBERED", 2)
+    subjects = ["u0", "u1", "u2", "u0", "u3", "u1", "u0"]
+    tokens = {sub: issuer.token(sub=sub, client_id=f"cli-{sub}") for sub in set(subjects)}
+    for sub in subjects:
+        async with client.get(gateway.url + "/orders/1", headers=bearer(tokens[sub])) as resp:
+            assert resp.status == 200
+    seen = [
+        (header_values(r, "X-Auth-Subject"), header_values(r, "X-Auth-Client-Id"))
+        for r in upstream.requests
+    ]
+    assert seen == [([sub], [f"cli-{sub}"]) for sub in subjects]
+    remembered = gateway.gateway.pipeline.forwarder._identities
+    assert len(remembered) == 2
+    # The two principals used last, the older first.
+    assert [p.subject for p, _ in remembered.values()] == ["u1", "u0"]
 
 
 SPOOFED_SPELLINGS = [
