@@ -25,6 +25,8 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/configs.sh
+. "$ROOT/bench/configs.sh"
 BASE=${BENCH_BASE:?BENCH_BASE must name the checkout to compare with}
 BASE=$(cd "$BASE" && pwd)
 ROUNDS=${BENCH_ROUNDS:-5}
@@ -62,30 +64,8 @@ for s in socks:
 '
 )
 
-mkdir -p "$TMP/nginx"
-cat >"$TMP/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/body;
-    proxy_temp_path $TMP/nginx/proxy;
-    fastcgi_temp_path $TMP/nginx/fastcgi;
-    uwsgi_temp_path $TMP/nginx/uwsgi;
-    scgi_temp_path $TMP/nginx/scgi;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-    server {
-        listen 127.0.0.1:$P_NGINX;
-        default_type text/plain;
-        location / { return 200 "ok"; }
-    }
-}
-EOF
-taskset -c 1 "$NGINX_BIN" -c "$TMP/nginx.conf" -e "$TMP/nginx-error.log" &
+nginx_upstream_config "$TMP/nginx.conf"
+taskset -c 1 "$NGINX_BIN" -c "$TMP/nginx.conf" -e "$TMP/nginx-error.log" -g 'daemon off;' &
 PIDS+=($!)
 cd "$ROOT"
 taskset -c 1 "$PY" bench/issuer.py --port "$P_ISSUER" --kid bench-es256 \

@@ -3,6 +3,8 @@
 # runs `portcullis-gateway check` or `portcullis-authserver check` on it, so a config the
 # server no longer accepts stops the bench before any load.
 #
+# nginx_upstream_config reads TMP and P_NGINX.
+#
 # The gateway's read: P_GW and P_GW_ADMIN (ports), NGINX (the upstream's URL), ISSUER (the
 # bench issuer's URL) and GATEWAY_CMD (how to run the gateway's CLI; default
 # .venv/bin/portcullis-gateway).
@@ -12,6 +14,36 @@
 # BENCH_PASSWORD, BENCH_REDIRECT, and AUTHSERVER_CMD (how to run the authserver's CLI;
 # default .venv/bin/portcullis-authserver). The configs name the signing keys' encryption
 # secret as ${PORTCULLIS_KEY_SECRET}: new_key_secret makes one for the run and exports it.
+
+# nginx_upstream_config FILE: the upstream nginx of the gateway scenarios (one worker, run in
+# the foreground with `-g 'daemon off;'`, everything under TMP, listening on P_NGINX):
+# `return 200 "ok"` for every path, and at any path ending in /whoami the identity headers
+# it received, which lets the checks see what a proxy forwarded.
+nginx_upstream_config() {
+    mkdir -p "$TMP/nginx"
+    cat >"$1" <<EOF
+worker_processes 1;
+pid $TMP/nginx.pid;
+error_log $TMP/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    keepalive_requests 10000000;
+    keepalive_timeout 60s;
+    server {
+        listen 127.0.0.1:$P_NGINX;
+        default_type text/plain;
+        location / { return 200 "ok"; }
+        location ~ /whoami\$ { return 200 "\$http_x_auth_subject \$http_x_auth_scopes"; }
+    }
+}
+EOF
+}
 
 # gateway_config FILE CACHE-SIZE [WORKERS]: the gateway of the gateway scenarios: the bench
 # issuer, nginx as the upstream, a public route and a route needing bench:read, a

@@ -22,6 +22,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+# shellcheck source=bench/configs.sh
+. bench/configs.sh
 PY=$ROOT/.venv/bin/python
 DURATION=${BENCH_DURATION:-10}
 WARMUP=${BENCH_WARMUP:-2}
@@ -199,29 +201,7 @@ measure() {
 
 # ---------------------------------------------------------------------------- upstream, issuer
 
-mkdir -p "$TMP/nginx"
-cat >"$TMP/nginx.conf" <<EOF
-worker_processes 1;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/body;
-    proxy_temp_path $TMP/nginx/proxy;
-    fastcgi_temp_path $TMP/nginx/fastcgi;
-    uwsgi_temp_path $TMP/nginx/uwsgi;
-    scgi_temp_path $TMP/nginx/scgi;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-    server {
-        listen 127.0.0.1:$P_NGINX;
-        default_type text/plain;
-        location / { return 200 "ok"; }
-        location ~ /whoami$ { return 200 "\$http_x_auth_subject \$http_x_auth_scopes"; }
-    }
-}
-EOF
+nginx_upstream_config "$TMP/nginx.conf"
 # The upstream and the helpers run next to wrk: core 0 belongs to the gateway.
 start nginx "$CLIENT_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" \
     -g 'daemon off;'

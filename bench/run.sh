@@ -382,30 +382,7 @@ DATABASE_PID=
 # ---------------------------------------------------------------------------- gateway: 1. nginx
 
 if [ "$GATEWAY_BENCH" = 1 ]; then
-    mkdir -p "$TMP/nginx"
-    cat >"$TMP/nginx.conf" <<EOF
-worker_processes 1;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx-error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $TMP/nginx/body;
-    proxy_temp_path $TMP/nginx/proxy;
-    fastcgi_temp_path $TMP/nginx/fastcgi;
-    uwsgi_temp_path $TMP/nginx/uwsgi;
-    scgi_temp_path $TMP/nginx/scgi;
-    keepalive_requests 10000000;
-    keepalive_timeout 60s;
-    server {
-        listen 127.0.0.1:$P_NGINX;
-        default_type text/plain;
-        location / { return 200 "ok"; }
-        # What the upstream received from a proxy: lets the checks see identity headers.
-        location = /api/whoami { return 200 "\$http_x_auth_subject \$http_x_auth_scopes"; }
-    }
-}
-EOF
+    nginx_upstream_config "$TMP/nginx.conf"
     start nginx "$SERVER_CPU" nginx -p "$TMP/nginx" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" \
         -g 'daemon off;'
     NGINX_PID=$LAST_PID

@@ -1,4 +1,4 @@
-"""The authserver configs the bench writes (bench/configs.sh) are ones the server accepts.
+"""The configs the bench writes (bench/configs.sh) are ones the servers accept.
 
 The bench runs rarely; a setting that changes under it would otherwise break it unseen. Each
 config is written by the bench's own shell function, with the variables the bench sets, and
@@ -9,13 +9,17 @@ or database.
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from authserver.settings import encryption_key_bytes
+from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789-abcdefghijklmnopqr"
@@ -125,3 +129,58 @@ def test_a_gateway_config_check_refuses_stops_the_bench(tmp_path: Path) -> None:
     done = write_gateway_config(tmp_path, "100000 1000")
     assert done.returncode != 0
     assert "workers" in done.stderr
+
+
+def test_the_upstream_nginx_answers_ok_and_shows_the_identity_it_received(
+    tmp_path: Path,
+) -> None:
+    """The one upstream of bench/run.sh, compare.sh and features.sh, started as they start
+    it: `ok` for any path, and the identity headers at a path ending in /whoami."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"  # where Debian puts it, off PATH
+    if not Path(nginx).exists():
+        pytest.skip("nginx is not installed (make test installs it when run as root)")
+    port = reserve_port()
+    config = tmp_path / "nginx.conf"
+    script = f"""
+set -euo pipefail
+. bench/configs.sh
+TMP={shlex.quote(str(tmp_path))} P_NGINX={port}
+nginx_upstream_config {shlex.quote(str(config))}
+"""
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    server = subprocess.Popen(
+        [
+            nginx,
+            "-p",
+            str(tmp_path / "nginx"),
+            "-c",
+            str(config),
+            "-e",
+            str(tmp_path / "e.log"),
+            "-g",
+            "daemon off;",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/items", timeout=2) as answer:
+                    assert answer.read() == b"ok"
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline, "nginx did not answer"
+                time.sleep(0.05)
+        request = urllib.request.Request(
+            base + "/api/whoami", headers={"X-Auth-Subject": "alice", "X-Auth-Scopes": "a b"}
+        )
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            assert answer.read() == b"alice a b"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
