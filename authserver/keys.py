@@ -443,11 +443,11 @@ class SigningRing:
         info = _signing_key(snap, alg, now)
         header = snap.headers.get((info.kid, typ))
         if header is None:
-            header = _b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
+            header = b64url(orjson.dumps({"alg": alg, "kid": info.kid, "typ": typ}))
             snap.headers[(info.kid, typ)] = header
-        signing_input = header + b"." + _b64url(orjson.dumps(dict(claims)))
+        signing_input = header + b"." + b64url(orjson.dumps(dict(claims)))
         signature = _jws_signature(alg, snap.private[info.kid], signing_input, repeatable)
-        return (signing_input + b"." + _b64url(signature)).decode("ascii")
+        return (signing_input + b"." + b64url(signature)).decode("ascii")
 
     def _refuse_if_stale(self, now: float) -> None:
         """Nothing by default: a ring whose copy can fall behind refuses here."""
@@ -705,7 +705,7 @@ _ECDSA_RANDOM = ec.ECDSA(_SHA256)
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
-def _b64url(data: bytes) -> bytes:
+def b64url(data: bytes) -> bytes:
     """base64url without padding (RFC 7515 §2), without base64.urlsafe_b64encode's copies."""
     return binascii.b2a_base64(data, newline=False).translate(_URLSAFE).rstrip(b"=")
 

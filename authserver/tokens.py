@@ -10,7 +10,6 @@ answered with the same tokens, signed again.
 
 from __future__ import annotations
 
-import binascii
 import hashlib
 import secrets
 from collections.abc import Iterable, Mapping
@@ -23,7 +22,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from portcullis.unique import UniqueBytes
 
-from .keys import SigningRing
+from .keys import SigningRing, b64url
 from .protocol import scopes as scope_rules
 from .protocol.claims import at_hash, released
 from .settings import Settings
@@ -43,15 +42,7 @@ _UNIQUE = UniqueBytes()
 
 def new_jti() -> str:
     """128 random bits, base64url without padding (22 characters)."""
-    return _b64url(_UNIQUE.take(16))
-
-
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _b64url(data: bytes) -> str:
-    """base64url without padding (RFC 7515 §2), without base64.urlsafe_b64encode's copies."""
-    return binascii.b2a_base64(data, newline=False).translate(_URLSAFE).rstrip(b"=").decode()
+    return b64url(_UNIQUE.take(16)).decode()
 
 
 @dataclass(frozen=True)
