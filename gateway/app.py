@@ -57,7 +57,7 @@ from .metrics import (
     SharedMetrics,
     StateCounts,
 )
-from .pipeline import Pipeline
+from .pipeline import LastToken, Pipeline
 from .ratelimit import Buckets, Limiter, buckets_for
 from .replay import replay_cache_for, replay_identity
 from .revocations import Revocations
@@ -317,8 +317,10 @@ class Gateway:
             )
         pipeline.inflight += 1
         status = 500
+        connection = request.protocol
+        last = connection.last_token if isinstance(connection, _Connection) else None
         try:
-            response = await pipeline.handle(request, exchange)
+            response = await pipeline.handle(request, exchange, last)
             status = response.status
             if not response.prepared:
                 response.headers[forwarder.request_id_header] = exchange.request_id
@@ -768,6 +770,7 @@ class _Connection(web.RequestHandler):
         self._server = server
         self._metrics = metrics
         self._admitted = False
+        self.last_token = LastToken()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._server.admit():

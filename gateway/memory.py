@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .dpop import REPLAY_ENTRY_BYTES
 from .jwks import KEY_SET_BYTES
+from .pipeline import REMEMBERED_AUTHORIZATION_CHARS
 from .ratelimit import BUCKET_BYTES
 from .revocations import DENY_ENTRY_BYTES
 from .settings import Settings
@@ -30,9 +31,10 @@ KiB = 1024
 MiB = 1024 * KiB
 
 # Measured by bench/memory.py: `process` (a ready gateway with one issuer's key set, and what
-# each idle keep-alive client connection adds to it) and `supervisor` (workers: 2).
+# each idle keep-alive client connection adds to it) and `supervisor` (workers: 2). A
+# connection also holds the Authorization value it sent last, up to a bound (LastToken).
 IDLE_PROCESS_BYTES = 56 * MiB
-CONNECTION_BYTES = 9 * KiB
+CONNECTION_BYTES = 9 * KiB + REMEMBERED_AUTHORIZATION_CHARS
 SUPERVISOR_BYTES = 42 * MiB
 
 

@@ -37,7 +37,7 @@ import asyncio
 import secrets
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -56,6 +56,7 @@ from .records import Issuer, Route
 from .revocations import REVOKED, DenySet
 from .settings import Settings, WebSocketSettings
 from .verifiers.base import InvalidToken, Verifier, VerifierUnavailable
+from .verifiers.cache import token_key
 
 _VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
 # The key of DPoP nonces when dpop.nonce_key is not set: this process's own, the same for
@@ -63,6 +64,25 @@ _VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
 _PROCESS_NONCE_KEY = secrets.token_bytes(32)
 # RFC 9110 §9.3.1, §9.3.2: content on GET or HEAD has no defined semantics.
 _NO_BODY_METHODS = frozenset({"GET", "HEAD"})
+# The longest Authorization value a connection remembers (LastToken); a longer one is hashed
+# on every request. Part of what memory.CONNECTION_BYTES allows each connection.
+REMEMBERED_AUTHORIZATION_CHARS = 4096
+
+
+class LastToken:
+    """What one client connection sent last in Authorization, with its token's cache key: a
+    client on a keep-alive connection sends the same token request after request, and this
+    spares the per-request SHA-256 of it. Only the key is saved: the verified-token cache is
+    asked on every request as before (expiry, LRU order, hits, reloads and revocations all
+    behave as without it). Held by the connection, gone with it; values longer than
+    REMEMBERED_AUTHORIZATION_CHARS are not kept."""
+
+    __slots__ = ("key", "scheme", "value")
+
+    def __init__(self) -> None:
+        self.value: str | None = None
+        self.scheme: Literal["Bearer", "DPoP"] = bearer.BEARER
+        self.key = b""
 
 
 class Forward(Protocol):
@@ -256,10 +276,13 @@ class Pipeline(Generic[F]):
             origin=route.public_url,
         )
 
-    async def handle(self, request: web.BaseRequest, exchange: Exchange) -> web.StreamResponse:
+    async def handle(
+        self, request: web.BaseRequest, exchange: Exchange, last: LastToken | None = None
+    ) -> web.StreamResponse:
         """The steps of the module's docstring; the answer the first refusal gives (in
-        enforce mode), else the forwarded one."""
-        admitted = await self.admit(request, exchange)
+        enforce mode), else the forwarded one (`last`: the token the request's connection
+        sent before, see LastToken)."""
+        admitted = await self.admit(request, exchange, last)
         if not isinstance(admitted, Admitted):
             return admitted
         plan, principal, extra = admitted
@@ -276,7 +299,9 @@ class Pipeline(Generic[F]):
             request, principal, exchange, plan.max_body, extra, plan.cors is not None
         )
 
-    async def admit(self, request: Incoming, exchange: Exchange) -> Admitted | web.Response:
+    async def admit(
+        self, request: Incoming, exchange: Exchange, last: LastToken | None = None
+    ) -> Admitted | web.Response:
         """Steps 1 to 8: what the request is admitted with, or the answer that ends it (a
         refusal in enforce mode, a CORS preflight's answer). The proxy forwards what is
         admitted; the decision listener (extauthz) answers the front proxy instead."""
@@ -300,7 +325,7 @@ class Pipeline(Generic[F]):
         rule = plan.rule
         if rule is not None and not rule.public:
             # 3-4. extract, verify
-            presented = self.cached(headers) or await self.verify(request, rule, plan.offer)
+            presented = self.cached(headers, last) or await self.verify(request, rule, plan.offer)
             if isinstance(presented, Refusal):
                 verified: Principal | Refusal = presented
             else:
@@ -421,22 +446,35 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 3-4. extract, verify
 
-    def cached(self, headers: CIMultiDictProxy[str]) -> tuple[Principal, Credentials] | None:
+    def cached(
+        self, headers: CIMultiDictProxy[str], last: LastToken | None = None
+    ) -> tuple[Principal, Credentials] | None:
         """Steps 3 and 4 in the common case: one `Bearer <token>` or `DPoP <token>` header
         whose token was verified before. A hit means this exact string passed every check
-        of `verify`."""
+        of `verify`. `last` remembers the cache key of the value its connection sent last."""
         authorization = headers.getall("Authorization", ())
         if len(authorization) != 1:
             return None
         value = authorization[0]
+        if last is not None and value == last.value:
+            scheme = last.scheme
+            principal = self.verifier.cached(last.key)
+            if principal is None:
+                return None
+            return principal, Credentials(scheme, value[len(scheme) + 1 :])
         if value.startswith("Bearer "):
             credentials = Credentials(bearer.BEARER, value[7:])
         elif value.startswith("DPoP "):
             credentials = Credentials(bearer.DPOP, value[5:])
         else:
             return None
-        principal = self.verifier.cached(credentials.token)
-        return None if principal is None else (principal, credentials)
+        key = token_key(credentials.token)
+        principal = self.verifier.cached(key)
+        if principal is None:
+            return None
+        if last is not None and len(value) <= REMEMBERED_AUTHORIZATION_CHARS:
+            last.value, last.scheme, last.key = value, credentials.scheme, key
+        return principal, credentials
 
     async def verify(
         self,

@@ -27,8 +27,9 @@ class Verifier(Protocol):
     """What the request path asks about a token: first `cached`, without waiting; on a miss,
     `verify`."""
 
-    def cached(self, token: str) -> Principal | None:
-        """The principal of a token verified (or found active) before and still valid."""
+    def cached(self, key: bytes) -> Principal | None:
+        """The principal of a token verified (or found active) before and still valid, by
+        the token's cache key (`cache.token_key`)."""
         ...
 
     async def verify(self, token: str) -> Principal:

@@ -68,9 +68,9 @@ class DispatchingVerifier:
         self._unclaimed = unclaimed
         self._unclaimed_jwts = unclaimed_jwts  # unknown-iss JWTs go to `unclaimed` too
 
-    def cached(self, token: str) -> Principal | None:
-        """The principal of a token verified (or found active) before and still valid."""
-        key = token_key(token)
+    def cached(self, key: bytes) -> Principal | None:
+        """The principal of a token verified (or found active) before and still valid (`key`:
+        the token's `token_key`)."""
         principal = self._jwt_cache.get(key, count_miss=False)
         if principal is None:
             for introspector in self._caches:

@@ -88,9 +88,10 @@ class JwtVerifier:
         """Whether `iss` is an issuer whose JWTs this verifier checks itself."""
         return iss in self._issuers
 
-    def cached(self, token: str) -> Principal | None:
-        """The principal of a token verified before and not expired since, else None."""
-        return self._cache.get(token_key(token), count_miss=False)
+    def cached(self, key: bytes) -> Principal | None:
+        """The principal of a token verified before and not expired since, else None (`key`:
+        the token's `token_key`)."""
+        return self._cache.get(key, count_miss=False)
 
     async def verify(self, token: str) -> Principal:
         key = token_key(token)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 
 import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
 
+from gateway.pipeline import REMEMBERED_AUTHORIZATION_CHARS, LastToken
 from gateway.verifiers.cache import TokenCache
 from tests.support import (
     Answer,
@@ -160,3 +162,107 @@ async def test_a_cached_token_still_goes_through_every_header_rule(
     ) as response:
         assert response.status == 400
     assert len(upstream.requests) == forwarded + 3
+
+
+# ---------------------------------------------------------------------------- one connection
+# A connection remembers the cache key of the Authorization value it sent last (LastToken):
+# the cache itself is still asked on every request.
+
+
+def one_connection() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+
+
+async def test_tokens_alternating_on_one_connection_each_carry_their_own_identity(
+    gateway, issuer, upstream
+):
+    cache = cache_of(gateway)
+    first = issuer.token("ES256", sub="first-user")
+    second = issuer.token("ES256", sub="second-user")
+    async with one_connection() as client:
+        for round_ in range(3):
+            for token, subject in ((first, "first"), (second, "second"), (first, "first")):
+                answer = await orders(client, gateway, token)
+                assert answer.status == 200
+                assert header_values(answer.body, "X-Auth-Subject") == [f"{subject}-user"], round_
+        # The one connection remembers the value it sent last.
+        remembered = [
+            connection.last_token.value
+            for runner in gateway.runners
+            for connection in getattr(runner.server, "connections", ())
+            if hasattr(connection, "last_token")
+        ]
+        assert remembered == [f"Bearer {first}"]
+    assert (cache.hits, cache.misses) == (7, 2)
+    assert len(upstream.requests) == 9
+
+
+async def test_a_remembered_token_evicted_from_the_cache_is_verified_again(issuer, upstream):
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 1")
+    async with (
+        running_gateway(config) as gateway,
+        one_connection() as mine,
+        one_connection() as other,
+    ):
+        cache = cache_of(gateway)
+        token = issuer.token("ES256", sub="kept")
+        for _ in range(3):
+            assert (await orders(mine, gateway, token)).status == 200
+        assert (cache.hits, cache.misses) == (2, 1)
+        # Another connection's token takes the cache's one place.
+        assert (await orders(other, gateway, issuer.token("ES256"))).status == 200
+        answer = await orders(mine, gateway, token)
+        assert answer.status == 200
+        assert header_values(answer.body, "X-Auth-Subject") == ["kept"]
+        assert (cache.hits, cache.misses) == (2, 3), "the evicted token must be verified again"
+
+
+async def test_a_remembered_token_is_refused_once_it_expires(issuer, upstream):
+    config = gateway_yaml(issuer.url, upstream.url, issuers=[issuer_entry(issuer.url, leeway="0s")])
+    clock = ManualClock()
+    async with running_gateway(config, clock=clock.clock) as gateway, one_connection() as client:
+        token = issuer.token("ES256", exp=clock.wall + 60, iat=clock.wall)
+        for _ in range(3):
+            assert (await orders(client, gateway, token)).status == 200
+        clock.advance(60.1)
+        assert_invalid_token(await orders(client, gateway, token), "the token has expired")
+        assert len(upstream.requests) == 3
+
+
+async def test_a_remembered_token_meets_the_rules_of_its_scheme_spelling(gateway, issuer, upstream):
+    """The value remembered is the exact header value: a different spelling of the same
+    token is parsed in full again, and malformed values are refused on the same connection."""
+    token = issuer.token("ES256", sub="spelt")
+    async with one_connection() as client:
+        assert (await orders(client, gateway, token)).status == 200
+        assert (await orders(client, gateway, token)).status == 200
+        for header, status in (
+            (f"bearer {token}", 200),
+            (f"Bearer {token} x", 400),
+            (f"Bearer {token}", 200),
+            (f"DPoP {token}", 401),
+            (f"Bearer {token}", 200),
+        ):
+            async with client.get(
+                gateway.url + "/orders/1", headers={"Authorization": header}
+            ) as response:
+                await response.read()
+                assert response.status == status, header
+
+
+async def test_only_authorization_values_up_to_the_bound_are_remembered(gateway, issuer):
+    pipeline = gateway.gateway.pipeline
+    short = issuer.token("ES256")
+    long = issuer.token("ES256", padding="x" * REMEMBERED_AUTHORIZATION_CHARS)
+    for token in (short, long):
+        async with aiohttp.ClientSession() as client:
+            assert (await orders(client, gateway, token)).status == 200  # now cached
+    last = LastToken()
+    for token, remembered in ((short, True), (long, False)):
+        headers = CIMultiDictProxy(CIMultiDict({"Authorization": f"Bearer {token}"}))
+        found = pipeline.cached(headers, last)
+        assert found is not None and found[1].token == token
+        assert (last.value == f"Bearer {token}") is remembered
+    # The short one stays remembered, and its hit gives the same principal as a full look.
+    headers = CIMultiDictProxy(CIMultiDict({"Authorization": f"Bearer {short}"}))
+    assert pipeline.cached(headers, last) == pipeline.cached(headers)
