@@ -29,10 +29,12 @@ the standard ones are counted as OTHER, statuses are three digits.
 With `workers: N`, one scrape answered by any worker shows the sum over every worker
 (`SharedMetrics`): the supervisor makes a private directory and names it in
 PROMETHEUS_MULTIPROC_DIR before it starts them, and each worker keeps its counts in
-memory-mapped files there (prometheus-client's multiprocess mode), written as they change,
-so the counts of a worker that dies stay in the sum and no total ever goes down. The
-figures read from the live state are written there every `SHARE_INTERVAL` and on each
-scrape; the gauges count live workers only.
+memory-mapped files there (prometheus-client's multiprocess mode), so the counts of a worker
+that dies stay in the sum and no total ever goes down. A request's counts are gathered in
+plain numbers and written once per turn of the event loop, for every request that ended in
+it: a write to the files costs about a microsecond, and a loaded worker ends many requests
+per turn. The figures read from the live state are written there every `SHARE_INTERVAL` and
+on each scrape; the gauges count live workers only.
 """
 
 from __future__ import annotations
@@ -419,10 +421,13 @@ _Child = TypeVar("_Child", Counter, Histogram)
 class SharedMetrics(Metrics):
     """The counts of every worker of one supervisor, added up on each scrape.
 
-    Each worker writes its own memory-mapped files in `directory` as it counts (the values
+    Each worker writes its own memory-mapped files in `directory` (the values
     prometheus-client gives its metrics when PROMETHEUS_MULTIPROC_DIR is set), so a worker
-    that is killed leaves its counts behind for the sum. A request costs a few writes to
-    shared memory more than in `ProcessMetrics`.
+    that is killed leaves its counts behind for the sum. The request path counts in plain
+    numbers, as `ProcessMetrics` does, and the counts of the requests that ended in one turn
+    of the event loop are written at the start of the next (`_write_pending`), before the
+    worker reads any new request: a scrape any worker answers once a request's answer has
+    been sent sees it counted, and a worker killed loses at most the counts of that turn.
     """
 
     def __init__(self, read_state: Callable[[], StateCounts], directory: str) -> None:
@@ -471,6 +476,12 @@ class SharedMetrics(Metrics):
             "revocation_entries": _issuer_gauge("revocation_entries", "livemax"),
         }
         self._shared: dict[tuple[str, tuple[str, ...]], int] = {}
+        # Counted since the last write to the files.
+        self._pending_requests: dict[tuple[str, str, str, int, str], int] = {}
+        self._pending_denials: dict[tuple[str, str, str, str], int] = {}
+        self._pending_errors: dict[tuple[str, str], int] = {}
+        self._pending_durations: dict[str, tuple[PlainHistogram, PlainHistogram]] = {}
+        self._write_scheduled = False
         self._token_cache_entries = _live_gauge("token_cache_entries")
         self._websockets_open = _live_gauge("websockets_open")
         self._sharing: asyncio.Task[None] | None = None
@@ -483,32 +494,64 @@ class SharedMetrics(Metrics):
         method = exchange.method
         if method not in KNOWN_METHODS:
             method = "OTHER"
-        decision = exchange.decision
         mode = exchange.mode
-        key = (mode, route, method, status, decision)
-        requests = self._requests.get(key)
-        if requests is None:
-            requests = self._requests[key] = self._requests_family.labels(
-                mode, route, method, str(status), decision
+        key = (mode, route, method, status, exchange.decision)
+        requests = self._pending_requests
+        requests[key] = requests.get(key, 0) + 1
+        timing = self._pending_durations.get(route)
+        if timing is None:
+            timing = self._pending_durations[route] = (
+                PlainHistogram(_BOUNDS),
+                PlainHistogram(_BOUNDS),
             )
-        requests.inc()
-        _child(self._totals, self._total_family, route, route).observe(finished - exchange.started)
+        timing[0].observe(finished - exchange.started)
         upstream = exchange.upstream_seconds
         if upstream is not None:
-            _child(self._upstream_times, self._upstream_family, route, route).observe(upstream)
-        kind = exchange.upstream_error
-        if kind is not None:
-            _child(self._errors, self._errors_family, (route, kind), route, kind).inc()
-        reason = exchange.reason
-        if reason is not None:
-            denial = (mode, route, decision, reason)
-            _child(self._denials, self._denials_family, denial, *denial).inc()
+            timing[1].observe(upstream)
+        if exchange.upstream_error is not None:
+            _count(self._pending_errors, (route, exchange.upstream_error))
+        if exchange.reason is not None:
+            _count(self._pending_denials, (mode, route, exchange.decision, exchange.reason))
+        if not self._write_scheduled:
+            self._write_scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_pending)
 
     def unparsable(self, status: int) -> None:
         key = (PROXY, UNMATCHED, "OTHER", status, DENY)
         _child(self._requests, self._requests_family, key, *key[:3], str(status), DENY).inc()
         denial = (PROXY, UNMATCHED, DENY, "unparsable")
         _child(self._denials, self._denials_family, denial, *denial).inc()
+
+    def _write_pending(self) -> None:
+        """Write what the request path counted since the last write to this worker's files."""
+        self._write_scheduled = False
+        if self._pending_requests:
+            for key, count in self._pending_requests.items():
+                mode, route, method, status, decision = key
+                child = self._requests.get(key)
+                if child is None:
+                    child = self._requests[key] = self._requests_family.labels(
+                        mode, route, method, str(status), decision
+                    )
+                child.inc(count)
+            self._pending_requests.clear()
+        if self._pending_durations:
+            for route, (total, upstream) in self._pending_durations.items():
+                if any(total.counts):
+                    add_observations(_child(self._totals, self._total_family, route, route), total)
+                if any(upstream.counts):
+                    add_observations(
+                        _child(self._upstream_times, self._upstream_family, route, route), upstream
+                    )
+            self._pending_durations.clear()
+        if self._pending_errors:
+            for (route, kind), count in self._pending_errors.items():
+                _child(self._errors, self._errors_family, (route, kind), route, kind).inc(count)
+            self._pending_errors.clear()
+        if self._pending_denials:
+            for denial, count in self._pending_denials.items():
+                _child(self._denials, self._denials_family, denial, *denial).inc(count)
+            self._pending_denials.clear()
 
     def rate_limit_rejected(self, route: str, policy: str) -> None:
         self._limited_family.labels(route, policy).inc()
@@ -566,6 +609,7 @@ class SharedMetrics(Metrics):
         self._shared[key] = total
 
     def exposition(self) -> bytes:
+        self._write_pending()
         self.share_state()
         return super().exposition()
 
@@ -577,6 +621,7 @@ class SharedMetrics(Metrics):
             self._sharing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sharing
+        self._write_pending()
         self.share_state()
 
     async def _share_regularly(self) -> None:
@@ -601,6 +646,20 @@ def _live_gauge(name: str) -> Gauge:
 def _issuer_gauge(name: str, mode: str) -> Gauge:
     """A gauge per issuer over the workers alive, combined by `mode` (livemin, livemax)."""
     return Gauge(PREFIX + name, HELP[name], ["issuer"], registry=None, multiprocess_mode=mode)  # type: ignore[arg-type]
+
+
+def add_observations(histogram: Histogram, observed: PlainHistogram) -> None:
+    """Add what `observed` counted to one label set of a prometheus-client histogram, as
+    observing each value there would have: a bucket and the sum grow once per batch, not
+    once per value. prometheus-client has no public call for it; the child's `_buckets`
+    (one value per upper bound, +Inf last, not cumulative) and `_sum` are what its own
+    `observe` adds to (tests/gateway/test_metrics_batch.py fails if a release changes that).
+    """
+    buckets = histogram._buckets
+    for index, count in enumerate(observed.counts):
+        if count:
+            buckets[index].inc(count)
+    histogram._sum.inc(observed.sum)
 
 
 def _child(table: dict[Any, _Child], family: _Child, key: Any, *labels: str) -> _Child:
