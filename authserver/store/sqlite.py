@@ -134,12 +134,16 @@ class SQLiteStore:
             raise
 
     async def close(self) -> None:
-        executor, conn = self._executor, self._conn
+        executor, conn, worker = self._executor, self._conn, self._worker
         self._executor = self._conn = self._worker = None
         if executor is None:
             return
         try:
-            if conn is not None:
+            if conn is not None and worker is not None:
+                # Queued behind the calls made before it, whose worker may not have been
+                # started yet (serial.py): they run on the open connection, then it closes.
+                await worker.call(conn.close)
+            elif conn is not None:
                 await asyncio.get_running_loop().run_in_executor(executor, conn.close)
         finally:
             executor.shutdown(wait=True)
