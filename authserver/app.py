@@ -55,7 +55,7 @@ from .endpoints import discovery
 from .endpoints.authorize import AuthorizationEndpoint
 from .endpoints.device import DevicePages
 from .endpoints.device_authorization import DeviceAuthorizationEndpoint
-from .endpoints.errors import Handler, json_errors
+from .endpoints.errors import Handler, json_errors_of
 from .endpoints.introspect import IntrospectionEndpoint
 from .endpoints.logout import LogoutEndpoint
 from .endpoints.pages import Pages, page_environment
@@ -531,7 +531,7 @@ def build_app(
     app.on_shutdown.append(end_streams)
 
     def json(pick: Callable[[Components], Handler]) -> Handler:
-        return json_errors(_current(live, pick))
+        return json_errors_of(lambda: pick(live.current()))
 
     def page(pick: Callable[[Components], Handler]) -> Handler:
         return server.pages.guard(_current(live, pick))

@@ -104,7 +104,8 @@ class StoredClients:
             self._derived.pop(client_id, None)
             return None
         kept = self._derived.get(client_id)
-        if kept is not None and kept[0] == record:
+        # The same record (the store gives an unchanged row's record again), else an equal one.
+        if kept is not None and (kept[0] is record or kept[0] == record):
             self._derived.move_to_end(client_id)
             return kept[1]
         client = client_from_record(record)

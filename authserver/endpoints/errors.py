@@ -49,10 +49,15 @@ class LogPace:
 _UNAVAILABLE_PACE = LogPace(UNAVAILABLE_LOG_EVERY)
 
 
+# RFC 6749 §5.1: token responses, and every other answer of these endpoints, are not cached.
+# aiohttp copies the fields it is given, so this dict is never changed.
+_NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+
+
 def json_no_store(
     data: Any, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    all_headers = {"Cache-Control": "no-store", "Pragma": "no-cache", **(headers or {})}
+    all_headers = {**_NO_STORE, **headers} if headers else _NO_STORE
     return web.Response(
         body=orjson.dumps(data), status=status, content_type="application/json", headers=all_headers
     )
@@ -82,12 +87,14 @@ def log_unavailable(request: web.Request, exc: TemporarilyUnavailable) -> None:
         )
 
 
-def json_errors(handler: Handler) -> Handler:
-    """`handler`, answering 503 JSON while the server is temporarily unavailable."""
+def json_errors_of(current: Callable[[], Handler]) -> Handler:
+    """The handler `current()` gives when a request starts, answering 503 JSON while the
+    server is temporarily unavailable. Choosing the handler and guarding it are one step:
+    each step is a coroutine every request goes through."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         try:
-            return await handler(request)
+            return await current()(request)
         except TemporarilyUnavailable as exc:
             log_unavailable(request, exc)
             return unavailable_json(exc)

@@ -116,9 +116,22 @@ def query_items(request: web.Request) -> list[tuple[str, object]]:
 
 def _pairs(text: str) -> list[tuple[str, object]]:
     """Url-encoded pairs; a percent-escape that is not UTF-8 raises ValueError."""
-    return list(
-        parse_qsl(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, errors="strict")
-    )
+    if "%" in text or "+" in text:
+        return list(
+            parse_qsl(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS, errors="strict")
+        )
+    # Nothing to decode (a token request's usual form): the pairs parse_qsl would give,
+    # without its per-field unquoting. Empty fields are skipped, a field without `=` has an
+    # empty value, and too many fields are refused, as there.
+    fields = text.split("&") if text else []
+    if len(fields) > MAX_FORM_FIELDS:
+        raise ValueError("Max number of fields exceeded")
+    pairs: list[tuple[str, object]] = []
+    for field in fields:
+        if field:
+            name, _, value = field.partition("=")
+            pairs.append((name, value))
+    return pairs
 
 
 async def read_form(request: web.Request) -> dict[str, str]:

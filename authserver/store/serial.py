@@ -4,10 +4,13 @@ their results back to the event loop in batches.
 Why not `loop.run_in_executor` per call: each such call wakes the thread, and each result
 wakes the loop, one thread switch each way per call. Under load most of a short call's cost
 was that. Here a call is queued; a worker that is idle is woken once, then runs every call
-queued by then, and gives their results back to the loop in one callback. A worker that is
-busy picks new calls up when it is done with the ones it holds, without being woken. So the
-order and the one-at-a-time of a single-thread executor hold, and while calls keep coming
-the switches are paid once per batch, not once per call.
+queued by then, and gives their results back to the loop in one callback. It is woken when
+the loop has run the callbacks that were ready with the first call, so the calls of every
+request in hand then share its batch: woken at the first call, it would take the core from
+the loop (the loop and the worker share one on a busy server) and answer that call alone.
+A worker that is busy picks new calls up when it is done with the ones it holds, without
+being woken. So the order and the one-at-a-time of a single-thread executor hold, and while
+calls keep coming the switches are paid once per batch, not once per call.
 
 Cancellation is that of `run_in_executor`: a call whose caller was cancelled before the
 worker reached it is not run; one already running runs to its end, and its result is
@@ -40,7 +43,7 @@ class SerialWorker:
         self._executor = executor
         self._queue: deque[_Queued] = deque()
         self._lock = threading.Lock()
-        self._running = False  # a drain is submitted or running; guarded by _lock
+        self._running = False  # a drain is due, submitted or running; guarded by _lock
         self.batches = 0  # results handed back, one count per callback (for tests)
 
     async def call(self, operation: Callable[[], T]) -> T:
@@ -52,14 +55,26 @@ class SerialWorker:
             idle = not self._running
             self._running = True
         if idle:
-            try:
-                self._executor.submit(self._drain)
-            except RuntimeError:  # the executor was shut down: the store is closed
-                with self._lock:
-                    self._queue.clear()
-                    self._running = False
-                raise
+            # Started once the loop has run what is ready now: the calls the other requests
+            # in hand make meanwhile join this one's batch, and the worker is woken once
+            # for them all, not once each.
+            loop.call_soon(self._start)
         return await future
+
+    def _start(self) -> None:
+        """On the loop: hand the queue to the worker thread."""
+        try:
+            self._executor.submit(self._drain)
+        except RuntimeError as exc:  # the executor was shut down: the store is closed
+            with self._lock:
+                refused = list(self._queue)
+                self._queue.clear()
+                self._running = False
+            for _, loop, future in refused:
+                # Each caller gets an error of its own; a loop that is closed has nobody
+                # waiting any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_refuse, future, RuntimeError(*exc.args))
 
     def _drain(self) -> None:
         """On the worker: run what is queued, hand the results back, until nothing is."""
@@ -96,3 +111,10 @@ class SerialWorker:
                 future.set_result(value)
             else:
                 future.set_exception(error)
+
+
+def _refuse(future: asyncio.Future[Any], error: BaseException) -> None:
+    """On the loop: a call the worker will never run fails (unless its caller stopped
+    waiting)."""
+    if not future.done():
+        future.set_exception(error)

@@ -118,6 +118,7 @@ class SQLiteStore:
         self._worker: SerialWorker | None = None
         self._conn: sqlite3.Connection | None = None
         self._signal = asyncio.Event()
+        self._client_rows = ClientRows()  # used on the worker thread only
 
     async def open(self) -> None:
         if self._executor is not None:
@@ -133,12 +134,16 @@ class SQLiteStore:
             raise
 
     async def close(self) -> None:
-        executor, conn = self._executor, self._conn
+        executor, conn, worker = self._executor, self._conn, self._worker
         self._executor = self._conn = self._worker = None
         if executor is None:
             return
         try:
-            if conn is not None:
+            if conn is not None and worker is not None:
+                # Queued behind the calls made before it, whose worker may not have been
+                # started yet (serial.py): they run on the open connection, then it closes.
+                await worker.call(conn.close)
+            elif conn is not None:
                 await asyncio.get_running_loop().run_in_executor(executor, conn.close)
         finally:
             executor.shutdown(wait=True)
@@ -327,7 +332,7 @@ class SQLiteStore:
     # -- clients and users
 
     async def get_client(self, client_id: str) -> ClientRecord | None:
-        return await self._call(lambda conn: _get_client(conn, client_id))
+        return await self._call(lambda conn: self._client_rows.read(conn, client_id))
 
     async def list_clients(self) -> list[ClientRecord]:
         return await self._call(_list_clients)
@@ -1164,13 +1169,44 @@ def _user_values(r: UserRecord, version: int) -> tuple[object, ...]:
     )
 
 
+_CLIENT_BY_ID = (
+    "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+    " tokens_valid_from, version FROM clients WHERE client_id = ?"
+)
+
+
 def _get_client(conn: sqlite3.Connection, client_id: str) -> ClientRecord | None:
-    row = conn.execute(
-        "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
-        " tokens_valid_from, version FROM clients WHERE client_id = ?",
-        (client_id,),
-    ).fetchone()
+    row = conn.execute(_CLIENT_BY_ID, (client_id,)).fetchone()
     return None if row is None else _client(row)
+
+
+class ClientRows:
+    """Client lookups that give the record made from a row again while the row read is equal
+    to it in every column: the token endpoint looks its client up on every request, and the
+    row is read every time, but parsing the metadata and building the record again from an
+    unchanged row would only cost. A changed or deleted row is read as it now is. Records
+    are immutable (their metadata is never changed in place), so one may be given to many
+    callers. At most `keep` rows are remembered, the oldest forgotten first; only the
+    store's worker thread uses it."""
+
+    def __init__(self, keep: int = 1024) -> None:
+        self._keep = keep
+        self._rows: dict[str, tuple[tuple[object, ...], ClientRecord]] = {}
+
+    def read(self, conn: sqlite3.Connection, client_id: str) -> ClientRecord | None:
+        row = conn.execute(_CLIENT_BY_ID, (client_id,)).fetchone()
+        if row is None:
+            self._rows.pop(client_id, None)
+            return None
+        kept = self._rows.get(client_id)
+        if kept is not None and kept[0] == row:
+            return kept[1]
+        record = _client(row)
+        self._rows.pop(client_id, None)
+        self._rows[client_id] = (row, record)
+        if len(self._rows) > self._keep:
+            del self._rows[next(iter(self._rows))]
+        return record
 
 
 def _list_clients(conn: sqlite3.Connection) -> list[ClientRecord]:

@@ -130,3 +130,35 @@ async def test_a_shut_down_executor_refuses_calls(executor: ThreadPoolExecutor) 
     executor.shutdown(wait=True)
     with pytest.raises(RuntimeError):
         await worker.call(lambda: 2)
+
+
+async def test_calls_made_while_the_loop_runs_what_is_ready_are_answered_together(
+    executor: ThreadPoolExecutor,
+) -> None:
+    # Twenty requests in hand, each making its call before the loop turns: the worker is
+    # started once for them all, and answers them in one batch.
+    worker = SerialWorker(executor)
+    threads: set[int] = set()
+
+    def step(i: int) -> int:
+        threads.add(threading.get_ident())
+        return i
+
+    assert await asyncio.gather(*(worker.call(lambda i=i: step(i)) for i in range(20))) == list(
+        range(20)
+    )
+    assert worker.batches == 1
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
+async def test_calls_waiting_for_a_worker_that_was_shut_down_are_refused(
+    executor: ThreadPoolExecutor,
+) -> None:
+    worker = SerialWorker(executor)
+    calls = [asyncio.ensure_future(worker.call(lambda i=i: i)) for i in range(3)]
+    await asyncio.sleep(0)  # each call is queued; the worker is not started yet
+    executor.shutdown(wait=True)
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(outcome, RuntimeError) for outcome in outcomes)
+    with pytest.raises(RuntimeError):
+        await worker.call(lambda: 4)  # and the next one too: nothing is left queued

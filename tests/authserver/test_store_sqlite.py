@@ -501,3 +501,14 @@ async def test_processes_opening_one_new_database_at_once_all_succeed(tmp_path: 
         assert [out for out, _ in outputs] == [b"wal\n"] * 6
         shipped = [m.version for m in load_migrations(MIGRATIONS)]
         assert [version for version, _, _ in applied_migrations(path)] == shipped
+
+
+async def test_a_call_made_just_before_the_store_closes_is_answered(tmp_path: Path) -> None:
+    # Made, then the store closed before the loop turned: the worker had not been started
+    # for it yet, and the call still runs on the open connection before it is closed.
+    store = SQLiteStore(tmp_path / "authserver.db")
+    await store.open()
+    pending = asyncio.ensure_future(store.get_client("nobody"))
+    await asyncio.sleep(0)  # the call is queued; the worker's start is due
+    await store.close()
+    assert await pending is None

@@ -5,6 +5,7 @@ bounded."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
@@ -15,7 +16,7 @@ import pytest
 from authserver.clients import ClientAuthenticator, ClientAuthError
 from authserver.registry import StoredClients, secret_digest
 from authserver.store.base import ClientRecord
-from authserver.store.sqlite import SQLiteStore
+from authserver.store.sqlite import ClientRows, SQLiteStore
 
 T0 = 1_700_000_000.0
 
@@ -104,3 +105,73 @@ async def test_what_is_kept_is_bounded_by_the_clients_looked_up_last(store: SQLi
     await store.save_client(a_client("c10"), None)
     await clients.client("c10")
     assert list(clients._derived) == ["c9", "c7", "c10"]
+
+
+async def test_the_store_gives_an_unchanged_rows_record_again_and_a_changed_one_anew(
+    store: SQLiteStore,
+) -> None:
+    await store.save_client(a_client(), None)
+    first = await store.get_client("app")
+    assert first is not None and await store.get_client("app") is first
+
+    # Any column changed is another record: here the secret, then only tokens_valid_from.
+    rotated = replace(first, secret_sha256=secret_digest("new" * 14))
+    assert await store.save_client(rotated, first.version)
+    second = await store.get_client("app")
+    assert second is not None and second is not first
+    assert second.secret_sha256 == secret_digest("new" * 14)
+    moved = replace(second, tokens_valid_from=second.tokens_valid_from + 60)
+    assert await store.save_client(moved, second.version)
+    third = await store.get_client("app")
+    assert third is not None and third is not second
+    assert third.tokens_valid_from == second.tokens_valid_from + 60
+
+    await store.delete_client("app")
+    assert await store.get_client("app") is None
+    await store.save_client(a_client(scope="read write"), None)
+    again = await store.get_client("app")
+    assert again is not None and again.metadata["scope"] == "read write"
+
+
+async def test_a_change_another_connection_makes_is_read_at_the_next_lookup(
+    tmp_path: Path,
+) -> None:
+    # Two stores on one file stand for two processes: what one writes, the other's next
+    # lookup reads, though it gave the row's record before.
+    first, second = SQLiteStore(tmp_path / "shared.db"), SQLiteStore(tmp_path / "shared.db")
+    await first.open()
+    await second.open()
+    try:
+        await first.save_client(a_client(), None)
+        before = await second.get_client("app")
+        assert before is not None and await second.get_client("app") is before
+        assert await first.save_client(
+            replace(before, secret_sha256=secret_digest("new" * 14)), before.version
+        )
+        after = await second.get_client("app")
+        assert after is not None and after.secret_sha256 == secret_digest("new" * 14)
+        await first.delete_client("app")
+        assert await second.get_client("app") is None
+    finally:
+        await first.close()
+        await second.close()
+
+
+def test_the_rows_remembered_are_bounded_the_oldest_forgotten_first(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "rows.db")
+    conn.execute(
+        "CREATE TABLE clients (client_id TEXT PRIMARY KEY, metadata TEXT, secret_sha256 BLOB,"
+        " managed_by TEXT, created_at REAL, updated_at REAL, tokens_valid_from REAL,"
+        " version INTEGER)"
+    )
+    for i in range(5):
+        conn.execute("INSERT INTO clients VALUES (?, '{}', NULL, 'api', 0, 0, 0, 1)", (f"c{i}",))
+    rows = ClientRows(keep=3)
+    records = {f"c{i}": rows.read(conn, f"c{i}") for i in range(5)}
+    assert list(rows._rows) == ["c2", "c3", "c4"]
+    assert rows.read(conn, "c4") is records["c4"]
+    forgotten = rows.read(conn, "c0")
+    assert forgotten == records["c0"] and forgotten is not records["c0"]
+    assert list(rows._rows) == ["c3", "c4", "c0"]
+    assert rows.read(conn, "nobody") is None
+    conn.close()
