@@ -90,15 +90,24 @@ class JwtVerifier:
 
     def cached(self, token: str) -> Principal | None:
         """The principal of a token verified before and not expired since, else None."""
-        return self._cache.get(token_key(token), count_miss=False)
+        cache = self._cache
+        if not len(cache):  # nothing to find (always so when the cache is off): no digest
+            return None
+        return cache.get(token_key(token), count_miss=False)
 
     async def verify(self, token: str) -> Principal:
+        cache = self._cache
+        if cache.off:
+            # Nothing to find and nothing to keep: the token needs no digest.
+            cache.count_miss()
+            principal, _ = await self._verify(token)
+            return principal
         key = token_key(token)
-        cached = self._cache.get(key)
+        cached = cache.get(key)
         if cached is not None:
             return cached
         principal, valid_until = await self._verify(token)
-        self._cache.put(key, principal, valid_until, self._epoch)
+        cache.put(key, principal, valid_until, self._epoch)
         return principal
 
     async def _verify(self, token: str) -> tuple[Principal, float]:
