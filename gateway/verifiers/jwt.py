@@ -44,6 +44,8 @@ from .validity import check_validity
 
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
+# Distinct token headers remembered parsed: an issuer's tokens share one per signing key.
+_HEADERS_REMEMBERED = 256
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
@@ -83,6 +85,9 @@ class JwtVerifier:
         self._accepted_algorithms = frozenset(
             alg for issuer in issuers.values() for alg in issuer.algorithms
         )
+        # Encoded header -> the JSON object it decodes to, only read once parsed. Emptied
+        # when full, so headers made up to fill it leave no lasting mark.
+        self._headers: dict[str, dict[str, Any]] = {}
 
     def trusts(self, iss: str | None) -> bool:
         """Whether `iss` is an issuer whose JWTs this verifier checks itself."""
@@ -114,7 +119,12 @@ class JwtVerifier:
         if not _COMPACT_JWS.fullmatch(token):
             raise InvalidToken("the token is not a signed JWT")
         header_b64, payload_b64, signature_b64 = token.split(".")
-        header = _json_object(header_b64, "header")
+        header = self._headers.get(header_b64)
+        if header is None:
+            header = _json_object(header_b64, "header")
+            if len(self._headers) >= _HEADERS_REMEMBERED:
+                self._headers.clear()
+            self._headers[header_b64] = header
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self._accepted_algorithms:
             raise InvalidToken("the token's signing algorithm is not accepted")
