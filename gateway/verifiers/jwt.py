@@ -45,7 +45,10 @@ from .validity import check_validity
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
 # Distinct token headers remembered parsed: an issuer's tokens share one per signing key.
+# Only headers of up to _HEADER_CHARS_REMEMBERED characters are kept (an `alg`, `typ` and
+# `kid` take about 100), so the memory holds 256 KiB at most.
 _HEADERS_REMEMBERED = 256
+_HEADER_CHARS_REMEMBERED = 1024
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
@@ -122,9 +125,10 @@ class JwtVerifier:
         header = self._headers.get(header_b64)
         if header is None:
             header = _json_object(header_b64, "header")
-            if len(self._headers) >= _HEADERS_REMEMBERED:
-                self._headers.clear()
-            self._headers[header_b64] = header
+            if len(header_b64) <= _HEADER_CHARS_REMEMBERED:
+                if len(self._headers) >= _HEADERS_REMEMBERED:
+                    self._headers.clear()
+                self._headers[header_b64] = header
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self._accepted_algorithms:
             raise InvalidToken("the token's signing algorithm is not accepted")

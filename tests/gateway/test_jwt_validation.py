@@ -860,3 +860,8 @@ async def test_remembered_token_headers_are_bounded(issuer, client, monkeypatch)
         assert len(verifier._headers) <= 2
         with pytest.raises(InvalidToken, match=r"^the token's kid is not a string$"):
             await verifier.verify(_signed_variant(issuer, {"kid": n}, {}))
+    # A long header is verified like any other, and not kept.
+    verifier._headers.clear()
+    token = issuer.token("ES256", headers={"x-long": "x" * 2000})
+    assert (await verifier.verify(token)).subject == "user-123"
+    assert verifier._headers == {}
