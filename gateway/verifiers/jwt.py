@@ -103,22 +103,26 @@ class JwtVerifier:
             return None
         return cache.get(token_key(token), count_miss=False)
 
-    async def verify(self, token: str) -> Principal:
+    async def verify(self, token: str, payload: dict[str, Any] | None = None) -> Principal:
+        """The principal of a valid token, else InvalidToken or VerifierUnavailable.
+        `payload`: the token's payload as a caller already parsed it from this token
+        (dispatch.unverified_claims), so it is not decoded and parsed again; None when it
+        could not be, or was not."""
         cache = self._cache
         if cache.off:
             # Nothing to find and nothing to keep: the token needs no digest.
             cache.count_miss()
-            principal, _ = await self._verify(token)
+            principal, _ = await self._verify(token, payload)
             return principal
         key = token_key(token)
         cached = cache.get(key)
         if cached is not None:
             return cached
-        principal, valid_until = await self._verify(token)
+        principal, valid_until = await self._verify(token, payload)
         cache.put(key, principal, valid_until, self._epoch)
         return principal
 
-    async def _verify(self, token: str) -> tuple[Principal, float]:
+    async def _verify(self, token: str, payload: dict[str, Any] | None) -> tuple[Principal, float]:
         if not _COMPACT_JWS.fullmatch(token):
             raise InvalidToken("the token is not a signed JWT")
         header_b64, payload_b64, signature_b64 = token.split(".")
@@ -134,7 +138,7 @@ class JwtVerifier:
             raise InvalidToken("the token's signing algorithm is not accepted")
         if "crit" in header:
             raise InvalidToken("the token has critical header parameters that are not supported")
-        claims = _json_object(payload_b64, "payload")
+        claims = _json_object(payload_b64, "payload") if payload is None else payload
         # Decoded before any key lookup: a signature spelt otherwise than canonically is
         # refused without the refetch an unknown kid may cause.
         try:
