@@ -143,6 +143,7 @@ _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
 # Principals whose identity headers are remembered, the most recently verified ones.
 _IDENTITIES_REMEMBERED = 16_384
+_SHARED_IDENTITY_BYTES = 1024  # the longest client id, scopes and issuer lines remembered
 # A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
 # (servers strip them at either end: RFC 9110 §5.5), not starting with `"` (the JSON form).
 _BARE_STRING = re.compile(r"[\x21\x23-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?")
@@ -415,7 +416,8 @@ class Forwarder:
             issuer.mode != "jwt" for issuer in settings.issuers
         )
         # (client_id, scopes, issuer) -> their identity header lines, checked: the same few
-        # clients, scope sets and issuers come with principal after principal.
+        # clients, scope sets and issuers come with principal after principal. Lines of up
+        # to _SHARED_IDENTITY_BYTES are kept, so this holds 1 MiB at most.
         self._shared_identities: dict[tuple[str | None, frozenset[str], str], bytes] = {}
 
     # ------------------------------------------------------------------ headers
@@ -573,7 +575,7 @@ class Forwarder:
         shared = self._shared_identities.get(shared_key)
         if shared is None:
             shared = self._shared_identity(principal)
-            if len(self._shared_identities) < _MEMO_LIMIT:
+            if len(self._shared_identities) < _MEMO_LIMIT and len(shared) <= _SHARED_IDENTITY_BYTES:
                 self._shared_identities[shared_key] = shared
         lines += shared
         if ids.claims:

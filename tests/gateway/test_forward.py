@@ -189,6 +189,23 @@ async def test_without_a_token_cache_each_principal_gets_its_own_headers_unremem
     ]
 
 
+async def test_long_shared_identity_lines_are_sent_right_and_not_kept(
+    gateway, issuer, upstream, client
+):
+    """The client id, scopes and issuer lines principals share are kept only when short: a
+    token with hundreds of scopes gets its full header every time, and leaves nothing kept."""
+    scopes = sorted(["orders:read", *(f"extra:{n}" for n in range(300))])
+    for n in range(2):
+        token = issuer.token(sub=f"many-{n}", scope=" ".join(scopes))
+        async with client.get(gateway.url + "/orders/1", headers=bearer(token)) as resp:
+            assert resp.status == 200
+    assert [header_values(r, "X-Auth-Scopes") for r in upstream.requests] == [
+        [" ".join(scopes)]
+    ] * 2
+    shared = gateway.gateway.pipeline.forwarder._shared_identities
+    assert not [key for key in shared if len(key[1]) > 1]
+
+
 SPOOFED_SPELLINGS = [
     "X-Auth-Subject",
     "x-auth-subject",
