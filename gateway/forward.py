@@ -143,6 +143,7 @@ _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
 # Principals whose identity headers are remembered, the most recently verified ones.
 _IDENTITIES_REMEMBERED = 16_384
+_SHARED_IDENTITY_BYTES = 1024  # the longest client id, scopes and issuer lines remembered
 # A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
 # (servers strip them at either end: RFC 9110 §5.5), not starting with `"` (the JSON form).
 _BARE_STRING = re.compile(r"[\x21\x23-\x7E](?:[\x20-\x7E]*[\x21-\x7E])?")
@@ -407,6 +408,17 @@ class Forwarder:
         # An OrderedDict: a plain dict's oldest key, once many were deleted from its front,
         # takes a scan over their empty slots to find (7.5 µs at this size, against 0.2).
         self._identities: OrderedDict[int, tuple[Principal, bytes]] = OrderedDict()
+        # A principal serves more than one request only when a cache gives it out again: the
+        # verified-token cache, or an introspection answer's. Without either, every request
+        # brings a principal of its own, whose remembered headers would only be evicted
+        # unread (and keep 16,384 principals alive meanwhile).
+        self._remember_identities = settings.token_cache_size > 0 or any(
+            issuer.mode != "jwt" for issuer in settings.issuers
+        )
+        # (client_id, scopes, issuer) -> their identity header lines, checked: the same few
+        # clients, scope sets and issuers come with principal after principal. Lines of up
+        # to _SHARED_IDENTITY_BYTES are kept, so this holds 1 MiB at most.
+        self._shared_identities: dict[tuple[str | None, frozenset[str], str], bytes] = {}
 
     # ------------------------------------------------------------------ headers
 
@@ -520,10 +532,13 @@ class Forwarder:
             # A cached token is the same principal on every request: its headers are
             # computed and checked once. (A reload builds a new Forwarder, with new names,
             # and no memory.)
-            known = self._identities.get(id(principal))
-            if known is None or known[0] is not principal:
-                known = self._remember_identity(principal)
-            wire.append(known[1])
+            if self._remember_identities:
+                known = self._identities.get(id(principal))
+                if known is None or known[0] is not principal:
+                    known = self._remember_identity(principal)
+                wire.append(known[1])
+            else:
+                wire.append(self.identity_fields(principal))
         if self._client_cert:
             certificate = clientcert.of(request)
             if certificate is not None:
@@ -552,24 +567,39 @@ class Forwarder:
 
     def identity_fields(self, principal: Principal) -> bytes:
         """The identity headers of a principal as wire text, checked as `field_lines`
-        checks; computed once per verified token."""
-        return field_lines([f"{name}: {value}" for name, value in self.identity_headers(principal)])
-
-    def identity_headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
-        """The identity headers of a principal."""
+        checks; computed once per verified token (the lines it shares with other principals,
+        client id, scopes and issuer, once per distinct set of them)."""
         ids = self.identity
-        headers = [(ids.subject, string_header_value(principal.subject))]
+        lines = field_lines([f"{ids.subject}: {string_header_value(principal.subject)}"])
+        shared_key = (principal.client_id, principal.scopes, principal.issuer)
+        shared = self._shared_identities.get(shared_key)
+        if shared is None:
+            shared = self._shared_identity(principal)
+            if len(self._shared_identities) < _MEMO_LIMIT and len(shared) <= _SHARED_IDENTITY_BYTES:
+                self._shared_identities[shared_key] = shared
+        lines += shared
+        if ids.claims:
+            claims = principal.claims
+            lines += field_lines(
+                [
+                    f"{header}: {header_value(claims[claim])}"
+                    for header, claim in ids.claims.items()
+                    if claims.get(claim) is not None
+                ]
+            )
+        return lines
+
+    def _shared_identity(self, principal: Principal) -> bytes:
+        """The client id, scopes and issuer lines of a principal's identity headers."""
+        ids = self.identity
+        shared = []
         if principal.client_id is not None:
-            headers.append((ids.client_id, string_header_value(principal.client_id)))
+            shared.append(f"{ids.client_id}: {string_header_value(principal.client_id)}")
         # Scopes are RFC 6749 §3.3 scope tokens (the verifiers refuse others): no spaces.
         scopes = " ".join(string_header_value(s) for s in sorted(principal.scopes))
-        headers.append((ids.scopes, scopes))
-        headers.append((ids.issuer, string_header_value(principal.issuer)))
-        for header, claim in ids.claims.items():
-            claim_value = principal.claims.get(claim)
-            if claim_value is not None:
-                headers.append((header, header_value(claim_value)))
-        return tuple(headers)
+        shared.append(f"{ids.scopes}: {scopes}")
+        shared.append(f"{ids.issuer}: {string_header_value(principal.issuer)}")
+        return field_lines(shared)
 
     def response_headers(
         self,

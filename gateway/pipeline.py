@@ -468,8 +468,11 @@ class Pipeline(Generic[F]):
             credentials = Credentials(bearer.DPOP, value[5:])
         else:
             return None
+        verifier = self.verifier
+        if verifier.empty:  # nothing to find (always so when the caches are off): no digest
+            return None
         key = token_key(credentials.token)
-        principal = self.verifier.cached(key)
+        principal = verifier.cached(key)
         if principal is None:
             return None
         if last is not None and len(value) <= REMEMBERED_AUTHORIZATION_CHARS:

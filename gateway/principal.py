@@ -107,13 +107,15 @@ def from_claims(claims: Mapping[str, Any]) -> Principal:
     if not isinstance(client_id, str) or not client_id:
         azp = claims.get("azp")
         client_id = azp if isinstance(azp, str) and azp else None
+    # In the order of the fields, not by name: made once per verified token, and a frozen
+    # dataclass takes keywords a third slower.
     return Principal(
-        issuer=claims["iss"],
-        subject=claims["sub"],
-        client_id=client_id,
-        scopes=normalise_scopes(claims),
-        audiences=audiences_of(claims),
-        expires_at=float(claims["exp"]),
-        claims=MappingProxyType(dict(claims)),  # a read-only copy
-        jkt=bound_key(claims),
+        claims["iss"],  # issuer
+        claims["sub"],  # subject
+        client_id,
+        normalise_scopes(claims),  # scopes
+        audiences_of(claims),  # audiences
+        float(claims["exp"]),  # expires_at
+        MappingProxyType(dict(claims)),  # claims: a read-only copy
+        bound_key(claims),  # jkt
     )

@@ -32,6 +32,12 @@ class Verifier(Protocol):
         the token's cache key (`cache.token_key`)."""
         ...
 
+    @property
+    def empty(self) -> bool:
+        """Whether no token is cached: `cached` can only miss, so the token's cache key need
+        not be computed (always so when every cache is off)."""
+        ...
+
     async def verify(self, token: str) -> Principal:
         """The principal of a valid token; raises InvalidToken or VerifierUnavailable."""
         ...

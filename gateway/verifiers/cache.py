@@ -45,6 +45,16 @@ class TokenCache:
         """The digests held, least recently used first (for diagnostics and tests)."""
         return tuple(self._entries)
 
+    @property
+    def off(self) -> bool:
+        """Whether the cache holds nothing and keeps nothing (`token_cache_size: 0`): `get`
+        can only miss and `put` only drop, so a caller may skip the token's digest."""
+        return self.max_entries <= 0
+
+    def count_miss(self) -> None:
+        """Count a miss without a lookup (in a cache that is `off`)."""
+        self.misses += 1
+
     def get(self, key: bytes, *, count_miss: bool = True) -> Principal | None:
         """The cached principal; `count_miss=False` for a look that a full check will follow."""
         entry = self._entries.get(key)

@@ -11,7 +11,8 @@ sent to an issuer that could not have made it.
 issuer introspects, else `DispatchingVerifier` in front of it and the introspectors.
 
 The `iss` of a JWT is read before any signature check only to choose the verifier; the
-verifier then checks everything as if it had not been read.
+verifier then checks everything as if it had not been read (the local one takes the payload
+as parsed here, which is what it would have parsed itself, instead of parsing it again).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -36,13 +38,19 @@ from .introspection import Introspector
 from .jwt import JwtVerifier, TrustedIssuer
 
 
-def unverified_issuer(token: str) -> str | None:
-    """The `iss` a JWT claims, or None when it cannot be read (nothing is trusted from it)."""
+def unverified_claims(token: str) -> dict[str, Any] | None:
+    """The payload of a JWT as a JSON object, or None when it cannot be read as one (nothing
+    is trusted from it). Read as the local verifier reads it: canonical base64url, then JSON."""
     try:
         claims = orjson.loads(b64url_decode(token.split(".")[1]))
     except (binascii.Error, ValueError, IndexError):
         return None
-    iss = claims.get("iss") if isinstance(claims, dict) else None
+    return claims if isinstance(claims, dict) else None
+
+
+def _issuer_of(claims: dict[str, Any] | None) -> str | None:
+    """The `iss` of unverified claims, or None when they have no string there."""
+    iss = claims.get("iss") if claims is not None else None
     return iss if isinstance(iss, str) else None
 
 
@@ -68,6 +76,11 @@ class DispatchingVerifier:
         self._unclaimed = unclaimed
         self._unclaimed_jwts = unclaimed_jwts  # unknown-iss JWTs go to `unclaimed` too
 
+    @property
+    def empty(self) -> bool:
+        """Whether no token is cached, by the local verifier or any introspector."""
+        return not len(self._jwt_cache) and not any(len(i.cache) for i in self._caches)
+
     def cached(self, key: bytes) -> Principal | None:
         """The principal of a token verified (or found active) before and still valid (`key`:
         the token's `token_key`)."""
@@ -81,12 +94,15 @@ class DispatchingVerifier:
 
     async def verify(self, token: str) -> Principal:
         if looks_like_jwt(token):
-            iss = unverified_issuer(token)
+            claims = unverified_claims(token)
+            iss = _issuer_of(claims)
             introspector = self._introspected_jwts.get(iss) if iss is not None else None
             if introspector is None and self._unclaimed_jwts and not self._jwt.trusts(iss):
                 introspector = self._unclaimed
             if introspector is None:
-                return await self._jwt.verify(token)
+                # The payload is not decoded and parsed a second time: the local checks
+                # read the object parsed here, which is what they would have parsed.
+                return await self._jwt.verify(token, claims)
             return await introspector.verify(token, token_key(token))
         if self._unclaimed is not None:
             return await self._unclaimed.verify(token, token_key(token))

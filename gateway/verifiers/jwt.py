@@ -44,6 +44,11 @@ from .validity import check_validity
 
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
+# Distinct token headers remembered parsed: an issuer's tokens share one per signing key.
+# Only headers of up to _HEADER_CHARS_REMEMBERED characters are kept (an `alg`, `typ` and
+# `kid` take about 100), so the memory holds 256 KiB at most.
+_HEADERS_REMEMBERED = 256
+_HEADER_CHARS_REMEMBERED = 1024
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
@@ -83,6 +88,9 @@ class JwtVerifier:
         self._accepted_algorithms = frozenset(
             alg for issuer in issuers.values() for alg in issuer.algorithms
         )
+        # Encoded header -> the JSON object it decodes to, only read once parsed. Emptied
+        # when full, so headers made up to fill it leave no lasting mark.
+        self._headers: dict[str, dict[str, Any]] = {}
 
     def trusts(self, iss: str | None) -> bool:
         """Whether `iss` is an issuer whose JWTs this verifier checks itself."""
@@ -93,26 +101,47 @@ class JwtVerifier:
         the token's `token_key`)."""
         return self._cache.get(key, count_miss=False)
 
-    async def verify(self, token: str) -> Principal:
+    @property
+    def empty(self) -> bool:
+        """Whether no token is cached (always so when the cache is off)."""
+        return not len(self._cache)
+
+    async def verify(self, token: str, payload: dict[str, Any] | None = None) -> Principal:
+        """The principal of a valid token, else InvalidToken or VerifierUnavailable.
+        `payload`: the token's payload as a caller already parsed it from this token
+        (dispatch.unverified_claims), so it is not decoded and parsed again; None when it
+        could not be, or was not."""
+        cache = self._cache
+        if cache.off:
+            # Nothing to find and nothing to keep: the token needs no digest.
+            cache.count_miss()
+            principal, _ = await self._verify(token, payload)
+            return principal
         key = token_key(token)
-        cached = self._cache.get(key)
+        cached = cache.get(key)
         if cached is not None:
             return cached
-        principal, valid_until = await self._verify(token)
-        self._cache.put(key, principal, valid_until, self._epoch)
+        principal, valid_until = await self._verify(token, payload)
+        cache.put(key, principal, valid_until, self._epoch)
         return principal
 
-    async def _verify(self, token: str) -> tuple[Principal, float]:
+    async def _verify(self, token: str, payload: dict[str, Any] | None) -> tuple[Principal, float]:
         if not _COMPACT_JWS.fullmatch(token):
             raise InvalidToken("the token is not a signed JWT")
         header_b64, payload_b64, signature_b64 = token.split(".")
-        header = _json_object(header_b64, "header")
+        header = self._headers.get(header_b64)
+        if header is None:
+            header = _json_object(header_b64, "header")
+            if len(header_b64) <= _HEADER_CHARS_REMEMBERED:
+                if len(self._headers) >= _HEADERS_REMEMBERED:
+                    self._headers.clear()
+                self._headers[header_b64] = header
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in self._accepted_algorithms:
             raise InvalidToken("the token's signing algorithm is not accepted")
         if "crit" in header:
             raise InvalidToken("the token has critical header parameters that are not supported")
-        claims = _json_object(payload_b64, "payload")
+        claims = _json_object(payload_b64, "payload") if payload is None else payload
         # Decoded before any key lookup: a signature spelt otherwise than canonically is
         # refused without the refetch an unknown kid may cause.
         try:

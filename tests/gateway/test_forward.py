@@ -145,6 +145,67 @@ async def test_identity_headers_stay_right_as_remembered_principals_make_room(
     assert [p.subject for p, _ in remembered.values()] == ["u1", "u0"]
 
 
+async def test_without_a_token_cache_each_principal_gets_its_own_headers_unremembered(
+    issuer, upstream, client
+):
+    """With the verified-token cache off and no introspection, no principal serves a second
+    request: its identity headers are made for its request and not remembered. Principals
+    that share a client, scopes and issuer still each get their own subject and claims, in
+    the usual order."""
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 0\n" + CLAIMS_YAML)
+    async with running_gateway(config) as gateway:
+        requests = [
+            ("alice", "cli-a", "orders:read", {"email": "alice@example.com"}),
+            ("bob", "cli-a", "orders:read", {"level": 2}),
+            ("alice", "cli-b", "orders:read orders:admin", {}),
+            ("carol", "cli-a", "orders:read", {"email": "carol@example.com", "level": 7}),
+        ]
+        for sub, client_id, scope, claims in requests:
+            token = issuer.token(sub=sub, client_id=client_id, scope=scope, **claims)
+            headers = CIMultiDict([("X-Auth-Subject", "forged"), *bearer(token).items()])
+            async with client.get(gateway.url + "/orders/1", headers=headers) as resp:
+                assert resp.status == 200
+        assert gateway.gateway.pipeline.forwarder._identities == {}
+    names = ("x-auth-subject", "x-auth-client-id", "x-auth-scopes", "x-auth-issuer")
+    seen = [
+        [(k.lower(), v) for k, v in r["headers"] if k.lower().startswith("x-auth-")]
+        for r in upstream.requests
+    ]
+    assert seen == [
+        [
+            *zip(names, ["alice", "cli-a", "orders:read", issuer.url], strict=True),
+            ("x-auth-email", "alice@example.com"),
+        ],
+        [
+            *zip(names, ["bob", "cli-a", "orders:read", issuer.url], strict=True),
+            ("x-auth-level", "2"),
+        ],
+        [*zip(names, ["alice", "cli-b", "orders:admin orders:read", issuer.url], strict=True)],
+        [
+            *zip(names, ["carol", "cli-a", "orders:read", issuer.url], strict=True),
+            ("x-auth-email", "carol@example.com"),
+            ("x-auth-level", "7"),
+        ],
+    ]
+
+
+async def test_long_shared_identity_lines_are_sent_right_and_not_kept(
+    gateway, issuer, upstream, client
+):
+    """The client id, scopes and issuer lines principals share are kept only when short: a
+    token with hundreds of scopes gets its full header every time, and leaves nothing kept."""
+    scopes = sorted(["orders:read", *(f"extra:{n}" for n in range(300))])
+    for n in range(2):
+        token = issuer.token(sub=f"many-{n}", scope=" ".join(scopes))
+        async with client.get(gateway.url + "/orders/1", headers=bearer(token)) as resp:
+            assert resp.status == 200
+    assert [header_values(r, "X-Auth-Scopes") for r in upstream.requests] == [
+        [" ".join(scopes)]
+    ] * 2
+    shared = gateway.gateway.pipeline.forwarder._shared_identities
+    assert not [key for key in shared if len(key[1]) > 1]
+
+
 SPOOFED_SPELLINGS = [
     "X-Auth-Subject",
     "x-auth-subject",

@@ -22,6 +22,7 @@ from tests.support import (
     TestIssuer,
     assert_invalid_token,
     assert_unavailable,
+    b64url,
     call,
     gateway_yaml,
     header_values,
@@ -363,6 +364,51 @@ async def test_auto_mode_verifies_jwts_locally_and_introspects_other_tokens(
         ["opaque-user"],
     ]
     assert len(server.calls) == 1
+
+
+async def test_auto_mode_refuses_malformed_jwts_word_for_word_as_jwt_mode(
+    issuer: TestIssuer, server, upstream, client
+):
+    """In auto mode the payload read to choose the verifier is the one the local checks
+    read: every JWT is refused as in jwt mode, whatever is wrong with its payload."""
+    issuer.metadata_overrides["introspection_endpoint"] = server.endpoint
+    key = issuer.key("ES256")
+    header = b64url({"alg": "ES256", "typ": "at+jwt", "kid": key.kid})
+    good = issuer.token("ES256")
+    _, payload, signature = good.split(".")
+    tokens = [
+        f"{header}.{b64url(b'not json')}.{signature}",
+        f"{header}.{b64url(b'[1, 2]')}.{signature}",
+        f"{header}.{payload[:-1]}.{signature}",  # a length no bytes encode to
+        f"{header}.{payload}=.{signature}",
+        f"{header}.{b64url(issuer.claims(iss=7))}.{signature}",
+        f"{header}.{b64url(issuer.claims())}.{signature}",  # the signature of another payload
+        f"{b64url({'alg': 'none'})}.{payload}.{signature}",
+        issuer.token("ES256", lifetime=-3600, iat=int(time.time()) - 7200),
+        issuer.token("ES256", scope=["orders:read", 'x"y']),
+        issuer.token("ES256", cnf={"x5t#S256": "abc"}),
+        good,
+    ]
+    configs = {
+        "jwt": gateway_yaml(
+            issuer.url, upstream.url, issuers=[issuer_entry(issuer.url, leeway="0s")]
+        ),
+        "auto": config(issuer.url, upstream.url, mode="auto"),
+    }
+    answers = {}
+    for mode, text in configs.items():
+        async with running_gateway(text) as gateway:
+            answers[mode] = [
+                (a.status, a.headers.get("WWW-Authenticate"), a.body)
+                for a in [await call(client, gateway.url + "/orders/1", t) for t in tokens]
+            ]
+    # The refusals are the same bytes; the good token passes in both (the upstream's echo
+    # of it names each gateway's own port).
+    assert answers["auto"][:-1] == answers["jwt"][:-1]
+    # `=` inside a credential is no b64token at all (RFC 6750 §2.1): 400, in either mode.
+    assert [status for status, _, _ in answers["auto"]] == [401] * 3 + [400] + [401] * 6 + [200]
+    assert answers["jwt"][-1][0] == 200
+    assert server.calls == []
 
 
 async def test_jwt_mode_never_sends_a_token_to_an_introspection_endpoint(

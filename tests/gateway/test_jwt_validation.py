@@ -27,6 +27,7 @@ from jwt.algorithms import get_default_algorithms
 from gateway import adapter
 from gateway.jwks import KeySet
 from gateway.settings import IssuerSettings, JwksSettings
+from gateway.verifiers import jwt as jwt_verifier
 from gateway.verifiers.base import InvalidToken
 from gateway.verifiers.cache import TokenCache
 from gateway.verifiers.jwt import JwtVerifier, TrustedIssuer, b64url_decode
@@ -809,3 +810,58 @@ async def test_a_token_with_anything_after_its_signature_is_refused(issuer, clie
     assert (await verifier.verify(token)).subject == "user-123"
     with pytest.raises(InvalidToken, match="not a signed JWT"):
         await verifier.verify(token + suffix)
+
+
+async def test_a_remembered_token_header_gets_every_check_again(gateway, issuer, upstream, client):
+    """Token headers are kept parsed once seen; the rules on them still run for every token:
+    a refused header is refused the same way each time, and a good header's next token
+    still needs its own signature and claims to pass."""
+    key = issuer.key("ES256")
+    crit = {"alg": "ES256", "typ": "at+jwt", "kid": key.kid, "crit": ["exp"], "exp": 1}
+    crit_token = issuer.sign_compact(crit, issuer.claims(), key=key)
+    kid_token = _signed_variant(issuer, {"kid": 5}, {})
+    for _ in range(2):
+        await assert_refused(
+            client,
+            gateway,
+            upstream,
+            crit_token,
+            "the token has critical header parameters that are not supported",
+        )
+        await assert_refused(
+            client, gateway, upstream, kid_token, "the token's kid is not a string"
+        )
+
+    good = issuer.token("ES256")
+    await assert_passes(client, gateway, good)
+    expired = issuer.token("ES256", lifetime=-3600, iat=int(time.time()) - 7200)
+    head, _, signature = issuer.token("ES256", sub="other").rpartition(".")
+    forged = f"{head}.{signature[:5]}{'A' if signature[5] != 'A' else 'B'}{signature[6:]}"
+    assert good.split(".")[0] == expired.split(".")[0] == forged.split(".")[0]
+    await assert_refused(client, gateway, upstream, expired, "the token has expired")
+    await assert_refused(client, gateway, upstream, forged, "the token signature is invalid")
+
+
+async def test_remembered_token_headers_are_bounded(issuer, client, monkeypatch):
+    """Headers made up by the thousand cannot grow the memory of parsed headers: full, it
+    starts again, and every token still gets its verdict."""
+    monkeypatch.setattr(jwt_verifier, "_HEADERS_REMEMBERED", 2)
+    keys = KeySet(
+        adapter.issuer(IssuerSettings(issuer=issuer.url, audiences=("orders-api",))),
+        JwksSettings(),
+        client,
+    )
+    assert await keys.refresh()
+    trusted = TrustedIssuer(True, keys, frozenset({"ES256"}), 30.0)
+    verifier = JwtVerifier({issuer.url: trusted}, TokenCache(0))
+    for n in range(5):
+        token = issuer.token("ES256", headers={"x-n": n}, sub=f"user-{n}")
+        assert (await verifier.verify(token)).subject == f"user-{n}"
+        assert len(verifier._headers) <= 2
+        with pytest.raises(InvalidToken, match=r"^the token's kid is not a string$"):
+            await verifier.verify(_signed_variant(issuer, {"kid": n}, {}))
+    # A long header is verified like any other, and not kept.
+    verifier._headers.clear()
+    token = issuer.token("ES256", headers={"x-long": "x" * 2000})
+    assert (await verifier.verify(token)).subject == "user-123"
+    assert verifier._headers == {}

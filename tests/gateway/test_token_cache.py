@@ -10,6 +10,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from gateway.pipeline import REMEMBERED_AUTHORIZATION_CHARS, LastToken
+from gateway.principal import Principal
 from gateway.verifiers.cache import TokenCache
 from tests.support import (
     Answer,
@@ -137,6 +138,21 @@ async def test_zero_token_cache_size_verifies_every_request(issuer, upstream, cl
         for _ in range(3):
             assert (await orders(client, gateway, token)).status == 200
         assert (cache.hits, cache.misses, len(cache)) == (0, 3, 0)
+
+
+def test_a_cache_of_zero_entries_is_off_and_one_resized_to_zero_is_emptied():
+    cache = TokenCache(0)
+    assert cache.off
+    cache.count_miss()
+    assert (cache.hits, cache.misses, len(cache)) == (0, 1, 0)
+    cache.resize(2)
+    assert not cache.off
+    principal = Principal("https://issuer", "u", None, frozenset(), (), 2e9, {})
+    cache.put(b"k", principal, 2e9)
+    assert cache.get(b"k") is principal
+    cache.resize(0)
+    assert cache.off
+    assert len(cache) == 0
 
 
 async def test_a_cached_token_still_goes_through_every_header_rule(
