@@ -12,6 +12,8 @@ There is one table for each group of scenarios (the gateway, the token endpoint)
 least one scenario ran, each followed by its ratios and, where the project sets one, the
 target each ratio is held to. A scenario the script could not run on this machine leaves
 `<scenario>.skipped` in DIR, one line saying why; its row says so instead of a figure.
+A scenario run a second time leaves `<scenario>.2.txt` (and its snapshots) too: the two runs
+are counted as one (`combined`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,6 +210,38 @@ def cpu_use(raw: Path, key: str, requests: int, clk_tck: int) -> CpuUse | None:
     return CpuUse(busy, share, per_request, database)
 
 
+def combined(first: WrkResult, second: WrkResult) -> WrkResult:
+    """Two runs of one scenario as one: their requests over their time together, the worse
+    of their latencies (percentiles of two runs cannot be merged exactly), every error."""
+    seconds = first.requests / first.requests_per_s + second.requests / second.requests_per_s
+    return WrkResult(
+        requests_per_s=(first.requests + second.requests) / seconds,
+        p50_ms=max(first.p50_ms, second.p50_ms),
+        p99_ms=max(first.p99_ms, second.p99_ms),
+        requests=first.requests + second.requests,
+        non_2xx=first.non_2xx + second.non_2xx,
+        socket_errors=first.socket_errors + second.socket_errors,
+        fresh_tokens=first.fresh_tokens,
+        refresh_tokens=first.refresh_tokens,
+    )
+
+
+def combined_cpu(first: CpuUse, second: CpuUse, weights: tuple[int, int]) -> CpuUse:
+    """The CPU use of two runs as one, each weighed by its requests (`weights`)."""
+    a, b = weights
+    total = a + b
+
+    def mean(x: float | None, y: float | None) -> float | None:
+        return None if x is None or y is None or not total else (x * a + y * b) / total
+
+    return CpuUse(
+        busy={cpu: (first.busy[cpu] + second.busy.get(cpu, 0.0)) / 2 for cpu in first.busy},
+        server_share=mean(first.server_share, second.server_share),
+        server_us_per_request=mean(first.server_us_per_request, second.server_us_per_request),
+        database_us_per_request=mean(first.database_us_per_request, second.database_us_per_request),
+    )
+
+
 def _ms(value: float) -> str:
     return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms"
 
@@ -347,7 +382,9 @@ def render(
     cpu: dict[str, CpuUse],
     background: CpuUse | None = None,
     skipped: dict[str, str] | None = None,
+    repeated: Sequence[str] = (),
 ) -> str:
+    """`repeated`: the scenarios whose figures combine two runs (`combined`)."""
     skipped = skipped or {}
     lines = [
         f"# Portcullis bench — {meta.get('date', '')}",
@@ -400,6 +437,13 @@ def render(
         )
     cold = results.get("cold")
     lines += [""]
+    if repeated:
+        lines.append(
+            "Run twice, alternating, and counted as one: "
+            + ", ".join(f"`{key}`" for key in repeated)
+            + " (a drift of the machine's speed during the run weighs on each alike; p50 "
+            "and p99 are the worse of the two runs)."
+        )
     if cold is not None and cold.fresh_tokens:
         reused = not re.search(r"\bwraps=0\b", cold.fresh_tokens)
         lines.append(
@@ -457,6 +501,7 @@ def main() -> int:
     results = {}
     cpu = {}
     skipped = {}
+    repeated = []
     for key, _ in SCENARIOS:
         path = args.raw / f"{key}.txt"
         reason = args.raw / f"{key}.skipped"
@@ -467,8 +512,18 @@ def main() -> int:
             use = cpu_use(args.raw, key, results[key].requests, clk_tck)
             if use is not None:
                 cpu[key] = use
+            # A second run of the scenario (`KEY.2`, see REPEATED) counts with the first.
+            again = args.raw / f"{key}.2.txt"
+            if again.exists():
+                second = parse_wrk(again.read_text())
+                second_use = cpu_use(args.raw, f"{key}.2", second.requests, clk_tck)
+                weights = (results[key].requests, second.requests)
+                repeated.append(key)
+                results[key] = combined(results[key], second)
+                if use is not None and second_use is not None:
+                    cpu[key] = combined_cpu(use, second_use, weights)
     background = cpu_use(args.raw, "idle", 0, clk_tck)
-    report = render(results, meta, cpu, background, skipped)
+    report = render(results, meta, cpu, background, skipped, repeated)
     sys.stdout.write(report)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

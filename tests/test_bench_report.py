@@ -122,3 +122,23 @@ def test_scenarios_the_machine_could_not_run_say_why(tmp_path: Path) -> None:
     assert ratio_line(text, "gateway workers: 2 / workers: 1").endswith(
         f"| n/a | n/a | target >= 1.80: not measured ({why}) |"
     )
+
+
+def test_a_scenario_run_twice_is_reported_as_one(tmp_path: Path) -> None:
+    """`none` and `warm` run twice, alternating: each pair counts as one run, so a drift of
+    the machine's speed between the runs weighs on both scenarios alike."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    save(raw, "none", 5000, 200)
+    save(raw, "warm", 4600, 220)
+    save(raw, "none.2", 4600, 220)  # the machine slowed down after the first pair
+    save(raw, "warm.2", 4800, 210)
+    text = report(tmp_path)
+    # (50,000 + 46,000) requests in 20 s, and CPU per request weighed by requests.
+    assert "| 2. gateway, `auth: none` route | 4,800 |" in text
+    assert "| 3. gateway, one ES256 JWT (warm verified-token cache) | 4,700 |" in text
+    none_cpu = (50_000 * 200 + 46_000 * 220) / 96_000
+    warm_cpu = (46_000 * 220 + 48_000 * 210) / 94_000
+    assert f"| {none_cpu:.0f} µs |" in text and f"| {warm_cpu:.0f} µs |" in text
+    assert "| gateway warm JWT / gateway auth none | 0.98 | 0.98 | target >= 0.95: met |" in text
+    assert "Run twice, alternating, and counted as one: `none`, `warm`" in text
