@@ -35,11 +35,12 @@ import orjson
 
 from ..clock import Now
 from ..jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
-from ..jose import decode_checked_alphabet, verify_signature
+from ..jose import decode_checked_alphabet
 from ..jwks import KeySet, VerifyKey
 from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache, token_key
+from .signatures import SignatureBatch
 from .validity import check_validity
 
 _COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
@@ -91,6 +92,7 @@ class JwtVerifier:
         # Encoded header -> the JSON object it decodes to, only read once parsed. Emptied
         # when full, so headers made up to fill it leave no lasting mark.
         self._headers: dict[str, dict[str, Any]] = {}
+        self._signatures = SignatureBatch()  # checked together at the end of a loop turn
 
     def trusts(self, iss: str | None) -> bool:
         """Whether `iss` is an issuer whose JWTs this verifier checks itself."""
@@ -169,7 +171,7 @@ class JwtVerifier:
             verify_key = await self._key_after_miss(issuer, kid, alg)
 
         signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
-        if not verify_signature(alg, verify_key.key, signing_input, signature):
+        if not await self._signatures.verify(alg, verify_key.key, signing_input, signature):
             raise InvalidToken("the token signature is invalid")
 
         leeway = issuer.leeway
