@@ -37,7 +37,7 @@ import asyncio
 import secrets
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -77,12 +77,21 @@ class LastToken:
     behave as without it). Held by the connection, gone with it; values longer than
     REMEMBERED_AUTHORIZATION_CHARS are not kept."""
 
-    __slots__ = ("key", "scheme", "value")
+    __slots__ = ("credentials", "key", "length", "prefix")
 
     def __init__(self) -> None:
-        self.value: str | None = None
-        self.scheme: Literal["Bearer", "DPoP"] = bearer.BEARER
+        # The value was `prefix + credentials.token`, `length` characters: compared in
+        # place, a value sent again needs no slice, and its credentials are these again.
+        self.credentials: Credentials | None = None
+        self.prefix = ""
+        self.length = -1
         self.key = b""
+
+    @property
+    def value(self) -> str | None:
+        """The Authorization value remembered, None before any."""
+        credentials = self.credentials
+        return None if credentials is None else self.prefix + credentials.token
 
 
 class Forward(Protocol):
@@ -456,12 +465,15 @@ class Pipeline(Generic[F]):
         if len(authorization) != 1:
             return None
         value = authorization[0]
-        if last is not None and value == last.value:
-            scheme = last.scheme
+        if (
+            last is not None
+            and len(value) == last.length
+            and value.startswith(last.prefix)
+            and last.credentials is not None
+            and value.endswith(last.credentials.token)
+        ):
             principal = self.verifier.cached(last.key)
-            if principal is None:
-                return None
-            return principal, Credentials(scheme, value[len(scheme) + 1 :])
+            return None if principal is None else (principal, last.credentials)
         if value.startswith("Bearer "):
             credentials = Credentials(bearer.BEARER, value[7:])
         elif value.startswith("DPoP "):
@@ -476,7 +488,8 @@ class Pipeline(Generic[F]):
         if principal is None:
             return None
         if last is not None and len(value) <= REMEMBERED_AUTHORIZATION_CHARS:
-            last.value, last.scheme, last.key = value, credentials.scheme, key
+            last.credentials, last.key = credentials, key
+            last.prefix, last.length = value[: len(value) - len(credentials.token)], len(value)
         return principal, credentials
 
     async def verify(

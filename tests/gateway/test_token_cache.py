@@ -282,3 +282,18 @@ async def test_only_authorization_values_up_to_the_bound_are_remembered(gateway,
     # The short one stays remembered, and its hit gives the same principal as a full look.
     headers = CIMultiDictProxy(CIMultiDict({"Authorization": f"Bearer {short}"}))
     assert pipeline.cached(headers, last) == pipeline.cached(headers)
+
+
+async def test_tokens_of_the_same_length_on_one_connection_are_told_apart(
+    gateway, issuer, upstream
+):
+    """The remembered value is compared as a whole: a token as long as the last one, sharing
+    its start (the same header and most claims), is not taken for it."""
+    tokens = [issuer.token("ES256", sub=f"user-{c}", jti="j") for c in "abab"]
+    assert len({len(t) for t in tokens}) == 1
+    async with one_connection() as client:
+        for token, subject in zip(tokens, ("user-a", "user-b", "user-a", "user-b"), strict=True):
+            for _ in range(2):
+                answer = await orders(client, gateway, token)
+                assert answer.status == 200
+                assert header_values(answer.body, "X-Auth-Subject") == [subject]
