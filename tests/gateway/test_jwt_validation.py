@@ -794,10 +794,8 @@ async def test_distinct_tokens_each_get_their_own_verdict(gateway, issuer, upstr
     await assert_passes(client, gateway, good)
 
 
-@pytest.mark.parametrize("suffix", ["\n", "\r\n", " ", "\t", "=", "\n.x"])
-async def test_a_token_with_anything_after_its_signature_is_refused(issuer, client, suffix):
-    # The shape check covers the whole token, so the decoders that then trust its alphabet
-    # never see a character outside it (a lenient base64 decoder would skip a newline).
+async def es256_verifier(issuer, client, cache: TokenCache) -> JwtVerifier:
+    """A verifier of `issuer`'s ES256 tokens alone, its key set loaded."""
     keys = KeySet(
         adapter.issuer(IssuerSettings(issuer=issuer.url, audiences=("orders-api",))),
         JwksSettings(),
@@ -805,7 +803,14 @@ async def test_a_token_with_anything_after_its_signature_is_refused(issuer, clie
     )
     assert await keys.refresh()
     trusted = TrustedIssuer(True, keys, frozenset({"ES256"}), 30.0)
-    verifier = JwtVerifier({issuer.url: trusted}, TokenCache(100))
+    return JwtVerifier({issuer.url: trusted}, cache)
+
+
+@pytest.mark.parametrize("suffix", ["\n", "\r\n", " ", "\t", "=", "\n.x"])
+async def test_a_token_with_anything_after_its_signature_is_refused(issuer, client, suffix):
+    # The shape check covers the whole token, so the decoders that then trust its alphabet
+    # never see a character outside it (a lenient base64 decoder would skip a newline).
+    verifier = await es256_verifier(issuer, client, TokenCache(100))
     token = issuer.token("ES256")
     assert (await verifier.verify(token)).subject == "user-123"
     with pytest.raises(InvalidToken, match="not a signed JWT"):
@@ -846,14 +851,7 @@ async def test_remembered_token_headers_are_bounded(issuer, client, monkeypatch)
     """Headers made up by the thousand cannot grow the memory of parsed headers: full, it
     starts again, and every token still gets its verdict."""
     monkeypatch.setattr(jwt_verifier, "_HEADERS_REMEMBERED", 2)
-    keys = KeySet(
-        adapter.issuer(IssuerSettings(issuer=issuer.url, audiences=("orders-api",))),
-        JwksSettings(),
-        client,
-    )
-    assert await keys.refresh()
-    trusted = TrustedIssuer(True, keys, frozenset({"ES256"}), 30.0)
-    verifier = JwtVerifier({issuer.url: trusted}, TokenCache(0))
+    verifier = await es256_verifier(issuer, client, TokenCache(0))
     for n in range(5):
         token = issuer.token("ES256", headers={"x-n": n}, sub=f"user-{n}")
         assert (await verifier.verify(token)).subject == f"user-{n}"
