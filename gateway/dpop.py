@@ -50,7 +50,13 @@ import orjson
 from jwt.algorithms import Algorithm, get_default_algorithms
 from jwt.exceptions import InvalidKeyError
 
-from .jose import b64url_decode, b64url_encode, decode_checked_alphabet, verify_signature
+from .jose import (
+    b64url_decode,
+    b64url_encode,
+    compact_parts,
+    decode_checked_alphabet,
+    verify_signature,
+)
 
 _KEY_LOADERS: Mapping[str, Algorithm] = get_default_algorithms()  # from_jwk of each alg
 # RFC 9449 §4.2: an asymmetric algorithm; `none` and the MAC algorithms never qualify.
@@ -70,7 +76,6 @@ _THUMBPRINT_MEMBERS = {
 # symmetric) key has.
 _PRIVATE_MEMBERS = frozenset({"d", "p", "q", "dp", "dq", "qi", "oth", "k"})
 _DPOP_TYPES = frozenset({"dpop+jwt", "application/dpop+jwt"})  # RFC 7515 §4.1.9
-_COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _MAX_JTI = 512  # characters; a jti is a random identifier (§4.2), not a document
 _KEYS_KEPT = 1024  # public keys built from proofs' jwk, by thumbprint
 # Memory one entry of MemoryReplayCache holds (a 16-byte digest, its deadline, the ordered
@@ -329,9 +334,10 @@ class ProofChecker:
             raise InvalidProof("the request has more than one DPoP header")
         proof = headers[0].strip(" \t")
         # 2. a compact JWS (item 2)
-        if not _COMPACT_JWS.fullmatch(proof):
+        parts = compact_parts(proof)
+        if parts is None:
             raise InvalidProof("the DPoP proof is not a signed JWT")
-        header_b64, payload_b64, signature_b64 = proof.split(".")
+        header_b64, payload_b64, signature_b64 = parts
         header = _json_object(header_b64, "header")
         # 3. typ (item 4), crit
         typ = header.get("typ")
@@ -424,7 +430,7 @@ class ProofChecker:
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
-    """The JSON object a part of a proof that matched _COMPACT_JWS encodes."""
+    """The JSON object a part of a proof from `compact_parts` encodes."""
     try:
         value = orjson.loads(decode_checked_alphabet(part))
     except (binascii.Error, ValueError):

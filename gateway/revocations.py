@@ -38,7 +38,6 @@ import heapq
 import logging
 import math
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ import aiohttp
 import orjson
 
 from .clock import Now
-from .jose import SIGNATURE_ALGORITHMS, b64url_decode, verify_signature
+from .jose import SIGNATURE_ALGORITHMS, b64url_decode, compact_parts, verify_signature
 from .jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
 from .principal import Principal
 from .records import Issuer, RevocationEvents
@@ -63,7 +62,6 @@ SUBJECT_TOKENS_REVOKED = "https://portcullis.dev/secevent/subject-tokens-revoked
 CLIENT_TOKENS_REVOKED = "https://portcullis.dev/secevent/client-tokens-revoked"
 # RFC 8417 §2.3 explicit typing; media types compare case-insensitively (RFC 8725 §3.11).
 _SET_TYPES = frozenset({"secevent+jwt", "application/secevent+jwt"})
-_COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
 
 REVOKED = "token_revoked"
 STREAM_DOWN = "revocations_unknown"
@@ -256,9 +254,10 @@ async def verify_set(token: str, issuer: Issuer, keys: KeySet) -> dict[str, Any]
     """The claims of a SET signed by the issuer, else RejectedEvent. The checks a JWT access
     token gets where they apply (RFC 8417 §4.1: a SET is validated as a JWT), with `typ`
     required to be secevent+jwt (§2.3) so that no other JWT of the issuer passes as one."""
-    if not _COMPACT_JWS.match(token):
+    parts = compact_parts(token)
+    if parts is None:
         raise RejectedEvent("not a signed JWT")
-    header_b64, payload_b64, signature_b64 = token.split(".")
+    header_b64, payload_b64, signature_b64 = parts
     header = _json_object(header_b64)
     alg = header.get("alg")
     if not isinstance(alg, str) or alg not in issuer.algorithms or alg not in SIGNATURE_ALGORITHMS:

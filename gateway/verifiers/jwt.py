@@ -25,7 +25,6 @@ token the cache of step 1 does not hold, and what they accept is what it then ho
 from __future__ import annotations
 
 import binascii
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ import orjson
 
 from ..clock import Now
 from ..jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
-from ..jose import decode_checked_alphabet
+from ..jose import compact_parts, decode_checked_alphabet
 from ..jwks import KeySet, VerifyKey
 from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable
@@ -43,7 +42,6 @@ from .cache import TokenCache, token_key
 from .signatures import SignatureBatch
 from .validity import check_validity
 
-_COMPACT_JWS = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
 _AT_JWT_TYPES = frozenset({"at+jwt", "application/at+jwt"})  # RFC 9068 §4, case-insensitive
 # Distinct token headers remembered parsed: an issuer's tokens share one per signing key.
 # Only headers of up to _HEADER_CHARS_REMEMBERED characters are kept (an `alg`, `typ` and
@@ -53,7 +51,7 @@ _HEADER_CHARS_REMEMBERED = 1024
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
-    """The JSON object a part of a token that matched _COMPACT_JWS encodes."""
+    """The JSON object a part of a token from `compact_parts` encodes."""
     try:
         value = orjson.loads(decode_checked_alphabet(part))
     except (binascii.Error, ValueError):
@@ -128,9 +126,10 @@ class JwtVerifier:
         return principal
 
     async def _verify(self, token: str, payload: dict[str, Any] | None) -> tuple[Principal, float]:
-        if not _COMPACT_JWS.fullmatch(token):
+        parts = compact_parts(token)
+        if parts is None:
             raise InvalidToken("the token is not a signed JWT")
-        header_b64, payload_b64, signature_b64 = token.split(".")
+        header_b64, payload_b64, signature_b64 = parts
         header = self._headers.get(header_b64)
         if header is None:
             header = _json_object(header_b64, "header")
