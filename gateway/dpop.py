@@ -51,10 +51,12 @@ from jwt.algorithms import Algorithm, get_default_algorithms
 from jwt.exceptions import InvalidKeyError
 
 from .jose import (
+    NotAnObject,
     b64url_decode,
     b64url_encode,
     compact_parts,
     decode_checked_alphabet,
+    json_object,
     verify_signature,
 )
 
@@ -430,14 +432,11 @@ class ProofChecker:
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
-    """The JSON object a part of a proof from `compact_parts` encodes."""
+    """The JSON object the proof's header or payload (`what`) encodes."""
     try:
-        value = orjson.loads(decode_checked_alphabet(part))
-    except (binascii.Error, ValueError):
-        raise InvalidProof(f"the DPoP proof's {what} is not base64url-encoded JSON") from None
-    if not isinstance(value, dict):
-        raise InvalidProof(f"the DPoP proof's {what} is not a JSON object")
-    return value
+        return json_object(part)
+    except NotAnObject as exc:
+        raise InvalidProof(f"the DPoP proof's {what} {exc.problem}") from None
 
 
 def check_binding(proof: Proof, jkt: str) -> None:

@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
@@ -61,6 +62,27 @@ def compact_parts(text: str) -> list[str] | None:
     if len(parts) != 3 or not (parts[0] and parts[1] and parts[2]):
         return None
     return parts
+
+
+class NotAnObject(ValueError):
+    """A part of a compact JWS that does not encode a JSON object; `problem` says how, as
+    the end of a sentence naming the part ("is not a JSON object")."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def json_object(part: str) -> dict[str, Any]:
+    """The JSON object the header or payload of a compact JWS encodes (`part` as
+    `compact_parts` gave it, so its alphabet is proven), else NotAnObject."""
+    try:
+        value = orjson.loads(decode_checked_alphabet(part))
+    except (binascii.Error, ValueError):
+        raise NotAnObject("is not base64url-encoded JSON") from None
+    if not isinstance(value, dict):
+        raise NotAnObject("is not a JSON object")
+    return value
 
 
 def b64url_encode(data: bytes) -> str:

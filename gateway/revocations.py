@@ -46,10 +46,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import orjson
 
 from .clock import Now
-from .jose import SIGNATURE_ALGORITHMS, b64url_decode, compact_parts, verify_signature
+from .jose import (
+    SIGNATURE_ALGORITHMS,
+    NotAnObject,
+    b64url_decode,
+    compact_parts,
+    json_object,
+    verify_signature,
+)
 from .jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
 from .principal import Principal
 from .records import Issuer, RevocationEvents
@@ -241,13 +247,11 @@ class UnknownKey(RejectedEvent):
 
 
 def _json_object(part: str) -> dict[str, Any]:
+    """The JSON object the event's header or payload encodes."""
     try:
-        value = orjson.loads(b64url_decode(part))
-    except (binascii.Error, ValueError):
-        raise RejectedEvent("not base64url-encoded JSON") from None
-    if not isinstance(value, dict):
-        raise RejectedEvent("not a JSON object")
-    return value
+        return json_object(part)
+    except NotAnObject as exc:
+        raise RejectedEvent(exc.problem.removeprefix("is ")) from None
 
 
 async def verify_set(token: str, issuer: Issuer, keys: KeySet) -> dict[str, Any]:

@@ -30,11 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..clock import Now
+from ..jose import NotAnObject, compact_parts, decode_checked_alphabet, json_object
 from ..jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
-from ..jose import compact_parts, decode_checked_alphabet
 from ..jwks import KeySet, VerifyKey
 from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable
@@ -51,14 +49,11 @@ _HEADER_CHARS_REMEMBERED = 1024
 
 
 def _json_object(part: str, what: str) -> dict[str, Any]:
-    """The JSON object a part of a token from `compact_parts` encodes."""
+    """The JSON object the token's header or payload (`what`) encodes."""
     try:
-        value = orjson.loads(decode_checked_alphabet(part))
-    except (binascii.Error, ValueError):
-        raise InvalidToken(f"the token {what} is not base64url-encoded JSON") from None
-    if not isinstance(value, dict):
-        raise InvalidToken(f"the token {what} is not a JSON object")
-    return value
+        return json_object(part)
+    except NotAnObject as exc:
+        raise InvalidToken(f"the token {what} {exc.problem}") from None
 
 
 @dataclass(frozen=True)
