@@ -375,6 +375,22 @@ def pkce_pair() -> tuple[str, str]:
     return verifier, challenge
 
 
+def login_page_path() -> str:
+    """/authorize?… of the public client `spa` (openid, a fresh S256 challenge): a valid
+    request from a browser without a session, which the login page answers."""
+    return "/authorize?" + urlencode(
+        {
+            "response_type": "code",
+            "client_id": "spa",
+            "redirect_uri": REDIRECT,
+            "scope": "openid",
+            "state": "s",
+            "code_challenge": pkce_pair()[1],
+            "code_challenge_method": "S256",
+        }
+    )
+
+
 class _FormParser(HTMLParser):
     def __init__(self) -> None:
         super().__init__()

@@ -18,18 +18,16 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 import pytest
 
 from authserver import settings as authserver_settings
 from tests.authserver.conftest import (
-    REDIRECT,
     SECRET,
     basic_auth,
     default_config,
-    pkce_pair,
+    login_page_path,
     tokens_for,
 )
 from tests.authserver.process_support import Process, write_config
@@ -49,17 +47,7 @@ POOL = {
 # The longest a request may take while the database is away: the connect timeout, the
 # acquire timeout and a statement timeout could add up, and the machine is shared.
 LONGEST_ANSWER = 4.0
-AUTHORIZE = "/authorize?" + urlencode(
-    {
-        "response_type": "code",
-        "client_id": "spa",
-        "redirect_uri": REDIRECT,
-        "scope": "openid",
-        "state": "s",
-        "code_challenge": pkce_pair()[1],
-        "code_challenge_method": "S256",
-    }
-)
+AUTHORIZE = login_page_path()
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from tests.authserver.conftest import (
     exchange_code,
     fetch_jwks,
     introspect,
+    login_page_path,
     parse_form,
     pkce_pair,
     post_token,
@@ -239,16 +240,7 @@ async def test_a_session_made_at_one_replica_signs_in_at_the_other(
 async def test_a_login_form_from_one_replica_is_posted_to_the_other(
     replicas: Replicas, http: aiohttp.ClientSession
 ) -> None:
-    params = {
-        "response_type": "code",
-        "client_id": "spa",
-        "redirect_uri": REDIRECT,
-        "scope": "openid",
-        "state": "s",
-        "code_challenge": pkce_pair()[1],
-        "code_challenge_method": "S256",
-    }
-    page = await http.get(replicas.a.url + "/authorize?" + urlencode(params), allow_redirects=False)
+    page = await http.get(replicas.a.url + login_page_path(), allow_redirects=False)
     action, fields = parse_form(await page.text())
     assert action.endswith("/login")
     fields.update(username="alice", password=PASSWORD)
@@ -259,16 +251,7 @@ async def test_a_login_form_from_one_replica_is_posted_to_the_other(
 
 async def sign_in(http: aiohttp.ClientSession, replica: Process, password: str) -> int:
     """Open a login page at `replica` and post it there; the answer's status."""
-    params = {
-        "response_type": "code",
-        "client_id": "spa",
-        "redirect_uri": REDIRECT,
-        "scope": "openid",
-        "state": "s",
-        "code_challenge": pkce_pair()[1],
-        "code_challenge_method": "S256",
-    }
-    page = await http.get(replica.url + "/authorize?" + urlencode(params), allow_redirects=False)
+    page = await http.get(replica.url + login_page_path(), allow_redirects=False)
     action, fields = parse_form(await page.text())
     assert action.endswith("/login")
     fields.update(username="alice", password=password)

@@ -14,17 +14,15 @@ import resource
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 import pytest
 
 from tests.authserver.conftest import (
     JWT_BEARER,
-    REDIRECT,
     client_assertion,
     client_public_jwks,
-    pkce_pair,
+    login_page_path,
     tokens_for,
 )
 from tests.authserver.device_support import device_config
@@ -32,17 +30,7 @@ from tests.authserver.process_support import Process, write_config
 from tests.support import reserve_port
 
 # A valid request from a browser without a session: the login page needs a new session.
-AUTHORIZE = "/authorize?" + urlencode(
-    {
-        "response_type": "code",
-        "client_id": "spa",
-        "redirect_uri": REDIRECT,
-        "scope": "openid",
-        "state": "s",
-        "code_challenge": pkce_pair()[1],
-        "code_challenge_method": "S256",
-    }
-)
+AUTHORIZE = login_page_path()
 RESOURCE_SERVER = {
     # Introspects with a client assertion, whose jti the store records: a write.
     "client_id": "rs-jwt",
