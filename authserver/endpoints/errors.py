@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from aiohttp import web
@@ -54,36 +54,66 @@ _UNAVAILABLE_PACE = LogPace(UNAVAILABLE_LOG_EVERY)
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 
 
-def json_no_store(
+class JsonAnswer(NamedTuple):
+    """A JSON answer before it is written: its status, its fields in order (Content-Type
+    follows them) and what its body holds. aiohttp writes it (`json_response_of`), or the
+    lane (authserver/lanes.py)."""
+
+    status: int
+    headers: Mapping[str, str]
+    data: Any
+
+
+def json_answer(
     data: Any, status: int = 200, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    all_headers = {**_NO_STORE, **headers} if headers else _NO_STORE
+) -> JsonAnswer:
+    return JsonAnswer(status, {**_NO_STORE, **headers} if headers else _NO_STORE, data)
+
+
+def json_response_of(answer: JsonAnswer) -> web.Response:
     return web.Response(
-        body=orjson.dumps(data), status=status, content_type="application/json", headers=all_headers
+        body=orjson.dumps(answer.data),
+        status=answer.status,
+        content_type="application/json",
+        headers=answer.headers,
     )
 
 
-def oauth_json_error(error: OAuthError, extra: Mapping[str, str] | None = None) -> web.Response:
+def json_no_store(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return json_response_of(json_answer(data, status, headers))
+
+
+def oauth_error_answer(error: OAuthError, extra: Mapping[str, str] | None = None) -> JsonAnswer:
     """RFC 6749 §5.2 error body; invalid_client after Basic gets a Basic challenge."""
     headers = {"Cache-Control": "no-store", "Pragma": "no-cache", **(extra or {})}
     if isinstance(error, ClientAuthError) and error.basic:
         headers["WWW-Authenticate"] = 'Basic realm="portcullis", charset="UTF-8"'
-    return json_no_store(error.body(), status=error.status, headers=headers)
+    return json_answer(error.body(), status=error.status, headers=headers)
 
 
-def unavailable_json(exc: TemporarilyUnavailable) -> web.Response:
+def oauth_json_error(error: OAuthError, extra: Mapping[str, str] | None = None) -> web.Response:
+    return json_response_of(oauth_error_answer(error, extra))
+
+
+def unavailable_answer(exc: TemporarilyUnavailable) -> JsonAnswer:
     error = OAuthError(ErrorCode.TEMPORARILY_UNAVAILABLE, "try again in a moment")
-    return json_no_store(
+    return json_answer(
         error.body(), status=error.status, headers={"Retry-After": str(exc.retry_after)}
     )
 
 
-def log_unavailable(request: web.Request, exc: TemporarilyUnavailable) -> None:
+def unavailable_json(exc: TemporarilyUnavailable) -> web.Response:
+    return json_response_of(unavailable_answer(exc))
+
+
+def log_unavailable(path: str, exc: TemporarilyUnavailable) -> None:
     held_back = _UNAVAILABLE_PACE.due()
     if held_back is not None:
         log.warning(
             "temporarily unavailable",
-            extra={"path": request.path, "reason": str(exc), "held_back": held_back},
+            extra={"path": path, "reason": str(exc), "held_back": held_back},
         )
 
 
@@ -96,7 +126,7 @@ def json_errors_of(current: Callable[[], Handler]) -> Handler:
         try:
             return await current()(request)
         except TemporarilyUnavailable as exc:
-            log_unavailable(request, exc)
+            log_unavailable(request.path, exc)
             return unavailable_json(exc)
 
     return guarded

@@ -92,12 +92,20 @@ async def form_items(request: web.Request) -> list[tuple[str, object]]:
         raise invalid_request("the request body is too large")
     try:
         body = await request.read()
-        if len(body) > MAX_FORM_BYTES:
-            raise invalid_request("the request body is too large")
+    except web.HTTPRequestEntityTooLarge:
+        raise invalid_request("the request body is not a valid form") from None
+    return body_items(body)
+
+
+def body_items(body: bytes) -> list[tuple[str, object]]:
+    """The (name, value) pairs of a url-encoded body that has been read whole."""
+    if len(body) > MAX_FORM_BYTES:
+        raise invalid_request("the request body is too large")
+    try:
         # parse_qsl is what request.post() does for this content type, without building a
         # multidict and a multipart reader on every token request.
         return _pairs(body.decode("utf-8"))
-    except (ValueError, web.HTTPRequestEntityTooLarge):
+    except ValueError:
         raise invalid_request("the request body is not a valid form") from None
 
 
@@ -137,6 +145,12 @@ def _pairs(text: str) -> list[tuple[str, object]]:
 async def read_form(request: web.Request) -> dict[str, str]:
     """The url-encoded body of a POST; other content types are refused."""
     return single_valued(await form_items(request), "form")
+
+
+async def body_form(body: bytes) -> dict[str, str]:
+    """`read_form` for a body already read whole, of a request whose content type is the
+    url-encoded form's."""
+    return single_valued(body_items(body), "form")
 
 
 def with_query(uri: str, params: Mapping[str, str | None]) -> str:

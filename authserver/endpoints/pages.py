@@ -102,7 +102,7 @@ class Pages:
             try:
                 return await handler(request)
             except TemporarilyUnavailable as exc:
-                log_unavailable(request, exc)
+                log_unavailable(request.path, exc)
                 return self.unavailable(exc)
 
         return guarded

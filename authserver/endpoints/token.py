@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -25,7 +26,7 @@ from ..dpop import ProofChecker, invalid_proof
 from ..grants.base import Registry, TokenRequest
 from ..metrics import Metrics
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
-from .errors import json_no_store, oauth_json_error
+from .errors import JsonAnswer, json_answer, json_response_of, oauth_error_answer
 from .forms import read_form
 
 log = logging.getLogger("portcullis.authserver.token")
@@ -49,18 +50,34 @@ class TokenEndpoint:
         self.metrics = metrics
 
     async def handle(self, request: web.Request) -> web.Response:
+        """The endpoint behind aiohttp's router and middleware."""
+        answer = await self.answer(
+            read_form(request),
+            request.headers.getall("DPoP", []),
+            request.headers.get("Authorization"),
+        )
+        return json_response_of(answer)
+
+    async def answer(
+        self,
+        form_read: Awaitable[dict[str, str]],
+        proofs: list[str],
+        authorization: str | None,
+    ) -> JsonAnswer:
+        """The steps above for a request whose form `form_read` gives (aiohttp's request
+        read, or a body the lane read: authserver/lanes.py), with its DPoP and Authorization
+        fields."""
         headers: dict[str, str] = {}
         nonce = self.dpop.nonce()
         if nonce is not None:
             headers["DPoP-Nonce"] = nonce
         try:
-            form = await read_form(request)  # 1
+            form = await form_read  # 1
             grant_type = form.get("grant_type")
             if not grant_type:
                 raise invalid_request("grant_type is required")
             grant = self.grants.get(grant_type)  # 2
-            proof = self.dpop.verify(request.headers.getall("DPoP", []), "POST", self.url)  # 3
-            authorization = request.headers.get("Authorization")
+            proof = self.dpop.verify(proofs, "POST", self.url)  # 3
             client = await self.clients.authenticate(form, authorization, self.url)  # 4
             if proof is not None:
                 await self.dpop.use(proof, self.url)
@@ -79,8 +96,8 @@ class TokenEndpoint:
             )
             body = await grant.issue(token_request, client)  # 6
             self.metrics.token_issued(grant_type)
-            return json_no_store(body, headers=headers)  # 7
+            return json_answer(body, headers=headers)  # 7
         except OAuthError as error:
             if error.code in (ErrorCode.INVALID_GRANT, ErrorCode.INVALID_CLIENT):
                 log.info("token request refused", extra={"error": error.code.value})
-            return oauth_json_error(error, headers)
+            return oauth_error_answer(error, headers)

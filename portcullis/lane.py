@@ -1,0 +1,330 @@
+"""A fast lane through aiohttp's server, for the few requests whose cost is worth a path of
+their own (the token endpoint's POST above all).
+
+A connection starts in the lane. While aiohttp's handler for it is idle, the bytes that
+arrive are held here until a request is whole; a request whose line is one a `Lane` serves,
+whose head is plain (below) and which that lane admits, is answered by the lane without
+aiohttp's request, response, router or middleware objects. The first request that is not
+is given to aiohttp with every byte held since its start, and the connection is aiohttp's to
+its end: aiohttp never sees part of a request the lane read, and no answer overtakes
+another (a request that arrives while the lane answers one is held until that answer is
+written).
+
+Plain, and anything else goes to aiohttp, which answers it as it always did:
+- the request line is exactly one a lane serves (`POST /token HTTP/1.1`): no query, no
+  other version;
+- at most `MAX_FIELDS` header fields, the head within `MAX_HEAD` bytes; every name a token
+  and every value printable ASCII (RFC 9110 §5.1, §5.5): no obs-fold, no obs-text, no
+  control character, no whitespace before a colon;
+- exactly one `Content-Length` of digits, within the lane's `max_body`; no
+  `Transfer-Encoding`, `Expect` or `Upgrade`; `Connection` absent or `keep-alive`.
+So no request the parser of aiohttp would refuse, or read in another way, is read here:
+framing (RFC 9112 §6.3) is the one `Content-Length`, and smuggling has nothing to work on.
+
+The connection's life stays aiohttp's: its count, its keep-alive timer (restarted after each
+answer, as aiohttp does), and the graceful shutdown, which waits for an answer in progress.
+The lane reaches into aiohttp's `RequestHandler` for that, in the attributes listed in
+`PRIVATE_ATTRIBUTES`; tests/portcullis/test_lane.py fails by name when an aiohttp release
+moves one.
+
+An answer is `Lane.answer`'s status, fields and body, with `Content-Length`, `Date` and
+`Server` last, as aiohttp writes them. A lane that raises gets aiohttp's own 500 answer,
+and the connection is closed, as aiohttp does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Any, NamedTuple, Protocol
+
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+
+log = logging.getLogger("portcullis.lane")
+
+MAX_HEAD = 8 * 1024  # bytes of a request head, its final empty line included
+MAX_FIELDS = 64
+# What a connection may hold while a request of its is being answered (pipelined requests);
+# past it, reading pauses until the answer is written.
+MAX_HELD = 256 * 1024
+
+# RFC 9110 §5.6.2: tchar; a field name is one or more.
+_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# RFC 9110 §5.5: field-vchar, SP and HTAB, narrowed to ASCII (obs-text goes to aiohttp).
+_VALUE_BYTES = bytes(range(0x20, 0x7F)) + b"\t"
+# Fields whose presence sends a request to aiohttp: framing it does not read here
+# (RFC 9112 §6.1), an interim answer it does not give (RFC 9110 §10.1.1), a protocol switch.
+_NOT_IN_LANE = frozenset({"transfer-encoding", "expect", "upgrade"})
+
+# aiohttp's RequestHandler attributes the lane relies on (see the module's docstring).
+PRIVATE_ATTRIBUTES = (
+    "_force_close",  # the connection is closing: nothing more is read
+    "_close",  # likewise, once the answer in progress is written
+    "_request_in_progress",  # shutdown waits for the answer in progress ...
+    "_handler_waiter",  # ... on this future, which is set when it is written
+    "_keepalive_timeout",
+    "_next_keepalive_close_time",  # the idle deadline aiohttp's keep-alive timer checks
+    "_keepalive_handle",
+    "_process_keepalive",  # the timer's callback, deferred while the lane answers
+)
+
+
+class LaneRequest:
+    """A plain request the lane read whole: its fields by lower-case name, and its body."""
+
+    __slots__ = ("body", "fields")
+
+    def __init__(self, fields: dict[str, list[str]], body: bytes) -> None:
+        self.fields = fields
+        self.body = body
+
+    def get(self, name: str) -> str | None:
+        """The first value of the field `name` (lower case), as aiohttp's `headers.get`."""
+        values = self.fields.get(name)
+        return values[0] if values else None
+
+    def getall(self, name: str) -> list[str]:
+        return self.fields.get(name, [])
+
+
+class LaneAnswer(NamedTuple):
+    status: int
+    headers: Sequence[tuple[str, str]]  # in order; Content-Length, Date and Server follow
+    body: bytes
+
+
+class Lane(Protocol):
+    """What serves one request line in the lane."""
+
+    max_body: int  # a longer body (by Content-Length) goes to aiohttp
+
+    def admits(self, request: LaneRequest) -> bool:
+        """Whether the lane answers this request; else aiohttp does."""
+
+    async def answer(self, request: LaneRequest) -> LaneAnswer: ...
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+_STATUS_LINES = {status.value: _status_line(status.value) for status in HTTPStatus}
+_SERVER = f"Server: {SERVER_SOFTWARE}\r\n\r\n".encode()
+
+# aiohttp's answer to a handler that raised (RequestHandler.handle_error), for a client that
+# does not ask for HTML.
+_INTERNAL_ERROR = LaneAnswer(
+    500,
+    (("Content-Type", "text/plain; charset=utf-8"), ("Connection", "close")),
+    b"500 Internal Server Error\n\nServer got itself in trouble",
+)
+
+
+def render(answer: LaneAnswer) -> bytes:
+    """The answer as it goes on the wire."""
+    status, headers, body = answer
+    line = _STATUS_LINES.get(status) or _status_line(status)
+    head = "".join([f"{name}: {value}\r\n" for name, value in headers])
+    return b"".join(
+        (
+            line,
+            head.encode("latin-1"),
+            b"Content-Length: %d\r\nDate: " % len(body),
+            rfc822_formatted_time().encode(),
+            b"\r\n",
+            _SERVER,
+            body,
+        )
+    )
+
+
+class PlainHead(NamedTuple):
+    fields: dict[str, list[str]]
+    content_length: int
+
+
+def plain_head(held: bytes | bytearray, start: int, end: int) -> PlainHead | None:
+    """The fields of the head between `start` (after the request line) and `end` (its
+    empty line), when the head is plain as the module's docstring says; else None."""
+    if start > end:  # no field at all
+        return None
+    lines = bytes(held[start:end]).split(b"\r\n")
+    if len(lines) > MAX_FIELDS:
+        return None
+    fields: dict[str, list[str]] = {}
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name.translate(None, _TCHAR):
+            return None
+        if value.translate(None, _VALUE_BYTES):
+            return None
+        key = name.decode("ascii").lower()
+        text = value.decode("ascii").strip(" \t")
+        if key in fields:
+            fields[key].append(text)
+        else:
+            fields[key] = [text]
+    lengths = fields.get("content-length")
+    if lengths is None or len(lengths) != 1 or not lengths[0].isdigit():
+        return None
+    if not _NOT_IN_LANE.isdisjoint(fields):
+        return None
+    connection = fields.get("connection")
+    if connection is not None and (len(connection) != 1 or connection[0].lower() != "keep-alive"):
+        return None
+    return PlainHead(fields, int(lengths[0]))
+
+
+class LaneConnection(web.RequestHandler):
+    """aiohttp's per-connection protocol, with the lane in front of it."""
+
+    def __init__(self, server: LaneServer, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._lane_server = server
+        self._lanes = server.lanes
+        self._held = bytearray()
+        self._answering = False  # a lane request is being answered
+        self._handed_over = False  # aiohttp reads the connection from now on
+        self._paused = False
+
+    def data_received(self, data: bytes) -> None:
+        if self._handed_over:
+            super().data_received(data)
+            return
+        if self._force_close or self._close:
+            return  # as aiohttp: a closing connection reads nothing more
+        self._held += data
+        if not self._answering:
+            self._serve_held()
+        elif len(self._held) > MAX_HELD and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _serve_held(self) -> None:
+        """Answer the request held, if it is whole and the lane's; hand the connection to
+        aiohttp at the first request that is not."""
+        held = self._held
+        if not held:
+            return
+        end = held.find(b"\r\n\r\n")
+        if end < 0:
+            if len(held) > MAX_HEAD:
+                self._hand_over()
+            return
+        if end + 4 > MAX_HEAD:
+            self._hand_over()
+            return
+        line_end = held.find(b"\r\n")
+        lane = self._lanes.get(bytes(held[:line_end]))
+        head = plain_head(held, line_end + 2, end) if lane is not None else None
+        if lane is None or head is None or head.content_length > lane.max_body:
+            self._hand_over()
+            return
+        total = end + 4 + head.content_length
+        if len(held) < total:
+            return  # the rest of the body is still to come
+        request = LaneRequest(head.fields, bytes(held[end + 4 : total]))
+        if not lane.admits(request):
+            self._hand_over()
+            return
+        del held[:total]
+        self._answering = True
+        self._request_in_progress = True
+        server = self._lane_server
+        server.requests_count += 1
+        server.lane_requests += 1
+        self._loop.create_task(self._answer(lane, request))
+
+    def _hand_over(self) -> None:
+        self._handed_over = True
+        held = bytes(self._held)
+        self._held = bytearray()
+        super().data_received(held)
+
+    async def _answer(self, lane: Lane, request: LaneRequest) -> None:
+        close = False
+        try:
+            answer = await lane.answer(request)
+        except Exception:
+            log.exception("lane request failed")
+            answer, close = _INTERNAL_ERROR, True
+        try:
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.write(render(answer))
+        finally:
+            self._answering = False
+            self._request_in_progress = False
+            waiter = self._handler_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)  # a shutdown waiting for this answer goes on
+            self._done(close)
+
+    def _done(self, close: bool) -> None:
+        if self.transport is None:
+            return  # the client left
+        if close:
+            self.force_close()
+            return
+        # As aiohttp after an answer: the connection may now stay idle for keepalive_timeout.
+        loop = self._loop
+        self._next_keepalive_close_time = loop.time() + self._keepalive_timeout
+        if self._keepalive_timeout > 0 and self._keepalive_handle is None:
+            self._keepalive_handle = loop.call_at(
+                self._next_keepalive_close_time, self._process_keepalive
+            )
+        if self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+        if not (self._force_close or self._close):
+            self._serve_held()
+
+    def _process_keepalive(self) -> None:
+        if self._answering:
+            # Not idle: the lane is answering. Checked again once the answer is written.
+            self._keepalive_handle = None
+            return
+        super()._process_keepalive()
+
+
+class LaneServer(web.Server):
+    """aiohttp's Server whose connections start in the lane."""
+
+    def __init__(self, lanes: Mapping[bytes, Lane], plain: web.Server) -> None:
+        super().__init__(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            **plain._kwargs,
+        )
+        self.lanes = lanes
+        self.lane_requests = 0  # requests the lane took
+
+    def __call__(self) -> web.RequestHandler:
+        return LaneConnection(self, loop=self._loop, **self._kwargs)
+
+
+LANES = web.AppKey("lanes", Mapping[bytes, Lane])
+
+
+class LaneAppRunner(web.AppRunner):
+    """An AppRunner serving `app[LANES]` in the lane."""
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        return LaneServer(self.app[LANES], plain)
+
+
+def app_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The runner for `app`: one with the lane when the app has lanes."""
+    if app.get(LANES):
+        return LaneAppRunner(app, **kwargs)
+    return web.AppRunner(app, **kwargs)
