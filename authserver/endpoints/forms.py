@@ -73,14 +73,16 @@ def single_valued(items: Iterable[tuple[str, object]], where: str) -> dict[str, 
     """Pairs from `form_items` or `query_items` as a dict; a parameter given twice is invalid
     (RFC 6749 §3.1, §3.2)."""
     result: dict[str, str] = {}
+    empty = False
     for key, value in items:
         if key in result:
             raise given_more_than_once([key])
         if not isinstance(value, str):
             raise invalid_request(f"{where} parameters must be text")
         result[key] = value
+        empty = empty or not value
     # Empty values count as absent (RFC 6749 §3.1).
-    return {k: v for k, v in result.items() if v != ""}
+    return {k: v for k, v in result.items() if v != ""} if empty else result
 
 
 async def form_items(request: web.Request) -> list[tuple[str, object]]:
