@@ -227,7 +227,8 @@ def combined(first: WrkResult, second: WrkResult) -> WrkResult:
 
 
 def combined_cpu(first: CpuUse, second: CpuUse, weights: tuple[int, int]) -> CpuUse:
-    """The CPU use of two runs as one, each weighed by its requests (`weights`)."""
+    """The CPU use of two runs (or of runs already combined, and one more) as one, each
+    weighed by its requests (`weights`)."""
     a, b = weights
     total = a + b
 
@@ -235,7 +236,10 @@ def combined_cpu(first: CpuUse, second: CpuUse, weights: tuple[int, int]) -> Cpu
         return None if x is None or y is None or not total else (x * a + y * b) / total
 
     return CpuUse(
-        busy={cpu: (first.busy[cpu] + second.busy.get(cpu, 0.0)) / 2 for cpu in first.busy},
+        busy={
+            cpu: (first.busy[cpu] * a + second.busy.get(cpu, 0.0) * b) / total if total else 0.0
+            for cpu in first.busy
+        },
         server_share=mean(first.server_share, second.server_share),
         server_us_per_request=mean(first.server_us_per_request, second.server_us_per_request),
         database_us_per_request=mean(first.database_us_per_request, second.database_us_per_request),
@@ -439,10 +443,10 @@ def render(
     lines += [""]
     if repeated:
         lines.append(
-            "Run twice, alternating, and counted as one: "
+            "Run more than once, alternating, and counted as one: "
             + ", ".join(f"`{key}`" for key in repeated)
             + " (a drift of the machine's speed during the run weighs on each alike; p50 "
-            "and p99 are the worse of the two runs)."
+            "and p99 are the worst of the runs)."
         )
     if cold is not None and cold.fresh_tokens:
         reused = not re.search(r"\bwraps=0\b", cold.fresh_tokens)
@@ -512,16 +516,21 @@ def main() -> int:
             use = cpu_use(args.raw, key, results[key].requests, clk_tck)
             if use is not None:
                 cpu[key] = use
-            # A second run of the scenario (`KEY.2`, see REPEATED) counts with the first.
-            again = args.raw / f"{key}.2.txt"
-            if again.exists():
-                second = parse_wrk(again.read_text())
-                second_use = cpu_use(args.raw, f"{key}.2", second.requests, clk_tck)
-                weights = (results[key].requests, second.requests)
-                repeated.append(key)
-                results[key] = combined(results[key], second)
-                if use is not None and second_use is not None:
-                    cpu[key] = combined_cpu(use, second_use, weights)
+            # Further runs of the scenario (`KEY.2`, `KEY.3`, ...) count with the first.
+            run = 2
+            while (again := args.raw / f"{key}.{run}.txt").exists():
+                later = parse_wrk(again.read_text())
+                later_use = cpu_use(args.raw, f"{key}.{run}", later.requests, clk_tck)
+                weights = (results[key].requests, later.requests)
+                if run == 2:
+                    repeated.append(key)
+                results[key] = combined(results[key], later)
+                use = cpu.get(key)
+                if use is not None and later_use is not None:
+                    cpu[key] = combined_cpu(use, later_use, weights)
+                else:
+                    cpu.pop(key, None)
+                run += 1
     background = cpu_use(args.raw, "idle", 0, clk_tck)
     report = render(results, meta, cpu, background, skipped, repeated)
     sys.stdout.write(report)

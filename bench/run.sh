@@ -30,9 +30,13 @@
 #   BENCH_PROFILE=0        1 (or warm): afterwards, profile the gateway under py-spy during
 #                          the warm-JWT load and write bench/out/profile-warm*.txt;
 #                          cold: the same with the token cache off (every request verified);
+#                          none: the warm gateway on its auth-none route (the same bytes);
 #                          token: the authserver during ES256 token requests
 #                          (BENCH_SCENARIOS= BENCH_PROFILE=1 profiles only)
 #   BENCH_PYSPY_ARGS=--function   py-spy flags (e.g. "--native", or "" for line numbers)
+#   BENCH_RUNS=3           runs of each scenario of the pairs judged against each other
+#                          (auth none and warm JWT; the token endpoint and oidc-provider),
+#                          in turns
 #   BENCH_KEEP=0           1: keep the temporary directory (configs, logs) after the run
 set -euo pipefail
 
@@ -45,6 +49,7 @@ CONNECTIONS=${BENCH_CONNECTIONS:-64}
 TOKENS=${BENCH_TOKENS:-200000}
 PROOFS=${BENCH_PROOFS:-100000}
 PROFILE=${BENCH_PROFILE:-0}
+RUNS=${BENCH_RUNS:-3}
 SCENARIOS=" ${BENCH_SCENARIOS-direct none warm dpop cold haproxy workers-1 workers-2 revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas} "
 OUT=$ROOT/bench/out
 SERVER_CPU=0
@@ -54,13 +59,14 @@ WRK_ARGS="-t1 -c$CONNECTIONS --latency"
 wanted() { [[ $SCENARIOS == *" $1 "* ]]; }
 [ "$PROFILE" = 1 ] && PROFILE=warm
 [ "$PROFILE" = token-es256 ] && PROFILE=token
-case $PROFILE in 0 | warm | cold | token) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm, cold or token" >&2; exit 2 ;; esac
+case $RUNS in [1-9]) ;; *) echo "BENCH_RUNS=$RUNS: use 1 to 9" >&2; exit 2 ;; esac
+case $PROFILE in 0 | warm | cold | none | token) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm, cold, none or token" >&2; exit 2 ;; esac
 # The gateway part (nginx, issuer, tokens) is set up only when one of its scenarios runs.
 GATEWAY_BENCH=0
 for key in direct none warm dpop cold haproxy workers-1 workers-2 revocation decision nginx-authreq; do
     wanted "$key" && GATEWAY_BENCH=1
 done
-[ "$PROFILE" = warm ] || [ "$PROFILE" = cold ] && GATEWAY_BENCH=1
+[ "$PROFILE" = warm ] || [ "$PROFILE" = cold ] || [ "$PROFILE" = none ] && GATEWAY_BENCH=1
 OIDC_BENCH=0
 wanted oidc-es256 || wanted oidc-rs256 && OIDC_BENCH=1
 # The storage scenarios: the token endpoint on SQLite and on PostgreSQL (a cluster of the
@@ -477,10 +483,12 @@ if [ "$GATEWAY_BENCH" = 1 ]; then
         fi
         if wanted none && wanted warm; then
             # Their ratio is a target of a few percent, smaller than the machine's drift over
-            # a minute: a second run of each, in the same order, and report.py counts the two
-            # runs of each scenario as one.
-            measure none.2 "$GATEWAY/public/items" -H "Authorization: Bearer $TOKEN"
-            measure warm.2 "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+            # a minute: more runs of each, in the same order, and report.py counts the runs of
+            # each scenario as one.
+            for run in $(seq 2 "$RUNS"); do
+                measure "none.$run" "$GATEWAY/public/items" -H "Authorization: Bearer $TOKEN"
+                measure "warm.$run" "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+            done
         fi
         if wanted dpop; then
             # The bound token is verified once and cached; its proof is checked every time.
@@ -770,14 +778,14 @@ start_oidc() {
 for alg in ES256 RS256; do
     key=${alg,,}
     if wanted "token-$key" && wanted "oidc-$key"; then
-        # Both servers at once (the one not measured is idle), measured in the order ours,
-        # theirs, ours, theirs, and report.py counts the two runs of each as one: the
+        # Both servers at once (the one not measured is idle), measured in turns (ours,
+        # theirs, ours, theirs, ...) and report.py counts the runs of each as one: the
         # machine's speed drifts over a minute by as much as the target's margin.
         start_authserver "$alg"
         check_token_endpoint "authserver $alg" "$AUTHSERVER" "$AUTHSERVER" "$alg"
         start_oidc "$alg"
         check_token_endpoint "oidc-provider $alg" "$OIDC" "$OIDC" "$alg"
-        for run in "" .2; do
+        for run in "" $(seq -f .%g 2 "$RUNS"); do
             SERVER_PIDS=("$AUTHSERVER_PID")
             measure "token-$key$run" "$AUTHSERVER/token" "${TOKEN_LOAD[@]}"
             SERVER_PIDS=("$OIDC_PID")
@@ -1029,13 +1037,16 @@ if [ "$PROFILE" != 0 ]; then
         LAUNCH=("$PY" -m authserver run --config "$AUTHSERVER_CONFIG")
         WHAT="ES256 token requests"
     else
-        start_gateway "$TMP/gateway-$PROFILE.yaml"
+        config=$TMP/gateway-$PROFILE.yaml route=api
+        if [ "$PROFILE" = none ]; then config=$TMP/gateway-warm.yaml route=public; fi
+        start_gateway "$config"
         PROFILED=gateway
         PROFILED_PID=$GATEWAY_PID
         READY_URL=http://127.0.0.1:$P_GW_ADMIN/readyz
-        LOAD=("$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN")
-        LAUNCH=("$PY" -m gateway run --config "$TMP/gateway-$PROFILE.yaml")
+        LOAD=("$GATEWAY/$route/items" -H "Authorization: Bearer $TOKEN")
+        LAUNCH=("$PY" -m gateway run --config "$config")
         WHAT="$PROFILE-JWT load"
+        [ "$PROFILE" = none ] && WHAT="auth-none load"
     fi
     spy_load() {
         taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNECTIONS" -d"$((DURATION + 4))s" "${LOAD[@]}" \

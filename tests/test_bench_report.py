@@ -141,4 +141,25 @@ def test_a_scenario_run_twice_is_reported_as_one(tmp_path: Path) -> None:
     warm_cpu = (46_000 * 220 + 48_000 * 210) / 94_000
     assert f"| {none_cpu:.0f} µs |" in text and f"| {warm_cpu:.0f} µs |" in text
     assert "| gateway warm JWT / gateway auth none | 0.98 | 0.98 | target >= 0.95: met |" in text
-    assert "Run twice, alternating, and counted as one: `none`, `warm`" in text
+    assert "Run more than once, alternating, and counted as one: `none`, `warm`" in text
+
+
+def test_three_runs_of_the_token_pair_count_as_one_each(tmp_path: Path) -> None:
+    """The token endpoint and oidc-provider run in turns, three times each: every run counts,
+    its CPU per request weighed by its requests."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    runs = {"token-es256": [(9000, 100), (10000, 90), (8000, 110)], "oidc-es256": []}
+    runs["oidc-es256"] = [(4500, 200), (4000, 220), (5500, 180)]
+    for key, figures in runs.items():
+        for run, (rps, cpu_us) in enumerate(figures, start=1):
+            save(raw, key if run == 1 else f"{key}.{run}", rps, cpu_us)
+    text = report(tmp_path)
+    # 10 s each: (90,000 + 100,000 + 80,000) / 30 s, and (45,000 + 40,000 + 55,000) / 30 s.
+    assert "| 6. authserver token endpoint, ES256 | 9,000 |" in text
+    assert "| 7. oidc-provider token endpoint, ES256 | 4,667 |" in text
+    token_cpu = (90_000 * 100 + 100_000 * 90 + 80_000 * 110) / 270_000
+    oidc_cpu = (45_000 * 200 + 40_000 * 220 + 55_000 * 180) / 140_000
+    assert f"| {token_cpu:.0f} µs |" in text and f"| {oidc_cpu:.0f} µs |" in text
+    assert "| authserver ES256 / oidc-provider ES256 | 1.93 |" in text
+    assert "`token-es256`, `oidc-es256`" in text
