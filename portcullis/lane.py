@@ -34,6 +34,7 @@ and the connection is closed, as aiohttp does.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -191,6 +192,7 @@ class LaneConnection(web.RequestHandler):
         self._lanes = server.lanes
         self._held = bytearray()
         self._answering = False  # a lane request is being answered
+        self._answering_task: asyncio.Task[None] | None = None
         self._handed_over = False  # aiohttp reads the connection from now on
         self._paused = False
 
@@ -240,7 +242,8 @@ class LaneConnection(web.RequestHandler):
         server = self._lane_server
         server.requests_count += 1
         server.lane_requests += 1
-        self._loop.create_task(self._answer(lane, request))
+        # Held here: the loop keeps only a weak reference to a task.
+        self._answering_task = self._loop.create_task(self._answer(lane, request))
 
     def _hand_over(self) -> None:
         self._handed_over = True
@@ -251,16 +254,17 @@ class LaneConnection(web.RequestHandler):
     async def _answer(self, lane: Lane, request: LaneRequest) -> None:
         close = False
         try:
-            answer = await lane.answer(request)
+            wire = render(await lane.answer(request))
         except Exception:
             log.exception("lane request failed")
-            answer, close = _INTERNAL_ERROR, True
+            wire, close = render(_INTERNAL_ERROR), True
         try:
             transport = self.transport
             if transport is not None and not transport.is_closing():
-                transport.write(render(answer))
+                transport.write(wire)
         finally:
             self._answering = False
+            self._answering_task = None
             self._request_in_progress = False
             waiter = self._handler_waiter
             if waiter is not None and not waiter.done():

@@ -40,6 +40,7 @@ class EchoLane:
     refuse: str | None = None  # a field whose presence makes the lane decline
     hold: asyncio.Event | None = None
     fail: bool = False
+    unwritable: bool = False  # answers with a field value no head can carry
     seen: list[LaneRequest] = field(default_factory=list)
 
     def admits(self, request: LaneRequest) -> bool:
@@ -51,6 +52,8 @@ class EchoLane:
             await self.hold.wait()
         if self.fail:
             raise RuntimeError("lane fault")
+        if self.unwritable:
+            return LaneAnswer(200, [("X-Lane", "\u20ac")], b"")
         return LaneAnswer(
             201,
             [("X-Lane", "yes"), ("X-Token", request.get("x-token") or "-")],
@@ -278,10 +281,11 @@ async def test_a_request_arriving_while_the_lane_answers_waits_for_that_answer(
     assert (first.body, second.body) == (b"lane:slow", b"aiohttp:quick")
 
 
+@pytest.mark.parametrize("lane", [EchoLane(fail=True), EchoLane(unwritable=True)])
 async def test_a_lane_that_fails_answers_500_and_closes_the_connection(
-    serve: Callable[..., Any],
+    serve: Callable[..., Any], lane: EchoLane
 ) -> None:
-    served = await serve(EchoLane(fail=True))
+    served = await serve(lane)
     connection = await served.connect()
     try:
         await connection.send(post(b"x"))
