@@ -75,9 +75,14 @@ class LastToken:
     spares the per-request SHA-256 of it. Only the key is saved: the verified-token cache is
     asked on every request as before (expiry, LRU order, hits, reloads and revocations all
     behave as without it). Held by the connection, gone with it; values longer than
-    REMEMBERED_AUTHORIZATION_CHARS are not kept."""
+    REMEMBERED_AUTHORIZATION_CHARS are not kept.
 
-    __slots__ = ("credentials", "key", "length", "prefix")
+    It also remembers the last route plan a bearer principal was allowed on (steps 5 and
+    7, which depend on nothing else: `allowed`). The same principal object (the cache gives
+    it again) on the same plan (a reload makes new plans) is allowed again without them;
+    the revocation check, step 6, still runs on every request."""
+
+    __slots__ = ("allowed", "credentials", "key", "length", "prefix")
 
     def __init__(self) -> None:
         # The value was `prefix + credentials.token`, `length` characters: compared in
@@ -86,6 +91,7 @@ class LastToken:
         self.prefix = ""
         self.length = -1
         self.key = b""
+        self.allowed: tuple[RoutePlan, Principal] | None = None
 
     @property
     def value(self) -> str | None:
@@ -339,8 +345,20 @@ class Pipeline(Generic[F]):
                 verified: Principal | Refusal = presented
             else:
                 principal, credentials = presented
+                # Steps 5 and 7 allowed this principal, sent as Bearer, on this plan on this
+                # connection before (LastToken.allowed): they would again. (Sent as DPoP,
+                # the same token meets step 5's other branch.)
+                memo = last.allowed if last is not None else None
+                allowed = (
+                    memo is not None
+                    and memo[0] is plan
+                    and memo[1] is principal
+                    and credentials.scheme == bearer.BEARER
+                )
                 # 5. bind-check: every request, cache hit or not.
-                if principal.jkt is None and credentials.scheme == bearer.BEARER:
+                if allowed:
+                    verified = principal
+                elif principal.jkt is None and credentials.scheme == bearer.BEARER:
                     verified = self.bearer_check(plan, principal)
                 else:
                     verified = await self.bind_check(request, plan, principal, credentials)
@@ -352,8 +370,15 @@ class Pipeline(Generic[F]):
                 if self.revocations is not None and not isinstance(verified, Refusal):
                     verified = self.revocation_check(plan, verified, credentials.scheme)
                 # 7. decide
-                if not isinstance(verified, Refusal):
+                if not allowed and not isinstance(verified, Refusal):
                     verified = self.decide(plan, rule, verified, credentials.scheme)
+                    if (
+                        verified is principal
+                        and last is not None
+                        and principal.jkt is None
+                        and credentials.scheme == bearer.BEARER
+                    ):
+                        last.allowed = (plan, principal)
             if isinstance(verified, Refusal):
                 exchange.deny(verified.reason, monitor)
                 if not monitor:

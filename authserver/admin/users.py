@@ -85,6 +85,16 @@ def password_problems(
     return []
 
 
+def new_user_id() -> str:
+    """A random id for a user created without one: 128 bits, base64url, never starting with
+    `-` (one in 64 would), which a command line would read as an option
+    (`portcullis-authserver users delete ID`)."""
+    while True:
+        subject = secrets.token_urlsafe(16)
+        if not subject.startswith("-"):
+            return subject
+
+
 class Users:
     def __init__(self, context: Context) -> None:
         self.c = context
@@ -105,7 +115,7 @@ class Users:
         body = await read_object(request)
         subject = body.pop("id", None)
         if subject is None:
-            subject = secrets.token_urlsafe(16)
+            subject = new_user_id()
         elif not isinstance(subject, str) or not subject:
             raise invalid([("id", "must be a non-empty string")])
         password = body.pop("password", None)

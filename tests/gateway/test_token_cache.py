@@ -5,11 +5,14 @@ end with the token's expiry, the cache is bounded, and it holds digests rather t
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import aiohttp
+from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.pipeline import REMEMBERED_AUTHORIZATION_CHARS, LastToken
+from gateway.exchange import Exchange
+from gateway.pipeline import REMEMBERED_AUTHORIZATION_CHARS, Admitted, LastToken
 from gateway.principal import Principal
 from gateway.verifiers.cache import TokenCache
 from tests.support import (
@@ -297,3 +300,79 @@ async def test_tokens_of_the_same_length_on_one_connection_are_told_apart(
                 answer = await orders(client, gateway, token)
                 assert answer.status == 200
                 assert header_values(answer.body, "X-Auth-Subject") == [subject]
+
+
+# The route decision a connection remembers (LastToken.allowed): the same principal allowed on
+# the same route plan is allowed again without steps 5 and 7; anything else is decided anew.
+
+
+async def test_a_remembered_decision_holds_for_its_own_route_only(gateway, issuer, upstream):
+    reader = issuer.token("ES256", sub="reader", scope="orders:read")
+    async with one_connection() as client:
+        for _ in range(2):
+            assert (await orders(client, gateway, reader)).status == 200
+        # orders-write needs orders:write too: the decision on orders-read does not carry over.
+        async with client.put(
+            gateway.url + "/orders/1", headers={"Authorization": f"Bearer {reader}"}, data=b"x"
+        ) as response:
+            await response.read()
+            assert response.status == 403
+        assert (await orders(client, gateway, reader)).status == 200
+        assert len(upstream.requests) == 3
+
+
+async def test_a_remembered_decision_is_not_kept_across_a_reload(issuer, upstream, tmp_path):
+    config = tmp_path / "gateway.yaml"
+    reader = issuer.token("ES256", sub="reader", scope="orders:read")
+    async with (
+        running_gateway(gateway_yaml(issuer.url, upstream.url), config_file=config) as gateway,
+        one_connection() as client,
+    ):
+        for _ in range(2):
+            assert (await orders(client, gateway, reader)).status == 200
+        # The route now needs a scope the token lacks: the next request on the same
+        # connection is decided by the new configuration.
+        config.write_text(
+            gateway_yaml(issuer.url, upstream.url).replace(
+                '"orders:read", "orders:admin"', '"orders:admin"'
+            )
+        )
+        assert await gateway.gateway.reload()
+        answer = await orders(client, gateway, reader)
+        assert answer.status == 403
+        assert len(upstream.requests) == 2
+
+
+async def test_a_bearer_decision_does_not_admit_the_token_sent_as_dpop(gateway, issuer, upstream):
+    """RFC 9449 §7.1: the DPoP scheme is for bound tokens. A token allowed as Bearer on this
+    connection and route is still refused when it comes as DPoP."""
+    token = issuer.token("ES256", sub="unbound")
+    async with one_connection() as client:
+        for _ in range(2):
+            assert (await orders(client, gateway, token)).status == 200
+        async with client.get(
+            gateway.url + "/orders/1", headers={"Authorization": f"DPoP {token}"}
+        ) as response:
+            await response.read()
+            assert response.status == 401
+        assert (await orders(client, gateway, token)).status == 200
+
+
+async def test_admit_remembers_an_allowed_bearer_decision_and_no_refusal(gateway, issuer):
+    pipeline = gateway.gateway.pipeline
+    reader = issuer.token("ES256", sub="memo", scope="orders:read")
+    headers = {"Authorization": f"Bearer {reader}"}
+    last = LastToken()
+
+    def admit(method: str) -> Any:
+        request = make_mocked_request(method, "/orders/1", headers=headers)
+        return pipeline.admit(request, Exchange(0.0, "id", method, "/orders/1"), last)
+
+    allowed = await admit("GET")
+    assert isinstance(allowed, Admitted) and allowed.principal is not None
+    assert last.allowed == (allowed.plan, allowed.principal)
+    refused = await admit("PUT")  # orders-write: the token lacks orders:write
+    assert getattr(refused, "status", None) == 403
+    assert last.allowed is not None and last.allowed[0] is allowed.plan  # unchanged
+    again = await admit("GET")
+    assert isinstance(again, Admitted) and again.principal is allowed.principal
