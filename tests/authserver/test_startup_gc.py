@@ -15,9 +15,11 @@ class _Node:
 
 
 async def test_start_up_objects_are_frozen_and_later_garbage_is_still_collected() -> None:
+    thresholds = gc.get_threshold()
     try:
         await _freeze_startup_objects()
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold()[0] == 10_000
         later = _Node()  # a reference cycle made after start-up
         gone = weakref.ref(later)
         del later
@@ -25,3 +27,4 @@ async def test_start_up_objects_are_frozen_and_later_garbage_is_still_collected(
         assert gone() is None
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
