@@ -26,7 +26,7 @@ from portcullis.lane import (
     app_runner,
     plain_head,
 )
-from tests.support import RawConnection, raw_request
+from tests.support import RawConnection, raw_request, wait_for
 
 LINE = b"POST /echo HTTP/1.1"
 
@@ -270,7 +270,7 @@ async def test_a_request_arriving_while_the_lane_answers_waits_for_that_answer(
     connection = await served.connect()
     try:
         await connection.send(post(b"slow"))
-        await asyncio.sleep(0.05)  # the lane has the first request
+        await wait_for(lambda: served.lane.seen, what="the lane to take the first request")
         await connection.send(post(b"quick", target="/other"))
         await asyncio.sleep(0.05)
         assert served.aiohttp_bodies == []  # aiohttp has not been given it yet
@@ -306,7 +306,7 @@ async def test_shutdown_waits_for_the_lanes_answer_in_progress(
     connection = await served.connect()
     try:
         await connection.send(post(b"draining"))
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: served.lane.seen, what="the lane to take the request")
         cleanup = asyncio.create_task(served.runner.cleanup())
         await asyncio.sleep(0.1)
         assert not cleanup.done()  # waiting for the answer
@@ -327,6 +327,7 @@ async def test_an_idle_connection_is_closed_after_keepalive_timeout_but_not_whil
     connection = await served.connect()
     try:
         await connection.send(post(b"long"))
+        await wait_for(lambda: served.lane.seen, what="the lane to take the request")
         await asyncio.sleep(0.6)  # three idle timeouts while the lane answers
         hold.set()
         assert (await connection.response()).body == b"lane:long"
