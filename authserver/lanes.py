@@ -14,6 +14,7 @@ browser's cross-origin request needs the CORS middleware's client check) whose
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
@@ -79,5 +80,8 @@ class TokenLane:
                 [*answer.headers.items(), _JSON, *serving.cors.actual(self._endpoint, None)],
                 orjson.dumps(answer.data),
             )
+        except asyncio.CancelledError:
+            status = 499  # the server stopped waiting for it (a shutdown), as app._counted
+            raise
         finally:
             self._metrics.request("token", status)

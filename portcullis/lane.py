@@ -15,17 +15,25 @@ Plain, and anything else goes to aiohttp, which answers it as it always did:
   other version;
 - at most `MAX_FIELDS` header fields, the head within `MAX_HEAD` bytes; every name a token
   and every value printable ASCII (RFC 9110 §5.1, §5.5): no obs-fold, no obs-text, no
-  control character, no whitespace before a colon;
-- exactly one `Content-Length` of digits, within the lane's `max_body`; no
-  `Transfer-Encoding`, `Expect` or `Upgrade`; `Connection` absent or `keep-alive`.
+  control character, no whitespace before a colon; no field name twice;
+- exactly one `Host` (RFC 9112 §3.2) and one `Content-Length` of digits, within the lane's
+  `max_body`; no `Transfer-Encoding`, `Content-Encoding`, `Expect`, `Upgrade` or
+  `Sec-WebSocket-Key1`; `Connection` absent or `keep-alive`.
 So no request the parser of aiohttp would refuse, or read in another way, is read here:
 framing (RFC 9112 §6.3) is the one `Content-Length`, and smuggling has nothing to work on.
+Bytes that can no longer begin such a request (another request line, a bare LF, a control
+character) go to aiohttp at once, before their head is complete, so that aiohttp answers
+them as soon as it would have.
 
 The connection's life stays aiohttp's: its count, its keep-alive timer (restarted after each
-answer, as aiohttp does), and the graceful shutdown, which waits for an answer in progress.
+answer, as aiohttp does), the graceful shutdown, which waits for an answer in progress
+(and cancels it when the wait runs out), and the flow control of writing: a lane answer
+written to a client that reads nothing waits for the buffer to drain before the next
+request is served, and no more than `MAX_HELD` bytes are held meanwhile.
 The lane reaches into aiohttp's `RequestHandler` for that, in the attributes listed in
-`PRIVATE_ATTRIBUTES`; tests/portcullis/test_lane.py fails by name when an aiohttp release
-moves one.
+`PRIVATE_ATTRIBUTES` (and into `Server._loop`, `Server._kwargs` and
+`AppRunner._make_server` to be built); tests/portcullis/test_lane.py fails by name when an
+aiohttp release moves one.
 
 An answer is `Lane.answer`'s status, fields and body, with `Content-Length`, `Date` and
 `Server` last, as aiohttp writes them. A lane that raises gets aiohttp's own 500 answer,
@@ -36,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, NamedTuple, Protocol
 
@@ -58,7 +66,15 @@ _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqr
 _VALUE_BYTES = bytes(range(0x20, 0x7F)) + b"\t"
 # Fields whose presence sends a request to aiohttp: framing it does not read here
 # (RFC 9112 §6.1), an interim answer it does not give (RFC 9110 §10.1.1), a protocol switch.
-_NOT_IN_LANE = frozenset({"transfer-encoding", "expect", "upgrade"})
+_NOT_IN_LANE = frozenset(
+    {"transfer-encoding", "expect", "upgrade", "content-encoding", "sec-websocket-key1"}
+)
+# What a head that is not complete yet may hold, to be a plain one: printable ASCII, HTAB,
+# and CR and LF as line ends (checked apart).
+_HEAD_BYTES = _VALUE_BYTES + b"\r\n"
+# Content-Length digits beyond these (leading zeros aside) exceed any max_body, and past
+# 4,300 int() refuses them.
+_MAX_LENGTH_DIGITS = 18
 
 # aiohttp's RequestHandler attributes the lane relies on (see the module's docstring).
 PRIVATE_ATTRIBUTES = (
@@ -70,6 +86,10 @@ PRIVATE_ATTRIBUTES = (
     "_next_keepalive_close_time",  # the idle deadline aiohttp's keep-alive timer checks
     "_keepalive_handle",
     "_process_keepalive",  # the timer's callback, deferred while the lane answers
+    "_waiter",  # set while aiohttp's request loop is idle, which the timer checks
+    "_loop",
+    "_paused",  # the transport asked to stop writing (BaseProtocol) ...
+    "_drain_helper",  # ... and this waits until it may go on
 )
 
 
@@ -117,22 +137,27 @@ def _status_line(status: int) -> bytes:
 
 
 _STATUS_LINES = {status.value: _status_line(status.value) for status in HTTPStatus}
-_SERVER = f"Server: {SERVER_SOFTWARE}\r\n\r\n".encode()
+_SERVER = f"Server: {SERVER_SOFTWARE}\r\n".encode()
+_KEEP_OPEN = b"\r\n"
+_CLOSE = b"Connection: close\r\n\r\n"
 
 # aiohttp's answer to a handler that raised (RequestHandler.handle_error), for a client that
-# does not ask for HTML.
+# does not ask for HTML (one that does gets the same in text: the lane has no HTML pages).
 _INTERNAL_ERROR = LaneAnswer(
     500,
-    (("Content-Type", "text/plain; charset=utf-8"), ("Connection", "close")),
+    (("Content-Type", "text/plain; charset=utf-8"),),
     b"500 Internal Server Error\n\nServer got itself in trouble",
 )
 
 
-def render(answer: LaneAnswer) -> bytes:
-    """The answer as it goes on the wire."""
+def render(answer: LaneAnswer, close: bool = False) -> bytes:
+    """The answer as it goes on the wire (`close`: the connection closes after it). A field
+    name or value with CR or LF, which would end its line early, raises ValueError."""
     status, headers, body = answer
     line = _STATUS_LINES.get(status) or _status_line(status)
     head = "".join([f"{name}: {value}\r\n" for name, value in headers])
+    if head.count("\n") != len(headers) or head.count("\r") != len(headers):
+        raise ValueError("a field of the answer holds CR or LF")
     return b"".join(
         (
             line,
@@ -141,6 +166,7 @@ def render(answer: LaneAnswer) -> bytes:
             rfc822_formatted_time().encode(),
             b"\r\n",
             _SERVER,
+            _CLOSE if close else _KEEP_OPEN,
             body,
         )
     )
@@ -167,20 +193,45 @@ def plain_head(held: bytes | bytearray, start: int, end: int) -> PlainHead | Non
         if value.translate(None, _VALUE_BYTES):
             return None
         key = name.decode("ascii").lower()
-        text = value.decode("ascii").strip(" \t")
         if key in fields:
-            fields[key].append(text)
-        else:
-            fields[key] = [text]
-    lengths = fields.get("content-length")
-    if lengths is None or len(lengths) != 1 or not lengths[0].isdigit():
+            return None  # aiohttp refuses some fields twice (Host, Content-Type, ...)
+        fields[key] = [value.decode("ascii").strip(" \t")]
+    length = fields.get("content-length")
+    if length is None or "host" not in fields or not _NOT_IN_LANE.isdisjoint(fields):
         return None
-    if not _NOT_IN_LANE.isdisjoint(fields):
+    digits = length[0]
+    if not digits.isdigit() or len(digits.lstrip("0")) > _MAX_LENGTH_DIGITS:
         return None
     connection = fields.get("connection")
-    if connection is not None and (len(connection) != 1 or connection[0].lower() != "keep-alive"):
+    if connection is not None and connection[0].lower() != "keep-alive":
         return None
-    return PlainHead(fields, int(lengths[0]))
+    return PlainHead(fields, int(digits))
+
+
+def could_begin_plain(held: bytes | bytearray, lines: Iterable[bytes]) -> bool:
+    """Whether `held`, a head not complete yet, may still turn out to be a plain request of
+    one of the request `lines`: its request line is one of them (or the start of one), and
+    nothing in it is a byte a plain head never holds, or a CR or LF that is not a line end."""
+    line_end = held.find(b"\r\n")
+    if line_end < 0:
+        first = bytes(held[:-1] if held.endswith(b"\r") else held)
+        return any(line.startswith(first) for line in lines)
+    if bytes(held[:line_end]) not in lines:
+        return False
+    rest = bytes(held)
+    if rest.translate(None, _HEAD_BYTES):
+        return False
+    ends = rest.count(b"\r\n") + rest.endswith(b"\r")
+    return rest.count(b"\r") == ends and rest.count(b"\n") == rest.count(b"\r\n")
+
+
+class _Pending(NamedTuple):
+    """A plain head read whole, its body still to come."""
+
+    lane: Lane
+    head: PlainHead
+    end: int  # where the body starts in the bytes held
+    total: int  # where the request ends
 
 
 class LaneConnection(web.RequestHandler):
@@ -191,10 +242,11 @@ class LaneConnection(web.RequestHandler):
         self._lane_server = server
         self._lanes = server.lanes
         self._held = bytearray()
+        self._pending: _Pending | None = None
         self._answering = False  # a lane request is being answered
         self._answering_task: asyncio.Task[None] | None = None
         self._handed_over = False  # aiohttp reads the connection from now on
-        self._paused = False
+        self._lane_paused_reading = False
 
     def data_received(self, data: bytes) -> None:
         if self._handed_over:
@@ -205,38 +257,33 @@ class LaneConnection(web.RequestHandler):
         self._held += data
         if not self._answering:
             self._serve_held()
-        elif len(self._held) > MAX_HELD and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        elif len(self._held) > MAX_HELD and not self._lane_paused_reading:
+            self._pause_lane_reading()
 
     def _serve_held(self) -> None:
         """Answer the request held, if it is whole and the lane's; hand the connection to
         aiohttp at the first request that is not."""
         held = self._held
-        if not held:
-            return
-        end = held.find(b"\r\n\r\n")
-        if end < 0:
-            if len(held) > MAX_HEAD:
+        try:
+            pending = self._pending or self._read_head()
+            if pending is None:
+                return
+            if len(held) < pending.total:
+                self._pending = pending  # the rest of the body is still to come
+                return
+            self._pending = None
+            lane = pending.lane
+            request = LaneRequest(pending.head.fields, bytes(held[pending.end : pending.total]))
+            admitted = lane.admits(request)
+        except Exception:  # a fault of ours: aiohttp reads the request instead
+            log.exception("lane could not read a request")
+            admitted = False
+        if not admitted:
+            if not self._handed_over:
                 self._hand_over()
             return
-        if end + 4 > MAX_HEAD:
-            self._hand_over()
-            return
-        line_end = held.find(b"\r\n")
-        lane = self._lanes.get(bytes(held[:line_end]))
-        head = plain_head(held, line_end + 2, end) if lane is not None else None
-        if lane is None or head is None or head.content_length > lane.max_body:
-            self._hand_over()
-            return
-        total = end + 4 + head.content_length
-        if len(held) < total:
-            return  # the rest of the body is still to come
-        request = LaneRequest(head.fields, bytes(held[end + 4 : total]))
-        if not lane.admits(request):
-            self._hand_over()
-            return
-        del held[:total]
+        assert pending is not None  # admitted
+        del held[: pending.total]
         self._answering = True
         self._request_in_progress = True
         server = self._lane_server
@@ -245,23 +292,51 @@ class LaneConnection(web.RequestHandler):
         # Held here: the loop keeps only a weak reference to a task.
         self._answering_task = self._loop.create_task(self._answer(lane, request))
 
+    def _read_head(self) -> _Pending | None:
+        """The plain head held, once whole; None while it may still become one, or once the
+        connection was handed to aiohttp."""
+        held = self._held
+        if not held:
+            return None
+        end = held.find(b"\r\n\r\n")
+        if end < 0:
+            if len(held) > MAX_HEAD or not could_begin_plain(held, self._lanes):
+                self._hand_over()
+            return None
+        line_end = held.find(b"\r\n")
+        lane = self._lanes.get(bytes(held[:line_end])) if end + 4 <= MAX_HEAD else None
+        head = plain_head(held, line_end + 2, end) if lane is not None else None
+        if lane is None or head is None or head.content_length > lane.max_body:
+            self._hand_over()
+            return None
+        return _Pending(lane, head, end + 4, end + 4 + head.content_length)
+
     def _hand_over(self) -> None:
         self._handed_over = True
+        self._pending = None
         held = bytes(self._held)
         self._held = bytearray()
+        if self._lane_paused_reading:
+            self._resume_lane_reading()
         super().data_received(held)
 
     async def _answer(self, lane: Lane, request: LaneRequest) -> None:
         close = False
         try:
-            wire = render(await lane.answer(request))
-        except Exception:
-            log.exception("lane request failed")
-            wire, close = render(_INTERNAL_ERROR), True
-        try:
+            try:
+                wire = render(await lane.answer(request))
+            except Exception:
+                log.exception("lane request failed")
+                wire, close = render(_INTERNAL_ERROR, close=True), True
             transport = self.transport
             if transport is not None and not transport.is_closing():
                 transport.write(wire)
+                if self._paused and not close:
+                    # Flow control, as aiohttp's writer: the client is not reading its
+                    # answers; the next request waits until they drain.
+                    await self._drain_helper()
+        except (ConnectionError, asyncio.CancelledError):
+            close = True  # the client left, or the server stopped waiting
         finally:
             self._answering = False
             self._answering_task = None
@@ -280,15 +355,24 @@ class LaneConnection(web.RequestHandler):
         # As aiohttp after an answer: the connection may now stay idle for keepalive_timeout.
         loop = self._loop
         self._next_keepalive_close_time = loop.time() + self._keepalive_timeout
-        if self._keepalive_timeout > 0 and self._keepalive_handle is None:
+        if self._keepalive_handle is None:
             self._keepalive_handle = loop.call_at(
                 self._next_keepalive_close_time, self._process_keepalive
             )
-        if self._paused:
-            self._paused = False
-            self.transport.resume_reading()
+        if self._lane_paused_reading:
+            self._resume_lane_reading()
         if not (self._force_close or self._close):
             self._serve_held()
+
+    def _pause_lane_reading(self) -> None:
+        if self.transport is not None:
+            self._lane_paused_reading = True
+            self.transport.pause_reading()
+
+    def _resume_lane_reading(self) -> None:
+        self._lane_paused_reading = False
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     def _process_keepalive(self) -> None:
         if self._answering:
@@ -296,6 +380,14 @@ class LaneConnection(web.RequestHandler):
             self._keepalive_handle = None
             return
         super()._process_keepalive()
+
+    async def shutdown(self, timeout: float | None = 15.0) -> None:
+        """aiohttp's, which waits `timeout` for the answer in progress; a lane answer still
+        running then is cancelled, as aiohttp cancels its handler."""
+        await super().shutdown(timeout)
+        task = self._answering_task
+        if task is not None and not task.done():
+            task.cancel()
 
 
 class LaneServer(web.Server):

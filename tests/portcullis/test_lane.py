@@ -4,6 +4,7 @@ connection's life (order, keep-alive, shutdown) across the two, on real sockets.
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from portcullis.lane import (
     LaneServer,
     app_runner,
     plain_head,
+    render,
 )
 from tests.support import RawConnection, raw_request, wait_for
 
@@ -40,8 +42,10 @@ class EchoLane:
     refuse: str | None = None  # a field whose presence makes the lane decline
     hold: asyncio.Event | None = None
     fail: bool = False
-    unwritable: bool = False  # answers with a field value no head can carry
+    unwritable: str | None = None  # answers with this field value, which no head can carry
+    padding: int = 0  # bytes added to every answer's body
     seen: list[LaneRequest] = field(default_factory=list)
+    cancelled: int = 0
 
     def admits(self, request: LaneRequest) -> bool:
         return self.refuse is None or self.refuse not in request.fields
@@ -49,15 +53,19 @@ class EchoLane:
     async def answer(self, request: LaneRequest) -> LaneAnswer:
         self.seen.append(request)
         if self.hold is not None:
-            await self.hold.wait()
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         if self.fail:
             raise RuntimeError("lane fault")
-        if self.unwritable:
-            return LaneAnswer(200, [("X-Lane", "\u20ac")], b"")
+        if self.unwritable is not None:
+            return LaneAnswer(200, [("X-Lane", self.unwritable)], b"")
         return LaneAnswer(
             201,
             [("X-Lane", "yes"), ("X-Token", request.get("x-token") or "-")],
-            b"lane:" + request.body,
+            b"lane:" + request.body + b"." * self.padding,
         )
 
 
@@ -73,7 +81,9 @@ class Served:
         return await RawConnection.open(self.url)
 
 
-async def _serve(lane: EchoLane, keepalive_timeout: float = 75.0) -> Served:
+async def _serve(
+    lane: EchoLane, keepalive_timeout: float = 75.0, shutdown_timeout: float = 5
+) -> Served:
     bodies: list[bytes] = []
 
     async def echo(request: web.Request) -> web.Response:
@@ -87,7 +97,10 @@ async def _serve(lane: EchoLane, keepalive_timeout: float = 75.0) -> Served:
     lanes: dict[bytes, Lane] = {LINE: lane}
     app[LANES] = lanes
     runner = app_runner(
-        app, access_log=None, shutdown_timeout=5, keepalive_timeout=keepalive_timeout
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        keepalive_timeout=keepalive_timeout,
     )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -196,6 +209,16 @@ async def test_a_request_sent_byte_by_byte_is_read_whole_before_it_is_answered(
         (post(b"hello", ("X-Name", "caf\u00e9")), "a value that is not ASCII"),
         (post(b"hello", ("X-Name", "a\tb")), None),  # HTAB is allowed in a value
         (post(b"hello", ("X-Refuse", "1")), "the lane declines"),
+        (post(b"hello", ("Host", "one.test"), ("Host", "two.test")), "two Host fields"),
+        (post(gzip.compress(b"hello"), ("Content-Encoding", "gzip")), "a coded body"),
+        (post(b"hello", ("Sec-WebSocket-Key1", "x")), "a field aiohttp refuses"),
+        (post(b"hello", ("X-A", "1"), ("x-a", "2")), "a field twice"),
+        (post(b"hello", ("Content-Length", "5")), "Content-Length twice"),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", "no Host"),
+        (
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: " + b"0" * 4400 + b"5\r\n\r\nhello",
+            "4,400 digits of Content-Length",
+        ),
     ],
 )
 async def test_requests_that_are_not_plain_go_to_aiohttp(
@@ -281,7 +304,10 @@ async def test_a_request_arriving_while_the_lane_answers_waits_for_that_answer(
     assert (first.body, second.body) == (b"lane:slow", b"aiohttp:quick")
 
 
-@pytest.mark.parametrize("lane", [EchoLane(fail=True), EchoLane(unwritable=True)])
+@pytest.mark.parametrize(
+    "lane",
+    [EchoLane(fail=True), EchoLane(unwritable="\u20ac"), EchoLane(unwritable="a\r\nX-Injected: 1")],
+)
 async def test_a_lane_that_fails_answers_500_and_closes_the_connection(
     serve: Callable[..., Any], lane: EchoLane
 ) -> None:
@@ -294,6 +320,14 @@ async def test_a_lane_that_fails_answers_500_and_closes_the_connection(
     finally:
         connection.close()
     assert answer.status == 500
+    assert list(answer.headers) == [
+        "Content-Type",
+        "Content-Length",
+        "Date",
+        "Server",
+        "Connection",
+    ]
+    assert answer.headers["Connection"] == "close"
     assert answer.headers["Content-Type"] == "text/plain; charset=utf-8"
     assert answer.body == b"500 Internal Server Error\n\nServer got itself in trouble"
 
@@ -349,11 +383,100 @@ async def test_a_half_sent_head_is_not_held_past_keepalive_timeout(
     assert served.server.lane_requests == 0
 
 
+async def test_a_request_that_cannot_be_the_lanes_goes_to_aiohttp_before_its_head_ends(
+    serve: Callable[..., Any],
+) -> None:
+    """aiohttp refuses a head with bare LF line ends at once; the lane must not hold such
+    bytes waiting for a CRLF CRLF that never comes."""
+    served = await serve()
+    for start in (
+        b"POST /other HTTP/1.1\nHost: a\nContent-Length: 5\n\nhello",
+        b"POST /echo HTTP/1.1\nHost: a\nContent-Length: 5\n\nhello",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\n\r\nhello",
+    ):
+        connection = await served.connect()
+        try:
+            await connection.send(start)
+            answer = await connection.response(timeout=2)
+        finally:
+            connection.close()
+        assert answer.status == 400, start
+    assert served.server.lane_requests == 0
+
+
+async def test_answers_wait_for_a_client_that_does_not_read_them(
+    serve: Callable[..., Any],
+) -> None:
+    """Flow control: pipelined requests of a client that reads nothing are not answered
+    into an ever larger write buffer."""
+    served = await serve(EchoLane(padding=64 * 1024))
+    connection = await served.connect()
+    count = 300  # 19 MiB of answers, more than the kernel's socket buffers take
+    try:
+        await connection.send(post(b"x") * count)
+        answered = -1
+        while answered != served.server.lane_requests:  # until the lane stops answering
+            answered = served.server.lane_requests
+            await asyncio.sleep(0.2)
+        assert answered < count
+        [handler] = served.server.connections
+        assert handler.transport is not None
+        assert handler.transport.get_write_buffer_size() < 1024 * 1024
+        bodies = [(await connection.response()).body[:6] for _ in range(count)]
+    finally:
+        connection.close()
+    assert bodies == [b"lane:x"] * count
+    assert served.server.lane_requests == count
+
+
+async def test_a_lane_answer_outliving_the_shutdown_wait_is_cancelled(
+    serve: Callable[..., Any],
+) -> None:
+    lane = EchoLane(hold=asyncio.Event())
+    served = await serve(lane, shutdown_timeout=0.2)
+    connection = await served.connect()
+    try:
+        await connection.send(post(b"stuck"))
+        await wait_for(lambda: lane.seen, what="the lane to take the request")
+        await asyncio.wait_for(served.runner.cleanup(), 5)
+        await wait_for(lambda: lane.cancelled == 1, what="the lane answer to be cancelled")
+        assert await connection.closed_by_peer()
+    finally:
+        connection.close()
+
+
+async def test_with_no_keepalive_timeout_a_connection_closes_once_answered(
+    serve: Callable[..., Any],
+) -> None:
+    served = await serve(keepalive_timeout=0)
+    connection = await served.connect()
+    try:
+        await connection.send(post(b"once"))
+        assert (await connection.response()).body == b"lane:once"
+        assert await connection.closed_by_peer(timeout=2)
+    finally:
+        connection.close()
+
+
+def test_a_field_with_cr_or_lf_is_never_written() -> None:
+    for name, value in (("X-A", "1\r\nX-B: 2"), ("X-A", "1\n"), ("X-A\r", "1")):
+        with pytest.raises(ValueError):
+            render(LaneAnswer(200, [(name, value)], b""))
+    assert render(LaneAnswer(200, [("X-A", "1")], b"ok")).startswith(
+        b"HTTP/1.1 200 OK\r\nX-A: 1\r\n"
+    )
+
+
 async def test_the_aiohttp_attributes_the_lane_uses_are_still_there() -> None:
     server = LaneServer({}, web.Server(lambda _: None))  # type: ignore[arg-type,return-value]
     connection = server()
     assert isinstance(connection, LaneConnection)
     missing = [name for name in PRIVATE_ATTRIBUTES if not hasattr(connection, name)]
+    # What LaneServer and LaneAppRunner take from aiohttp's Server and AppRunner.
+    plain = web.Server(lambda _: None)  # type: ignore[arg-type,return-value]
+    missing += [f"Server.{name}" for name in ("_loop", "_kwargs") if not hasattr(plain, name)]
+    if not hasattr(web.AppRunner, "_make_server"):
+        missing.append("AppRunner._make_server")
     assert missing == [], f"aiohttp moved {missing}: portcullis/lane.py needs a look"
 
 
