@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, NamedTuple, Protocol
 
+import httptools
 from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
@@ -60,8 +61,6 @@ MAX_FIELDS = 64
 # past it, reading pauses until the answer is written.
 MAX_HELD = 256 * 1024
 
-# RFC 9110 §5.6.2: tchar; a field name is one or more.
-_TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # RFC 9110 §5.5: field-vchar, SP and HTAB, narrowed to ASCII (obs-text goes to aiohttp).
 _VALUE_BYTES = bytes(range(0x20, 0x7F)) + b"\t"
 # Fields whose presence sends a request to aiohttp: framing it does not read here
@@ -177,35 +176,74 @@ class PlainHead(NamedTuple):
     content_length: int
 
 
-def plain_head(held: bytes | bytearray, start: int, end: int) -> PlainHead | None:
-    """The fields of the head between `start` (after the request line) and `end` (its
-    empty line), when the head is plain as the module's docstring says; else None."""
-    if start > end:  # no field at all
-        return None
-    lines = bytes(held[start:end]).split(b"\r\n")
-    if len(lines) > MAX_FIELDS:
-        return None
-    fields: dict[str, list[str]] = {}
-    for line in lines:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name.translate(None, _TCHAR):
-            return None
-        if value.translate(None, _VALUE_BYTES):
-            return None
+class HeadReader:
+    """A connection's reader of plain request heads: llhttp (httptools), strict as aiohttp's
+    own parser is, reads the grammar (request line, field names as tokens, the colon, no
+    whitespace before it, no obs-fold, Content-Length); the checks here add what makes a
+    head plain beyond it. One parser serves every request of the connection in turn: it is
+    given exactly one request's head, then exactly its body."""
+
+    __slots__ = ("_complete", "_fields", "_parser", "_refused")
+
+    def __init__(self) -> None:
+        self._fields: dict[str, list[str]] = {}
+        self._refused = False
+        self._complete = False
+        self._parser = httptools.HttpRequestParser(self)
+
+    # llhttp's callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
         key = name.decode("ascii").lower()
-        if key in fields:
-            return None  # aiohttp refuses some fields twice (Host, Content-Type, ...)
-        fields[key] = [value.decode("ascii").strip(" \t")]
-    length = fields.get("content-length")
-    if length is None or "host" not in fields or not _NOT_IN_LANE.isdisjoint(fields):
-        return None
-    digits = length[0]
-    if not digits.isdigit() or len(digits.lstrip("0")) > _MAX_LENGTH_DIGITS:
-        return None
-    connection = fields.get("connection")
-    if connection is not None and connection[0].lower() != "keep-alive":
-        return None
-    return PlainHead(fields, int(digits))
+        if key in self._fields:
+            self._refused = True  # aiohttp refuses some fields twice (Host, Content-Type, ...)
+        self._fields[key] = [value.decode("ascii").strip(" \t")]
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    def head(self, head: bytes) -> PlainHead | None:
+        """The fields of `head` (a request head, its empty line included) when it is plain
+        as the module's docstring says; else None, and the reader is not to be used again."""
+        fields: dict[str, list[str]] = {}
+        self._fields = fields
+        self._refused = self._complete = False
+        # Printable ASCII, HTAB, and CR and LF only as line ends: what llhttp lets through
+        # besides (obs-text, a bare LF) is not plain.
+        if head.translate(None, _HEAD_BYTES):
+            return None
+        lines = head.count(b"\r\n")
+        if head.count(b"\r") != lines or head.count(b"\n") != lines or lines > MAX_FIELDS + 2:
+            return None
+        try:
+            self._parser.feed_data(head)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return None
+        length = fields.get("content-length")
+        if self._refused or length is None or "host" not in fields:
+            return None
+        if not _NOT_IN_LANE.isdisjoint(fields):
+            return None
+        digits = length[0]
+        if not digits.isdigit() or len(digits.lstrip("0")) > _MAX_LENGTH_DIGITS:
+            return None
+        connection = fields.get("connection")
+        if connection is not None and connection[0].lower() != "keep-alive":
+            return None
+        return PlainHead(fields, int(digits))
+
+    def body(self, body: bytes) -> bool:
+        """Whether `body`, all of the body the head announced, completes the request."""
+        try:
+            if body:
+                self._parser.feed_data(body)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return False
+        return self._complete
+
+
+def plain_head(head: bytes) -> PlainHead | None:
+    """`HeadReader.head` of a reader of its own (for one head alone)."""
+    return HeadReader().head(head)
 
 
 def could_begin_plain(held: bytes | bytearray, lines: Iterable[bytes]) -> bool:
@@ -242,6 +280,7 @@ class LaneConnection(web.RequestHandler):
         self._lane_server = server
         self._lanes = server.lanes
         self._held = bytearray()
+        self._reader = HeadReader()
         self._pending: _Pending | None = None
         self._answering = False  # a lane request is being answered
         self._answering_task: asyncio.Task[None] | None = None
@@ -273,8 +312,9 @@ class LaneConnection(web.RequestHandler):
                 return
             self._pending = None
             lane = pending.lane
-            request = LaneRequest(pending.head.fields, bytes(held[pending.end : pending.total]))
-            admitted = lane.admits(request)
+            body = bytes(held[pending.end : pending.total])
+            request = LaneRequest(pending.head.fields, body)
+            admitted = self._reader.body(body) and lane.admits(request)
         except Exception:  # a fault of ours: aiohttp reads the request instead
             log.exception("lane could not read a request")
             admitted = False
@@ -305,7 +345,7 @@ class LaneConnection(web.RequestHandler):
             return None
         line_end = held.find(b"\r\n")
         lane = self._lanes.get(bytes(held[:line_end])) if end + 4 <= MAX_HEAD else None
-        head = plain_head(held, line_end + 2, end) if lane is not None else None
+        head = self._reader.head(bytes(held[: end + 4])) if lane is not None else None
         if lane is None or head is None or head.content_length > lane.max_body:
             self._hand_over()
             return None
