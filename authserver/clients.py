@@ -25,9 +25,8 @@ import hmac
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_plus
 
 import jwt
@@ -70,9 +69,9 @@ class ClientAuthError(OAuthError):
         self.reason = reason or description
 
 
-@dataclass(frozen=True)
-class Presented:
-    """What the request offered to identify the client."""
+class Presented(NamedTuple):
+    """What the request offered to identify the client (a NamedTuple, for the reason
+    TokenRequest is one: grants/base.py)."""
 
     method: str  # client_secret_basic | client_secret_post | private_key_jwt | none
     client_id: str

@@ -14,7 +14,7 @@ import hashlib
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from cryptography.exceptions import InvalidTag
@@ -53,9 +53,9 @@ class MintedAccessToken:
     expires_in: int
 
 
-@dataclass(frozen=True)
-class TokenPlan:
-    """A token response with every claim decided and nothing signed yet."""
+class TokenPlan(NamedTuple):
+    """A token response with every claim decided and nothing signed yet. A NamedTuple, for
+    the reason TokenRequest is one (grants/base.py)."""
 
     access_claims: Mapping[str, Any]
     expires_in: int
