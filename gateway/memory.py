@@ -32,9 +32,11 @@ MiB = 1024 * KiB
 
 # Measured by bench/memory.py: `process` (a ready gateway with one issuer's key set, and what
 # each idle keep-alive client connection adds to it) and `supervisor` (workers: 2). A
-# connection also holds the Authorization value it sent last, up to a bound (LastToken).
+# connection also holds the Authorization value it sent last, up to a bound, and the
+# principal it allowed last, which it keeps alive after the token cache let it go
+# (LastToken): at most a cache entry's worth.
 IDLE_PROCESS_BYTES = 56 * MiB
-CONNECTION_BYTES = 9 * KiB + REMEMBERED_AUTHORIZATION_CHARS
+CONNECTION_BYTES = 9 * KiB + REMEMBERED_AUTHORIZATION_CHARS + ENTRY_BYTES
 SUPERVISOR_BYTES = 42 * MiB
 
 

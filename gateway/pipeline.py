@@ -80,7 +80,9 @@ class LastToken:
     It also remembers the last route plan a bearer principal was allowed on (steps 5 and
     7, which depend on nothing else: `allowed`). The same principal object (the cache gives
     it again) on the same plan (a reload makes new plans) is allowed again without them;
-    the revocation check, step 6, still runs on every request."""
+    the revocation check, step 6, still runs on every request. The principal so remembered
+    may outlive its cache entry while the connection lasts: memory.CONNECTION_BYTES counts
+    it."""
 
     __slots__ = ("allowed", "credentials", "key", "length", "prefix")
 
