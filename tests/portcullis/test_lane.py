@@ -29,7 +29,7 @@ from portcullis.lane import (
     plain_head,
     render,
 )
-from tests.support import RawConnection, raw_request, wait_for
+from tests.support import RawConnection, RawResponse, raw_request, wait_for
 
 LINE = b"POST /echo HTTP/1.1"
 
@@ -80,6 +80,18 @@ class Served:
 
     async def connect(self) -> RawConnection:
         return await RawConnection.open(self.url)
+
+    async def ask(self, request: bytes, timeout: float = 5.0) -> RawResponse:
+        """One request on a connection of its own, and the final answer to it."""
+        connection = await self.connect()
+        try:
+            await connection.send(request)
+            answer = await connection.response(timeout=timeout)
+            if answer.status == 100:  # aiohttp's interim answer to Expect: the final follows
+                answer = await connection.response(timeout=timeout)
+            return answer
+        finally:
+            connection.close()
 
 
 async def _serve(
@@ -226,14 +238,7 @@ async def test_requests_that_are_not_plain_go_to_aiohttp(
     serve: Callable[..., Any], request_bytes: bytes, why: str | None
 ) -> None:
     served = await serve(EchoLane(refuse="x-refuse"))
-    connection = await served.connect()
-    try:
-        await connection.send(request_bytes)
-        answer = await connection.response()
-        if answer.status == 100:  # aiohttp's interim answer to Expect: the final one follows
-            answer = await connection.response()
-    finally:
-        connection.close()
+    answer = await served.ask(request_bytes)
     if why is None:
         assert answer.status == 201 and served.server.lane_requests == 1
         return
@@ -259,12 +264,7 @@ async def test_heads_a_parser_could_read_two_ways_are_never_the_lanes(
     serve: Callable[..., Any], head: bytes
 ) -> None:
     served = await serve()
-    connection = await served.connect()
-    try:
-        await connection.send(head)
-        answer = await connection.response()
-    finally:
-        connection.close()
+    answer = await served.ask(head)
     assert served.server.lane_requests == 0
     assert answer.headers.get("X-Lane") != "yes"
 
@@ -395,13 +395,7 @@ async def test_a_request_that_cannot_be_the_lanes_goes_to_aiohttp_before_its_hea
         b"POST /echo HTTP/1.1\nHost: a\nContent-Length: 5\n\nhello",
         b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\n\r\nhello",
     ):
-        connection = await served.connect()
-        try:
-            await connection.send(start)
-            answer = await connection.response(timeout=2)
-        finally:
-            connection.close()
-        assert answer.status == 400, start
+        assert (await served.ask(start, timeout=2)).status == 400, start
     assert served.server.lane_requests == 0
 
 
