@@ -207,12 +207,8 @@ class HeadReader:
         fields: dict[str, list[str]] = {}
         self._fields = fields
         self._refused = self._complete = False
-        # Printable ASCII, HTAB, and CR and LF only as line ends: what llhttp lets through
-        # besides (obs-text, a bare LF) is not plain.
-        if head.translate(None, _HEAD_BYTES):
-            return None
-        lines = head.count(b"\r\n")
-        if head.count(b"\r") != lines or head.count(b"\n") != lines or lines > MAX_FIELDS + 2:
+        # What llhttp lets through besides (obs-text, a bare LF) is not plain.
+        if not _plain_bytes(head) or head.count(b"\r\n") > MAX_FIELDS + 2:
             return None
         try:
             self._parser.feed_data(head)
@@ -256,11 +252,17 @@ def could_begin_plain(held: bytes | bytearray, lines: Iterable[bytes]) -> bool:
         return any(line.startswith(first) for line in lines)
     if bytes(held[:line_end]) not in lines:
         return False
-    rest = bytes(held)
-    if rest.translate(None, _HEAD_BYTES):
+    return _plain_bytes(bytes(held), partial=True)
+
+
+def _plain_bytes(data: bytes, *, partial: bool = False) -> bool:
+    """Whether `data` holds printable ASCII and HTAB only, with CR and LF only as CRLF line
+    ends (`partial`: a CR may end it, its LF still to come)."""
+    if data.translate(None, _HEAD_BYTES):
         return False
-    ends = rest.count(b"\r\n") + rest.endswith(b"\r")
-    return rest.count(b"\r") == ends and rest.count(b"\n") == rest.count(b"\r\n")
+    ends = data.count(b"\r\n")
+    cut_off = partial and data.endswith(b"\r")
+    return data.count(b"\r") == ends + cut_off and data.count(b"\n") == ends
 
 
 class _Pending(NamedTuple):
