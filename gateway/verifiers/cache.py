@@ -57,14 +57,20 @@ class TokenCache:
 
     def get(self, key: bytes, *, count_miss: bool = True) -> Principal | None:
         """The cached principal; `count_miss=False` for a look that a full check will follow."""
+        principal = self.look(key)
+        if principal is None:
+            self.misses += count_miss
+        return principal
+
+    def look(self, key: bytes) -> Principal | None:
+        """The cached principal, a miss not counted: the request path's look, which a full
+        check follows on a miss."""
         entry = self._entries.get(key)
         if entry is None:
-            self.misses += count_miss
             return None
         principal, valid_until = entry
         if self._now() >= valid_until:
             del self._entries[key]
-            self.misses += count_miss
             return None
         self._entries.move_to_end(key)
         self.hits += 1

@@ -84,7 +84,7 @@ class DispatchingVerifier:
     def cached(self, key: bytes) -> Principal | None:
         """The principal of a token verified (or found active) before and still valid (`key`:
         the token's `token_key`)."""
-        principal = self._jwt_cache.get(key, count_miss=False)
+        principal = self._jwt_cache.look(key)
         if principal is None:
             for introspector in self._caches:
                 principal = introspector.cached(key)

@@ -215,7 +215,7 @@ class Introspector:
     # ------------------------------------------------------------------ request path
 
     def cached(self, key: bytes) -> Principal | None:
-        return self.cache.get(key, count_miss=False)
+        return self.cache.look(key)
 
     async def verify(self, token: str, key: bytes) -> Principal:
         principal = self.cache.get(key)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import binascii
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,9 @@ class JwtVerifier:
     ) -> None:
         self._issuers = issuers
         self._cache = cache
+        # The principal of a token verified before and not expired since, else None, by the
+        # token's `token_key`: the cache's own look, which the request path calls directly.
+        self.cached: Callable[[bytes], Principal | None] = cache.look
         self._epoch = epoch  # the cache takes this verifier's verdicts while it is current
         self._now = now  # the wall clock, the scale of exp, nbf and iat
         self._accepted_algorithms = frozenset(
@@ -90,11 +93,6 @@ class JwtVerifier:
     def trusts(self, iss: str | None) -> bool:
         """Whether `iss` is an issuer whose JWTs this verifier checks itself."""
         return iss in self._issuers
-
-    def cached(self, key: bytes) -> Principal | None:
-        """The principal of a token verified before and not expired since, else None (`key`:
-        the token's `token_key`)."""
-        return self._cache.get(key, count_miss=False)
 
     @property
     def empty(self) -> bool:

@@ -302,8 +302,9 @@ async def test_tokens_of_the_same_length_on_one_connection_are_told_apart(
                 assert header_values(answer.body, "X-Auth-Subject") == [subject]
 
 
-# The route decision a connection remembers (LastToken.allowed): the same principal allowed on
-# the same route plan is allowed again without steps 5 and 7; anything else is decided anew.
+# The route decision a connection remembers (LastToken.plan, LastToken.principal): the same
+# value, whose principal was allowed on the same route plan, is allowed again without steps 5
+# and 7 (Pipeline.again); anything else is decided anew.
 
 
 async def test_a_remembered_decision_holds_for_its_own_route_only(gateway, issuer, upstream):
@@ -358,6 +359,33 @@ async def test_a_bearer_decision_does_not_admit_the_token_sent_as_dpop(gateway, 
         assert (await orders(client, gateway, token)).status == 200
 
 
+async def test_a_bearer_decision_is_not_remembered_for_a_dpop_value(gateway, issuer, upstream):
+    """A token whose `DPoP` value is short enough to be remembered and whose `Bearer` value is
+    not: once the connection remembers the DPoP value, allowing the Bearer one must not let
+    the DPoP value through without its proof."""
+    token = ""
+    for size in range(2500, 2800):
+        token = issuer.token("ES256", sub="edge", padding="x" * size)
+        if len(token) in (REMEMBERED_AUTHORIZATION_CHARS - 6, REMEMBERED_AUTHORIZATION_CHARS - 5):
+            break
+    assert len(f"DPoP {token}") <= REMEMBERED_AUTHORIZATION_CHARS < len(f"Bearer {token}")
+
+    async def as_dpop() -> int:
+        async with client.get(
+            gateway.url + "/orders/1", headers={"Authorization": f"DPoP {token}"}
+        ) as response:
+            await response.read()
+            return response.status
+
+    async with one_connection() as client:
+        assert (await orders(client, gateway, token)).status == 200  # verified and cached
+        assert await as_dpop() == 401  # remembered, and refused: no proof, no binding
+        for _ in range(2):
+            assert (await orders(client, gateway, token)).status == 200
+            assert await as_dpop() == 401
+    assert len(upstream.requests) == 3
+
+
 async def test_admit_remembers_an_allowed_bearer_decision_and_no_refusal(gateway, issuer):
     pipeline = gateway.gateway.pipeline
     reader = issuer.token("ES256", sub="memo", scope="orders:read")
@@ -368,11 +396,28 @@ async def test_admit_remembers_an_allowed_bearer_decision_and_no_refusal(gateway
         request = make_mocked_request(method, "/orders/1", headers=headers)
         return pipeline.admit(request, Exchange(0.0, "id", method, "/orders/1"), last)
 
+    first = await admit("GET")  # verified, and cached from now on
+    assert isinstance(first, Admitted) and first.principal is not None
+    assert (last.value, last.plan) == (None, None), "a value is remembered once the cache has it"
     allowed = await admit("GET")
-    assert isinstance(allowed, Admitted) and allowed.principal is not None
-    assert last.allowed == (allowed.plan, allowed.principal)
+    assert isinstance(allowed, Admitted) and allowed.principal is first.principal
+    assert (last.plan, last.principal) == (allowed.plan, allowed.principal)
+    repeat = CIMultiDictProxy(CIMultiDict(headers))
+    assert pipeline.again(repeat, last, allowed.plan) is allowed.principal
     refused = await admit("PUT")  # orders-write: the token lacks orders:write
     assert getattr(refused, "status", None) == 403
-    assert last.allowed is not None and last.allowed[0] is allowed.plan  # unchanged
+    assert last.plan is allowed.plan and last.principal is allowed.principal  # unchanged
+    assert (
+        pipeline.again(
+            repeat,
+            last,
+            pipeline.match(
+                make_mocked_request("PUT", "/orders/1"), Exchange(0.0, "id", "PUT", "/orders/1")
+            ),
+        )
+        is None
+    )  # another plan
+    other = CIMultiDictProxy(CIMultiDict({"Authorization": f"bearer {reader}"}))
+    assert pipeline.again(other, last, allowed.plan) is None  # another value
     again = await admit("GET")
     assert isinstance(again, Admitted) and again.principal is allowed.principal
