@@ -13,7 +13,11 @@ least one scenario ran, each followed by its ratios and, where the project sets 
 target each ratio is held to. A scenario the script could not run on this machine leaves
 `<scenario>.skipped` in DIR, one line saying why; its row says so instead of a figure.
 A scenario run a second time leaves `<scenario>.2.txt` (and its snapshots) too: the two runs
-are counted as one (`combined`).
+are counted as one (`combined`) in its row. When both scenarios of a ratio ran three times or
+more, in turns (`none`, `warm`, `none.2`, `warm.2`, ...), the ratio is the median of the
+ratios of each turn's two runs, shown with their range and the figure of all runs pooled: the
+two runs of a turn are a few seconds apart, while a slowdown of the machine lasting a run or
+two (seen here: one run in five 20% slower) weighs on one side of a pooled figure only.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 GATEWAY_SCENARIOS = (
     ("direct", "1. nginx direct (upstream alone)"),
@@ -320,15 +325,46 @@ def target_note(ratio: Ratio, measured: dict[str, float], skipped: dict[str, str
     return f"{head}: NOT met (met by {met}, not by {missed})"
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One run of a scenario that ran in turns with others: its figures and CPU use."""
+
+    result: WrkResult
+    cpu: CpuUse | None
+
+
+def turn_ratios(top: Sequence[Turn], bottom: Sequence[Turn]) -> dict[str, list[float]]:
+    """The ratio of each turn's two runs, by each measure all turns have; empty unless both
+    scenarios ran in the same three turns or more."""
+    if len(top) < 3 or len(top) != len(bottom):
+        return {}
+    turns = list(zip(top, bottom, strict=True))
+    ratios = {RPS: [a.result.requests_per_s / b.result.requests_per_s for a, b in turns]}
+    cpu = [
+        b.cpu.server_us_per_request / a.cpu.server_us_per_request
+        for a, b in turns
+        if a.cpu is not None
+        and b.cpu is not None
+        and a.cpu.server_us_per_request
+        and b.cpu.server_us_per_request
+    ]
+    if len(cpu) == len(turns):
+        ratios[CPU] = cpu
+    return ratios
+
+
 def _ratio_table(
     ratios: tuple[Ratio, ...],
     results: dict[str, WrkResult],
     cpu: dict[str, CpuUse],
     skipped: dict[str, str],
+    turns: dict[str, list[Turn]] | None = None,
 ) -> list[str]:
     """Requests/s of one scenario over another's, and the same comparison by server CPU per
     request (the bottom's CPU per request over the top's: above 1 means the top is cheaper),
-    which other work on the machine moves less."""
+    which other work on the machine moves less. Scenarios that ran in turns are compared
+    turn by turn (`turn_ratios`), by the median."""
+    turns = turns or {}
     lines = [
         "| ratio | requests/s | by server CPU per request | note |",
         "| --- | ---: | ---: | --- |",
@@ -336,14 +372,25 @@ def _ratio_table(
     for ratio in ratios:
         a, b = results.get(ratio.top), results.get(ratio.bottom)
         measured: dict[str, float] = {}
+        pooled: dict[str, float] = {}
         if a and b:
-            measured[RPS] = a.requests_per_s / b.requests_per_s
+            pooled[RPS] = a.requests_per_s / b.requests_per_s
         ca, cb = cpu.get(ratio.top), cpu.get(ratio.bottom)
         if ca and cb and ca.server_us_per_request and cb.server_us_per_request:
-            measured[CPU] = cb.server_us_per_request / ca.server_us_per_request
+            pooled[CPU] = cb.server_us_per_request / ca.server_us_per_request
+        by_turn = turn_ratios(turns.get(ratio.top, []), turns.get(ratio.bottom, []))
+        measured = {**pooled, **{m: median(values) for m, values in by_turn.items()}}
         value = f"{measured[RPS]:.2f}" if RPS in measured else "n/a"
         by_cpu = f"{measured[CPU]:.2f}" if CPU in measured else "n/a"
         note = target_note(ratio, measured if RPS in measured else {}, skipped)
+        if by_turn:
+            spread = "; ".join(
+                f"{m}: {min(v):.2f} to {max(v):.2f}, pooled {pooled[m]:.2f}"
+                for m, v in by_turn.items()
+                if m in pooled
+            )
+            turned = f"median of {len(by_turn[RPS])} turns ({spread})"
+            note = f"{note}; {turned}" if note else turned
         lines.append(f"| {ratio.label} | {value} | {by_cpu} | {note} |")
     judged_by_both = [r.label for r in ratios if r.target is not None and CPU in r.judged_by]
     if any(r.target is not None for r in ratios):
@@ -387,8 +434,10 @@ def render(
     background: CpuUse | None = None,
     skipped: dict[str, str] | None = None,
     repeated: Sequence[str] = (),
+    turns: dict[str, list[Turn]] | None = None,
 ) -> str:
-    """`repeated`: the scenarios whose figures combine two runs (`combined`)."""
+    """`repeated`: the scenarios whose figures combine two runs (`combined`); `turns`: each
+    run of those, in order."""
     skipped = skipped or {}
     lines = [
         f"# Portcullis bench — {meta.get('date', '')}",
@@ -415,7 +464,7 @@ def render(
         lines += ["", f"## {title}", ""]
         lines += _scenario_table(scenarios, results, cpu, skipped)
         lines.append("")
-        lines += _ratio_table(ratios, results, cpu, skipped)
+        lines += _ratio_table(ratios, results, cpu, skipped, turns)
         if scenarios is WORKERS_SCENARIOS:
             lines += _quota_lines(meta, cpu)
     database = [
@@ -506,6 +555,7 @@ def main() -> int:
     cpu = {}
     skipped = {}
     repeated = []
+    turns: dict[str, list[Turn]] = {}
     for key, _ in SCENARIOS:
         path = args.raw / f"{key}.txt"
         reason = args.raw / f"{key}.skipped"
@@ -516,11 +566,13 @@ def main() -> int:
             use = cpu_use(args.raw, key, results[key].requests, clk_tck)
             if use is not None:
                 cpu[key] = use
+            turns[key] = [Turn(results[key], use)]
             # Further runs of the scenario (`KEY.2`, `KEY.3`, ...) count with the first.
             run = 2
             while (again := args.raw / f"{key}.{run}.txt").exists():
                 later = parse_wrk(again.read_text())
                 later_use = cpu_use(args.raw, f"{key}.{run}", later.requests, clk_tck)
+                turns[key].append(Turn(later, later_use))
                 weights = (results[key].requests, later.requests)
                 if run == 2:
                     repeated.append(key)
@@ -532,7 +584,7 @@ def main() -> int:
                     cpu.pop(key, None)
                 run += 1
     background = cpu_use(args.raw, "idle", 0, clk_tck)
-    report = render(results, meta, cpu, background, skipped, repeated)
+    report = render(results, meta, cpu, background, skipped, repeated, turns)
     sys.stdout.write(report)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
