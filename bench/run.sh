@@ -35,9 +35,9 @@
 #                          (BENCH_SCENARIOS= BENCH_PROFILE=1 profiles only)
 #   BENCH_PYSPY_ARGS=--function   py-spy flags (e.g. "--native", or "" for line numbers)
 #   BENCH_RUNS=5           runs of each scenario of the pairs judged against each other
-#                          (auth none and warm JWT; the token endpoint and oidc-provider),
-#                          in turns; from 3, report.py judges the pair by the median of
-#                          the turns' ratios
+#                          (auth none and warm JWT; workers-1 and workers-2; the token
+#                          endpoint and oidc-provider), in turns; from 3, report.py judges
+#                          the pair by the median of the turns' ratios
 #   BENCH_KEEP=0           1: keep the temporary directory (configs, logs) after the run
 set -euo pipefail
 
@@ -306,10 +306,10 @@ stop_started() {
 }
 
 read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN P_AS_ADMIN P_DECIDE P_FRONT \
-    P_PG P_AS2 P_AS2_ADMIN P_LB < <(
+    P_PG P_AS2 P_AS2_ADMIN P_LB P_GW2 P_GW2_ADMIN < <(
     "$PY" -c '
 import socket
-socks = [socket.socket() for _ in range(15)]
+socks = [socket.socket() for _ in range(17)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -553,30 +553,50 @@ if [ "$GATEWAY_BENCH" = 1 ]; then
     # Scenario 3's route and token, with one worker and with two, each worker process in a
     # cgroup of its own limited to QUOTA_PERCENT of one CPU: two workers get twice the CPU of
     # one, all on core 0, so their ratio tells whether throughput follows the CPU given to
-    # workers. The server's CPU is that of the supervisor and every process it started.
+    # workers. The server's CPU is that of the supervisor and every process it started. Both
+    # gateways run at once, on ports of their own (the one not measured is idle), measured
+    # in turns (1, 2, 1, 2, ...), and report.py compares them turn by turn: the ratio of
+    # single runs swung from 1.77 to 2.27 on one machine.
     if wanted workers-1 || wanted workers-2; then
         if quota_setup; then
             log "workers: each worker process limited to $QUOTA_PERCENT% of a CPU" \
                 "(cgroup $QUOTA_KIND, $QUOTA_ROOT)"
+            declare -A WORKERS_SUPERVISOR WORKERS_SERVER WORKERS_URL WORKERS_PROCESSES
+            WORKERS_PORTS=("$P_GW $P_GW_ADMIN" "$P_GW2 $P_GW2_ADMIN")
             for count in 1 2; do
                 wanted "workers-$count" || continue
+                read -r P_GW P_GW_ADMIN <<<"${WORKERS_PORTS[$((count - 1))]}"
                 gateway_config "$TMP/gateway-workers-$count.yaml" 100000 "$count"
                 start_gateway "$TMP/gateway-workers-$count.yaml"
                 gateway_workers "$GATEWAY_PID" "$count"
                 for i in "${!WORKER_PIDS[@]}"; do
-                    quota_add "worker-$((i + 1))" "${WORKER_PIDS[$i]}"
+                    quota_add "gateway-$count-worker-$((i + 1))" "${WORKER_PIDS[$i]}"
                 done
-                # shellcheck disable=SC2207 # pids are words
-                SERVER_PIDS=("$GATEWAY_PID" $(pgrep -P "$GATEWAY_PID" || true))
-                check_proxy "gateway ($count workers)" "$GATEWAY"
-                measure "workers-$count" "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
-                # A worker replaced during the run would have served outside its quota.
-                for pid in "${WORKER_PIDS[@]}"; do
+                WORKERS_SUPERVISOR[$count]=$GATEWAY_PID
+                WORKERS_PROCESSES[$count]="${WORKER_PIDS[*]}"
+                children=$(pgrep -P "$GATEWAY_PID" | tr '\n' ' ' || true)
+                WORKERS_SERVER[$count]="$GATEWAY_PID $children"
+                WORKERS_URL[$count]=http://127.0.0.1:$P_GW
+                check_proxy "gateway ($count workers)" "${WORKERS_URL[$count]}"
+            done
+            read -r P_GW P_GW_ADMIN <<<"${WORKERS_PORTS[0]}"
+            for run in "" $(seq -f .%g 2 "$RUNS"); do
+                for count in 1 2; do
+                    wanted "workers-$count" || continue
+                    read -r -a SERVER_PIDS <<<"${WORKERS_SERVER[$count]}"
+                    measure "workers-$count$run" "${WORKERS_URL[$count]}/api/items" \
+                        -H "Authorization: Bearer $TOKEN"
+                done
+            done
+            for count in 1 2; do
+                wanted "workers-$count" || continue
+                # A worker replaced during the runs would have served outside its quota.
+                for pid in ${WORKERS_PROCESSES[$count]}; do
                     kill -0 "$pid" 2>/dev/null || die "gateway: worker $pid exited during the run"
                 done
-                stop_started "$GATEWAY_PID"
-                quota_release
+                stop_started "${WORKERS_SUPERVISOR[$count]}"
             done
+            quota_release
             WORKER_QUOTA="each worker process in a cgroup of its own (cgroup $QUOTA_KIND, cpu"
             WORKER_QUOTA+=" controller) limited to $QUOTA_PERCENT% of one CPU"
             WORKER_QUOTA+=" ($((QUOTA_PERIOD_US * QUOTA_PERCENT / 100)) µs every"
