@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint bench demo clean constraints image schema
+.PHONY: test lint bench bench-instructions demo clean constraints image schema
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,9 @@ schema: $(STAMP)
 
 bench: $(STAMP)
 	bash bench/run.sh
+
+bench-instructions: $(STAMP)
+	bash bench/instructions.sh
 
 demo: $(STAMP)
 	bash examples/demo.sh

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Instructions per request of the gateway, auth none against warm JWT, counted by valgrind's
+# callgrind: the figure of the warm path's own cost that a busy or drifting machine does not
+# move (wrk's requests/s on a shared virtual machine swing by more than the 5% the two
+# routes differ by).
+#
+#   make bench-instructions        (or: bash bench/instructions.sh)
+#
+# Starts its own nginx upstream and token issuer, as bench/run.sh does, and the gateway of
+# the warm scenario (bench/configs.sh gateway_config) under callgrind with counting off.
+# After a warm-up of both routes, each round counts the gateway's instructions over exactly
+# BENCH_INSTRUCTION_REQUESTS requests of the auth-none route, then of the warm route (the
+# same request bytes, bench/keepalive_client.py), and prints them per request. Installs
+# valgrind, nginx and curl with apt-get when they are missing. Everything it starts is
+# stopped on exit.
+#
+# Environment:
+#   BENCH_INSTRUCTION_REQUESTS=2000    requests per route and round
+#   BENCH_INSTRUCTION_CONNECTIONS=8    keep-alive connections they are spread over
+#   BENCH_INSTRUCTION_ROUNDS=3         rounds (auth none, then warm, each round)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+PY=$ROOT/.venv/bin/python
+REQUESTS=${BENCH_INSTRUCTION_REQUESTS:-2000}
+CONNECTIONS=${BENCH_INSTRUCTION_CONNECTIONS:-8}
+ROUNDS=${BENCH_INSTRUCTION_ROUNDS:-3}
+
+log() { echo "[instructions] $*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+[ -x "$PY" ] || die "$PY not found: run 'make bench-instructions' (it creates .venv first)"
+export PATH=$PATH:/usr/sbin:/sbin
+missing=()
+command -v valgrind >/dev/null || missing+=(valgrind)
+command -v nginx >/dev/null || missing+=(nginx-light)
+command -v curl >/dev/null || missing+=(curl)
+if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; install them or run as root"
+    log "installing ${missing[*]}"
+    {
+        apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                "${missing[@]}"
+    } >/dev/null || die "apt-get install ${missing[*]} failed"
+fi
+
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN < <(
+    "$PY" -c '
+import socket
+socks = [socket.socket() for _ in range(4)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+for s in socks:
+    s.close()
+'
+)
+NGINX=http://127.0.0.1:$P_NGINX
+ISSUER=http://127.0.0.1:$P_ISSUER
+# shellcheck source=bench/configs.sh
+source bench/configs.sh
+
+# wait_for URL NAME PID: until URL answers 200; fails if PID exits or 60 s pass (the gateway
+# starts slowly under valgrind).
+wait_for() {
+    local i
+    for i in $(seq 600); do
+        kill -0 "$3" 2>/dev/null || { cat "$TMP/$2.log" >&2 || true; die "$2 exited"; }
+        curl -sf -o /dev/null "$1" && return 0
+        sleep 0.1
+    done
+    die "$2: $1 did not answer"
+}
+
+nginx_upstream_config "$TMP/nginx.conf"
+nginx -p "$TMP/nginx" -e "$TMP/nginx-error.log" -c "$TMP/nginx.conf" -g 'daemon off;' \
+    >"$TMP/nginx.log" 2>&1 &
+PIDS+=($!)
+wait_for "$NGINX/" nginx "${PIDS[-1]}"
+"$PY" bench/issuer.py --port "$P_ISSUER" --kid bench-es256 \
+    --private-key "$TMP/issuer-private.pem" --public-key "$TMP/issuer-public.pem" \
+    >"$TMP/issuer.log" 2>&1 &
+PIDS+=($!)
+wait_for "$ISSUER/.well-known/openid-configuration" issuer "${PIDS[-1]}"
+TOKEN=$("$PY" bench/mktoken.py --key "$TMP/issuer-private.pem" --kid bench-es256 \
+    --issuer "$ISSUER" --audience bench-api --scope "bench:read")
+
+gateway_config "$TMP/gateway.yaml" 100000
+valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
+    "$PY" -m gateway run --config "$TMP/gateway.yaml" >"$TMP/gateway.log" 2>&1 &
+GATEWAY_PID=$!
+PIDS+=("$GATEWAY_PID")
+log "gateway under callgrind (pid $GATEWAY_PID), waiting for it"
+wait_for "http://127.0.0.1:$P_GW_ADMIN/readyz" gateway "$GATEWAY_PID"
+
+load() {
+    "$PY" bench/keepalive_client.py --port "$P_GW" --path "/$1/items" \
+        --authorization "Bearer $TOKEN" --requests "$2" --connections "$CONNECTIONS"
+}
+
+# count ROUTE: the gateway's instructions per request over REQUESTS requests of ROUTE.
+count() {
+    local before after dump total
+    callgrind_control --zero "$GATEWAY_PID" >/dev/null 2>&1
+    callgrind_control --instr=on "$GATEWAY_PID" >/dev/null 2>&1
+    load "$1" "$REQUESTS"
+    callgrind_control --instr=off "$GATEWAY_PID" >/dev/null 2>&1
+    before=$(find "$TMP" -name 'callgrind.*.*' | wc -l)
+    callgrind_control --dump="$1" "$GATEWAY_PID" >/dev/null 2>&1
+    for _ in $(seq 100); do
+        after=$(find "$TMP" -name 'callgrind.*.*' | wc -l)
+        [ "$after" -gt "$before" ] && break
+        sleep 0.1
+    done
+    dump=$(find "$TMP" -name 'callgrind.*.*' -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2)
+    total=$(awk '/^totals:/ { print $2; exit }' "$dump")
+    [ -n "$total" ] || die "no totals in $dump"
+    echo $((total / REQUESTS))
+}
+
+log "warm-up: $REQUESTS requests of each route, not counted"
+load public "$REQUESTS"
+load api "$REQUESTS"
+echo "| round | auth none: instructions per request | warm JWT | warm − none | none / warm |"
+echo "| ---: | ---: | ---: | ---: | ---: |"
+gaps=()
+for round in $(seq "$ROUNDS"); do
+    none=$(count public)
+    warm=$(count api)
+    gaps+=($((warm - none)))
+    printf '| %d | %d | %d | %d | %s |\n' "$round" "$none" "$warm" $((warm - none)) \
+        "$("$PY" -c "print(f'{$none / $warm:.3f}')")"
+done
+median=$(printf '%s\n' "${gaps[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+echo
+echo "Median gap: $median instructions per request ($REQUESTS requests per route and round," \
+    "$CONNECTIONS connections; the rest of a request is the same on both routes)."
