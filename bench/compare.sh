@@ -52,17 +52,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-read -r P_NGINX P_ISSUER P_BASE P_BASE_ADMIN P_HEAD P_HEAD_ADMIN < <(
-    "$PY" -c '
-import socket
-socks = [socket.socket() for _ in range(6)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-for s in socks:
-    s.close()
-'
-)
+read -r P_NGINX P_ISSUER P_BASE P_BASE_ADMIN P_HEAD P_HEAD_ADMIN < <(free_ports 6)
 
 nginx_upstream_config "$TMP/nginx.conf"
 taskset -c 1 "$NGINX_BIN" -c "$TMP/nginx.conf" -e "$TMP/nginx-error.log" -g 'daemon off;' &

@@ -15,6 +15,20 @@
 # default .venv/bin/portcullis-authserver). The configs name the signing keys' encryption
 # secret as ${PORTCULLIS_KEY_SECRET}: new_key_secret makes one for the run and exports it.
 
+# free_ports N: N free TCP ports of 127.0.0.1 on one line, all bound at once (so no two are
+# the same) and then released, for the servers a script starts. Reads PY.
+free_ports() {
+    "$PY" -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+for s in socks:
+    s.close()
+' "$1"
+}
+
 # nginx_upstream_config FILE: the upstream nginx of the gateway scenarios (one worker, run in
 # the foreground with `-g 'daemon off;'`, everything under TMP, listening on P_NGINX):
 # `return 200 "ok"` for every path, and at any path ending in /whoami the identity headers

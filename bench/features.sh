@@ -154,17 +154,7 @@ expect() {
     log "ok: $what -> $got"
 }
 
-read -r P_NGINX P_ISSUER P_INTROSPECT P_GW P_GW_ADMIN < <(
-    "$PY" -c '
-import socket
-socks = [socket.socket() for _ in range(5)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-for s in socks:
-    s.close()
-'
-)
+read -r P_NGINX P_ISSUER P_INTROSPECT P_GW P_GW_ADMIN < <(free_ports 5)
 NGINX=http://127.0.0.1:$P_NGINX
 ISSUER=http://127.0.0.1:$P_ISSUER
 INTROSPECT=http://127.0.0.1:$P_INTROSPECT

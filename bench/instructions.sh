@@ -59,21 +59,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN < <(
-    "$PY" -c '
-import socket
-socks = [socket.socket() for _ in range(4)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-for s in socks:
-    s.close()
-'
-)
-NGINX=http://127.0.0.1:$P_NGINX
-ISSUER=http://127.0.0.1:$P_ISSUER
 # shellcheck source=bench/configs.sh
 source bench/configs.sh
+read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN < <(free_ports 4)
+NGINX=http://127.0.0.1:$P_NGINX
+ISSUER=http://127.0.0.1:$P_ISSUER
 
 # wait_for URL NAME PID: until URL answers 200; fails if PID exits or 60 s pass (the gateway
 # starts slowly under valgrind).

@@ -306,17 +306,7 @@ stop_started() {
 }
 
 read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN P_AS_ADMIN P_DECIDE P_FRONT \
-    P_PG P_AS2 P_AS2_ADMIN P_LB P_GW2 P_GW2_ADMIN < <(
-    "$PY" -c '
-import socket
-socks = [socket.socket() for _ in range(17)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-for s in socks:
-    s.close()
-'
-)
+    P_PG P_AS2 P_AS2_ADMIN P_LB P_GW2 P_GW2_ADMIN < <(free_ports 17)
 NGINX=http://127.0.0.1:$P_NGINX
 ISSUER=http://127.0.0.1:$P_ISSUER
 GATEWAY=http://127.0.0.1:$P_GW
