@@ -77,12 +77,13 @@ class LastToken:
     behave as without it). Held by the connection, gone with it; values longer than
     REMEMBERED_AUTHORIZATION_CHARS are not kept.
 
-    It also remembers the route plan that value's principal was last allowed on, when it
-    came as a bearer token (`plan`, `principal`): steps 5 and 7 depend on nothing else, so
-    the same value on the same plan (a reload makes new plans), whose principal the cache
-    gives again as the same object, is allowed again without them (`Pipeline.again`); the
-    revocation check, step 6, still runs on every request. The principal so remembered may
-    outlive its cache entry while the connection lasts: memory.CONNECTION_BYTES counts it."""
+    It also remembers the principal the cache gave for that value (`principal`), and the
+    route plan that principal was last allowed on as a bearer token, sent in that value
+    (`plan`): steps 5 and 7 depend on nothing else, so the same value on the same plan (a
+    reload makes new plans), for which the cache still gives the same principal object, is
+    allowed again without them; the revocation check, step 6, still runs on every request.
+    The principal so remembered may outlive its cache entry while the connection lasts:
+    memory.CONNECTION_BYTES counts it."""
 
     __slots__ = ("key", "plan", "principal", "scheme", "value")
 
@@ -337,18 +338,27 @@ class Pipeline(Generic[F]):
         principal = None
         rule = plan.rule
         if rule is not None and not rule.public:
-            again = self.again(headers, last, plan) if last is not None else None
-            if again is not None:
-                # 3-5 and 7 as on the connection's last request (LastToken).
-                verified: Principal | Refusal = again
+            # 3-4. extract, verify: the value the connection remembers needs neither.
+            repeat = None
+            if (
+                last is not None
+                and (repeat := self.repeated(headers, last)) is not None
+                and repeat is last.principal
+                and plan is last.plan
+            ):
+                # 5 and 7 as on the last request that sent it (LastToken).
+                verified: Principal | Refusal = repeat
                 # 6. revocation-check: every request, cache hit or not.
                 if self.revocations is not None:
-                    verified = self.revocation_check(plan, again, bearer.BEARER)
+                    verified = self.revocation_check(plan, repeat, bearer.BEARER)
             else:
-                # 3-4. extract, verify
-                presented = self.cached(headers, last) or await self.verify(
-                    request, rule, plan.offer
-                )
+                presented: tuple[Principal, Credentials] | Refusal | None
+                if repeat is not None and last is not None:
+                    presented = _presented_again(last, repeat)
+                else:
+                    presented = self.cached(headers, last) or await self.verify(
+                        request, rule, plan.offer
+                    )
                 if isinstance(presented, Refusal):
                     verified = presented
                 else:
@@ -369,18 +379,18 @@ class Pipeline(Generic[F]):
                     # 7. decide
                     if not isinstance(verified, Refusal):
                         verified = self.decide(plan, rule, verified, credentials.scheme)
-                        # Allowed as a bearer token: the value the connection remembers,
-                        # when it sends its token as Bearer too, is allowed again on this
-                        # plan if it still gives this principal (`again`). One of the DPoP
-                        # scheme is not: bound or not, it meets step 5 in full.
+                        # Allowed as a bearer token, and the principal of the value the
+                        # connection remembers, sent as Bearer: that value is allowed again on
+                        # this plan while the cache gives this principal for it. (Sent as DPoP,
+                        # bound or not, it meets step 5 in full.)
                         if (
                             bearer_token
                             and verified is principal
                             and last is not None
-                            and last.value is not None
+                            and last.principal is principal
                             and last.scheme == bearer.BEARER
                         ):
-                            last.plan, last.principal = plan, principal
+                            last.plan = plan
             if isinstance(verified, Refusal):
                 exchange.deny(verified.reason, monitor)
                 if not monitor:
@@ -482,37 +492,26 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 3-4. extract, verify
 
-    def again(
-        self, headers: CIMultiDictProxy[str], last: LastToken, plan: RoutePlan
-    ) -> Principal | None:
-        """Steps 3 to 5 and 7 for a request that repeats its connection's last one: the
-        same Authorization value as the one `last` remembers, on the plan its principal was
-        allowed on as a bearer token, and the cache still gives that principal for it. That
-        principal, else None (the steps run in full)."""
-        if last.plan is not plan:
-            return None
+    def repeated(self, headers: CIMultiDictProxy[str], last: LastToken) -> Principal | None:
+        """Steps 3 and 4 for a request whose one Authorization value is the one its
+        connection remembers: its token's principal while the cache holds it, without
+        parsing the value or hashing the token again; else None."""
         authorization = headers.getall(hdrs.AUTHORIZATION, ())
         if len(authorization) != 1 or authorization[0] != last.value:
             return None
-        principal = self._look(last.key)
-        return principal if principal is last.principal else None
+        return self._look(last.key)
 
     def cached(
         self, headers: CIMultiDictProxy[str], last: LastToken | None = None
     ) -> tuple[Principal, Credentials] | None:
         """Steps 3 and 4 in the common case: one `Bearer <token>` or `DPoP <token>` header
         whose token was verified before. A hit means this exact string passed every check
-        of `verify`. `last` remembers the cache key of the value its connection sent last."""
+        of `verify`. `last` then remembers the value, its token's cache key and principal
+        (see `repeated`)."""
         authorization = headers.getall(hdrs.AUTHORIZATION, ())
         if len(authorization) != 1:
             return None
         value = authorization[0]
-        if last is not None and value == last.value:
-            principal = self._look(last.key)
-            if principal is None:
-                return None
-            scheme = last.scheme
-            return principal, Credentials(scheme, value[len(scheme) + 1 :])
         if value.startswith("Bearer "):
             credentials = Credentials(bearer.BEARER, value[7:])
         elif value.startswith("DPoP "):
@@ -528,7 +527,7 @@ class Pipeline(Generic[F]):
             return None
         if last is not None and len(value) <= REMEMBERED_AUTHORIZATION_CHARS:
             last.value, last.scheme, last.key = value, credentials.scheme, key
-            last.plan = last.principal = None  # allowed with the value before
+            last.principal, last.plan = principal, None
         return principal, credentials
 
     async def verify(
@@ -737,6 +736,17 @@ class Pipeline(Generic[F]):
 
 
 # ---------------------------------------------------------------------------- 9. forward
+
+
+def _presented_again(last: LastToken, principal: Principal) -> tuple[Principal, Credentials]:
+    """The principal of the value `last` remembers, with its credentials, as steps 3 and 4
+    give them; a principal the cache gave anew (the token verified again) is remembered, and
+    no plan it was allowed on yet."""
+    if principal is not last.principal:
+        last.principal, last.plan = principal, None
+    scheme, value = last.scheme, last.value
+    assert value is not None  # `repeated` matched it
+    return principal, Credentials(scheme, value[len(scheme) + 1 :])
 
 
 def refuse_body(

@@ -303,8 +303,8 @@ async def test_tokens_of_the_same_length_on_one_connection_are_told_apart(
 
 
 # The route decision a connection remembers (LastToken.plan, LastToken.principal): the same
-# value, whose principal was allowed on the same route plan, is allowed again without steps 5
-# and 7 (Pipeline.again); anything else is decided anew.
+# value, whose principal was allowed on the same route plan, is allowed again without steps 3
+# to 5 and 7 (Pipeline.repeated finds it); anything else is decided anew.
 
 
 async def test_a_remembered_decision_holds_for_its_own_route_only(gateway, issuer, upstream):
@@ -386,6 +386,43 @@ async def test_a_bearer_decision_is_not_remembered_for_a_dpop_value(gateway, iss
     assert len(upstream.requests) == 3
 
 
+async def test_a_request_of_a_remembered_value_counts_one_cache_hit(gateway, issuer):
+    """After another token on the same connection (its value now the one remembered, with
+    its principal), a request of the first token is one look in the cache, one hit."""
+    cache = cache_of(gateway)
+    first = issuer.token("ES256", sub="first", scope="orders:read")
+    second = issuer.token("ES256", sub="second", scope="orders:read")
+    async with one_connection() as client:
+        for token in (first, first, second, first, first, second, second):
+            assert (await orders(client, gateway, token)).status == 200
+    assert (cache.hits, cache.misses) == (5, 2)
+
+
+async def test_a_token_verified_anew_counts_one_cache_hit_and_is_decided_anew(issuer, upstream):
+    """Another connection evicts the token from a cache of one entry and has it verified
+    again: the connection that remembers it gets a new principal from the cache for the same
+    value, which is one hit, decided in full, and then remembered."""
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 1")
+    async with (
+        running_gateway(config) as gateway,
+        one_connection() as mine,
+        one_connection() as other,
+    ):
+        cache = cache_of(gateway)
+        token = issuer.token("ES256", sub="kept", scope="orders:read")
+        for _ in range(3):
+            assert (await orders(mine, gateway, token)).status == 200
+        assert (cache.hits, cache.misses) == (2, 1)
+        assert (await orders(other, gateway, issuer.token("ES256"))).status == 200
+        assert (await orders(other, gateway, token)).status == 200
+        assert (cache.hits, cache.misses) == (2, 3)
+        for hits in (3, 4):
+            answer = await orders(mine, gateway, token)
+            assert answer.status == 200
+            assert header_values(answer.body, "X-Auth-Subject") == ["kept"]
+            assert cache.hits == hits
+
+
 async def test_admit_remembers_an_allowed_bearer_decision_and_no_refusal(gateway, issuer):
     pipeline = gateway.gateway.pipeline
     reader = issuer.token("ES256", sub="memo", scope="orders:read")
@@ -401,23 +438,17 @@ async def test_admit_remembers_an_allowed_bearer_decision_and_no_refusal(gateway
     assert (last.value, last.plan) == (None, None), "a value is remembered once the cache has it"
     allowed = await admit("GET")
     assert isinstance(allowed, Admitted) and allowed.principal is first.principal
-    assert (last.plan, last.principal) == (allowed.plan, allowed.principal)
+    assert (last.value, last.principal, last.plan) == (
+        f"Bearer {reader}",
+        allowed.principal,
+        allowed.plan,
+    )
     repeat = CIMultiDictProxy(CIMultiDict(headers))
-    assert pipeline.again(repeat, last, allowed.plan) is allowed.principal
+    assert pipeline.repeated(repeat, last) is allowed.principal
     refused = await admit("PUT")  # orders-write: the token lacks orders:write
     assert getattr(refused, "status", None) == 403
     assert last.plan is allowed.plan and last.principal is allowed.principal  # unchanged
-    assert (
-        pipeline.again(
-            repeat,
-            last,
-            pipeline.match(
-                make_mocked_request("PUT", "/orders/1"), Exchange(0.0, "id", "PUT", "/orders/1")
-            ),
-        )
-        is None
-    )  # another plan
     other = CIMultiDictProxy(CIMultiDict({"Authorization": f"bearer {reader}"}))
-    assert pipeline.again(other, last, allowed.plan) is None  # another value
+    assert pipeline.repeated(other, last) is None  # another value
     again = await admit("GET")
     assert isinstance(again, Admitted) and again.principal is allowed.principal
