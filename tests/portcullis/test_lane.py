@@ -4,6 +4,7 @@ connection's life (order, keep-alive, shutdown) across the two, on real sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -78,20 +79,23 @@ class Served:
     runner: web.AppRunner
     aiohttp_bodies: list[bytes]
 
-    async def connect(self) -> RawConnection:
-        return await RawConnection.open(self.url)
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[RawConnection]:
+        """A client connection, closed when the block ends."""
+        connection = await RawConnection.open(self.url)
+        try:
+            yield connection
+        finally:
+            connection.close()
 
     async def ask(self, request: bytes, timeout: float = 5.0) -> RawResponse:
         """One request on a connection of its own, and the final answer to it."""
-        connection = await self.connect()
-        try:
+        async with self.connection() as connection:
             await connection.send(request)
             answer = await connection.response(timeout=timeout)
             if answer.status == 100:  # aiohttp's interim answer to Expect: the final follows
                 answer = await connection.response(timeout=timeout)
             return answer
-        finally:
-            connection.close()
 
 
 async def _serve(
@@ -150,12 +154,9 @@ async def test_a_plain_request_is_answered_by_the_lane_with_aiohttps_closing_fie
     serve: Callable[..., Any],
 ) -> None:
     served = await serve()
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"abc", ("X-Token", "t1")))
         answer = await connection.response()
-    finally:
-        connection.close()
     assert (answer.status, answer.reason, answer.body) == (201, "Created", b"lane:abc")
     assert list(answer.headers) == ["X-Lane", "X-Token", "Content-Length", "Date", "Server"]
     assert answer.headers["X-Token"] == "t1"
@@ -172,15 +173,12 @@ async def test_keep_alive_requests_and_pipelined_ones_are_answered_in_order(
     serve: Callable[..., Any],
 ) -> None:
     served = await serve()
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         for body in (b"one", b"two"):
             await connection.send(post(body))
             assert (await connection.response()).body == b"lane:" + body
         await connection.send(post(b"three") + post(b"four") + post(b"five"))
         bodies = [(await connection.response()).body for _ in range(3)]
-    finally:
-        connection.close()
     assert bodies == [b"lane:three", b"lane:four", b"lane:five"]
     assert served.server.lane_requests == 5
 
@@ -189,13 +187,10 @@ async def test_a_request_sent_byte_by_byte_is_read_whole_before_it_is_answered(
     serve: Callable[..., Any],
 ) -> None:
     served = await serve()
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         for byte in post(b"0123456789"):
             await connection.send(bytes([byte]))
         answer = await connection.response()
-    finally:
-        connection.close()
     assert answer.body == b"lane:0123456789"
     assert served.server.lane_requests == 1
 
@@ -273,14 +268,11 @@ async def test_after_aiohttp_takes_a_connection_it_keeps_it_and_the_order_holds(
     serve: Callable[..., Any],
 ) -> None:
     served = await serve()
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"first"))
         assert (await connection.response()).body == b"lane:first"
         await connection.send(post(b"second", target="/other") + post(b"third"))
         second, third = await connection.response(), await connection.response()
-    finally:
-        connection.close()
     assert (second.status, second.body) == (202, b"aiohttp:second")
     assert (third.status, third.body) == (202, b"aiohttp:third")
     assert served.server.lane_requests == 1
@@ -291,8 +283,7 @@ async def test_a_request_arriving_while_the_lane_answers_waits_for_that_answer(
 ) -> None:
     hold = asyncio.Event()
     served = await serve(EchoLane(hold=hold))
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"slow"))
         await wait_for(lambda: served.lane.seen, what="the lane to take the first request")
         await connection.send(post(b"quick", target="/other"))
@@ -300,8 +291,6 @@ async def test_a_request_arriving_while_the_lane_answers_waits_for_that_answer(
         assert served.aiohttp_bodies == []  # aiohttp has not been given it yet
         hold.set()
         first, second = await connection.response(), await connection.response()
-    finally:
-        connection.close()
     assert (first.body, second.body) == (b"lane:slow", b"aiohttp:quick")
 
 
@@ -313,13 +302,10 @@ async def test_a_lane_that_fails_answers_500_and_closes_the_connection(
     serve: Callable[..., Any], lane: EchoLane
 ) -> None:
     served = await serve(lane)
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"x"))
         answer = await connection.response()
         assert await connection.closed_by_peer()
-    finally:
-        connection.close()
     assert answer.status == 500
     assert list(answer.headers) == [
         "Content-Type",
@@ -338,8 +324,7 @@ async def test_shutdown_waits_for_the_lanes_answer_in_progress(
 ) -> None:
     hold = asyncio.Event()
     served = await serve(EchoLane(hold=hold))
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"draining"))
         await wait_for(lambda: served.lane.seen, what="the lane to take the request")
         cleanup = asyncio.create_task(served.runner.cleanup())
@@ -349,8 +334,6 @@ async def test_shutdown_waits_for_the_lanes_answer_in_progress(
         answer = await connection.response()
         await asyncio.wait_for(cleanup, 5)
         assert await connection.closed_by_peer()
-    finally:
-        connection.close()
     assert answer.body == b"lane:draining"
 
 
@@ -359,28 +342,22 @@ async def test_an_idle_connection_is_closed_after_keepalive_timeout_but_not_whil
 ) -> None:
     hold = asyncio.Event()
     served = await serve(EchoLane(hold=hold), keepalive_timeout=0.2)
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"long"))
         await wait_for(lambda: served.lane.seen, what="the lane to take the request")
         await asyncio.sleep(0.6)  # three idle timeouts while the lane answers
         hold.set()
         assert (await connection.response()).body == b"lane:long"
         assert await connection.closed_by_peer(timeout=2)  # then idle: closed
-    finally:
-        connection.close()
 
 
 async def test_a_half_sent_head_is_not_held_past_keepalive_timeout(
     serve: Callable[..., Any],
 ) -> None:
     served = await serve(keepalive_timeout=0.2)
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"abc")[:20])
         assert await connection.closed_by_peer(timeout=2)
-    finally:
-        connection.close()
     assert served.server.lane_requests == 0
 
 
@@ -405,9 +382,8 @@ async def test_answers_wait_for_a_client_that_does_not_read_them(
     """Flow control: pipelined requests of a client that reads nothing are not answered
     into an ever larger write buffer."""
     served = await serve(EchoLane(padding=64 * 1024))
-    connection = await served.connect()
     count = 300  # 19 MiB of answers, more than the kernel's socket buffers take
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"x") * count)
         answered = -1
         while answered != served.server.lane_requests:  # until the lane stops answering
@@ -418,8 +394,6 @@ async def test_answers_wait_for_a_client_that_does_not_read_them(
         assert handler.transport is not None
         assert handler.transport.get_write_buffer_size() < 1024 * 1024
         bodies = [(await connection.response()).body[:6] for _ in range(count)]
-    finally:
-        connection.close()
     assert bodies == [b"lane:x"] * count
     assert served.server.lane_requests == count
 
@@ -429,28 +403,22 @@ async def test_a_lane_answer_outliving_the_shutdown_wait_is_cancelled(
 ) -> None:
     lane = EchoLane(hold=asyncio.Event())
     served = await serve(lane, shutdown_timeout=0.2)
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"stuck"))
         await wait_for(lambda: lane.seen, what="the lane to take the request")
         await asyncio.wait_for(served.runner.cleanup(), 5)
         await wait_for(lambda: lane.cancelled == 1, what="the lane answer to be cancelled")
         assert await connection.closed_by_peer()
-    finally:
-        connection.close()
 
 
 async def test_with_no_keepalive_timeout_a_connection_closes_once_answered(
     serve: Callable[..., Any],
 ) -> None:
     served = await serve(keepalive_timeout=0)
-    connection = await served.connect()
-    try:
+    async with served.connection() as connection:
         await connection.send(post(b"once"))
         assert (await connection.response()).body == b"lane:once"
         assert await connection.closed_by_peer(timeout=2)
-    finally:
-        connection.close()
 
 
 def test_a_field_with_cr_or_lf_is_never_written() -> None:
