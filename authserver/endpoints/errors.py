@@ -87,7 +87,7 @@ def json_no_store(
 
 def oauth_error_answer(error: OAuthError, extra: Mapping[str, str] | None = None) -> JsonAnswer:
     """RFC 6749 §5.2 error body; invalid_client after Basic gets a Basic challenge."""
-    headers = {"Cache-Control": "no-store", "Pragma": "no-cache", **(extra or {})}
+    headers = dict(extra or {})  # json_answer puts the no-store fields first
     if isinstance(error, ClientAuthError) and error.basic:
         headers["WWW-Authenticate"] = 'Basic realm="portcullis", charset="UTF-8"'
     return json_answer(error.body(), status=error.status, headers=headers)
