@@ -46,6 +46,7 @@ from .clock import Clock
 from .endpoints.errors import oauth_json_error
 from .keys import SigningRing
 from .protocol.errors import ErrorCode, OAuthError, invalid_request
+from .registry import Client
 from .store.base import CutOff, EventKind, RevocationEvent, Store, StoreUnavailable
 
 log = logging.getLogger("portcullis.authserver.events")
@@ -60,6 +61,8 @@ SET_TYPE = "secevent+jwt"  # RFC 8417 §2.3
 BATCH = 500
 # Signed SETs kept, so that many subscribers (and their reconnections) sign each event once.
 SIGNED_KEPT = 10_000
+# The largest event id: the stores keep ids as signed 64-bit integers.
+MAX_EVENT_ID = 2**63 - 1
 
 
 class Reason:
@@ -180,7 +183,9 @@ class EventStream:
     Without `Last-Event-ID`, every unexpired event first (the snapshot), then each new one
     as it is committed; with it, the events after that id. A comment line follows whenever
     everything committed has been sent, and after `heartbeat` of silence: a receiver knows
-    from it that it is up to date. The stream ends when the server shuts down."""
+    from it that it is up to date. The stream ends when the server shuts down, and when its
+    credentials no longer let it read (the client deleted, its secret rotated, its
+    `introspection` turned off): they are checked again at every wake-up."""
 
     def __init__(
         self,
@@ -205,16 +210,9 @@ class EventStream:
         self.followers = followers
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization")
         try:
-            client = await self.clients.authenticate(
-                {}, request.headers.get("Authorization"), self.url
-            )
-            if not client.introspection or client.public:
-                raise OAuthError(
-                    ErrorCode.UNAUTHORIZED_CLIENT,
-                    "this client may not read revocation events",
-                    status=403,
-                )
+            client = await self._reader(authorization)
             after = _last_event_id(request.headers.get("Last-Event-ID"))
         except OAuthError as error:
             return oauth_json_error(error)
@@ -234,7 +232,7 @@ class EventStream:
         assert task is not None
         self.followers.add(task)
         try:
-            await self._follow(response, after)
+            await self._follow(response, after, client.client_id, authorization)
         except ConnectionResetError:
             pass  # the subscriber went away (a shutdown cancels the task instead)
         except StoreUnavailable as exc:
@@ -246,12 +244,42 @@ class EventStream:
             self.followers.discard(task)
         return response
 
-    async def _follow(self, response: web.StreamResponse, after: int) -> None:
+    async def _reader(self, authorization: str | None) -> Client:
+        """The client these credentials authenticate, if it may read the events (it may
+        introspect); OAuthError otherwise."""
+        client = await self.clients.authenticate({}, authorization, self.url)
+        if not client.introspection or client.public:
+            raise OAuthError(
+                ErrorCode.UNAUTHORIZED_CLIENT,
+                "this client may not read revocation events",
+                status=403,
+            )
+        return client
+
+    async def _still_reader(self, client_id: str, authorization: str | None) -> bool:
+        try:
+            await self._reader(authorization)
+        except OAuthError as refusal:
+            log.info(
+                "revocation events stream ended: its client may no longer read it",
+                extra={"client_id": client_id, "reason": refusal.code.value},
+            )
+            return False
+        return True
+
+    async def _follow(
+        self, response: web.StreamResponse, after: int, client_id: str, authorization: str | None
+    ) -> None:
         loop = asyncio.get_running_loop()
         last_write = -math.inf
         while True:
             signal = self.store.events_signal()  # before reading: nothing slips between
             events = await self.store.revocation_events(after, self.clock(), BATCH)
+            # The credentials are checked again at every wake-up, after the read: an event
+            # recorded after the client was deleted, its secret rotated or its introspection
+            # turned off is never sent under them (the stream ends instead).
+            if not await self._still_reader(client_id, authorization):
+                return
             if events:
                 chunk = "".join(
                     f"id: {e.event_id}\nevent: revocation\ndata: {self.signed.sign(e)}\n\n"
@@ -275,7 +303,9 @@ class EventStream:
 def _last_event_id(value: str | None) -> int:
     if value is None or value == "":
         return 0
-    # ASCII digits only: str.isdigit() also takes digits int() cannot read ("²").
-    if not (value.isascii() and value.isdigit()) or len(value) > 19:
+    # ASCII digits only: str.isdigit() also takes digits int() cannot read ("²"). And no
+    # more than the stores' ids hold (signed 64-bit): checked here, while an error can still
+    # be answered, rather than failing in the store once the stream has begun.
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > MAX_EVENT_ID:
         raise invalid_request("Last-Event-ID is not an event id")
     return int(value)
