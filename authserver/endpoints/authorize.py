@@ -3,8 +3,8 @@ pages.
 
 Order of checks:
  1. client_id known and redirect_uri registered (exactly, or for a public native client by
-    the loopback rule of RFC 8252 §7.3), neither given twice — else a 400 page, never a
-    redirect to an unverified URI (RFC 6749 §4.1.2.1);
+    the loopback rule of RFC 8252 §7.3, and free of control characters and spaces), neither
+    given twice — else a 400 page, never a redirect to an unverified URI (RFC 6749 §4.1.2.1);
  2. everything else — errors now redirect to the client with `error`, `error_description`,
     `state` and `iss` (RFC 9207): repeated parameters, request objects, response_type,
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
@@ -132,6 +132,18 @@ def _loopback_ip(host: str | None) -> bool:
         return False  # "localhost" is a name, not the loopback rule (RFC 8252 §8.3)
 
 
+# Control characters (C0, DEL, C1) and the space.
+_NOT_IN_URI = re.compile(r"[\x00-\x20\x7f-\x9f]")
+
+
+def uri_characters_only(uri: str) -> bool:
+    """Whether `uri` is free of the characters no URI holds: RFC 3986 §2 allows none of
+    the controls or the space. URL splitting drops TAB, CR and LF (urlsplit follows the
+    WHATWG URL parser there), so without this a URI carrying them would match a loopback
+    registration (RFC 8252 §7.3) and get a code whose redirect cannot be written."""
+    return _NOT_IN_URI.search(uri) is None
+
+
 def redirect_uri_registered(client: Client, uri: str) -> bool:
     """Exact string match (RFC 9700 §2.1), or, for a public native client only, an http
     loopback IP literal on any port (RFC 8252 §7.3)."""
@@ -220,6 +232,8 @@ class AuthorizationEndpoint:
         redirect_uri = params.get("redirect_uri")
         if redirect_uri is None:
             raise PageError("The request has no redirect_uri.")
+        if not uri_characters_only(redirect_uri):
+            raise PageError("The redirect address is not a valid URI.")
         if not redirect_uri_registered(client, redirect_uri):
             raise PageError("The redirect address is not registered for this application.")
 

@@ -4,6 +4,8 @@ loopback rule, PKCE, prompt and max_age, consent memory, and what the code redir
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
@@ -293,6 +295,38 @@ async def test_loopback_port_rule_does_not_relax_the_path(authserver, http):
         auth_params(client_id="desktop", redirect_uri="http://127.0.0.1:54321/other"),
     )
     assert_error_page(reply, "redirect address is not registered")
+
+
+def stored_codes(server: RunningAuthServer) -> int:
+    """How many authorization codes the server's SQLite database holds."""
+    with contextlib.closing(
+        sqlite3.connect(server.settings.storage.removeprefix("sqlite://"))
+    ) as db:
+        (count,) = db.execute("SELECT count(*) FROM codes").fetchone()
+    return int(count)
+
+
+@pytest.mark.parametrize("character", ["\t", "\r", "\n", " ", "\x00", "\x7f", "\x85"])
+async def test_a_loopback_redirect_uri_with_a_control_character_gets_a_page_and_no_code(
+    authserver, http, character
+):
+    # Alice has signed in and approved `desktop`: a valid request would get its code at once.
+    # URL splitting drops TAB, CR and LF, so such a URI would match the loopback rule, yet
+    # its redirect could never be written; RFC 3986 §2 has no place for any control
+    # character or space in a URI. Refused on the page before any code is stored.
+    loopback = "http://127.0.0.1:54321/cb"
+    await authorize_code(
+        http, authserver, client_id="desktop", scope="openid orders:read", redirect_uri=loopback
+    )
+    before = stored_codes(authserver)
+    for redirect_uri in (loopback + character, f"http://127.0.0.1:54321/c{character}b"):
+        reply = await send(
+            http, authserver, auth_params(client_id="desktop", redirect_uri=redirect_uri)
+        )
+        assert_error_page(reply, "The redirect address is not a valid URI")
+    assert stored_codes(authserver) == before
+    ok = await send(http, authserver, auth_params(client_id="desktop", redirect_uri=loopback))
+    assert_code_redirect(ok, authserver, redirect_uri=loopback)
 
 
 async def test_ipv6_loopback_registered_without_port_matches_any_port(start, http):
