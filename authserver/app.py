@@ -59,7 +59,7 @@ from .endpoints.errors import Handler, json_errors_of
 from .endpoints.introspect import IntrospectionEndpoint
 from .endpoints.logout import LogoutEndpoint
 from .endpoints.pages import Pages, page_environment
-from .endpoints.resource_tokens import AccessTokens
+from .endpoints.resource_tokens import AccessTokens, ResourceTokens
 from .endpoints.revoke import RevocationEndpoint
 from .endpoints.signin import PasswordCheck
 from .endpoints.token import TokenEndpoint
@@ -255,6 +255,8 @@ class AuthServer:
         admin_url = issuer + ADMIN_PREFIX
         revocations = Revocations(store, clock, settings.lifetimes.access_token)
         proofs = ProofChecker(settings.dpop, store, clock, metrics)
+        # The one check of a token presented to this server's own resources.
+        resource_tokens = ResourceTokens(access_tokens, proofs)
         sessions = Sessions(settings, store, users, clock)
         addresses = ClientAddresses(settings.trusted_proxies)
         passwords = PasswordCheck(
@@ -286,7 +288,7 @@ class AuthServer:
                 url=issuer + "/device_authorization",
                 clock=clock,
             ),
-            userinfo=UserInfoEndpoint(access_tokens, users, proofs, issuer + "/userinfo"),
+            userinfo=UserInfoEndpoint(resource_tokens, users, issuer + "/userinfo"),
             authorize=AuthorizationEndpoint(
                 clients=clients,
                 users=users,
@@ -337,7 +339,7 @@ class AuthServer:
             revocations=revocations,
             admin=AdminApi(
                 AdminContext(store, clock, settings, hasher, keyring, admin_url, revocations),
-                AdminAccess(access_tokens, users, admin_url),
+                AdminAccess(resource_tokens, users, admin_url),
                 base + ADMIN_PREFIX,
             ),
         )

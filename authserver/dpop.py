@@ -1,4 +1,5 @@
-"""Checking the DPoP proof of a request (RFC 9449 §4.3) at the token and userinfo endpoints.
+"""Checking the DPoP proof of a request (RFC 9449 §4.3) at the token endpoint and the
+resources (userinfo, the admin API: endpoints/resource_tokens.py).
 
 In the order of §4.3, each failure an `OAuthError` the endpoint renders:
  1. exactly one `DPoP` header (none: no proof, and the caller decides whether one was due);
@@ -82,14 +83,16 @@ class ProofChecker:
         method: str,
         url: str,
         access_token: str | None = None,
+        endpoint: str | None = None,
     ) -> Proof | None:
-        """The request's proof, every check passed and its jti used; None when it sent none."""
-        proof = self.verify(headers, method, url, access_token)
+        """The request's proof, every check passed and its jti used; None when it sent none.
+        `endpoint` names the endpoint in the metrics (the last segment of `url` if None)."""
+        proof = self.verify(headers, method, url, access_token, endpoint)
         if proof is not None:
-            await self.use(proof, url)
+            await self.use(proof, url, endpoint)
         return proof
 
-    async def use(self, proof: Proof, url: str) -> None:
+    async def use(self, proof: Proof, url: str, endpoint: str | None = None) -> None:
         """6: the proof's jti, once. The token endpoint calls this after authenticating the
         client, so that nobody but a client fills the replay cache."""
         now = self.clock()
@@ -97,13 +100,14 @@ class ProofChecker:
             _REPLAY_PREFIX + proof.jkt, proof.jti, proof.kept_until, now
         ):
             log.info("DPoP proof replayed", extra={"endpoint": url})
-            self._count(url, "replayed")
+            self._count(url, endpoint, "replayed")
             raise invalid_proof("the DPoP proof was already used")
-        self._count(url, "accepted")
+        self._count(url, endpoint, "accepted")
 
-    def _count(self, url: str, result: str) -> None:
-        # The endpoint by the last segment of its URL: token or userinfo.
-        self.metrics.dpop_proof(url.rsplit("/", 1)[-1], result)
+    def _count(self, url: str, endpoint: str | None, result: str) -> None:
+        # The endpoint by name, else by the last segment of its URL (token, userinfo): a
+        # bounded set of labels, never a path with ids in it (the admin API's).
+        self.metrics.dpop_proof(endpoint or url.rsplit("/", 1)[-1], result)
 
     def verify(
         self,
@@ -111,13 +115,14 @@ class ProofChecker:
         method: str,
         url: str,
         access_token: str | None = None,
+        endpoint: str | None = None,
     ) -> Proof | None:
         """Checks 1 to 5 of the request's proof; None when it sent none."""
         try:
             return self._verify(headers, method, url, access_token)
         except OAuthError as error:
             nonce = error.code is ErrorCode.USE_DPOP_NONCE
-            self._count(url, "nonce_required" if nonce else "invalid")
+            self._count(url, endpoint, "nonce_required" if nonce else "invalid")
             raise
 
     def _verify(

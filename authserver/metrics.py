@@ -9,7 +9,7 @@ turned into metric families by prometheus-client when scraped:
   portcullis_authserver_logins_throttled_total              refused by login_throttle
   portcullis_authserver_store_call_duration_seconds{operation}   histogram
   portcullis_authserver_config_reloads_total{result}        applied | rejected
-  portcullis_authserver_dpop_proofs_total{endpoint, result}  token | userinfo; accepted |
+  portcullis_authserver_dpop_proofs_total{endpoint, result}  token | userinfo | admin; accepted |
                                                             invalid | nonce_required | replayed
   portcullis_build_info{version}                            always 1
 

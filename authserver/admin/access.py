@@ -1,15 +1,16 @@
 """Who may call the admin API (a resource server of its own, identified `{issuer}/admin/v1`).
 
-In order, each refusal with its RFC 6750 §3 challenge:
-1. A bearer token in the Authorization header, else 401 without an error code (§3.1: the
-   request carried no authentication).
-2. An access token of this server, unexpired and not revoked, of a client that still
-   exists (endpoints/resource_tokens.py), else 401 `invalid_token`.
-3. Its `aud` names this API (RFC 8707: the client asked for it as `resource`), else 401
+In order, each refusal with its RFC 6750 §3 or RFC 9449 §7.1 challenge:
+1. An access token of this server, active, in the Authorization header under the Bearer or
+   the DPoP scheme, proven as it requires: a token bound to a DPoP key only with a proof
+   of that key for this very request (method and URL, `ath`). The check every resource of
+   this server makes (endpoints/resource_tokens.py): 401 without an error code when there
+   is no token, else 401 `invalid_token` or `invalid_dpop_proof`.
+2. Its `aud` names this API (RFC 8707: the client asked for it as `resource`), else 401
    `invalid_token`: a token for another resource server is no credential here.
-4. Its scope has `admin:write`, or `admin:read` for a safe method, else 403
+3. Its scope has `admin:write`, or `admin:read` for a safe method, else 403
    `insufficient_scope` (write implies read).
-5. A user's token (its subject is not its client) is only as good as its user: one
+4. A user's token (its subject is not its client) is only as good as its user: one
    without the `admin` role gets 403 `forbidden`.
 """
 
@@ -19,7 +20,13 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..endpoints.resource_tokens import AccessTokens
+from ..endpoints.resource_tokens import (
+    INVALID_TOKEN,
+    Credential,
+    ResourceTokens,
+    TokenRefused,
+    credential_in_header,
+)
 from ..registry import UserDirectory
 from .http import ApiError
 
@@ -27,6 +34,9 @@ READ = "admin:read"
 WRITE = "admin:write"
 ADMIN_ROLE = "admin"
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+REALM = "portcullis-admin"
+# The endpoint's name in the DPoP proof metrics.
+ENDPOINT = "admin"
 
 
 @dataclass(frozen=True)
@@ -37,63 +47,57 @@ class Caller:
     subject: str | None
 
 
-def _challenge(error: str | None = None, scope: str | None = None) -> dict[str, str]:
-    value = 'Bearer realm="portcullis-admin"'
-    if error:
-        value += f', error="{error}"'
-    if scope:
-        value += f', scope="{scope}"'
-    return {"WWW-Authenticate": value}
-
-
 class AdminAccess:
-    def __init__(self, access_tokens: AccessTokens, users: UserDirectory, audience: str) -> None:
-        self.access_tokens = access_tokens
+    def __init__(self, tokens: ResourceTokens, users: UserDirectory, audience: str) -> None:
+        self.tokens = tokens
         self.users = users
         self.audience = audience
 
-    async def caller(self, request: web.Request) -> Caller:
-        headers = request.headers.getall("Authorization", [])
-        scheme, _, token = (headers[0] if len(headers) == 1 else "").partition(" ")
-        if len(headers) > 1:
-            raise ApiError(400, "invalid_request", "more than one Authorization header")
-        if scheme.lower() != "bearer" or not token.strip():
+    async def caller(self, request: web.Request, url: str) -> Caller:
+        """The caller of `request`, sent to `url` (this API's URL and the request's path)."""
+        try:
+            return await self._caller(request, url)
+        except TokenRefused as refused:
             raise ApiError(
-                401, "unauthorized", "send an access token for this API", headers=_challenge()
-            )
-        claims = await self.access_tokens.active(token.strip())
-        refused = ApiError(
-            401,
-            "invalid_token",
-            "the access token is invalid, expired or revoked",
-            headers=_challenge("invalid_token"),
-        )
-        if claims is None:
-            raise refused
+                refused.status,
+                refused.error or "unauthorized",
+                refused.description or "send an access token for this API",
+                headers=self.tokens.challenges(refused, REALM),
+            ) from None
+
+    async def _caller(self, request: web.Request, url: str) -> Caller:
+        credential = credential_in_header(request)
+        if credential is None:
+            raise TokenRefused(401)
+        found = await self.tokens.check(request, credential, url, ENDPOINT)  # 1
+        claims, client = found.claims, found.client
         audience = claims.get("aud")
         audiences = audience if isinstance(audience, list) else [audience]
-        if self.audience not in audiences:
-            raise ApiError(
-                401,
-                "invalid_token",
+        if self.audience not in audiences:  # 2
+            raise _invalid(
+                credential,
                 f"the access token is not for this API: ask for resource={self.audience}",
-                headers=_challenge("invalid_token"),
             )
-        scopes = set(str(claims.get("scope", "")).split())
+        scopes = set(str(claims.get("scope", "")).split())  # 3
         needed = READ if request.method in SAFE_METHODS else WRITE
         if WRITE not in scopes and needed not in scopes:
-            raise ApiError(
+            raise TokenRefused(
                 403,
                 "insufficient_scope",
                 f"the access token lacks the {needed} scope",
-                headers=_challenge("insufficient_scope", needed),
+                credential.scheme,
+                scope=needed,
             )
-        client_id, subject = str(claims["client_id"]), str(claims["sub"])
+        client_id, subject = client.client_id, str(claims["sub"])
         if subject == client_id:
             return Caller(client_id, None)
-        user = await self.users.by_subject(subject)
+        user = await self.users.by_subject(subject)  # 4
         if user is None:
-            raise refused
+            raise _invalid(credential, "the access token is invalid, expired or revoked")
         if ADMIN_ROLE not in user.roles:
             raise ApiError(403, "forbidden", f"the user lacks the {ADMIN_ROLE} role")
         return Caller(client_id, subject)
+
+
+def _invalid(credential: Credential, description: str) -> TokenRefused:
+    return TokenRefused(401, INVALID_TOKEN, description, credential.scheme)

@@ -109,13 +109,16 @@ class AdminApi:
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         # Ids are taken from the path as sent, each segment decoded once: an id may hold
         # an encoded "/".
-        tail = request.rel_url.raw_path[len(self.path) :].removeprefix("/")
+        raw_tail = request.rel_url.raw_path[len(self.path) :]
+        tail = raw_tail.removeprefix("/")
         segments = [unquote(s) for s in tail.split("/")] if tail else []
         method = "GET" if request.method == "HEAD" else request.method
         if segments == ["openapi.json"] and method == "GET":
             check_accept(request)
             return json_answer(self.document)
-        caller = await self.access.caller(request)
+        # The URL the request was sent to, as a DPoP proof names it (RFC 9449 §4.3: query
+        # and fragment left out): the API's URL under the issuer, and the path below it.
+        caller = await self.access.caller(request, self.access.audience + raw_tail)
         check_accept(request)
         for route in self.routes:
             ids = route.match(segments)

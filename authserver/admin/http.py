@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from portcullis.http import error_body
 
@@ -45,7 +46,8 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.details = list(details)
-        self.headers = dict(headers or {})
+        # A multidict: a challenge may offer two schemes (RFC 9110 §11.6.1).
+        self.headers: CIMultiDict[str] = CIMultiDict(headers or {})
 
     def response(self) -> web.Response:
         return web.Response(
