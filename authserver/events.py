@@ -25,8 +25,9 @@ is never taken for an access token (§4.2), and no `aud`: one SET is served to e
 subscriber, each authenticated by the stream itself.
 
 Who records a cut-off: `Revocations.cut_off_subject` (a user disabled or deleted, or their
-grants revoked) and `Revocations.cut_off_client` (a client deleted, or its secret rotated),
-each one store call that revokes the grants concerned and records the event together.
+grants revoked) and `Revocations.cut_off_client` (a client deleted, its secret rotated or
+its authentication method changed), each one store call that revokes the grants concerned
+and records the event together.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Reason:
     USER_DELETED = "user_deleted"
     CLIENT_DELETED = "client_deleted"
     CLIENT_SECRET_ROTATED = "client_secret_rotated"  # noqa: S105 - a reason, not a secret
+    CLIENT_AUTH_METHOD_CHANGED = "client_auth_method_changed"  # RFC 9700 §4.14.2
     UNCONFIGURED = "removed_from_configuration"  # a seeded client or user the file dropped
 
 

@@ -3,8 +3,9 @@
 A confidential client's secret is generated here, never chosen by the caller, and shown
 once: in the answer that created it (or made the client confidential) and in the answer of
 `POST /clients/{id}/secret`, which replaces it. The store keeps only its digest. Rotating
-the secret or deleting the client cuts it off (events.Revocations). Clients of the
-configuration file are listed but read-only (409 `managed_by_config`).
+the secret, changing its `tokenEndpointAuthMethod` or deleting the client cuts it off
+(events.Revocations). Clients of the configuration file are listed but read-only (409
+`managed_by_config`).
 """
 
 from __future__ import annotations
@@ -147,13 +148,22 @@ class Clients:
         digest = old.secret_sha256 if needs_secret else None
         if new_secret:
             digest = registry.secret_digest(secret)
+        # What was obtained under one way of authenticating must not outlive it: made
+        # public, the client's refresh tokens would be redeemed with its client_id alone
+        # (RFC 9700 §4.14.2). Any change of method cuts the client off, as a new secret does.
+        method_changed = (
+            registry.client_from_record(old).token_endpoint_auth_method
+            != checked.token_endpoint_auth_method
+        )
         record = replace(
             registry.client_record(checked, MANAGED_BY_API, now, secret_sha256=digest),
             secret_sha256=digest,
             created_at=old.created_at,
-            tokens_valid_from=old.tokens_valid_from,
+            tokens_valid_from=now if method_changed else old.tokens_valid_from,
         )
         await self._save(request, record, old.version)
+        if method_changed:
+            await self.c.revocations.cut_off_client(client_id, Reason.CLIENT_AUTH_METHOD_CHANGED)
         self.c.audit(caller, "updated", RESOURCE, client_id)
         shown = represent(record)
         answer = {**shown, "clientSecret": secret} if new_secret else shown

@@ -226,6 +226,56 @@ async def test_a_rotated_secret_is_refused_at_once_and_what_it_got_ends(
     assert (await introspect(http, server, fresh["access_token"]))["active"] is True
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("client_secret_basic", "none"),
+        ("client_secret_basic", "client_secret_post"),
+        ("none", "client_secret_basic"),
+    ],
+)
+async def test_changing_the_authentication_method_ends_what_the_old_one_got(
+    start_admin_server: StartAdminServer, http: aiohttp.ClientSession, before: str, after: str
+) -> None:
+    # A refresh token obtained with the secret must not go on working with the client_id
+    # alone once the client is made public (RFC 9700 §4.14.2): any change of method cuts
+    # the client off, as rotating its secret does.
+    server = await start_admin_server()
+    admin = await admin_for(http, server)
+    status, created, _ = await admin.post(
+        "/clients",
+        {
+            "clientId": "app",
+            "tokenEndpointAuthMethod": before,
+            "redirectUris": [REDIRECT],
+            "grantTypes": ["authorization_code", "refresh_token"],
+            "scope": "openid offline_access orders:read",
+            "skipConsent": True,
+        },
+    )
+    assert status == 201, created
+    secret = created.get("clientSecret")
+    scope = "openid offline_access orders:read"
+    old_auth = ("app", secret) if secret else None
+    tokens = await tokens_for(http, server, client_id="app", scope=scope, auth=old_auth)
+
+    status, changed, _ = await admin.patch("/clients/app", {"tokenEndpointAuthMethod": after})
+    assert status == 200 and changed["tokenEndpointAuthMethod"] == after, changed
+    refresh = {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"]}
+    if after == "none":
+        status, body, _ = await post_token(http, server, {**refresh, "client_id": "app"})
+    elif after == "client_secret_post":
+        form = {**refresh, "client_id": "app", "client_secret": secret}
+        status, body, _ = await post_token(http, server, form)
+    else:
+        auth = ("app", changed["clientSecret"])
+        status, body, _ = await post_token(http, server, refresh, auth=auth)
+    assert (status, body.get("error")) == (400, "invalid_grant"), body
+    assert (await introspect(http, server, tokens["access_token"]))["active"] is False
+    events = await server.services.store.revocation_events(0, time.time(), 100)
+    assert [e.reason for e in events if e.key == "app"] == ["client_auth_method_changed"]
+
+
 async def test_a_deleted_client_is_refused_and_its_tokens_are_inactive(
     start_admin_server: StartAdminServer, http: aiohttp.ClientSession
 ) -> None:
