@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import RawRequestMessage
+from aiohttp.http import HttpVersion11, RawRequestMessage
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from yarl import URL
 
@@ -39,7 +39,7 @@ from portcullis import runtime, tls
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
-from . import adapter, errors, extauthz, tracecontext
+from . import adapter, errors, extauthz, framing, tracecontext
 from . import settings as settings_module
 from .accesslog import AccessLog
 from .aiohttp_private import HeadSettlingRequest, http11_if_unparsable
@@ -320,7 +320,15 @@ class Gateway:
         connection = request.protocol
         last = connection.last_token if isinstance(connection, _Connection) else None
         try:
-            response = await pipeline.handle(request, exchange, last)
+            refused = framing.refusal(
+                cast(_PublicRequest, request).sent_version,
+                request.headers.getall("Transfer-Encoding", ()),
+            )
+            if refused is None:
+                response = await pipeline.handle(request, exchange, last)
+            else:
+                exchange.deny("unframeable", False)
+                response = errors.unframeable(*refused)
             status = response.status
             if not response.prepared:
                 response.headers[forwarder.request_id_header] = exchange.request_id
@@ -747,7 +755,12 @@ def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int
 
 class _PublicRequest(HeadSettlingRequest):
     """A request on the public listener: every answer to it, relayed or the gateway's own,
-    gets its head settled (settle_head) just before it is written."""
+    gets its head settled (settle_head) just before it is written. `sent_version` is the
+    version its request line gave; a request in one the listener does not speak is handed
+    on as HTTP/1.1 to be refused (framing.py), and answered in HTTP/1.1 (RFC 9110 §6.2)."""
+
+    ATTRS = HeadSettlingRequest.ATTRS | frozenset({"sent_version"})
+    sent_version: tuple[int, int] = (1, 1)
 
     def settle(self, response: web.StreamResponse) -> None:
         settle_head(response, cast(_Connection, self.protocol).server_header)
@@ -840,9 +853,13 @@ class _Server(web.Server):
         task: asyncio.Task[None],
     ) -> web.BaseRequest:
         # A request the parser refused is answered as HTTP/1.1 (see aiohttp_private).
-        return _PublicRequest(
-            http11_if_unparsable(message), payload, protocol, writer, task, self._loop
-        )
+        message = http11_if_unparsable(message)
+        version = message.version
+        if version not in framing.SPOKEN:
+            message = message._replace(version=HttpVersion11, should_close=True)
+        request = _PublicRequest(message, payload, protocol, writer, task, self._loop)
+        request.sent_version = (version.major, version.minor)
+        return request
 
     def admit(self) -> bool:
         """Count a new connection, or refuse it when `max_connections` are open."""
@@ -931,6 +948,10 @@ def public_server(gateway: Gateway) -> web.Server:
         # both are configured alike (414 and 431 answer them: unparsable_status).
         max_field_size=limits.max_field_size + (limits.max_field_size == limits.max_line_size),
         max_headers=limits.max_headers,
+        # A body goes upstream as the bytes the client sent: decoding a content coding here
+        # would change the body under the client's own framing and labels (RFC 9110 §8.4:
+        # the coding is the upstream's to undo).
+        auto_decompress=False,
         access_log=None,
     )
 
@@ -958,6 +979,7 @@ class _DecisionServer(web.Server):
             max_line_size=limits.max_line_size,
             max_field_size=limits.max_field_size,
             max_headers=limits.max_headers,
+            auto_decompress=False,  # as on the public listener
             access_log=None,
         )
         self.gateway = gateway

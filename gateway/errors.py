@@ -180,6 +180,23 @@ _UNPARSABLE = {
 }
 
 
+def unframeable(status: int, message: str) -> web.Response:
+    """A request whose framing this gateway will not pass on (the request line's version,
+    its transfer codings): refused unread, so the connection closes; where the next request
+    would begin is not known."""
+    code = _UNFRAMEABLE_CODES[status]
+    response = error_response(status, code, message)
+    response.force_close()
+    return response
+
+
+_UNFRAMEABLE_CODES = {
+    400: "bad_request",
+    501: "not_implemented",
+    505: "http_version_not_supported",
+}
+
+
 def payload_too_large(limit: int) -> web.Response:
     """The body is refused unread: the connection closes, so the rest of it is not drained."""
     response = error_response(

@@ -32,7 +32,6 @@ read, since an allow answer says which identity a token carries.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +47,7 @@ from . import errors
 from .exchange import PREFLIGHT, Exchange
 from .forward import header_value, string_header_value
 from .pipeline import Admitted, Pipeline
-from .principal import Principal
+from .principal import Derived, Principal
 from .settings import HTTP_METHOD, ExtAuthzSettings, IdentityHeaders
 
 FORWARD_AUTH = "/forward-auth"
@@ -193,9 +192,8 @@ class Decider:
         # The same test as trusted_proxies': an address inside one of the networks.
         self._callers = ClientAddresses(settings.trusted_callers)
         self._identity = identity
-        self._answers: OrderedDict[int, tuple[Principal, tuple[tuple[str, str], ...]]] = (
-            OrderedDict()  # the oldest found at once, however many went before it
-        )
+        # Each principal's answer, for as long as a cache keeps the principal.
+        self._answers: Derived[tuple[tuple[str, str], ...]] = Derived(_REMEMBERED)
         # Every identity header, empty: the answer when there is no principal.
         self._anonymous = tuple((name, "") for name in identity.names())
 
@@ -238,13 +236,11 @@ class Decider:
     def _headers(self, principal: Principal) -> tuple[tuple[str, str], ...]:
         """Every identity header of a principal, empty where it has no value; computed once
         per verified token."""
-        known = self._answers.get(id(principal))
-        if known is not None and known[0] is principal:
-            return known[1]
+        known = self._answers.get(principal)
+        if known is not None:
+            return known
         headers = identity_answer(self._identity, principal)
-        if len(self._answers) >= _REMEMBERED:
-            self._answers.popitem(last=False)  # the oldest
-        self._answers[id(principal)] = (principal, headers)
+        self._answers.put(principal, headers)
         return headers
 
 

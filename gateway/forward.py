@@ -48,7 +48,6 @@ import json
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -66,7 +65,7 @@ from . import clientcert, errors, tracecontext
 from .capacity import BodiesInFlight, Slots
 from .clock import Now
 from .exchange import Exchange
-from .principal import Principal
+from .principal import Derived, Principal
 from .settings import Settings, WebSocketSettings
 from .upstream_client import (
     RequestFields,
@@ -79,7 +78,9 @@ from .upstream_client import (
 log = logging.getLogger("portcullis.gateway.forward")
 
 # RFC 9110 §7.6.1 plus the de-facto Keep-Alive / Proxy-Connection. `Expect` is answered by
-# this gateway itself; `Host` is set for the upstream.
+# this gateway itself; `Host` is set for the upstream; `Content-Length` (like
+# `Transfer-Encoding`) frames the message on one connection only: the upstream client frames
+# the body it sends itself (upstream_client.RequestFields).
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -93,7 +94,7 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_REQUEST_DROP = HOP_BY_HOP | {"host", "expect"}
+_REQUEST_DROP = HOP_BY_HOP | {"host", "expect", "content-length"}
 # Headers some frameworks take as the method to run instead of the request's own.
 _METHOD_OVERRIDE = frozenset({"x-http-method-override", "x-method-override", "x-http-method"})
 # RFC 9110 §9.3: content has defined semantics on POST and PUT, and PATCH (RFC 5789); on any
@@ -141,7 +142,8 @@ _EXPIRED_CLOSE = 1008  # RFC 6455 §7.4.1: policy violation
 _WS_GOING_AWAY = 1001
 _WS_INTERNAL_ERROR = 1011
 _MEMO_LIMIT = 1024  # distinct header names or hosts remembered; clients choose them
-# Principals whose identity headers are remembered, the most recently verified ones.
+# Principals whose identity headers are remembered at most, the most recently verified ones
+# (fewer when fewer are alive: principal.Derived).
 _IDENTITIES_REMEMBERED = 16_384
 _SHARED_IDENTITY_BYTES = 1024  # the longest client id, scopes and issuer lines remembered
 # A string an upstream cannot misread when it goes as it is: visible ASCII, inner spaces only
@@ -395,19 +397,13 @@ class Forwarder:
         # Folded, so that one lookup also drops the `_` spellings of each: a CGI/WSGI
         # upstream would read `X_Forwarded_For` as the gateway's own `X-Forwarded-For`.
         self._drop = frozenset(_fold(name) for name in dropped)
-        # Whether a Content-Length is among the fields sent: the client's, unless dropped, or
-        # the gateway's own under a request id header of that name.
-        self._keeps_content_length = "content-length" not in self._drop
-        self._sets_content_length = self._request_id_header.lower() == "content-length"
         self.websockets_open = 0
         self._keep: dict[bytes, bool] = {}
         self._excluded: dict[tuple[frozenset[str], bool], frozenset[bytes]] = {}
         self._hosts: dict[str, bool] = {}
-        # id(principal) -> (principal, its identity headers as wire text). The entry holds
-        # the principal, so its id cannot be reused by another object while it is here.
-        # An OrderedDict: a plain dict's oldest key, once many were deleted from its front,
-        # takes a scan over their empty slots to find (7.5 µs at this size, against 0.2).
-        self._identities: OrderedDict[int, tuple[Principal, bytes]] = OrderedDict()
+        # Each principal's identity headers as wire text, for as long as a cache keeps the
+        # principal (never longer: the headers are part of what a cache entry holds).
+        self._identities: Derived[bytes] = Derived(_IDENTITIES_REMEMBERED)
         self._last_identity: tuple[Principal | None, bytes] = (None, b"")
         # A principal serves more than one request only when a cache gives it out again: the
         # verified-token cache, or an introspection answer's. Without either, every request
@@ -491,11 +487,6 @@ class Forwarder:
                 kept = self._keeps(name)
             if kept and (not excluded or name.lower() not in excluded):
                 wire += (name, b": ", value, b"\r\n")
-        content_length = self._sets_content_length or (
-            self._keeps_content_length
-            and "Content-Length" in incoming
-            and b"content-length" not in excluded
-        )
 
         # Every header set below was dropped from the client's copy above (`_drop`), so it
         # is added, not replaced.
@@ -537,12 +528,13 @@ class Forwarder:
             known = self._last_identity
             if known[0] is not principal:
                 if self._remember_identities:
-                    found = self._identities.get(id(principal))
-                    if found is None or found[0] is not principal:
-                        found = self._remember_identity(principal)
-                    known = found
+                    lines = self._identities.get(principal)
+                    if lines is None:
+                        lines = self.identity_fields(principal)
+                        self._identities.put(principal, lines)
                 else:
-                    known = (principal, self.identity_fields(principal))
+                    lines = self.identity_fields(principal)
+                known = (principal, lines)
                 self._last_identity = known
             wire.append(known[1])
         if self._client_cert:
@@ -551,14 +543,10 @@ class Forwarder:
                 cert_headers = self.client_cert_headers(certificate)
                 wire.append(field_lines([f"{name}: {value}" for name, value in cert_headers]))
         kept_host = request_host if self._preserve_host and request_host else None
-        return RequestFields(wire, kept_host, content_length)
-
-    def _remember_identity(self, principal: Principal) -> tuple[Principal, bytes]:
-        identities = self._identities
-        if len(identities) >= _IDENTITIES_REMEMBERED:
-            identities.popitem(last=False)  # the oldest
-        known = identities[id(principal)] = (principal, self.identity_fields(principal))
-        return known
+        # The length the listener's parser held the body to; the bytes are sent as they
+        # came (the listener decodes no content coding: RFC 9110 §8.4 makes that the
+        # upstream's business), so it is the length of what is sent.
+        return RequestFields(wire, kept_host, request.content_length)
 
     def client_cert_headers(
         self, certificate: clientcert.ClientCertificate

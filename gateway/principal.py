@@ -6,13 +6,15 @@ Pure: built from a claims mapping, whatever verified it (a JWT signature or intr
 from __future__ import annotations
 
 import re
+import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Principal:
     """Immutable, claims included: one principal serves every request with the same token
     (through the verified-token cache), so nothing is written to it after verification;
@@ -28,6 +30,53 @@ class Principal:
     # The RFC 7638 thumbprint of the key the token is bound to (RFC 9449 §6: `cnf.jkt`);
     # None for a bearer token.
     jkt: str | None = None
+
+
+T = TypeVar("T")
+
+
+class Derived(Generic[T]):
+    """What is derived from principals (their identity headers, say), remembered for as long
+    as each principal lives elsewhere and never longer: an entry is held by a weak reference
+    and goes when its principal does. So it holds no more than the caches that give
+    principals out again (and the requests in flight) keep alive, whatever its `limit`, which
+    bounds it besides (the oldest entry goes first).
+
+    Keyed by the principal's identity: one principal serves every request with its token,
+    and principals are compared by value nowhere on the request path."""
+
+    __slots__ = ("_entries", "_limit")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._entries: OrderedDict[int, tuple[weakref.ref[Principal], T]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def principals(self) -> list[Principal]:
+        """The principals remembered, the oldest first."""
+        return [p for ref, _ in self._entries.values() if (p := ref()) is not None]
+
+    def get(self, principal: Principal) -> T | None:
+        found = self._entries.get(id(principal))
+        if found is None or found[0]() is not principal:
+            return None
+        return found[1]
+
+    def put(self, principal: Principal, value: T) -> None:
+        entries = self._entries
+        if len(entries) >= self._limit:
+            entries.popitem(last=False)  # the oldest
+        key = id(principal)
+
+        def gone(ref: weakref.ref[Principal], entries: OrderedDict[int, Any] = entries) -> None:
+            # The id is reused only after this runs: the entry under it is this one's or none.
+            found = entries.get(key)
+            if found is not None and found[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(principal, gone), value)
 
 
 class MalformedScope(ValueError):

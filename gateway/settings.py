@@ -51,6 +51,10 @@ RESERVED_HEADERS = frozenset({
     "upgrade", "te", "trailer", "keep-alive", "proxy-authorization", "cookie", "expect", "via",
     "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "forwarded", "x-request-id",
 })
+_FRAMING_OR_ROUTING = frozenset({
+    "host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer",
+    "keep-alive", "expect", "authorization", "proxy-authorization",
+})
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
 SERVER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")  # a DNS name, for SNI
 LIMIT_KEYS = ("subject", "client_id", "ip", "route")
@@ -417,6 +421,12 @@ class ForwardSettings:
     # The methods a route names are checked on the method the gateway saw: an upstream that
     # honoured X-HTTP-Method-Override would run another one.
     strip_method_override: bool = setting("Drop X-HTTP-Method-Override and its kin.", default=True)
+
+    def validate(self, check: Check) -> None:
+        # The request id goes upstream as a header the gateway sets: one that frames the
+        # message or routes it would change how the upstream reads the request.
+        if self.request_id_header.lower().replace("_", "-") in _FRAMING_OR_ROUTING:
+            check.problem(f"{self.request_id_header} cannot carry the request id", key="request_id_header")
 
 
 @section

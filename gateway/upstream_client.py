@@ -25,10 +25,15 @@ should_keep_alive); no byte came after the answer. Anything else — an error, a
 cancellation, an answer given before the request body was all sent, a body left unread —
 closes it.
 
-Framing. A bytes body is sent with `Content-Length`, in the same write as the head; a
-streamed body with `Transfer-Encoding: chunked`, unless the forwarder passed the client's
-`Content-Length`, which is then kept and the body sent as it is; no body on a method that
-may carry one gets `Content-Length: 0` (RFC 9110 §8.6). `Host` is the URL's host[:port]
+Framing. This client alone frames what it sends: the fields it is given never carry
+`Content-Length` or `Transfer-Encoding` (`RequestFields` holds no framing line; the body's
+length is a value beside them). A bytes body is sent with `Content-Length` of its own
+length, in the same write as the head; a streamed body of a known length (the client's
+Content-Length, which the listener's parser held the client to) with that length, and the
+bytes written are counted against it: more or fewer than announced break the exchange and
+close the connection, so the upstream can never read a body boundary other than the one
+sent; a streamed body of no known length with `Transfer-Encoding: chunked`; no body on a
+method that may carry one gets `Content-Length: 0` (RFC 9110 §8.6). `Host` is the URL's host[:port]
 unless the fields name one (preserve_host). The answer's body is framed by
 `Content-Length`, chunked coding or the end of the connection (a clean end: after a reset
 the body may be cut short, and the exchange is broken); an answer to HEAD and a 204 or 304
@@ -108,36 +113,53 @@ def field_lines(lines: Sequence[str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
 
 
+# Fields that frame a message (RFC 9112 §6): the client that writes the body writes them.
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
+
+
 class RequestFields:
-    """A request's header fields as the bytes that go on the wire, Host apart.
+    """A request's header fields as the bytes that go on the wire, Host and framing apart.
 
     `wire` holds whole `Name: value` CRLF lines, in order, in pieces of any size. No name
     or value in them may hold CR, LF or NUL: `from_headers` and `add` check it (see
-    `field_lines`), and whoever appends to `wire` directly answers for it. `host` is the
-    Host field's value (None: the origin's); `content_length` says whether a
-    Content-Length field is among the lines, which decides how a body is framed. Text is
-    encoded as UTF-8 with surrogates escaped, so that a value decoded the same way from a
-    client's bytes goes out as those bytes.
+    `field_lines`), and whoever appends to `wire` directly answers for it; none of them is
+    `Content-Length` or `Transfer-Encoding` (`add` refuses them, `from_headers` takes them
+    out): the body is framed by `UpstreamClient`, from what it sends. `host` is the Host
+    field's value (None: the origin's); `body_length` is the length of a streamed body when
+    it is known (None: sent chunked). Text is encoded as UTF-8 with surrogates escaped, so
+    that a value decoded the same way from a client's bytes goes out as those bytes.
     """
 
-    __slots__ = ("content_length", "host", "wire")
+    __slots__ = ("body_length", "host", "wire")
 
     def __init__(
-        self, wire: list[bytes], host: str | None = None, content_length: bool = False
+        self, wire: list[bytes], host: str | None = None, body_length: int | None = None
     ) -> None:
         self.wire = wire
         self.host = host
-        self.content_length = content_length
+        self.body_length = body_length
 
     @classmethod
     def from_headers(cls, headers: MultiMapping[str]) -> RequestFields:
-        """The fields of a multidict, in its order; its first Host, if any, is the Host."""
+        """The fields of a multidict, in its order; its first Host, if any, is the Host, and
+        its Content-Length the length of a streamed body."""
         host = headers.getall("Host", None)
-        lines = [f"{name}: {value}" for name, value in headers.items() if name.lower() != "host"]
-        return cls([field_lines(lines)], host[0] if host else None, "Content-Length" in headers)
+        lines = [
+            f"{name}: {value}"
+            for name, value in headers.items()
+            if name.lower() != "host" and name.lower() not in _FRAMING
+        ]
+        length = headers.get("Content-Length")
+        return cls(
+            [field_lines(lines)],
+            host[0] if host else None,
+            int(length) if length is not None and length.isdigit() else None,
+        )
 
     def add(self, name: str, value: str) -> None:
-        """One more field, last (checked as `field_lines` checks)."""
+        """One more field, last (checked as `field_lines` checks; never a framing field)."""
+        if name.lower() in _FRAMING:
+            raise ValueError(f"{name} is written by the upstream client alone")
         self.wire.append(field_lines((f"{name}: {value}",)))
 
     def as_headers(self) -> CIMultiDict[str]:
@@ -230,6 +252,7 @@ class _Connection(asyncio.Protocol):
         self._headers_done = False
         self._complete = False
         self._interim = False  # the message being parsed is a 1xx
+        self._surplus = False  # bytes came after the final answer: ignored, connection closed
         self._fresh_parser = False  # the next exchange needs a new parser
         self._until_close = False  # the body ends with the connection
         self._failure: BaseException | None = None
@@ -291,7 +314,14 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(UpstreamBroken("the upstream switched protocols unasked"))
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamBroken(f"unreadable answer: {exc}"))
+            if self._complete:
+                self._surplus = True  # not an answer, but after one: the answer stands
+            else:
+                self._fail(UpstreamBroken(f"unreadable answer: {exc}"))
+        if self._surplus:
+            # RFC 9112 §9.3.2: nothing may follow the answer to the last request sent. What
+            # did is no part of that answer, and the connection cannot be trusted again.
+            self.abort()
         self._wake()
 
     def eof_received(self) -> bool:
@@ -311,19 +341,28 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ llhttp callbacks
 
     def on_message_begin(self) -> None:
-        if self._headers_done and not self._interim:
-            self.reusable = False  # a second answer to one request
+        if self._headers_done:
+            # A second message after the final answer (RFC 9112 §6.3: the answer ended where
+            # its framing said): parsing stops mattering here, none of it is read into the
+            # answer being relayed.
+            self._surplus = True
+            self.reusable = False
 
     def on_status(self, status: bytes) -> None:
-        self.reason = status.decode("utf-8", "surrogateescape")
+        if not self._surplus:
+            self.reason = status.decode("utf-8", "surrogateescape")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._surplus:
+            return
         # As the server side decodes a client's fields, so that the bytes go on unchanged.
         self.headers.add(
             name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
         )
 
     def on_headers_complete(self) -> None:
+        if self._surplus:
+            return
         parser = self._parser
         status = parser.get_status_code()
         if status < _FINAL:
@@ -354,7 +393,7 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self._complete:
+        if self._complete or self._surplus:
             self.reusable = False  # bytes where the answer has no body
             return
         self._body.append(body)
@@ -365,6 +404,8 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self._surplus:
+            return
         if self._interim:
             self._interim = False
             return
@@ -386,6 +427,7 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._until_close = False
         self._interim = False
+        self._surplus = False
         self.status = 0
         self.reason = ""
         self.headers = CIMultiDict()
@@ -410,10 +452,12 @@ class _Connection(asyncio.Protocol):
             and not self.closed
         )
 
-    async def send_body(self, chunks: AsyncIterator[bytes], chunked: bool) -> None:
-        """Write a streamed body, each chunk once the socket can take it."""
+    async def send_body(self, chunks: AsyncIterator[bytes], length: int | None) -> None:
+        """Write a streamed body, each chunk once the socket can take it: chunked when its
+        `length` is not known, else as it is, and exactly `length` bytes of it."""
         transport = self.transport
         assert transport is not None
+        sent = 0
         try:
             async for chunk in chunks:
                 if not chunk:
@@ -422,14 +466,22 @@ class _Connection(asyncio.Protocol):
                 if self.closed or self._complete:
                     self.reusable = False  # answered already, or gone: the rest is not sent
                     return
-                if chunked:
+                if length is None:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 else:
+                    sent += len(chunk)
+                    if sent > length:
+                        # The rest would be read upstream as the start of another request.
+                        raise UpstreamBroken("the body is longer than its Content-Length")
                     transport.write(chunk)
                 if self._writing_paused and not self.closed:
                     await self._drained()
-            if chunked and not self.closed:
+            if self.closed:
+                return
+            if length is None:
                 transport.write(b"0\r\n\r\n")
+            elif sent != length:
+                raise UpstreamBroken("the body is shorter than its Content-Length")
         except BaseException as exc:
             # The body cannot be finished: the upstream must not take what it got for a
             # whole request, and whoever waits for the answer learns why it will not come.
@@ -605,7 +657,7 @@ class UpstreamClient:
         """Send a request and read the answer's head. `target` is the request-target as it
         goes on the wire; `fields` are sent as they are, after the Host field and before
         the body's framing. The caller releases the answer."""
-        head, chunked = self._head(method, target, fields, body)
+        head, length = self._head(method, target, fields, body)
         head_only = method == "HEAD"
         # A request that may be sent again if its pooled connection turns out to be closed.
         retry = body is None and method in _IDEMPOTENT
@@ -615,7 +667,7 @@ class UpstreamClient:
                 connection.begin(head_only)
                 if single_use:
                     connection.reusable = False
-                self._write(connection, head, body, chunked)
+                self._write(connection, head, body, length)
                 await connection.head()
             except BaseException as exc:
                 connection.abort()
@@ -636,7 +688,7 @@ class UpstreamClient:
         connection: _Connection,
         head: bytes,
         body: bytes | AsyncIterator[bytes] | None,
-        chunked: bool,
+        length: int | None,
     ) -> None:
         transport = connection.transport
         assert transport is not None
@@ -649,7 +701,7 @@ class UpstreamClient:
                 transport.writelines((head, body))
         else:
             transport.write(head)
-            connection.writer = self._loop.create_task(connection.send_body(body, chunked))
+            connection.writer = self._loop.create_task(connection.send_body(body, length))
 
     def _head(
         self,
@@ -657,22 +709,22 @@ class UpstreamClient:
         target: str,
         fields: RequestFields,
         body: bytes | AsyncIterator[bytes] | None,
-    ) -> tuple[bytes, bool]:
-        """The request head as bytes, and whether the body goes chunked."""
+    ) -> tuple[bytes, int | None]:
+        """The request head as bytes, framing the body this client sends (RFC 9112 §6.2,
+        §6.3), and the length a streamed body is held to (None: it goes chunked)."""
         host = self._host if fields.host is None else fields.host
         start = field_lines((f"{method} {target} HTTP/1.1", f"Host: {host}"))
-        framing = b""
-        chunked = False
+        length = None
         if body is None:
-            if method not in _NO_LENGTH_METHODS and not fields.content_length:
-                framing = b"Content-Length: 0\r\n"
+            framing = b"" if method in _NO_LENGTH_METHODS else b"Content-Length: 0\r\n"
         elif isinstance(body, bytes):
-            if not fields.content_length:
-                framing = b"Content-Length: %d\r\n" % len(body)
-        elif not fields.content_length:
-            chunked = True
+            framing = b"Content-Length: %d\r\n" % len(body)
+        elif fields.body_length is not None:
+            length = fields.body_length
+            framing = b"Content-Length: %d\r\n" % length
+        else:
             framing = b"Transfer-Encoding: chunked\r\n"
-        return b"".join((start, *fields.wire, framing, b"\r\n")), chunked
+        return b"".join((start, *fields.wire, framing, b"\r\n")), length
 
     async def _take(self) -> tuple[_Connection, bool]:
         """An idle connection (True) or a new one (False)."""

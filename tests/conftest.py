@@ -17,6 +17,17 @@ from tests.support import (
 )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `long` (the long profiles of property tests) run only when the marker
+    expression names them (`pytest -m long`); `make test` runs their bounded profiles."""
+    if "long" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="a long profile: run it with -m long")
+    for item in items:
+        if item.get_closest_marker("long") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 async def issuer() -> AsyncIterator[TestIssuer]:
     server = TestIssuer()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import hashlib
 import itertools
@@ -124,25 +125,46 @@ async def test_a_cached_tokens_identity_headers_are_its_own_on_every_request(
 
 
 async def test_identity_headers_stay_right_as_remembered_principals_make_room(
-    gateway, issuer, upstream, client, monkeypatch
+    issuer, upstream, client, monkeypatch
 ):
     """Past its bound the forwarder forgets the principal it remembered first; a forgotten
     principal's headers are computed again, and the memory never holds more than the bound."""
     monkeypatch.setattr(forward, "_IDENTITIES_REMEMBERED", 2)
     subjects = ["u0", "u1", "u2", "u0", "u3", "u1", "u0"]
     tokens = {sub: issuer.token(sub=sub, client_id=f"cli-{sub}") for sub in set(subjects)}
-    for sub in subjects:
-        async with client.get(gateway.url + "/orders/1", headers=bearer(tokens[sub])) as resp:
-            assert resp.status == 200
+    async with running_gateway(gateway_yaml(issuer.url, upstream.url)) as gateway:
+        for sub in subjects:
+            async with client.get(gateway.url + "/orders/1", headers=bearer(tokens[sub])) as resp:
+                assert resp.status == 200
+        remembered = gateway.gateway.pipeline.forwarder._identities
+        assert len(remembered) == 2
+        # The two principals used last, the older first.
+        assert [p.subject for p in remembered.principals()] == ["u1", "u0"]
     seen = [
         (header_values(r, "X-Auth-Subject"), header_values(r, "X-Auth-Client-Id"))
         for r in upstream.requests
     ]
     assert seen == [([sub], [f"cli-{sub}"]) for sub in subjects]
-    remembered = gateway.gateway.pipeline.forwarder._identities
-    assert len(remembered) == 2
-    # The two principals used last, the older first.
-    assert [p.subject for p, _ in remembered.values()] == ["u1", "u0"]
+
+
+async def test_remembered_identity_headers_go_with_the_principals_the_token_cache_drops(
+    issuer, upstream, client
+):
+    """The forwarder's memory of identity headers keeps no principal alive: once the token
+    cache has let a principal go, so has the memory (it held up to 16,384 with their claims
+    beyond a full cache, uncounted by the memory bound `check` prints)."""
+    config = gateway_yaml(issuer.url, upstream.url, extra="token_cache_size: 10\n")
+    async with running_gateway(config) as gateway:
+        for n in range(120):
+            token = issuer.token(sub=f"user-{n}", email=f"user-{n}@example.com" * 20)
+            async with client.get(gateway.url + "/orders/1", headers=bearer(token)) as resp:
+                assert resp.status == 200
+        gc.collect()
+        forwarder = gateway.gateway.pipeline.forwarder
+        cached = len(gateway.gateway.token_cache)
+        assert cached == 10
+        # The cache's principals, and the one the last request's connection still holds.
+        assert len(forwarder._identities) <= cached + 1
 
 
 async def test_without_a_token_cache_each_principal_gets_its_own_headers_unremembered(
@@ -165,7 +187,7 @@ async def test_without_a_token_cache_each_principal_gets_its_own_headers_unremem
             headers = CIMultiDict([("X-Auth-Subject", "forged"), *bearer(token).items()])
             async with client.get(gateway.url + "/orders/1", headers=headers) as resp:
                 assert resp.status == 200
-        assert gateway.gateway.pipeline.forwarder._identities == {}
+        assert len(gateway.gateway.pipeline.forwarder._identities) == 0
     names = ("x-auth-subject", "x-auth-client-id", "x-auth-scopes", "x-auth-issuer")
     seen = [
         [(k.lower(), v) for k, v in r["headers"] if k.lower().startswith("x-auth-")]
@@ -735,8 +757,8 @@ async def test_the_upstream_gets_the_request_head_byte_for_byte(issuer):
 
 async def test_a_new_trace_a_kept_host_and_a_body_on_get_shape_the_upstream_head(issuer):
     """A new trace drops the client's tracestate; `preserve_host` sends the client's Host;
-    a client's Content-Length is kept as the framing; a body on GET adds `Connection:
-    close` last (RFC 9112 §9.6)."""
+    the body is framed by the gateway's own Content-Length, last, in place of the client's;
+    a body on GET adds `Connection: close` (RFC 9112 §9.6)."""
     async with head_upstream() as upstream:
         config = gateway_yaml(issuer.url, upstream.url, extra_routes=BODY_ON_GET_ROUTE).replace(
             "read_timeout: 2s", "read_timeout: 2s, preserve_host: true"
@@ -768,7 +790,6 @@ async def test_a_new_trace_a_kept_host_and_a_body_on_get_shape_the_upstream_head
         expected = [
             f"{method} HTTP/1.1",
             "Host: api.example",
-            "Content-Length: 5",
             "X-Forwarded-For: 127.0.0.1",
             "X-Forwarded-Proto: http",
             "X-Forwarded-Host: api.example",
@@ -779,6 +800,7 @@ async def test_a_new_trace_a_kept_host_and_a_body_on_get_shape_the_upstream_head
         ]
         if method.startswith("GET"):
             expected.append("Connection: close")
+        expected.append("Content-Length: 5")
         assert lines == [*expected, "", ""]
 
 
