@@ -30,7 +30,9 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 
 # ---------------------------------------------------------------- runtime
 # The wheels are mounted for one RUN, never copied: no layer keeps them, and no compiler,
-# build tool or pip is in the virtual environment the programs run from.
+# build tool or pip is in the virtual environment the programs run from. Every optional
+# backend the examples use is installed: redis (rate limits and caches shared by gateways,
+# compose.scaled.yaml) and postgres (authorization server replicas, compose.replicated.yaml).
 FROM python:3.11-slim-bookworm
 LABEL org.opencontainers.image.title="Portcullis" \
       org.opencontainers.image.description="OAuth 2.1 / OpenID Connect gateway and authorization server" \
@@ -38,7 +40,7 @@ LABEL org.opencontainers.image.title="Portcullis" \
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv --without-pip /opt/portcullis \
  && pip --python /opt/portcullis/bin/python install --no-cache-dir --no-index \
-        --find-links /wheels --constraint /wheels/constraints.txt 'portcullis[redis]' \
+        --find-links /wheels --constraint /wheels/constraints.txt 'portcullis[redis,postgres]' \
  && useradd --system --uid 10001 --user-group --no-log-init --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin portcullis \
  && mkdir -p /etc/portcullis /var/lib/portcullis \

@@ -81,14 +81,15 @@ bench-instructions: $(STAMP)
 demo: $(STAMP)
 	bash examples/demo.sh
 
-# The container image's pinned dependencies: pyproject.toml's dependencies and the redis
-# extra, resolved for every Python the image may have (3.11 and later, with markers).
+# The container image's pinned dependencies: pyproject.toml's dependencies and the extras
+# the image installs (redis, postgres), resolved for every Python the image may have (3.11
+# and later, with markers).
 IMAGE_PYTHON := 3.11
 
 constraints: $(STAMP)
 	$(PY) -m pip install --quiet 'uv>=0.4'
-	$(VENV)/bin/uv pip compile pyproject.toml --extra redis --upgrade --quiet --universal \
-	  --python-version $(IMAGE_PYTHON) --annotation-style line \
+	$(VENV)/bin/uv pip compile pyproject.toml --extra redis --extra postgres \
+	  --upgrade --quiet --universal --python-version $(IMAGE_PYTHON) --annotation-style line \
 	  --custom-compile-command 'make constraints' --output-file constraints.txt
 
 # Needs a container engine; `make test` checks the Dockerfile without one.

@@ -28,6 +28,7 @@ import jwt
 
 from portcullis import sections, yamlconf
 from portcullis.addresses import Address, IPNetwork, address, is_loopback, network, split_url
+from portcullis.extras import missing_driver
 from portcullis.sections import (
     DURATION_SCHEMA,
     Check,
@@ -642,8 +643,12 @@ def _storage_problems(data: LocatedMap, file: str) -> list[Problem]:
 
 
 def _database_problem(storage: str) -> str | None:
-    """Why a SQLite database could not be opened for writing here, if that can be told
-    beforehand: its directory missing or not writable (SQLite writes its WAL beside it)."""
+    """Why the database could not be opened here, if that can be told beforehand: for
+    PostgreSQL its driver missing (an extra of the distribution); for SQLite its directory
+    missing or not writable (SQLite writes its WAL beside it)."""
+    if storage.startswith(("postgresql://", "postgres://")):
+        problem = missing_driver("asyncpg", "postgres")
+        return f"PostgreSQL storage {problem}" if problem else None
     if not storage.startswith("sqlite:///"):
         return None
     path = storage[len("sqlite://") :]

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from portcullis import sections, tls, yamlconf
 from portcullis.addresses import Address, IPNetwork, address, is_loopback, network, split_url
+from portcullis.extras import missing_driver
 from portcullis.sections import (
     Check,
     FrozenDict,
@@ -294,6 +295,11 @@ class IntrospectionSettings:
     cache_key_prefix: str = setting("Prefix of its Redis keys.", default="portcullis:introspection:", parser=yamlconf.string)
     cache_timeout: timedelta = setting("Time Redis gets to answer; then the issuer is asked.", default=timedelta(milliseconds=100), more_than=ZERO)
 
+    def validate(self, check: Check) -> None:
+        # The driver is imported only when serving: check tells what run would stop on.
+        if check.secrets and self.cache is not None and (problem := missing_driver("redis", "redis")):
+            check.problem(f"a Redis cache {problem}", key="cache")
+
 
 @section
 class RevocationEventsSettings:
@@ -490,6 +496,11 @@ class RateLimitSettings:
     @property
     def redis(self) -> bool:
         return self.backend != "memory"
+
+    def validate(self, check: Check) -> None:
+        # The driver is imported only when serving: check tells what run would stop on.
+        if check.secrets and self.redis and (problem := missing_driver("redis", "redis")):
+            check.problem(f"a Redis backend {problem}", key="backend")
 
 
 # ---------------------------------------------------------------------------- CORS, WebSockets

@@ -180,6 +180,40 @@ def test_check_reports_a_database_path_under_a_regular_file(tmp_path):
     )
 
 
+# The CLI in a Python where `import asyncpg` fails, as where the postgres extra is not
+# installed (a None in sys.modules stops the import).
+WITHOUT_ASYNCPG = (
+    "import sys; sys.modules['asyncpg'] = None; "
+    "from authserver.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_check_reports_postgresql_storage_without_its_driver_as_run_would_meet_it(tmp_path):
+    config = default_config()
+    config["storage"] = f"postgresql://portcullis@127.0.0.1:{reserve_port()}/portcullis"
+    path = write_config(tmp_path, config)
+    line = line_of(path.read_text(), "storage:")
+    expected = [
+        f"{path}:{line}: config.storage: PostgreSQL storage needs asyncpg, which cannot be "
+        "imported here (import of asyncpg halted; None in sys.modules): install "
+        "portcullis[postgres]"
+    ]
+    for command in ("check", "run"):
+        result = subprocess.run(
+            [sys.executable, "-c", WITHOUT_ASYNCPG, command, "--config", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert (result.returncode, result.stderr.splitlines()) == (1, expected), command
+        assert "OK" not in result.stdout
+    # With the driver there, the same file passes (check connects to no database).
+    installed = cli("check", "--config", str(path))
+    assert (installed.returncode, installed.stdout) == (0, f"{path}: OK\n"), installed.stderr
+
+
 def test_the_config_file_may_be_named_by_the_environment(tmp_path):
     path = write_config(tmp_path, default_config())
     env = {**os.environ, "PORTCULLIS_AUTHSERVER_CONFIG": str(path)}

@@ -6,16 +6,24 @@ stage's step installs them into a fresh virtual environment without pip, from th
 only. Then both programs start as the image starts them: as its numeric user, with the
 image's environment, the Compose example's commands, environment and config files, from a
 directory standing in for /etc/portcullis and one for the /var/lib/portcullis volume (ports
-moved so that nothing here binds the machine's public addresses). The Dockerfile's own
-HEALTHCHECK command is run against both, a token is issued and used through the gateway,
-and the stop signal drains them.
+moved so that nothing here binds the machine's public addresses or a fixed port). The
+Dockerfile's own HEALTHCHECK command is run against both, a token is issued and used through
+the gateway, and the stop signal drains them.
+
+The replicated example's authorization server (compose.replicated.yaml over compose.yaml)
+starts the same way on PostgreSQL: a private cluster of the test's own (initdb/pg_ctl on a
+free port, tests/faults_support.py) with the role, password and database the example's
+postgres service is given, so that the image is shown to carry the driver its examples use.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -30,11 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+import jwt
 import pytest
 from packaging.utils import canonicalize_name
 
 from tests.deploy import compose
 from tests.deploy.dockerfile import ROOT, Ignore, parse, pinned_version, pins
+from tests.faults_support import PrivatePostgres
 from tests.support import reserve_port
 
 pytestmark = pytest.mark.slow
@@ -42,6 +53,7 @@ pytestmark = pytest.mark.slow
 MACHINE_SECRET = "image-smoke-test-machine-secret-0123456789"
 # The compose example's addresses inside its containers, moved to free loopback ports here.
 GATEWAY_PORT, ADMIN_PORT, API_PORT, AUTH_PORT = "8080", "9901", "8081", "9000"
+POSTGRES_HOST, POSTGRES_PORT = "postgres", "5432"  # the replicated example's database service
 NETWORK_ERRORS = (
     "Failed to establish a new connection",
     "Network is unreachable",
@@ -133,6 +145,13 @@ def image_user() -> tuple[int, int]:
     return int(uid), int(gid)
 
 
+def installed_requirement() -> str:
+    """What the final stage's pip installs: Portcullis with the extras the image carries."""
+    (install,) = parse()[-1].all("RUN")
+    (requirement,) = re.findall(r"--constraint \S+ '(portcullis\[[a-z,]+\])'", install.args)
+    return requirement
+
+
 def can_switch_user() -> bool:
     return os.geteuid() == 0 and shutil.which("setpriv") is not None
 
@@ -176,7 +195,7 @@ def build(root: Path) -> Image:
             *pip,
             *("--python", str(venv / "bin" / "python"), "install", "--quiet", "--no-index"),
             *("--find-links", str(wheels), "--constraint", str(wheels / "constraints.txt")),
-            "portcullis[redis]",
+            installed_requirement(),
         ],
         root,
         "installing from the wheels only",
@@ -220,9 +239,19 @@ class Ports:
     admin: int
     api: int
     auth: int
+    auth_admin: int
+    postgres: int | None = None  # the replicated example's database
+
+    @classmethod
+    def reserve(cls, postgres: int | None = None) -> Ports:
+        return cls(*(reserve_port() for _ in range(5)), postgres=postgres)
 
     def move(self, text: str) -> str:
         """Container addresses to this machine's free loopback ports."""
+        if self.postgres is not None:
+            text = text.replace(
+                f"@{POSTGRES_HOST}:{POSTGRES_PORT}/", f"@127.0.0.1:{self.postgres}/"
+            )
         for old, new in (
             (f"0.0.0.0:{GATEWAY_PORT}", f"127.0.0.1:{self.gateway}"),
             (f"127.0.0.1:{ADMIN_PORT}", f"127.0.0.1:{self.admin}"),
@@ -237,8 +266,12 @@ class Ports:
 
 
 def install_config(image: Image, source: Path, target: str, ports: Ports) -> None:
-    """A mounted config file: read-only, root's, with its container addresses moved."""
+    """A mounted config file: read-only, root's, with its container addresses moved (the
+    authorization server's admin listener too, which the examples leave at its default)."""
     text = source.read_text()
+    if target.endswith("/authserver.yaml") and not re.search(r"^admin_listen:", text, re.M):
+        # Its default, 127.0.0.1:9902, moved like the addresses the file names.
+        text = text.rstrip("\n") + f'\nadmin_listen: "127.0.0.1:{ports.auth_admin}"\n'
     moved = ports.move(text).replace("/var/lib/portcullis", str(image.state))
     destination = Path(image.path(target))
     destination.write_text(moved)
@@ -337,17 +370,26 @@ def stop(program: Program, grace: float) -> int | None:
     return program.process.returncode
 
 
+def fresh(image: Image) -> None:
+    """An empty state volume and no mounted config: what a new container starts with."""
+    for leftover in list(image.state.iterdir()) + list(image.etc.iterdir()):
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+
+
+def mount_configs(image: Image, service: Mapping[str, Any], ports: Ports) -> None:
+    for target, (source, _) in compose.mounts(service).items():
+        if target.startswith("/etc/portcullis/"):
+            install_config(image, compose.config_file(source), target, ports)
+
+
 @pytest.fixture
 def running(image: Image) -> Iterator[Running]:
     """Both programs and the example API, on fresh state."""
-    for leftover in list(image.state.iterdir()) + list(image.etc.iterdir()):
-        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    fresh(image)
     services = compose.load(compose.BASE, env=compose_env())["services"]
-    ports = Ports(reserve_port(), reserve_port(), reserve_port(), reserve_port())
+    ports = Ports.reserve()
     for name in ("gateway", "authserver"):
-        for target, (source, _) in compose.mounts(services[name]).items():
-            if target.startswith("/etc/portcullis/"):
-                install_config(image, compose.config_file(source), target, ports)
+        mount_configs(image, services[name], ports)
     api = subprocess.Popen(
         [
             *(sys.executable, "-m", "examples.legacy_api"),
@@ -374,18 +416,96 @@ def running(image: Image) -> Iterator[Running]:
         api.wait(10)
 
 
-def machine_token(running: Running) -> str:
-    credentials = b64encode(f"orders-machine:{MACHINE_SECRET}".encode()).decode()
+MACHINE_CREDENTIALS = {
+    "Authorization": "Basic " + b64encode(f"orders-machine:{MACHINE_SECRET}".encode()).decode(),
+    "Content-Type": "application/x-www-form-urlencoded",
+}
+
+
+def machine_token(auth_url: str) -> str:
+    """A client_credentials token of the examples' machine client."""
     status, body = http(
-        running.auth_url + "/token",
+        auth_url + "/token",
         data=b"grant_type=client_credentials&scope=orders%3Aread",
-        headers={
-            "Authorization": f"Basic {credentials}",
-            "Content-Type": "application/x-www-form-urlencoded",
-        },
+        headers=MACHINE_CREDENTIALS,
     )
     assert status == 200, body
     return str(body["access_token"])
+
+
+# ---------------------------------------------------------------------------- PostgreSQL
+
+
+@dataclass
+class Replicated:
+    """The replicated example's authorization server and its database."""
+
+    image: Image
+    ports: Ports
+    auth: Program
+    service: dict[str, Any]
+    database: str  # the URL the server is given, on this machine's port
+
+    @property
+    def auth_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.auth}"
+
+    def query(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        async def fetch() -> list[asyncpg.Record]:
+            connection = await asyncpg.connect(self.database)
+            try:
+                return list(await connection.fetch(sql, *args))
+            finally:
+                await connection.close()
+
+        return asyncio.run(fetch())
+
+
+def create_example_database(server: PrivatePostgres, service: Mapping[str, Any]) -> None:
+    """What the postgres image does with its service's environment: the role with its
+    password, and its database."""
+    env = compose.environment(service)
+    user, database, password = env["POSTGRES_USER"], env["POSTGRES_DB"], env["POSTGRES_PASSWORD"]
+    assert re.fullmatch(r"[a-z_]+", user + database) and re.fullmatch(r"[0-9a-f]+", password)
+
+    async def create() -> None:
+        connection = await asyncpg.connect(server.url)
+        try:
+            # DDL takes no parameters: the names and the password are checked above.
+            await connection.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
+            await connection.execute(f"CREATE DATABASE {database} OWNER {user}")
+        finally:
+            await connection.close()
+
+    asyncio.run(create())
+
+
+@pytest.fixture
+def replicated(image: Image) -> Iterator[Replicated]:
+    """The replicated example's authorization server on a PostgreSQL of the test's own,
+    with the secrets its .env would give."""
+    fresh(image)
+    env = {
+        **compose_env(),
+        "POSTGRES_PASSWORD": secrets.token_hex(24),
+        "PORTCULLIS_KEY_SECRET": b64encode(secrets.token_bytes(32)).decode(),
+    }
+    services = compose.load(compose.BASE, compose.REPLICATED, env=env)["services"]
+    service = services["authserver"]
+    with PrivatePostgres(password=env["POSTGRES_PASSWORD"]) as server:
+        server.start()
+        create_example_database(server, services["postgres"])
+        ports = Ports.reserve(postgres=server.port)
+        mount_configs(image, service, ports)
+        config = Path(image.path("/etc/portcullis/authserver.yaml")).read_text()
+        (storage,) = re.findall(r'^storage: "(.*)"$', config, re.M)
+        database = compose.interpolate(storage, compose.environment(service))
+        auth = start(image, "authserver", service, ports)
+        try:
+            wait_healthy(image, auth, service, ports)
+            yield Replicated(image, ports, auth, service, database)
+        finally:
+            stop(auth, 30)
 
 
 # ---------------------------------------------------------------------------- tests
@@ -433,7 +553,7 @@ def test_both_programs_start_from_etc_portcullis_pass_the_health_check_and_pass_
 
     status, body = http(running.gateway_url + "/orders")
     assert status == 401, body
-    token = machine_token(running)
+    token = machine_token(running.auth_url)
     status, body = http(running.gateway_url + "/me", headers={"Authorization": f"Bearer {token}"})
     assert status == 200, running.gateway.log()
     assert body["subject"] == "orders-machine"
@@ -454,7 +574,7 @@ def test_the_programs_run_as_the_images_user_and_write_only_to_the_state_volume(
         gids = next(line for line in status.splitlines() if line.startswith("Gid:"))
         assert uids.split()[1:] == [str(uid)] * 4, program.name
         assert gids.split()[1:] == [str(gid)] * 4, program.name
-    machine_token(running)  # something to store
+    machine_token(running.auth_url)  # something to store
     state = running.image.state
     written = {p.relative_to(state).as_posix() for p in state.rglob("*")}
     assert "authserver.db" in written and "keys" in written
@@ -469,7 +589,7 @@ def test_the_programs_run_as_the_images_user_and_write_only_to_the_state_volume(
 def test_the_stop_signal_drains_and_stops_both_programs(running):
     signal_name = parse()[-1].one("STOPSIGNAL").args
     assert signal_name == "SIGTERM"
-    token = machine_token(running)
+    token = machine_token(running.auth_url)
     for program in (running.gateway, running.auth):
         program.process.send_signal(getattr(signal, signal_name))
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -481,3 +601,40 @@ def test_the_stop_signal_drains_and_stops_both_programs(running):
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(running.gateway_url + "/me", timeout=5)
     assert token  # issued before the stop
+
+
+def test_the_replicated_examples_authserver_runs_on_postgresql_and_keeps_its_state_there(
+    replicated,
+):
+    # It answered the image's HEALTHCHECK (the fixture waited for it) at the address its
+    # service sets, so it opened the database and applied its migrations.
+    assert compose.environment(replicated.service)["PORTCULLIS_HEALTH_URL"] == (
+        f"http://127.0.0.1:{AUTH_PORT}/healthz"
+    )
+    assert replicated.database.startswith("postgresql://portcullis:")
+    status, discovery = http(replicated.auth_url + "/.well-known/openid-configuration")
+    assert status == 200
+    assert discovery["issuer"] == f"http://localhost:{replicated.ports.auth}"
+
+    token = machine_token(replicated.auth_url)
+    claims = jwt.decode(token, options={"verify_signature": False})
+    assert (claims["client_id"], claims["scope"]) == ("orders-machine", "orders:read")
+    # Signed by a key of the ring the replicas share: in the database, sealed.
+    kid = jwt.get_unverified_header(token)["kid"]
+    (key,) = replicated.query(
+        "SELECT alg, state, sealed_private_key FROM signing_keys WHERE kid = $1", kid
+    )
+    assert (key["alg"], key["state"]) == ("ES256", "active")
+    assert b"PRIVATE KEY" not in key["sealed_private_key"]
+    # Its revocation is a row every replica reads.
+    status, _ = http(
+        replicated.auth_url + "/revoke",
+        data=f"token={token}&token_type_hint=access_token".encode(),
+        headers=MACHINE_CREDENTIALS,
+    )
+    assert status == 200, replicated.auth.log()
+    (revoked,) = replicated.query("SELECT revoked FROM access_tokens WHERE jti = $1", claims["jti"])
+    assert revoked["revoked"] is True
+    # Nothing on the state volume: a replica's state is all in the database.
+    assert list(replicated.image.state.iterdir()) == []
+    assert stop(replicated.auth, 30) == 0, replicated.auth.log()

@@ -32,12 +32,14 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-async def gateway_cli(*args: str, env: dict[str, str] | None = None) -> Outcome:
-    """Run the CLI without blocking this event loop, so a TestIssuer in it can answer."""
+async def gateway_cli(
+    *args: str, env: dict[str, str] | None = None, module: str | None = "gateway"
+) -> Outcome:
+    """Run the CLI without blocking this event loop, so a TestIssuer in it can answer
+    (`module=None`: the arguments start with the interpreter's own, such as `-c CODE`)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "gateway",
+        *(("-m", module) if module else ()),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -245,6 +247,42 @@ issuers:
 routes:
   - {{name: all, path: "/**"}}
 """
+
+
+# The CLI in a Python where `import redis` fails, as where the redis extra is not installed
+# (a None in sys.modules stops the import).
+WITHOUT_REDIS = (
+    "import sys; sys.modules['redis'] = None; "
+    "from gateway.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+async def test_check_reports_redis_backends_without_their_driver_as_run_would_meet_them(
+    tmp_path: Path,
+) -> None:
+    redis = "redis://127.0.0.1:9/0"
+    text = introspecting_config(f'client_secret: "s"\n      cache: "{redis}"') + (
+        f'rate_limits: {{backend: "{redis}"}}\n'
+    )
+    path = write(tmp_path, text)
+    why = "which cannot be imported here (import of redis halted; None in sys.modules)"
+    expected = [
+        f"{path}:{line_of(text, 'cache:')}: issuers[0].introspection.cache: "
+        f"a Redis cache needs redis, {why}: install portcullis[redis]",
+        f"{path}:{line_of(text, 'backend:')}: rate_limits.backend: "
+        f"a Redis backend needs redis, {why}: install portcullis[redis]",
+    ]
+    for command in ("check", "run"):
+        result = await gateway_cli("-c", WITHOUT_REDIS, command, "--config", path, module=None)
+        assert (result.code, result.stderr.splitlines()) == (1, expected), command
+    # Explaining a rule without a token serves nothing: it needs no driver.
+    explained = await gateway_cli(
+        "-c", WITHOUT_REDIS, "explain", "--config", path, "GET", "/x", module=None
+    )
+    assert (explained.code, explained.stderr) == (0, "")
+    # With the driver there, the same file passes (check connects to no Redis).
+    installed = await gateway_cli("check", "--config", path)
+    assert (installed.code, installed.stderr) == (0, "")
 
 
 async def test_check_reports_a_missing_secret_file_on_the_line_of_the_value(
