@@ -1,6 +1,7 @@
 """The import rules of the design: which package may import which.
 
-- portcullis (the shared kernel) imports neither gateway nor authserver;
+- portcullis (the shared kernel) imports neither gateway nor authserver, and its pure
+  standards code (jose) the standard library alone;
 - gateway and authserver never import each other;
 - the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
   through other modules of the package, so they are tested without a server;
@@ -38,6 +39,8 @@ PURE_GATEWAY_MODULES = (
     "gateway.jose",
     "gateway.records",
 )
+# The kernel's pure standards code, which both services call on their request paths.
+PURE_KERNEL_MODULES = ("portcullis.jose",)
 
 
 def _module_name(path: Path) -> str:
@@ -114,6 +117,13 @@ def _top(names: set[str]) -> set[str]:
 @pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("portcullis")))
 def test_shared_kernel_imports_neither_service(module):
     assert not _top(GRAPH[module]) & {"gateway", "authserver"}
+
+
+@pytest.mark.parametrize("module", PURE_KERNEL_MODULES)
+def test_pure_kernel_modules_reach_the_standard_library_only(module):
+    assert module in GRAPH
+    outside = {n for n in _closure(module) if n.split(".")[0] not in sys.stdlib_module_names}
+    assert not outside, f"{module} reaches {sorted(outside)}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in GRAPH if m.startswith("gateway")))
