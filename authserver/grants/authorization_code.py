@@ -1,10 +1,13 @@
 """authorization_code (RFC 6749 §4.1.3, RFC 7636 §4.5, OIDC Core §3.1.3).
 
 Checks happen before the code is consumed, so a wrong verifier or redirect_uri leaves the
-code usable by its rightful holder. The code is consumed, its grant created and the tokens
-recorded in one store call, a compare-and-set on the code's state; a code presented after
-it was consumed is a replay: `invalid_grant`, and every token issued from it is revoked
-(RFC 6749 §4.1.2, RFC 9700 §4.8).
+code usable by its rightful holder. A code whose user is gone (disabled, deleted, dropped
+from the configuration) gives nothing: `invalid_grant`, as the device and refresh grants
+answer; a user's cut-off also ends their codes in the store (Store.cut_off), so one issued
+before it gives nothing once they are back either. The code is consumed, its grant created
+and the tokens recorded in one store call, a compare-and-set on the code's state; a code
+presented after it was consumed is a replay: `invalid_grant`, and every token issued from
+it is revoked (RFC 6749 §4.1.2, RFC 9700 §4.8).
 """
 
 from __future__ import annotations
@@ -84,6 +87,11 @@ class AuthorizationCode:
         now = request.now
         scopes = tuple(record.scope.split())
         user = await self.users.by_subject(record.subject)
+        if user is None:
+            # Disabled, deleted or dropped from the configuration since signing in: a code
+            # is no grant of its own, and the user's grants ended with them (RFC 6749
+            # §5.2: the authorization grant is revoked).
+            raise invalid_grant("the user this code was issued to no longer exists")
         refresh = may_refresh(client, scopes)
         return Terms(
             client=client,
@@ -93,7 +101,7 @@ class AuthorizationCode:
             auth_time=record.auth_time,
             grant_id=grant_id,
             now=now,
-            user_claims=user.claims if user else {},
+            user_claims=user.claims,
             nonce=record.nonce,
             family=self.issuer.new_family(record.scope, now) if refresh else None,
             dpop_jkt=request.dpop_jkt,

@@ -346,12 +346,16 @@ class Store(Protocol):
         transaction. Revoking twice is not an error (each records its event)."""
 
     async def cut_off(self, cut: CutOff) -> int:
-        """In one transaction: revoke every unrevoked grant of the subject (or client) that
-        was created before `cut.issued_before`, with all their tokens, as revoke_grant
-        does, and record the cut-off as one SUBJECT (or CLIENT) event; its id.
+        """In one transaction: for a subject, first delete its codes still `issued` and
+        deny its device codes still `approved`, created before `cut.issued_before`; then
+        revoke every unrevoked grant of the subject (or client) that was created before
+        `cut.issued_before`, with all their tokens, as revoke_grant does, and record the
+        cut-off as one SUBJECT (or CLIENT) event; its id.
 
-        Invariant: a rotation of a grant created before the cut-off either committed before
-        (its tokens are covered by the event's time) or fails afterwards."""
+        Invariants: a rotation of a grant created before the cut-off either committed before
+        (its tokens are covered by the event's time) or fails afterwards; a code or device
+        code of the subject issued before it either was redeemed before (and its grant is
+        revoked) or is never redeemed, whatever becomes of the subject."""
 
     # -- revocation events
     async def revocation_events(self, after: int, now: float, limit: int) -> list[RevocationEvent]:

@@ -404,8 +404,30 @@ class PostgresStore:
     async def cut_off(self, cut: CutOff) -> int:
         column = "subject" if cut.kind is EventKind.SUBJECT else "client_id"
         async with self._transaction() as conn:
-            # The grants first, locked in one order (as every transaction taking a grant
-            # and its tokens does), then their families.
+            if cut.kind is EventKind.SUBJECT:
+                # A subject's codes and device approvals not redeemed end first, each row
+                # locked in one order: a redemption holding one commits before (and its
+                # grant, committed then, is revoked below), or finds it gone or denied.
+                # Codes are few and short-lived, and cut-offs rare: a scan, not an index.
+                await conn.execute(
+                    "DELETE FROM codes WHERE code_hash IN (SELECT code_hash FROM codes"
+                    " WHERE subject = $1 AND state = $2 AND created_at < $3"
+                    " ORDER BY code_hash FOR UPDATE)",
+                    cut.key,
+                    Code.ISSUED.value,
+                    cut.issued_before,
+                )
+                await conn.execute(
+                    "UPDATE device_codes SET state = $1 WHERE device_code_hash IN"
+                    " (SELECT device_code_hash FROM device_codes WHERE subject = $2"
+                    " AND state = $3 AND created_at < $4 ORDER BY device_code_hash FOR UPDATE)",
+                    Device.DENIED.value,
+                    cut.key,
+                    Device.APPROVED.value,
+                    cut.issued_before,
+                )
+            # The grants, locked in one order (as every transaction taking a grant and its
+            # tokens does), then their families.
             revoked = await conn.fetch(
                 f"UPDATE grants SET revoked_at = $1 WHERE grant_id IN"  # noqa: S608 - fixed names
                 f" (SELECT grant_id FROM grants WHERE {column} = $2 AND created_at < $3"

@@ -651,9 +651,21 @@ def _revoke_access_token(
 
 
 def _cut_off(conn: sqlite3.Connection, cut: CutOff) -> int:
-    """Inside a transaction: the grants of the subject or client created before the cut,
-    each revoked with its family, then the event."""
+    """Inside a transaction: a subject's codes not redeemed and device approvals not
+    redeemed, issued before the cut, ended; the grants of the subject or client created
+    before the cut, each revoked with its family; then the event."""
     column = "subject" if cut.kind is EventKind.SUBJECT else "client_id"
+    if cut.kind is EventKind.SUBJECT:
+        # Codes are few and short-lived (the purge deletes them), and cut-offs rare: a scan
+        # rather than an index every code's insert would pay for.
+        conn.execute(
+            "DELETE FROM codes WHERE subject = ? AND state = ? AND created_at < ?",
+            (cut.key, Code.ISSUED.value, cut.issued_before),
+        )
+        conn.execute(
+            "UPDATE device_codes SET state = ? WHERE subject = ? AND state = ? AND created_at < ?",
+            (Device.DENIED.value, cut.key, Device.APPROVED.value, cut.issued_before),
+        )
     grant_ids = [
         grant_id
         for (grant_id,) in conn.execute(

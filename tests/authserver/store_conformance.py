@@ -1157,6 +1157,62 @@ class StoreConformance:
         )
         assert event.tokens == ()
 
+    async def test_a_cut_off_ends_the_codes_its_subject_had_not_redeemed_and_approved_devices(
+        self, store: Store
+    ) -> None:
+        older = a_code("code-old")  # alice, issued at T0
+        newer = a_code("code-new", created_at=T0 + 20)  # alice, after the cut
+        bobs = a_code("code-bob", subject="bob")
+        for code in (older, newer, bobs):
+            await store.save_code(code)
+        approved = Device.APPROVED.value
+        alices = a_device("dc-alice", "WDJBMJHT", state=approved, subject="alice")
+        bob_device = a_device("dc-bob", "BCDFGHJK", state=approved, subject="bob")
+        pending = a_device("dc-pending", "CDFGHJKL")
+        for device in (alices, bob_device, pending):
+            await store.save_device(device)
+
+        cut = CutOff(EventKind.SUBJECT, "alice", T0 + 10, T0 + 310, "user_disabled", T0 + 15)
+        await store.cut_off(cut)
+
+        # Gone: its redemption finds nothing to consume, whoever the user is by then.
+        assert await store.get_code(older.code_hash) is None
+        assert not await store.redeem_code(older.code_hash, REDEEM, redemption("fam-x", "at-x"))
+        assert await store.get_grant("fam-x") is None
+        assert await store.get_code(newer.code_hash) == newer
+        assert await store.get_code(bobs.code_hash) == bobs
+        # The approval is withdrawn: the device is told access_denied (RFC 8628 §3.5).
+        assert await store.get_device(alices.device_code_hash) == replace(
+            alices, state=Device.DENIED.value
+        )
+        redeem = a_poll(approved, None, T0 + 20, to=Device.REDEEMED.value)
+        assert not await store.redeem_device(
+            alices.device_code_hash, redeem, redemption("fam-d", "at-d")
+        )
+        assert await store.get_device(bob_device.device_code_hash) == bob_device
+        assert await store.get_device(pending.device_code_hash) == pending
+
+    async def test_of_redemptions_racing_a_cut_off_each_is_revoked_by_it_or_fails(
+        self, store: Store, other: Store
+    ) -> None:
+        codes = [a_code(f"race-{i}") for i in range(20)]
+        for code in codes:
+            await store.save_code(code)
+        cut = CutOff(EventKind.SUBJECT, "alice", T0 + 10, T0 + 310, "user_disabled", T0 + 15)
+
+        async def redeem(i: int) -> bool:
+            issuance = redemption(f"fam-race-{i}", f"at-race-{i}", f"rt-race-{i}")
+            return await other.redeem_code(codes[i].code_hash, REDEEM, issuance)
+
+        *redeemed, _ = await asyncio.gather(*(redeem(i) for i in range(20)), store.cut_off(cut))
+        for i, won in enumerate(redeemed):
+            grant = await store.get_grant(f"fam-race-{i}")
+            if won:  # committed before the cut-off: it revoked what was issued
+                assert grant is not None and grant.revoked_at == T0 + 15
+                assert not await store.access_token_active(f"at-race-{i}")
+            else:  # the code was gone
+                assert grant is None and await store.get_code(codes[i].code_hash) is None
+
     async def test_a_client_cut_off_revokes_the_clients_grants(self, store: Store) -> None:
         await start_family(store)
         cut = CutOff(EventKind.CLIENT, "webapp", T0 + 1, T0 + 301, "client_deleted", T0 + 1)
