@@ -61,6 +61,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
+from jwt.utils import base64url_decode
+
+from portcullis.jose import is_low_s, low_s
 
 from .clock import Clock
 from .settings import Settings
@@ -453,7 +456,9 @@ class SigningRing:
         """Nothing by default: a ring whose copy can fall behind refuses here."""
 
     def verify(self, token: str, algorithms: Iterable[str], **options: Any) -> dict[str, Any]:
-        """Decode a token this server signed, with any published key (for introspection)."""
+        """Decode a token this server signed, with any published key (for introspection).
+        Its ES256 signature must be in the low-S spelling this ring signs (`sign`): the other
+        spelling of the same signature is refused as a bad signature (portcullis/jose.py)."""
         snap = self._snap
         header = jwt.get_unverified_header(token)
         kid = header.get("kid")
@@ -462,6 +467,13 @@ class SigningRing:
         info = snap.infos[kid]
         if header.get("alg") != info.alg or info.alg not in set(algorithms):
             raise jwt.InvalidTokenError("algorithm does not match the key")
+        try:
+            # Decoded as PyJWT decodes it below, so the bytes judged are the bytes verified.
+            signature = base64url_decode(token.rpartition(".")[2])
+        except (binascii.Error, ValueError):
+            signature = None  # not a signature at all: jwt.decode refuses it
+        if signature is not None and not is_low_s(info.alg, signature):
+            raise jwt.InvalidSignatureError("Signature verification failed")
         key = snap.private[kid].public_key()
         # PyJWT judges exp, nbf and iat at the system's time; they are judged here at the key
         # ring's clock instead, with the same rules, so a token is valid when its server says.
@@ -712,12 +724,14 @@ def b64url(data: bytes) -> bytes:
 
 def _jws_signature(alg: str, key: Any, signing_input: bytes, repeatable: bool = True) -> bytes:
     """RFC 7518 §3.3 (RS256), §3.4 (ES256: r and s as fixed-size big-endian integers, not
-    DER), RFC 8037 §3.1 (EdDSA). RS256 and EdDSA signatures are deterministic by nature;
-    ES256's only when `repeatable`."""
+    DER, and s in its low half: portcullis/jose.py), RFC 8037 §3.1 (EdDSA). RS256 and EdDSA
+    signatures are deterministic by nature; ES256's only when `repeatable`."""
     if alg == "ES256":
         ecdsa = _ecdsa_sha256() if repeatable else _ECDSA_RANDOM
         r, s = decode_dss_signature(key.sign(signing_input, ecdsa))
-        return r.to_bytes(32, "big") + s.to_bytes(32, "big")
+        # OpenSSL gives s or n - s alike; gateways key on the low-S spelling, and this
+        # server's own verification refuses the other.
+        return low_s(alg, r.to_bytes(32, "big") + s.to_bytes(32, "big"))
     if alg == "RS256":
         return bytes(key.sign(signing_input, _PKCS1V15, _SHA256))
     if alg == "EdDSA":

@@ -36,6 +36,7 @@ from gateway import settings as gateway_settings
 from gateway.app import Gateway, admin_app, decision_server, public_server, upstream_session
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.jwks import keys_session
+from portcullis.jose import ECDSA_CURVES, low_s
 from portcullis.lane import app_runner
 from portcullis.tls import RotatingCertificate
 
@@ -203,6 +204,29 @@ def compact(header: dict[str, Any], payload: dict[str, Any], sign: Any = None) -
     return f"{signing_input}.{b64url(signature)}"
 
 
+def _b64url_bytes(part: str) -> bytes:
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def low_s_jws(token: str) -> str:
+    """`token` with its ES256/384/512 signature in the low-S spelling (portcullis.jose), the
+    one this project's authorization server signs and refuses the other of; any other token
+    unchanged."""
+    head, _, signature = token.rpartition(".")
+    alg = json.loads(_b64url_bytes(head.partition(".")[0])).get("alg")
+    return f"{head}.{b64url(low_s(alg, _b64url_bytes(signature)))}"
+
+
+def ecdsa_twin(token: str) -> str:
+    """The other spelling of an ES256/384/512 token's signature, (r, n - s), which verifies
+    as well as its own: what anyone holding the token can make of it without the key."""
+    head, _, signature = token.rpartition(".")
+    order, width = ECDSA_CURVES[json.loads(_b64url_bytes(head.partition(".")[0]))["alg"]]
+    raw = _b64url_bytes(signature)
+    s = int.from_bytes(raw[width:], "big")
+    return f"{head}.{b64url(raw[:width] + (order - s).to_bytes(width, 'big'))}"
+
+
 @dataclass
 class TestIssuer:
     """An OpenID provider as far as a resource server can see: discovery, JWKS, tokens.
@@ -288,7 +312,7 @@ class TestIssuer:
         header.update(headers or {})
         # None removes a member; PyJWT itself drops a `typ` that is None instead of adding "JWT".
         header = {k: v for k, v in header.items() if v is not None or k == "typ"}
-        return jwt.encode(payload, key.private, algorithm=key.alg, headers=header)
+        return low_s_jws(jwt.encode(payload, key.private, algorithm=key.alg, headers=header))
 
     def sign_compact(
         self,
@@ -301,8 +325,11 @@ class TestIssuer:
         """Exactly this header and payload, signed with `key` by algorithm `alg` (default: the
         key's own), whatever the header says: for tokens PyJWT refuses to build."""
         key = key or self.keys[0]
-        algorithm = get_default_algorithms()[alg or key.alg]
-        return compact(header, payload, lambda data: algorithm.sign(data, key.private))
+        signing = alg or key.alg
+        algorithm = get_default_algorithms()[signing]
+        return compact(
+            header, payload, lambda data: low_s(signing, algorithm.sign(data, key.private))
+        )
 
     async def start(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> TestIssuer:
         """Serve on `port` (0: any free one; give the old port to restart after `stop`),

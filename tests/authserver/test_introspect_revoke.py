@@ -26,7 +26,7 @@ from tests.authserver.conftest import (
     post_token,
     tokens_for,
 )
-from tests.support import b64url
+from tests.support import b64url, ecdsa_twin
 
 INACTIVE = {"active": False}
 
@@ -169,6 +169,20 @@ async def test_introspection_of_an_active_access_token_describes_it(
     assert answer["iss"] == authserver.settings.issuer
     assert answer["aud"] == "orders-api"
     assert answer["token_type"] == "Bearer"
+
+
+async def test_the_other_spelling_of_an_access_tokens_signature_is_not_active(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    # (r, n - s) verifies too, but this server signs the low-S spelling only and takes no
+    # other: one token, one string (portcullis/jose.py).
+    token = (await tokens_for(http, authserver))["access_token"]
+    for presented, active in ((ecdsa_twin(token), False), (token, True)):
+        status, answer, _ = await post(
+            http, authserver, "/introspect", {"token": presented}, ("resource-server", SECRET)
+        )
+        assert status == 200
+        assert answer["active"] is active
 
 
 async def test_an_access_token_is_judged_at_the_servers_time(

@@ -1,18 +1,22 @@
 """What the token endpoint's signing keeps per ring and per process: the encoded protected
 header of each key (it must always name the key that signed, across rotations, and go with
-the key), and the block of random bytes `jti`s and nonces are cut from (unique, and never
-shared with a forked child)."""
+the key), the block of random bytes `jti`s and nonces are cut from (unique, and never
+shared with a forked child), and the one spelling of its ECDSA signatures."""
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
 import jwt
+import pytest
 
 from authserver.keys import KeyRing, RotationPolicy, _ecdsa_sha256
 from authserver.tokens import new_jti
+from portcullis.jose import is_low_s
 from portcullis.unique import UniqueBytes
+from tests.support import ecdsa_twin
 
 
 def header_and_claims(ring: KeyRing, token: str) -> tuple[dict[str, object], dict[str, object]]:
@@ -126,3 +130,31 @@ def test_repeatable_signatures_repeat_and_the_others_still_verify(tmp_path: Path
         assert header["alg"] == "ES256" and verified == claims
     # RS256 signatures are deterministic either way.
     assert ring.sign("RS256", claims, repeatable=False) == ring.sign("RS256", claims)
+
+
+def _signature(token: str) -> bytes:
+    part = token.rpartition(".")[2]
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def test_es256_signatures_are_low_s_whether_repeatable_or_not(tmp_path: Path) -> None:
+    # OpenSSL gives a high S half the time: 64 low ones in a row are the signer's doing.
+    ring = KeyRing(tmp_path / "keys", RotationPolicy(publish_ahead=60, retain=300))
+    ring.load(["ES256"])
+    for n in range(32):
+        for repeatable in (True, False):
+            token = ring.sign("ES256", {"sub": "s", "n": n}, repeatable=repeatable)
+            assert is_low_s("ES256", _signature(token))
+
+
+def test_the_ring_refuses_the_other_spelling_of_its_own_signature(tmp_path: Path) -> None:
+    ring = KeyRing(tmp_path / "keys", RotationPolicy(publish_ahead=60, retain=300))
+    ring.load(["ES256"])
+    token = ring.sign("ES256", {"sub": "s", "aud": "api"}, typ="at+jwt")
+    twin = ecdsa_twin(token)
+    # A genuine signature of the ring's key (PyJWT alone takes it), in the spelling the
+    # ring never signs: refused as a bad signature is.
+    assert header_and_claims(ring, twin)[1] == {"sub": "s", "aud": "api"}
+    assert ring.verify(token, ["ES256"], audience="api")["sub"] == "s"
+    with pytest.raises(jwt.InvalidSignatureError):
+        ring.verify(twin, ["ES256"], audience="api")
