@@ -47,6 +47,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from portcullis.jose import is_low_s
+
 from .clock import Now
 from .jose import (
     SIGNATURE_ALGORITHMS,
@@ -285,7 +287,10 @@ async def verify_set(token: str, issuer: Issuer, keys: KeySet) -> dict[str, Any]
     if key is None:
         raise UnknownKey("signed with an unknown key")
     signing_input = token[: len(header_b64) + 1 + len(payload_b64)].encode()
-    if not verify_signature(alg, key.key, signing_input, signature):
+    # An ECDSA signature's other spelling (r, n - s) verifies too; this project's
+    # authorization server, the one issuer of these events, signs the low-S one alone, and
+    # the other is no signature of it (portcullis/jose.py).
+    if not is_low_s(alg, signature) or not verify_signature(alg, key.key, signing_input, signature):
         raise RejectedEvent("signature invalid")
     claims = _json_object(payload_b64)
     if claims.get("iss") != issuer.issuer:

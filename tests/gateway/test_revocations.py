@@ -33,7 +33,7 @@ from gateway.revocations import (
     verify_set,
 )
 from gateway.settings import IssuerSettings, JwksSettings
-from tests.support import TestIssuer
+from tests.support import TestIssuer, ecdsa_twin, low_s_jws
 
 ISSUER = "https://auth.example.com"
 OTHER = "https://other.example.com"
@@ -337,6 +337,13 @@ def issuer_at(url: str) -> Issuer:
     return issuer(url=url)  # in the tests below, `issuer` is the fixture
 
 
+def signed_set(issuer: TestIssuer, claims: dict[str, Any]) -> str:
+    """`claims` as a SET of `issuer`, signed as the authorization server signs: low S."""
+    key = issuer.key("ES256")
+    token = jwt.encode(claims, key.private, "ES256", {"typ": "secevent+jwt", "kid": key.kid})
+    return low_s_jws(token)
+
+
 @pytest.mark.parametrize(
     ("jti", "accepted"),
     [
@@ -353,10 +360,9 @@ async def test_a_set_id_must_be_ascii_digits(
 ) -> None:
     # str.isdigit() also takes superscripts and other scripts' digits, which int() refuses:
     # applied, such an event would leave a Last-Event-ID the stream could not resume from.
-    key = issuer.key("ES256")
     claims = set_claims(TOKENS_REVOKED, {"tokens": [{"jti": "a", "exp": NOW + 60}]})
     claims.update(iss=issuer.url, jti=jti)
-    token = jwt.encode(claims, key.private, "ES256", {"typ": "secevent+jwt", "kid": key.kid})
+    token = signed_set(issuer, claims)
     target = issuer_at(issuer.url)
     keys = KeySet(target, JwksSettings(), client)
     if accepted:
@@ -364,3 +370,18 @@ async def test_a_set_id_must_be_ascii_digits(
     else:
         with pytest.raises(RejectedEvent, match="event id"):
             await verify_set(token, target, keys)
+
+
+async def test_the_other_spelling_of_a_sets_signature_is_refused(
+    issuer: TestIssuer, client: aiohttp.ClientSession
+) -> None:
+    # (r, n - s) verifies as well as (r, s); the authorization server signs the low-S
+    # spelling alone, so the other is refused as a bad signature (portcullis/jose.py).
+    claims = set_claims(TOKENS_REVOKED, {"tokens": [{"jti": "a", "exp": NOW + 60}]})
+    claims["iss"] = issuer.url
+    token = signed_set(issuer, claims)
+    target = issuer_at(issuer.url)
+    keys = KeySet(target, JwksSettings(), client)
+    assert (await verify_set(token, target, keys))["jti"] == "1"
+    with pytest.raises(RejectedEvent, match="signature invalid"):
+        await verify_set(ecdsa_twin(token), target, keys)
