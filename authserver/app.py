@@ -242,6 +242,7 @@ class AuthServer:
                     issuer_of_tokens,
                     settings.refresh_grace.total_seconds(),
                     metrics,
+                    default_audience,
                 ),
                 DeviceCode(store, users, issuer_of_tokens),
             ]

@@ -8,9 +8,12 @@ In order, each refusal with its RFC 6750 §3 or RFC 9449 §7.1 challenge:
    is no token, else 401 `invalid_token` or `invalid_dpop_proof`.
 2. Its `aud` names this API (RFC 8707: the client asked for it as `resource`), else 401
    `invalid_token`: a token for another resource server is no credential here.
-3. Its scope has `admin:write`, or `admin:read` for a safe method, else 403
-   `insufficient_scope` (write implies read).
-4. A user's token (its subject is not its client) is only as good as its user: one
+3. Its client is still registered for this API: the client exists (step 1) and has this
+   API among its resources now, else 401 `invalid_token`. A token is only as good as the
+   registration it was issued under, as it is now.
+4. Its scope, as far as its client is still registered for it, has `admin:write`, or
+   `admin:read` for a safe method, else 403 `insufficient_scope` (write implies read).
+5. A user's token (its subject is not its client) is only as good as its user: one
    without the `admin` role gets 403 `forbidden`.
 """
 
@@ -78,7 +81,10 @@ class AdminAccess:
                 credential,
                 f"the access token is not for this API: ask for resource={self.audience}",
             )
-        scopes = set(str(claims.get("scope", "")).split())  # 3
+        if self.audience not in client.resources:  # 3
+            raise _invalid(credential, "the token's client may no longer use this API")
+        # 4: RFC 6749 §3.3, the scope of a token is at most its client's registered scope.
+        scopes = set(str(claims.get("scope", "")).split()) & set(client.scope)
         needed = READ if request.method in SAFE_METHODS else WRITE
         if WRITE not in scopes and needed not in scopes:
             raise TokenRefused(
@@ -91,7 +97,7 @@ class AdminAccess:
         client_id, subject = client.client_id, str(claims["sub"])
         if subject == client_id:
             return Caller(client_id, None)
-        user = await self.users.by_subject(subject)  # 4
+        user = await self.users.by_subject(subject)  # 5
         if user is None:
             raise _invalid(credential, "the access token is invalid, expired or revoked")
         if ADMIN_ROLE not in user.roles:

@@ -9,6 +9,18 @@ retry of a response that was lost (a dropped connection, a server killed after t
 Otherwise a rotated or revoked token presented again revokes the whole family and writes an
 audit line. A token is bound to its client; scope may narrow only.
 
+What a refresh issues is at most the family's grant as far as the client is still
+registered for it (RFC 6749 §6: never more than the original grant; §3.3 and RFC 8707 §2:
+never more than the client may be given). A scope removed from the client is dropped
+silently, and from the family for good (the successor keeps the narrowed grant: giving
+the scope back to the client does not give it back to grants made without it); a refresh
+that names such a scope is `invalid_scope`, as one naming a scope the grant never had, and
+so is one with nothing of its grant left, or whose OpenID grant lost `offline_access`
+(OIDC Core §11: the refresh stands on it). The family's audience is its one resource: a
+request may name it (RFC 8707 §2.2) and no other, and a client no longer registered for it
+gets `invalid_target`. A retry within the grace is repeated only while the client is still
+registered for all it held.
+
 DPoP (RFC 9449 §5): a public client's refresh token is bound to the key of the proof it
 was first issued with, for the life of its family: every use needs a proof of that key. A
 confidential client's is not (its authentication binds it); the new access token is bound
@@ -24,12 +36,12 @@ from typing import Any
 from ..metrics import Metrics
 from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
-from ..protocol.errors import invalid_grant, invalid_request
+from ..protocol.errors import ErrorCode, OAuthError, invalid_grant, invalid_request, invalid_scope
 from ..protocol.lifecycle import REFRESH, Effect, Move
 from ..registry import Client, User, UserDirectory
 from ..store.base import Issuance, RefreshRecord, Store
 from ..tokens import TokenPlan, digest, seal, unseal
-from .base import ATTEMPTS, TokenRequest, audit, require_key
+from .base import ATTEMPTS, TokenRequest, audit, may_refresh, require_key
 from .issuance import Family, Terms, TokenIssuer
 
 REFUSED = "the refresh token is unknown, expired or revoked"
@@ -45,12 +57,14 @@ class RefreshToken:
         issuer: TokenIssuer,
         grace: float,
         metrics: Metrics,
+        default_audience: str,
     ) -> None:
         self.store = store
         self.users = users
         self.issuer = issuer
         self.grace = grace  # seconds
         self.metrics = metrics
+        self.default_audience = default_audience
 
     async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
         form, now = request.form, request.now
@@ -64,15 +78,14 @@ class RefreshToken:
         if user is None:
             # The user was removed from the configuration: their grants end with them.
             raise invalid_grant(REFUSED)
-        granted = tuple(record.scope.split())
-        requested = scope_rules.parse(form.get("scope"))
-        scopes = scope_rules.narrow(requested, granted) if requested else granted
+        kept, scopes = still_granted(record, client, scope_rules.parse(form.get("scope")))
+        check_audience(record, client, form.get("resource"), self.default_audience)
 
         for _ in range(ATTEMPTS):
             decision = lifecycle.decide(REFRESH, record.state, await self._event(record, now))
             if decision.effect is Effect.ISSUE_TOKENS:
                 response = await self.issuer.issue_tokens(
-                    _terms(record, client, user, scopes, request),
+                    _terms(record, client, user, kept, scopes, request),
                     partial(self._rotate, token_hash, decision.move, presented),
                 )
                 if response is not None:
@@ -84,7 +97,12 @@ class RefreshToken:
                 # The retry of a lost response gets it again only with the key the lost
                 # one was bound to (or none, as then): a token bound to a key is never
                 # handed to a request that did not prove it.
-                if plan is not None and plan.dpop_jkt == request.dpop_jkt:
+                # Nor one holding a scope the client lost since.
+                if (
+                    plan is not None
+                    and plan.dpop_jkt == request.dpop_jkt
+                    and set(plan.scopes) <= set(kept)
+                ):
                     return self.issuer.repeat(plan)
             if decision.effect is Effect.REVOKE_FAMILY:
                 await self.store.revoke_grant(record.family_id, now, "refresh_reuse")
@@ -124,15 +142,49 @@ class RefreshToken:
         return await self.store.rotate_refresh(token_hash, move, issuance, seal(plan, presented))
 
 
+def still_granted(
+    record: RefreshRecord, client: Client, requested: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The scopes of the family from now on (its grant, as far as the client is still
+    registered for it) and those of the access token (the request's, else the same)."""
+    granted = tuple(record.scope.split())
+    registered = set(client.scope)
+    kept = tuple(s for s in granted if s in registered)
+    if granted and not kept:
+        raise invalid_scope("the client is no longer registered for any scope of this grant")
+    if not may_refresh(client, kept):
+        raise invalid_scope("the client is no longer registered for offline_access")
+    if not requested:
+        return kept, kept
+    scope_rules.narrow(requested, granted)  # RFC 6749 §6: never beyond the original grant
+    scope_rules.require_allowed(requested, kept)  # nor beyond the registration now
+    return kept, requested
+
+
+def check_audience(
+    record: RefreshRecord, client: Client, resource: str | None, default_audience: str
+) -> None:
+    """The family's audience, named by the request or not, is one the client may still be
+    given (RFC 8707 §2.2: a refresh names a resource of its grant, and a family has one)."""
+    if resource is not None and resource != record.audience:
+        raise OAuthError(ErrorCode.INVALID_TARGET, "resource is not the one of this grant")
+    if record.audience != default_audience and record.audience not in client.resources:
+        raise OAuthError(
+            ErrorCode.INVALID_TARGET, "the client is no longer registered for this resource"
+        )
+
+
 def _terms(
     record: RefreshRecord,
     client: Client,
     user: User,
+    kept: tuple[str, ...],
     scopes: tuple[str, ...],
     request: TokenRequest,
 ) -> Terms:
-    """The tokens of a rotation: the family's grant, subject, audience and sign-in time. The
-    access token is bound to the request's proof; the successor keeps the family's binding."""
+    """The tokens of a rotation: the family's grant (`kept`), subject, audience and sign-in
+    time. The access token is bound to the request's proof; the successor keeps the
+    family's binding."""
     now = request.now
     return Terms(
         client=client,
@@ -143,9 +195,9 @@ def _terms(
         grant_id=record.family_id,
         now=now,
         user_claims=user.claims,
-        # The successor keeps the scope of the family: narrowing applies to this access
-        # token only.
-        family=Family(record.scope, record.family_expires_at),
+        # The successor keeps the scope of the family, as far as the client is still
+        # registered for it: a request's narrowing applies to this access token only.
+        family=Family(scope_rules.render(kept), record.family_expires_at),
         new_grant=False,
         dpop_jkt=request.dpop_jkt,
         refresh_jkt=record.dpop_jkt,

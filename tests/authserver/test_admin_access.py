@@ -12,15 +12,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.authserver.admin_support import (
+    Admin,
     admin_for,
     admin_server,
+    admin_token,
     api,
     start_admin_server,
 )
 from tests.authserver.conftest import (
+    REDIRECT,
     SECRET,
     RunningAuthServer,
+    authorize_code,
     basic_auth,
+    exchange_code,
 )
 from tests.authserver.dpop_support import DpopKey
 
@@ -185,3 +190,91 @@ async def test_without_a_token_the_admin_api_offers_both_schemes(
     assert challenges[0].startswith("Bearer realm=")
     assert any(c.startswith("DPoP realm=") and "algs=" in c for c in challenges)
     assert code(body) == "unauthorized"
+
+
+# ---------------------------------------------------------------------------- registration now
+
+
+async def ops_client(
+    admin: Admin, server: RunningAuthServer, scope: str = "admin:read admin:write"
+) -> str:
+    """`ops`, an admin client made through the API (the file's are read-only there); its
+    secret."""
+    status, body, _ = await admin.post(
+        "/clients",
+        {
+            "clientId": "ops",
+            "grantTypes": ["client_credentials"],
+            "scope": scope,
+            "resources": [api(server)],
+        },
+    )
+    assert status == 201, body
+    return str(body["clientSecret"])
+
+
+async def test_a_token_of_a_client_that_lost_admin_write_only_reads(
+    admin_server: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    admin = await admin_for(http, admin_server)
+    secret = await ops_client(admin, admin_server)
+    ops = Admin(http, admin_server, await admin_token(http, admin_server, "ops", secret))
+    assert (await ops.post("/clients", NEW_CLIENT))[0] == 201
+    assert (await admin.patch("/clients/ops", {"scope": "admin:read"}))[0] == 200
+
+    # The token still says admin:write; the registration no longer does (RFC 6749 §3.3).
+    status, body, response = await ops.post("/clients", {**NEW_CLIENT, "clientId": "again"})
+    assert (status, code(body)) == (403, "insufficient_scope"), body
+    assert 'scope="admin:write"' in response.headers["WWW-Authenticate"]
+    assert (await ops.get("/clients"))[0] == 200
+    assert (await admin.patch("/clients/ops", {"scope": ""}))[0] == 200
+    status, body, _ = await ops.get("/clients")
+    assert (status, code(body)) == (403, "insufficient_scope"), body
+
+
+async def test_a_token_of_a_client_no_longer_registered_for_the_admin_api_is_refused(
+    admin_server: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    admin = await admin_for(http, admin_server)
+    secret = await ops_client(admin, admin_server)
+    ops = Admin(http, admin_server, await admin_token(http, admin_server, "ops", secret))
+    assert (await ops.get("/clients"))[0] == 200
+    assert (await admin.patch("/clients/ops", {"resources": ["billing-api"]}))[0] == 200
+    status, body, response = await ops.get("/clients")
+    assert (status, code(body)) == (401, "invalid_token"), body
+    assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
+    assert (await admin.delete("/clients/ops"))[0] == 204
+    assert (await ops.get("/clients"))[0] == 401
+
+
+async def test_a_users_token_is_only_as_good_as_its_clients_registration_now(
+    admin_server: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    admin = await admin_for(http, admin_server)
+    status, body, _ = await admin.post(
+        "/clients",
+        {
+            "clientId": "console-2",
+            "tokenEndpointAuthMethod": "none",
+            "redirectUris": [REDIRECT],
+            "grantTypes": ["authorization_code"],
+            "scope": "openid admin:read admin:write",
+            "resources": [api(admin_server)],
+            "skipConsent": True,
+        },
+    )
+    assert status == 201, body
+    result = await authorize_code(
+        http,
+        admin_server,
+        client_id="console-2",
+        scope="openid admin:read admin:write",
+        extra={"resource": api(admin_server)},
+    )
+    status, tokens = await exchange_code(http, admin_server, result, client_id="console-2")
+    assert status == 200, tokens
+    alice = Admin(http, admin_server, tokens["access_token"])
+    assert (await alice.get("/users"))[0] == 200
+    assert (await admin.patch("/clients/console-2", {"scope": "openid"}))[0] == 200
+    status, body, _ = await alice.get("/users")
+    assert (status, code(body)) == (403, "insufficient_scope"), body

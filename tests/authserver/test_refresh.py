@@ -11,17 +11,29 @@ import aiohttp
 import jwt
 import pytest
 
+from tests.authserver.admin_support import (
+    Admin,
+    StartAdminServer,
+    admin_for,
+    api,
+    start_admin_server,
+)
 from tests.authserver.conftest import (
+    REDIRECT,
     SECRET,
     MovableClock,
     RunningAuthServer,
     StartAuthServer,
+    authorize_code,
     default_config,
+    exchange_code,
     introspect,
     post_token,
     tokens_for,
     verify_jwt,
 )
+
+__all__ = ["start_admin_server"]  # fixtures
 
 FULL_SCOPE = "openid profile email offline_access orders:read"
 
@@ -372,3 +384,155 @@ async def test_with_refresh_grace_zero_any_second_use_is_reuse(
     status, body = await refresh(http, server, first["refresh_token"])
     assert_invalid_grant(status, body)
     assert await introspect(http, server, once["access_token"]) == {"active": False}
+
+
+# ---------------------------------------------------------------- the client's registration now
+#
+# Refresh issues at most what the family was granted and the client is still registered
+# for (RFC 6749 §6): its clients are changed through the admin API, on SQLite and PostgreSQL.
+
+SHOP_SCOPE = "openid offline_access orders:read orders:write"
+
+
+async def shop_client(
+    admin: Admin, scope: str = SHOP_SCOPE, resources: tuple[str, ...] = ("billing-api",)
+) -> None:
+    """`shop`, a public client made through the API (the file's are read-only there)."""
+    status, body, _ = await admin.post(
+        "/clients",
+        {
+            "clientId": "shop",
+            "tokenEndpointAuthMethod": "none",
+            "redirectUris": [REDIRECT],
+            "grantTypes": ["authorization_code", "refresh_token"],
+            "scope": scope,
+            "resources": list(resources),
+            "skipConsent": True,
+        },
+    )
+    assert status == 201, body
+
+
+async def shop_tokens(
+    http: aiohttp.ClientSession,
+    server: RunningAuthServer,
+    scope: str = SHOP_SCOPE,
+    resource: str | None = None,
+) -> dict[str, Any]:
+    extra = {"resource": resource} if resource is not None else None
+    result = await authorize_code(http, server, client_id="shop", scope=scope, extra=extra)
+    status, body = await exchange_code(http, server, result, client_id="shop")
+    assert status == 200, body
+    return body
+
+
+async def test_refresh_narrows_to_the_scopes_the_client_is_still_registered_for(
+    start_admin_server: StartAdminServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_admin_server()
+    admin = await admin_for(http, server)
+    await shop_client(admin)
+    first = await shop_tokens(http, server)
+    assert first["scope"] == SHOP_SCOPE
+    status, body, _ = await admin.patch(
+        "/clients/shop", {"scope": "openid offline_access orders:read"}
+    )
+    assert status == 200, body
+
+    status, second = await refresh(http, server, first["refresh_token"], client_id="shop")
+    assert status == 200, second
+    assert second["scope"] == "openid offline_access orders:read"
+    claims = jwt.decode(second["access_token"], options={"verify_signature": False})
+    assert claims["scope"] == "openid offline_access orders:read"
+    # Asked for by name, the scope the client lost is refused, and the token stays usable.
+    status, body = await refresh(
+        http, server, second["refresh_token"], client_id="shop", scope="orders:write"
+    )
+    assert (status, body["error"]) == (400, "invalid_scope"), body
+    # Given back to the client, it is not given back to the family: the grant was narrowed.
+    assert (await admin.patch("/clients/shop", {"scope": SHOP_SCOPE}))[0] == 200
+    status, third = await refresh(http, server, second["refresh_token"], client_id="shop")
+    assert status == 200, third
+    assert third["scope"] == "openid offline_access orders:read"
+
+
+@pytest.mark.parametrize(
+    ("granted", "left"),
+    [
+        ("orders:read orders:write", "openid offline_access"),  # none of the grant's
+        ("openid offline_access orders:read", "openid orders:read"),  # offline_access lost
+    ],
+)
+async def test_refresh_is_refused_when_the_client_lost_what_the_refresh_stands_on(
+    start_admin_server: StartAdminServer, http: aiohttp.ClientSession, granted: str, left: str
+) -> None:
+    server = await start_admin_server()
+    admin = await admin_for(http, server)
+    await shop_client(admin)
+    first = await shop_tokens(http, server, scope=granted)
+    assert (await admin.patch("/clients/shop", {"scope": left}))[0] == 200
+    status, body = await refresh(http, server, first["refresh_token"], client_id="shop")
+    assert (status, body["error"]) == (400, "invalid_scope"), body
+    assert "access_token" not in body
+
+
+async def test_refresh_is_refused_for_a_resource_the_client_lost_or_the_grant_lacks(
+    start_admin_server: StartAdminServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_admin_server()
+    admin = await admin_for(http, server)
+    await shop_client(admin, resources=("billing-api", "shipping-api"))
+    first = await shop_tokens(http, server, resource="billing-api")
+    # RFC 8707 §2.2: a refresh may name a resource of the grant, and no other.
+    status, body = await refresh(
+        http, server, first["refresh_token"], client_id="shop", resource="shipping-api"
+    )
+    assert (status, body["error"]) == (400, "invalid_target"), body
+    status, second = await refresh(
+        http, server, first["refresh_token"], client_id="shop", resource="billing-api"
+    )
+    assert status == 200, second
+    claims = jwt.decode(second["access_token"], options={"verify_signature": False})
+    assert claims["aud"] == "billing-api"
+
+    assert (await admin.patch("/clients/shop", {"resources": ["shipping-api"]}))[0] == 200
+    status, body = await refresh(http, server, second["refresh_token"], client_id="shop")
+    assert (status, body["error"]) == (400, "invalid_target"), body
+    assert "access_token" not in body
+
+
+async def test_refresh_for_the_admin_api_follows_the_clients_registration(
+    start_admin_server: StartAdminServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_admin_server()
+    admin = await admin_for(http, server)
+    scope = "openid offline_access admin:read admin:write"
+    await shop_client(admin, scope=scope, resources=(api(server),))
+    first = await shop_tokens(http, server, scope=scope, resource=api(server))
+    assert (await admin.patch("/clients/shop", {"scope": "openid offline_access admin:read"}))[
+        0
+    ] == 200
+    status, second = await refresh(http, server, first["refresh_token"], client_id="shop")
+    assert status == 200, second
+    assert second["scope"] == "openid offline_access admin:read"
+
+    assert (await admin.patch("/clients/shop", {"resources": []}))[0] == 200
+    status, body = await refresh(http, server, second["refresh_token"], client_id="shop")
+    assert (status, body["error"]) == (400, "invalid_target"), body
+
+
+async def test_a_retry_within_the_grace_does_not_repeat_what_the_client_lost_since(
+    start_admin_server: StartAdminServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_admin_server(clock=MovableClock())
+    admin = await admin_for(http, server)
+    await shop_client(admin)
+    first = await shop_tokens(http, server)
+    status, lost = await refresh(http, server, first["refresh_token"], client_id="shop")
+    assert status == 200 and lost["scope"] == SHOP_SCOPE, lost
+    status, body, _ = await admin.patch(
+        "/clients/shop", {"scope": "openid offline_access orders:read"}
+    )
+    assert status == 200, body
+    status, body = await refresh(http, server, first["refresh_token"], client_id="shop")
+    assert_invalid_grant(status, body)
