@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config:
         parser.error(f"--config FILE is required (or set {CONFIG_VARIABLE})")
     if args.command == "check":
-        problems = settings_module.check(args.config)
-        for found in problems:
+        problems, warnings = settings_module.check_with_warnings(args.config)
+        # Warnings do not fail the check: the file is valid, and may be meant as written.
+        for found in problems + warnings:
             print(found, file=sys.stderr)
         if problems:
             return 1
@@ -131,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("portcullis.authserver")
     log.info("starting", extra={"version": version(), "config": args.config})
     _replay(held)
+    for warning in settings_module.warnings(settings):
+        log.warning(warning, extra={"event": "config_warning"})
     return runtime.run_service(serve(settings), debug=args.debug)
 
 

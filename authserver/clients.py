@@ -7,11 +7,13 @@ Methods (RFC 6749 §2.3, RFC 7523, OIDC Core §9): `client_secret_basic`,
    fall back to `none`, and a secret client cannot switch to another secret method;
  - secrets are compared as SHA-256 digests in constant time (they are high-entropy, so a
    slow hash would only cost throughput);
- - private_key_jwt: `iss` = `sub` = client_id, `aud` names the issuer or the endpoint, `exp`
-   at most `client_assertion_max_lifetime` ahead (default 1 hour: what Authlib signs; pyoidc
-   signs 10 minutes), `jti` used once: kept in the store's replay cache until `exp` plus the
-   clock leeway, the last moment the assertion could be accepted; signed by a key of the
-   client's registered `jwks` with an asymmetric algorithm.
+ - private_key_jwt: `iss` = `sub` = client_id, `aud` the issuer identifier and nothing
+   else (a string, or an array of that one string; with `client_assertion_audience: compat`
+   the token endpoint URL alone is taken too), `exp` at most `client_assertion_max_lifetime`
+   ahead (default 1 hour: what Authlib signs; pyoidc signs 10 minutes), `jti` used once:
+   kept in the store's replay cache until `exp` plus the clock leeway, the last moment the
+   assertion could be accepted; signed by a key of the client's registered `jwks` with an
+   asymmetric algorithm.
 Every failure is the same `invalid_client` (401) so nothing tells the caller which part was
 wrong; the log says it (`reason`), naming the client but never its secret or assertion.
 """
@@ -163,7 +165,8 @@ class ClientAuthenticator:
     """Authenticates clients against the registry; assertion ids are kept in the store.
 
     `max_assertion_lifetime` is `client_assertion_max_lifetime`: the longest a
-    private_key_jwt assertion may live (exp - now)."""
+    private_key_jwt assertion may live (exp - now). `assertion_audiences` are the values an
+    assertion's `aud` may be, alone (`assertion_audiences()` from the settings)."""
 
     def __init__(
         self,
@@ -172,23 +175,28 @@ class ClientAuthenticator:
         issuer: str,
         max_assertion_lifetime: timedelta,
         clock: Clock = time.time,
+        assertion_audiences: frozenset[str] | None = None,
     ) -> None:
         self.clients = clients
         self.store = store
         self.issuer = issuer
         self.max_assertion_lifetime = max_assertion_lifetime.total_seconds()
         self.clock = clock
+        self.assertion_audiences = (
+            frozenset({issuer}) if assertion_audiences is None else assertion_audiences
+        )
 
     async def authenticate(
         self, form: Mapping[str, str], authorization: str | None, endpoint_url: str
     ) -> Client:
         """The authenticated client, or ClientAuthError / invalid_request.
 
-        Each refusal is logged with its reason and the client_id presented (if any)."""
+        Each refusal is logged with its reason, the client_id presented (if any) and
+        `endpoint_url`, where the request came."""
         offer: Presented | None = None
         try:
             offer = presented(form, authorization)
-            return await self._authenticate(offer, endpoint_url)
+            return await self._authenticate(offer)
         except ClientAuthError as error:
             client_id = offer.client_id if offer is not None else form.get("client_id", "")
             log.info(
@@ -203,7 +211,7 @@ class ClientAuthenticator:
             )
             raise
 
-    async def _authenticate(self, offer: Presented, endpoint_url: str) -> Client:
+    async def _authenticate(self, offer: Presented) -> Client:
         basic = offer.method == "client_secret_basic"
         client = await self.clients.client(offer.client_id)
         if client is None:
@@ -218,10 +226,10 @@ class ClientAuthenticator:
             if offer.secret is None or not _secret_matches(client, offer.secret):
                 raise ClientAuthError(FAILED, basic=basic, reason="wrong_secret")
         elif offer.method == "private_key_jwt":
-            await self._check_assertion(client, offer.assertion or "", endpoint_url)
+            await self._check_assertion(client, offer.assertion or "")
         return client
 
-    async def _check_assertion(self, client: Client, assertion: str, endpoint_url: str) -> None:
+    async def _check_assertion(self, client: Client, assertion: str) -> None:
         """RFC 7523 §3 with RFC 7521 §5.2: signature, then claims, then the jti's single use."""
 
         def failed(reason: str) -> ClientAuthError:
@@ -246,9 +254,9 @@ class ClientAuthenticator:
                     assertion,
                     key,
                     algorithms=[alg],
-                    audience=[self.issuer, endpoint_url],
                     issuer=client.client_id,
-                    options={"require": ["iss", "sub", "aud", "exp", "jti"]},
+                    # The audience is checked below: PyJWT takes any one match in a list.
+                    options={"require": ["iss", "sub", "aud", "exp", "jti"], "verify_aud": False},
                     leeway=leeway,
                 )
             except (jwt.InvalidSignatureError, TypeError, ValueError):
@@ -263,6 +271,8 @@ class ClientAuthenticator:
             raise failed("bad_signature")
         if claims.get("sub") != client.client_id:
             raise failed("assertion_sub_mismatch")
+        if not _sole_audience(claims["aud"], self.assertion_audiences):
+            raise failed("wrong_audience")
         expires = float(claims["exp"])
         if expires > now + self.max_assertion_lifetime + leeway:
             raise failed("assertion_lifetime_too_long")
@@ -273,11 +283,32 @@ class ClientAuthenticator:
             raise failed("replayed_jti")
 
 
+def assertion_audiences(issuer: str, token_endpoint: str, policy: str) -> frozenset[str]:
+    """What an assertion's `aud` may be under `client_assertion_audience`: the issuer
+    identifier (draft-ietf-oauth-rfc7523bis, its update of RFC 7523 §3); `compat` adds the
+    token endpoint URL, which Authlib and pyoidc send by default."""
+    if policy == "compat":
+        return frozenset({issuer, token_endpoint})
+    return frozenset({issuer})
+
+
+def _sole_audience(aud: Any, accepted: frozenset[str]) -> bool:
+    """Whether `aud` names one accepted value and nothing else: a string, or an array of
+    exactly one string. draft-ietf-oauth-rfc7523bis: the authorization server rejects an
+    assertion without its issuer identifier as the sole audience, so an array that also
+    names another party (an assertion made for, or passed through, someone else: the
+    audience injection attack on client assertions) is refused, whatever else it holds."""
+    if isinstance(aud, list):
+        if len(aud) != 1:
+            return False
+        (aud,) = aud
+    return isinstance(aud, str) and aud in accepted
+
+
 # What a claim check PyJWT makes after the signature verified says about the assertion.
 _CLAIM_FAILURES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
     (jwt.ExpiredSignatureError, "assertion_expired"),
     (jwt.ImmatureSignatureError, "assertion_not_yet_valid"),
-    (jwt.InvalidAudienceError, "wrong_audience"),
     (jwt.InvalidIssuerError, "wrong_issuer"),
     (jwt.MissingRequiredClaimError, "missing_claim"),
     (jwt.DecodeError, "malformed_assertion"),

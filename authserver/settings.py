@@ -499,6 +499,7 @@ class Settings:
     log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
     admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9902), parser=address)
     client_assertion_max_lifetime: timedelta = setting("Longest private_key_jwt assertion; each jti is kept that long.", default=timedelta(hours=1), parser=assertion_lifetime)
+    client_assertion_audience: Literal["strict", "compat"] = setting("private_key_jwt `aud`: strict, the issuer alone; compat, also the token endpoint URL alone (for clients that send it).", default="strict")
     tls: ServerTls | None = setting("HTTPS served by the server itself; TLS ends in front of it when absent.", default=None)
 
     @property
@@ -628,11 +629,34 @@ def load_text(text: str, file: str = "<text>", env: Mapping[str, str] | None = N
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:
     """Every problem `run` would meet, as `FILE:LINE: message`; empty when there is none."""
+    return check_with_warnings(path, env)[0]
+
+
+def check_with_warnings(
+    path: str, env: Mapping[str, str] | None = None
+) -> tuple[list[str], list[str]]:
+    """The problems of `check`, and when there is none the file's `warnings`."""
     try:
-        load(path, env, storage=True)
+        settings = load(path, env, storage=True)
     except ConfigError as exc:
-        return [str(p) for p in exc.problems]
-    return []
+        return [str(p) for p in exc.problems], []
+    return [], warnings(settings)
+
+
+def warnings(settings: Settings) -> list[str]:
+    """What is valid but weaker than the default, as `FILE: warning: message`."""
+    found = []
+    if settings.client_assertion_audience == "compat":
+        # draft-ietf-oauth-rfc7523bis: the issuer identifier is an assertion's one audience.
+        # The token endpoint URL is what another server the client trusts can give as its own
+        # endpoint, obtaining an assertion it can replay here.
+        found.append(
+            f"{settings.file}: warning: client_assertion_audience: compat takes the token "
+            "endpoint URL as a private_key_jwt assertion's audience, which a malicious server "
+            "the client also talks to can obtain and replay here; set strict (the issuer "
+            "alone) once every client sends the issuer"
+        )
+    return found
 
 
 def _storage_problems(data: LocatedMap, file: str) -> list[Problem]:

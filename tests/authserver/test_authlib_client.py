@@ -206,20 +206,29 @@ async def test_authlib_confidential_client_code_flow(authserver: RunningAuthServ
 JWT_CLIENT_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def private_key_jwt_scenario(issuer: str) -> None:
-    """Authlib's PrivateKeyJWT as it comes: RS256 and an assertion that expires in an hour."""
-    meta = metadata(issuer)
+def private_key_jwt_session(audience: str | None) -> OAuth2Session:
+    """Authlib's PrivateKeyJWT, RS256 and an assertion that expires in an hour. Its `aud` is
+    the URL it is constructed with (the token endpoint in Authlib's documentation), else
+    that of the request (the token endpoint, for a token request)."""
     pem = JWT_CLIENT_KEY.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    session = OAuth2Session(
+    return OAuth2Session(
         client_id="machine-rsa",
         client_secret=pem.decode(),
-        token_endpoint_auth_method=PrivateKeyJWT(meta["token_endpoint"]),
+        token_endpoint_auth_method=PrivateKeyJWT(audience),
         scope="orders:read",
     )
+
+
+def private_key_jwt_scenario(issuer: str, audience: str) -> None:
+    """`audience`: "issuer" (PrivateKeyJWT(issuer)), "token_endpoint" (Authlib as its
+    documentation shows it) or "default" (PrivateKeyJWT() with no URL)."""
+    meta = metadata(issuer)
+    given = {"issuer": issuer, "token_endpoint": meta["token_endpoint"], "default": None}
+    session = private_key_jwt_session(given[audience])
     token = session.fetch_token(meta["token_endpoint"], grant_type="client_credentials")
     assert token["token_type"] == "Bearer"
     # Each request carries a new assertion (a new jti): a second one works too.
@@ -227,9 +236,16 @@ def private_key_jwt_scenario(issuer: str) -> None:
     assert again["access_token"] != token["access_token"]
 
 
-async def test_authlib_private_key_jwt_with_its_default_assertion_lifetime(
-    start_authserver: StartAuthServer,
-) -> None:
+def private_key_jwt_refused(issuer: str, audience: str) -> None:
+    meta = metadata(issuer)
+    given = {"token_endpoint": meta["token_endpoint"], "default": None}
+    session = private_key_jwt_session(given[audience])
+    with pytest.raises(OAuthError) as refused:
+        session.fetch_token(meta["token_endpoint"], grant_type="client_credentials")
+    assert refused.value.error == "invalid_client"
+
+
+def rsa_client_config(audience_policy: str | None = None) -> dict[str, Any]:
     jwk = RSAAlgorithm.to_jwk(JWT_CLIENT_KEY.public_key(), as_dict=True)
     config = default_config()
     config["clients"].append(
@@ -241,5 +257,25 @@ async def test_authlib_private_key_jwt_with_its_default_assertion_lifetime(
             "scope": "orders:read",
         }
     )
-    server = await start_authserver(config)
-    await asyncio.to_thread(private_key_jwt_scenario, server.settings.issuer)
+    if audience_policy is not None:
+        config["client_assertion_audience"] = audience_policy
+    return config
+
+
+async def test_authlib_private_key_jwt_with_the_issuer_as_audience_and_its_default_lifetime(
+    start_authserver: StartAuthServer,
+) -> None:
+    # client_assertion_audience: strict (the default) takes the issuer alone
+    # (draft-ietf-oauth-rfc7523bis); Authlib sends it when constructed with it.
+    server = await start_authserver(rsa_client_config())
+    await asyncio.to_thread(private_key_jwt_scenario, server.settings.issuer, "issuer")
+    for audience in ("token_endpoint", "default"):
+        await asyncio.to_thread(private_key_jwt_refused, server.settings.issuer, audience)
+
+
+@pytest.mark.parametrize("audience", ["token_endpoint", "default"])
+async def test_authlib_private_key_jwt_as_it_comes_with_client_assertion_audience_compat(
+    start_authserver: StartAuthServer, audience: str
+) -> None:
+    server = await start_authserver(rsa_client_config("compat"))
+    await asyncio.to_thread(private_key_jwt_scenario, server.settings.issuer, audience)

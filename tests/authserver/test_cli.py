@@ -62,6 +62,23 @@ def test_check_accepts_a_valid_config(tmp_path):
     assert result.stdout.strip() == f"{path}: OK"
 
 
+@pytest.mark.parametrize("policy", ["strict", "compat"])
+def test_check_warns_while_client_assertions_may_name_the_token_endpoint(tmp_path, policy):
+    config = default_config()
+    config["client_assertion_audience"] = policy
+    path = write_config(tmp_path, config)
+    result = cli("check", "--config", str(path))
+    assert result.returncode == 0, result.stderr  # a warning does not fail the check
+    assert result.stdout.strip() == f"{path}: OK"
+    warnings = result.stderr.splitlines()
+    if policy == "strict":
+        assert warnings == []
+    else:
+        (warning,) = warnings
+        assert warning.startswith(f"{path}: warning: client_assertion_audience: compat ")
+        assert "token endpoint URL" in warning
+
+
 def test_check_prints_every_problem_as_file_line_message(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(

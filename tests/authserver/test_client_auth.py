@@ -272,16 +272,13 @@ async def test_public_client_presenting_a_secret_is_invalid_client(
 # ---------------------------------------------------------------------------- private_key_jwt
 
 
-@pytest.mark.parametrize("audience", ["token_endpoint", "issuer"])
-async def test_private_key_jwt_with_a_valid_assertion_is_accepted(
-    authserver: RunningAuthServer, http: aiohttp.ClientSession, audience: str
+@pytest.mark.parametrize("shape", ["string", "one_element_array"])
+async def test_private_key_jwt_with_the_issuer_as_its_audience_is_accepted(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, shape: str
 ) -> None:
-    aud = (
-        authserver.endpoint("/token")
-        if audience == "token_endpoint"
-        else authserver.settings.issuer
-    )
-    status, body, _ = await token_with_assertion(http, authserver, client_assertion(aud))
+    issuer = authserver.settings.issuer
+    aud: str | list[str] = issuer if shape == "string" else [issuer]
+    status, body, _ = await token_with_assertion(http, authserver, client_assertion("", aud=aud))
     assert status == 200, body
     assert (
         jwt.decode(body["access_token"], options={"verify_signature": False})["sub"]
@@ -293,17 +290,78 @@ async def test_private_key_jwt_with_client_id_in_the_form_is_accepted(
     authserver: RunningAuthServer, http: aiohttp.ClientSession
 ) -> None:
     status, body, _ = await token_with_assertion(
-        http, authserver, client_assertion(authserver.endpoint("/token")), client_id="machine-jwt"
+        http, authserver, client_assertion(authserver.settings.issuer), client_id="machine-jwt"
     )
     assert status == 200, body
 
 
-async def test_private_key_jwt_with_an_audience_list_naming_the_server_is_accepted(
-    authserver: RunningAuthServer, http: aiohttp.ClientSession
+def audiences(server: RunningAuthServer, case: str) -> str | list[str]:
+    """The `aud` of an assertion in the shapes of the audience injection attack on client
+    assertions, and the token endpoint URL that compat lets through alone."""
+    issuer, token_endpoint = server.settings.issuer, server.endpoint("/token")
+    return {
+        "foreign_and_issuer": ["https://other.example", issuer],
+        "issuer_and_foreign": [issuer, "https://other.example"],
+        "issuer_and_token_endpoint": [issuer, token_endpoint],
+        "issuer_twice": [issuer, issuer],
+        "empty_array": [],
+        "introspection_endpoint": server.endpoint("/introspect"),
+        "issuer_with_a_slash": issuer + "/",
+        "token_endpoint": token_endpoint,
+        "token_endpoint_in_an_array": [token_endpoint],
+    }[case]
+
+
+COMPAT_REFUSES = [
+    "foreign_and_issuer",
+    "issuer_and_foreign",
+    "issuer_and_token_endpoint",
+    "issuer_twice",
+    "empty_array",
+    "introspection_endpoint",
+    "issuer_with_a_slash",
+]
+
+
+@pytest.mark.parametrize("case", [*COMPAT_REFUSES, "token_endpoint", "token_endpoint_in_an_array"])
+async def test_private_key_jwt_with_an_audience_other_than_the_issuer_alone_is_invalid_client(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, case: str
 ) -> None:
-    assertion = client_assertion("", aud=["https://other.example", authserver.endpoint("/token")])
-    status, body, _ = await token_with_assertion(http, authserver, assertion)
+    # draft-ietf-oauth-rfc7523bis: the issuer identifier is the assertion's sole audience.
+    # A list naming someone else beside this server is what an assertion obtained for
+    # another server looks like; the token endpoint URL is what such a server can name
+    # as its own endpoint.
+    assertion = client_assertion("", aud=audiences(authserver, case))
+    status, body, response = await token_with_assertion(http, authserver, assertion)
+    assert_invalid_client(status, body, response, basic=False)
+
+
+@pytest.mark.parametrize("case", ["token_endpoint", "token_endpoint_in_an_array"])
+async def test_client_assertion_audience_compat_also_takes_the_token_endpoint_alone(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession, case: str
+) -> None:
+    config = default_config()
+    config["client_assertion_audience"] = "compat"
+    server = await start_authserver(config)
+    assertion = client_assertion("", aud=audiences(server, case))
+    status, body, _ = await token_with_assertion(http, server, assertion)
     assert status == 200, body
+    status, body, _ = await token_with_assertion(
+        http, server, client_assertion(server.settings.issuer)
+    )
+    assert status == 200, body
+
+
+@pytest.mark.parametrize("case", COMPAT_REFUSES)
+async def test_client_assertion_audience_compat_still_refuses_every_other_audience(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession, case: str
+) -> None:
+    config = default_config()
+    config["client_assertion_audience"] = "compat"
+    server = await start_authserver(config)
+    assertion = client_assertion("", aud=audiences(server, case))
+    status, body, response = await token_with_assertion(http, server, assertion)
+    assert_invalid_client(status, body, response, basic=False)
 
 
 def _other_ec_key() -> Any:
@@ -334,49 +392,45 @@ def _other_ec_key() -> Any:
 async def test_private_key_jwt_with_a_bad_assertion_is_invalid_client(
     authserver: RunningAuthServer, http: aiohttp.ClientSession, case: str
 ) -> None:
-    token_url = authserver.endpoint("/token")
+    issuer = authserver.settings.issuer
     extra: dict[str, str] = {}
     if case == "wrong_audience":
         assertion = client_assertion("https://someone-else.example/token")
     elif case == "other_endpoint_audience":
         assertion = client_assertion(authserver.endpoint("/userinfo"))
     elif case == "expired":
-        assertion = client_assertion(token_url, now=time.time() - 600)
+        assertion = client_assertion(issuer, now=time.time() - 600)
     elif case == "exp_too_far":  # beyond the default client_assertion_max_lifetime (1h)
-        assertion = client_assertion(token_url, lifetime=3600 + 120)
+        assertion = client_assertion(issuer, lifetime=3600 + 120)
     elif case == "no_exp":
-        assertion = client_assertion(token_url, exp=None)
+        assertion = client_assertion(issuer, exp=None)
     elif case == "no_jti":
-        assertion = client_assertion(token_url, jti=None)
+        assertion = client_assertion(issuer, jti=None)
     elif case == "iss_not_client":
-        assertion = client_assertion(token_url, iss="machine")
+        assertion = client_assertion(issuer, iss="machine")
     elif case == "sub_not_client":
-        assertion = client_assertion(token_url, sub="machine")
+        assertion = client_assertion(issuer, sub="machine")
     elif case == "wrong_key_same_kid":
-        assertion = client_assertion(token_url, key=_other_ec_key())
+        assertion = client_assertion(issuer, key=_other_ec_key())
     elif case == "unknown_kid":
-        assertion = client_assertion(token_url, kid="some-other-kid")
+        assertion = client_assertion(issuer, kid="some-other-kid")
     elif case == "rsa_key_under_ec_kid":
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        assertion = jwt.encode(
-            _claims(token_url), key, algorithm="RS256", headers={"kid": CLIENT_KID}
-        )
+        assertion = jwt.encode(_claims(issuer), key, algorithm="RS256", headers={"kid": CLIENT_KID})
     elif case == "eddsa_key_under_ec_kid":
         key = ed25519.Ed25519PrivateKey.generate()
-        assertion = jwt.encode(
-            _claims(token_url), key, algorithm="EdDSA", headers={"kid": CLIENT_KID}
-        )
+        assertion = jwt.encode(_claims(issuer), key, algorithm="EdDSA", headers={"kid": CLIENT_KID})
     elif case == "hmac_with_public_key":
         public_pem = CLIENT_KEY.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
-        assertion = _hs256(_claims(token_url), public_pem)
+        assertion = _hs256(_claims(issuer), public_pem)
     elif case == "unsigned":
-        assertion = _unsigned(_claims(token_url))
+        assertion = _unsigned(_claims(issuer))
     elif case == "not_a_jwt":
         assertion = "not-a-jwt"
     else:  # client_id_mismatch
-        assertion = client_assertion(token_url)
+        assertion = client_assertion(issuer)
         extra["client_id"] = "machine"
     status, body, response = await token_with_assertion(http, authserver, assertion, **extra)
     assert_invalid_client(status, body, response, basic=False)
@@ -385,14 +439,14 @@ async def test_private_key_jwt_with_a_bad_assertion_is_invalid_client(
 async def test_private_key_jwt_assertion_cannot_be_replayed(
     authserver: RunningAuthServer, http: aiohttp.ClientSession
 ) -> None:
-    assertion = client_assertion(authserver.endpoint("/token"))
+    assertion = client_assertion(authserver.settings.issuer)
     status, body, _ = await token_with_assertion(http, authserver, assertion)
     assert status == 200, body
     status, body, response = await token_with_assertion(http, authserver, assertion)
     assert_invalid_client(status, body, response, basic=False)
     # A fresh jti from the same client works.
     status, body, _ = await token_with_assertion(
-        http, authserver, client_assertion(authserver.endpoint("/token"))
+        http, authserver, client_assertion(authserver.settings.issuer)
     )
     assert status == 200, body
 
@@ -404,7 +458,7 @@ async def test_client_assertion_max_lifetime_bounds_how_far_ahead_exp_may_be(
     config = default_config()
     config["client_assertion_max_lifetime"] = "10m"  # pyoidc's default assertion lifetime
     server = await start_authserver(config)
-    assertion = client_assertion(server.endpoint("/token"), lifetime=lifetime)
+    assertion = client_assertion(server.settings.issuer, lifetime=lifetime)
     status, body, response = await token_with_assertion(http, server, assertion)
     if accepted:
         assert status == 200, body
@@ -417,8 +471,8 @@ async def test_an_assertion_accepted_in_the_leeway_after_its_exp_cannot_be_repla
 ) -> None:
     """The clock leeway lets an assertion through a few seconds after its `exp`: its `jti`
     must still be remembered then, or the same assertion works twice."""
-    token_url = authserver.endpoint("/token")
-    assertion = client_assertion(token_url, now=time.time() - 70, lifetime=60)  # exp 10 s ago
+    issuer = authserver.settings.issuer
+    assertion = client_assertion(issuer, now=time.time() - 70, lifetime=60)  # exp 10 s ago
     status, body, _ = await token_with_assertion(http, authserver, assertion)
     assert status == 200, body
     status, body, response = await token_with_assertion(http, authserver, assertion)
@@ -434,7 +488,7 @@ async def test_wrong_assertion_type_is_invalid_client(
         {
             **CC,
             "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:saml2-bearer",
-            "client_assertion": client_assertion(authserver.endpoint("/token")),
+            "client_assertion": client_assertion(authserver.settings.issuer),
         },
     )
     assert_invalid_client(status, body, response, basic=False)
@@ -452,7 +506,7 @@ async def test_private_key_jwt_client_cannot_use_a_secret_or_none(
 async def test_a_secret_client_cannot_authenticate_with_an_assertion(
     authserver: RunningAuthServer, http: aiohttp.ClientSession
 ) -> None:
-    assertion = client_assertion(authserver.endpoint("/token"), client_id="machine")
+    assertion = client_assertion(authserver.settings.issuer, client_id="machine")
     status, body, response = await token_with_assertion(http, authserver, assertion)
     assert_invalid_client(status, body, response, basic=False)
 
@@ -466,7 +520,7 @@ async def test_a_jwk_that_names_another_algorithm_is_not_used(
             client["jwks"]["keys"][0]["alg"] = "ES384"
     server = await start_authserver(config)
     status, body, response = await token_with_assertion(
-        http, server, client_assertion(server.endpoint("/token"))
+        http, server, client_assertion(server.settings.issuer)
     )
     assert_invalid_client(status, body, response, basic=False)
 
@@ -521,7 +575,7 @@ async def test_the_assertion_algorithms_discovery_advertises_are_exactly_those_a
     accepted = []
     for alg in TRIED_ALGORITHMS:
         kid = kid_for.get(alg, "rsa")
-        claims = {**_claims(server.endpoint("/token")), "iss": "multi-alg", "sub": "multi-alg"}
+        claims = {**_claims(server.settings.issuer), "iss": "multi-alg", "sub": "multi-alg"}
         claims["jti"] = f"{alg}-{claims['jti']}"
         if alg == "HS256":
             assertion = _hs256(claims, b"a secret the server cannot know", kid)
@@ -561,7 +615,7 @@ async def test_every_invalid_client_is_logged_with_its_reason_and_never_the_cred
     case: str,
     reason: str,
 ) -> None:
-    token_url = authserver.endpoint("/token")
+    issuer = authserver.settings.issuer
     credential = WRONG_SECRET
     auth: tuple[str, str] | None = None
     form: dict[str, str] = dict(CC)
@@ -575,15 +629,15 @@ async def test_every_invalid_client_is_logged_with_its_reason_and_never_the_cred
         auth = ("machine-jwt", WRONG_SECRET)
     else:
         if case == "expired":
-            credential = client_assertion(token_url, now=time.time() - 600)
+            credential = client_assertion(issuer, now=time.time() - 600)
         elif case == "lifetime_too_long":
-            credential = client_assertion(token_url, lifetime=2 * 3600)
+            credential = client_assertion(issuer, lifetime=2 * 3600)
         elif case == "wrong_audience":
             credential = client_assertion("https://someone-else.example/token")
         elif case == "bad_signature":
-            credential = client_assertion(token_url, key=_other_ec_key())
+            credential = client_assertion(issuer, key=_other_ec_key())
         else:  # replayed
-            credential = client_assertion(token_url)
+            credential = client_assertion(issuer)
             status, body, _ = await token_with_assertion(http, authserver, credential)
             assert status == 200, body
         form.update(client_assertion_type=JWT_BEARER, client_assertion=credential)

@@ -242,7 +242,7 @@ async def test_introspection_accepts_a_private_key_jwt_resource_server(
     )
     server = await start_authserver(config)
     _, body = await client_credentials(http, server)
-    assertion = client_assertion(server.endpoint("/introspect"), client_id="rs-jwt")
+    assertion = client_assertion(server.settings.issuer, client_id="rs-jwt")
     status, answer, _ = await post(
         http,
         server,

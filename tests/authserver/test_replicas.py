@@ -301,8 +301,7 @@ async def test_an_access_token_revoked_at_one_replica_is_inactive_at_the_other(
 async def test_a_client_assertion_used_at_one_replica_is_refused_at_the_other(
     replicas: Replicas, http: aiohttp.ClientSession
 ) -> None:
-    token_url = replicas.issuer + "/token"
-    assertion = client_assertion(token_url)
+    assertion = client_assertion(replicas.issuer)
     data = {
         "grant_type": "client_credentials",
         "client_assertion_type": "urn:ietf:params:oauth:client-assertion-type:jwt-bearer",

@@ -100,7 +100,7 @@ def calls(process: Process, refresh_token: str) -> dict[str, tuple[str, dict[str
                 "token": refresh_token,
                 "client_id": "rs-jwt",
                 "client_assertion_type": JWT_BEARER,
-                "client_assertion": client_assertion(url + "/introspect", client_id="rs-jwt"),
+                "client_assertion": client_assertion(url, client_id="rs-jwt"),
             },
         ),
     }

@@ -23,6 +23,8 @@ import pytest
 from jwt.algorithms import ECAlgorithm
 
 from tests.authserver.conftest import (
+    CLIENT_KEY,
+    CLIENT_KID,
     SECRET,
     RunningAuthServer,
     authorize_code,
@@ -242,6 +244,27 @@ async def test_oauth4webapi_gets_a_bound_token_and_calls_the_api_through_the_gat
             assert status == 401
     finally:
         await upstream.stop()
+
+
+async def test_oauth4webapi_authenticates_with_private_key_jwt_as_it_comes(
+    start_authserver: Any, node_client: Path
+) -> None:
+    # Its assertion names the issuer alone as `aud`: what client_assertion_audience: strict,
+    # the default, takes (draft-ietf-oauth-rfc7523bis).
+    server = await start_authserver()
+    key = DpopKey()
+    client_key = {**ECAlgorithm.to_jwk(CLIENT_KEY, as_dict=True), "kid": CLIENT_KID}
+    answer = await run_client(
+        node_client,
+        issuer=server.settings.issuer,
+        client_id="machine-jwt",
+        client_key=client_key,
+        key=private_jwk(key),
+        mode="client_credentials",
+    )
+    assert "error" not in answer, answer
+    claims = jwt.decode(answer["access_token"], options={"verify_signature": False})
+    assert (claims["client_id"], claims["cnf"]) == ("machine-jwt", {"jkt": key.jkt})
 
 
 async def test_oauth4webapi_redeems_a_code_bound_with_dpop_jkt_and_reads_userinfo_with_nonces(

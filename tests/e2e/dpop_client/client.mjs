@@ -2,7 +2,9 @@
 // tests/e2e/test_dpop.py against the authorization server (and the gateway).
 //
 // node client.mjs '<json>' where the JSON names:
-//   issuer, client_id, client_secret (confidential) or none (public),
+//   issuer, client_id, client_secret (confidential), client_key (private_key_jwt: the
+//   client's private EC P-256 JWK with its kid; the library's assertion, as it comes) or
+//   neither (public),
 //   key: the private EC P-256 JWK the proofs are signed with (the test knows its thumbprint),
 //   mode: "client_credentials" | "code",
 //   resource: a URL to GET with the token afterwards (the gateway), optional,
@@ -44,7 +46,11 @@ async function main() {
     await oauth.discoveryRequest(issuer, { algorithm: 'oidc', ...insecure }),
   );
   const client = { client_id: input.client_id };
-  const auth = input.client_secret ? oauth.ClientSecretBasic(input.client_secret) : oauth.None();
+  let auth = input.client_secret ? oauth.ClientSecretBasic(input.client_secret) : oauth.None();
+  if (input.client_key) {
+    const { privateKey } = await importKeyPair(input.client_key);
+    auth = oauth.PrivateKeyJwt({ key: privateKey, kid: input.client_key.kid });
+  }
   const DPoP = oauth.DPoP(client, await importKeyPair(input.key));
   const out = { jkt: await DPoP.calculateThumbprint() };
 
