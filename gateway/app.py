@@ -317,8 +317,7 @@ class Gateway:
             )
         pipeline.inflight += 1
         status = 500
-        connection = request.protocol
-        last = connection.last_token if isinstance(connection, _Connection) else None
+        last = cast(_Connection, request.protocol).last_token
         try:
             refused = framing.refusal(
                 cast(_PublicRequest, request).sent_version,

@@ -32,11 +32,9 @@ MiB = 1024 * KiB
 
 # Measured by bench/memory.py: `process` (a ready gateway with one issuer's key set, and what
 # each idle keep-alive client connection adds to it) and `supervisor` (workers: 2). A
-# connection also holds the Authorization value it sent last, up to a bound, and the
-# principal it allowed last, which it keeps alive after the token cache let it go
-# (LastToken): at most a cache entry's worth.
+# connection also holds the Authorization value it sent last, up to a bound (LastToken).
 IDLE_PROCESS_BYTES = 56 * MiB
-CONNECTION_BYTES = 9 * KiB + REMEMBERED_AUTHORIZATION_CHARS + ENTRY_BYTES
+CONNECTION_BYTES = 9 * KiB + REMEMBERED_AUTHORIZATION_CHARS
 SUPERVISOR_BYTES = 42 * MiB
 
 

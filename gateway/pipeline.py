@@ -72,30 +72,20 @@ REMEMBERED_AUTHORIZATION_CHARS = 4096
 class LastToken:
     """What one client connection sent last in Authorization, with its token's cache key: a
     client on a keep-alive connection sends the same token request after request, and this
-    spares the per-request SHA-256 of it. Only the key is saved: the verified-token cache is
-    asked on every request as before (expiry, LRU order, hits, reloads and revocations all
-    behave as without it). Held by the connection, gone with it; values longer than
-    REMEMBERED_AUTHORIZATION_CHARS are not kept.
+    spares the per-request parsing and SHA-256 of it. Only the key is saved: the
+    verified-token cache is asked on every request as before, and every step after it runs
+    as on any request (expiry, LRU order, hits, reloads and revocations all behave as
+    without it). Held by the connection, gone with it; values longer than
+    REMEMBERED_AUTHORIZATION_CHARS are not kept."""
 
-    It also remembers the principal the cache gave for that value (`principal`), and the
-    route plan that principal was last allowed on as a bearer token, sent in that value
-    (`plan`): steps 5 and 7 depend on nothing else, so the same value on the same plan (a
-    reload makes new plans), for which the cache still gives the same principal object, is
-    allowed again without them; the revocation check, step 6, still runs on every request.
-    The principal so remembered may outlive its cache entry while the connection lasts:
-    memory.CONNECTION_BYTES counts it."""
-
-    __slots__ = ("key", "plan", "principal", "scheme", "value")
+    __slots__ = ("key", "scheme", "value")
 
     def __init__(self) -> None:
         # The Authorization value remembered (None before any), `scheme` followed by a space
-        # and the token, compared whole: one comparison of equal strings costs a tenth of
-        # two calls of startswith and endswith. The token is not kept apart from it.
+        # and the token, compared whole. The token is not kept apart from it.
         self.value: str | None = None
         self.scheme: Literal["Bearer", "DPoP"] = bearer.BEARER
         self.key = b""
-        self.plan: RoutePlan | None = None
-        self.principal: Principal | None = None
 
 
 class Forward(Protocol):
@@ -338,59 +328,27 @@ class Pipeline(Generic[F]):
         principal = None
         rule = plan.rule
         if rule is not None and not rule.public:
-            # 3-4. extract, verify: the value the connection remembers needs neither.
-            repeat = None
-            if (
-                last is not None
-                and (repeat := self.repeated(headers, last)) is not None
-                and repeat is last.principal
-                and plan is last.plan
-            ):
-                # 5 and 7 as on the last request that sent it (LastToken).
-                verified: Principal | Refusal = repeat
-                # 6. revocation-check: every request, cache hit or not.
-                if self.revocations is not None:
-                    verified = self.revocation_check(plan, repeat, bearer.BEARER)
+            # 3-4. extract, verify
+            presented = self.cached(headers, last) or await self.verify(request, rule, plan.offer)
+            if isinstance(presented, Refusal):
+                verified: Principal | Refusal = presented
             else:
-                presented: tuple[Principal, Credentials] | Refusal | None
-                if repeat is not None and last is not None:
-                    presented = _presented_again(last, repeat)
+                principal, credentials = presented
+                # 5. bind-check: every request, cache hit or not.
+                if principal.jkt is None and credentials.scheme == bearer.BEARER:
+                    verified = self.bearer_check(plan, principal)
                 else:
-                    presented = self.cached(headers, last) or await self.verify(
-                        request, rule, plan.offer
-                    )
-                if isinstance(presented, Refusal):
-                    verified = presented
-                else:
-                    principal, credentials = presented
-                    # 5. bind-check: every request, cache hit or not.
-                    bearer_token = principal.jkt is None and credentials.scheme == bearer.BEARER
-                    if bearer_token:
-                        verified = self.bearer_check(plan, principal)
-                    else:
-                        verified = await self.bind_check(request, plan, principal, credentials)
-                        if self.nonces is not None and not isinstance(verified, Refusal):
-                            # §9: the nonce for the client's next proof (a refusal for want
-                            # of one carries it already).
-                            extra = (*extra, ("DPoP-Nonce", self.nonces.current(self._now())))
-                    # 6. revocation-check: every request, cache hit or not.
-                    if self.revocations is not None and not isinstance(verified, Refusal):
-                        verified = self.revocation_check(plan, verified, credentials.scheme)
-                    # 7. decide
-                    if not isinstance(verified, Refusal):
-                        verified = self.decide(plan, rule, verified, credentials.scheme)
-                        # Allowed as a bearer token, and the principal of the value the
-                        # connection remembers, sent as Bearer: that value is allowed again on
-                        # this plan while the cache gives this principal for it. (Sent as DPoP,
-                        # bound or not, it meets step 5 in full.)
-                        if (
-                            bearer_token
-                            and verified is principal
-                            and last is not None
-                            and last.principal is principal
-                            and last.scheme == bearer.BEARER
-                        ):
-                            last.plan = plan
+                    verified = await self.bind_check(request, plan, principal, credentials)
+                    if self.nonces is not None and not isinstance(verified, Refusal):
+                        # §9: the nonce for the client's next proof (a refusal for want of
+                        # one carries it already).
+                        extra = (*extra, ("DPoP-Nonce", self.nonces.current(self._now())))
+                # 6. revocation-check: every request, cache hit or not.
+                if self.revocations is not None and not isinstance(verified, Refusal):
+                    verified = self.revocation_check(plan, verified, credentials.scheme)
+                # 7. decide
+                if not isinstance(verified, Refusal):
+                    verified = self.decide(plan, rule, verified, credentials.scheme)
             if isinstance(verified, Refusal):
                 exchange.deny(verified.reason, monitor)
                 if not monitor:
@@ -492,42 +450,38 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 3-4. extract, verify
 
-    def repeated(self, headers: CIMultiDictProxy[str], last: LastToken) -> Principal | None:
-        """Steps 3 and 4 for a request whose one Authorization value is the one its
-        connection remembers: its token's principal while the cache holds it, without
-        parsing the value or hashing the token again; else None."""
-        authorization = headers.getall(hdrs.AUTHORIZATION, ())
-        if len(authorization) != 1 or authorization[0] != last.value:
-            return None
-        return self._look(last.key)
-
     def cached(
         self, headers: CIMultiDictProxy[str], last: LastToken | None = None
     ) -> tuple[Principal, Credentials] | None:
         """Steps 3 and 4 in the common case: one `Bearer <token>` or `DPoP <token>` header
         whose token was verified before. A hit means this exact string passed every check
-        of `verify`. `last` then remembers the value, its token's cache key and principal
-        (see `repeated`)."""
+        of `verify`. `last`, the connection's memory, spares parsing and hashing a value it
+        sent last, and remembers a new one's cache key."""
         authorization = headers.getall(hdrs.AUTHORIZATION, ())
         if len(authorization) != 1:
             return None
         value = authorization[0]
+        verifier = self.verifier
+        if last is not None and value == last.value:
+            principal = self._look(last.key)
+            if principal is None:
+                return None
+            scheme = last.scheme
+            return principal, Credentials(scheme, value[len(scheme) + 1 :])
         if value.startswith("Bearer "):
             credentials = Credentials(bearer.BEARER, value[7:])
         elif value.startswith("DPoP "):
             credentials = Credentials(bearer.DPOP, value[5:])
         else:
             return None
-        verifier = self.verifier
         if verifier.empty:  # nothing to find (always so when the caches are off): no digest
             return None
         key = token_key(credentials.token)
-        principal = verifier.cached(key)
-        if principal is None:
-            return None
         if last is not None and len(value) <= REMEMBERED_AUTHORIZATION_CHARS:
             last.value, last.scheme, last.key = value, credentials.scheme, key
-            last.principal, last.plan = principal, None
+        principal = self._look(key)
+        if principal is None:
+            return None
         return principal, credentials
 
     async def verify(
@@ -736,17 +690,6 @@ class Pipeline(Generic[F]):
 
 
 # ---------------------------------------------------------------------------- 9. forward
-
-
-def _presented_again(last: LastToken, principal: Principal) -> tuple[Principal, Credentials]:
-    """The principal of the value `last` remembers, with its credentials, as steps 3 and 4
-    give them; a principal the cache gave anew (the token verified again) is remembered, and
-    no plan it was allowed on yet."""
-    if principal is not last.principal:
-        last.principal, last.plan = principal, None
-    scheme, value = last.scheme, last.value
-    assert value is not None  # `repeated` matched it
-    return principal, Credentials(scheme, value[len(scheme) + 1 :])
 
 
 def refuse_body(
