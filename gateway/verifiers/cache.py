@@ -3,16 +3,32 @@
 A bounded LRU keyed by a SHA-256 digest of the token, so neither the tokens themselves nor
 an unbounded number of entries are held. Entries carry their own expiry (the token's `exp`
 plus leeway); an expired entry is a miss.
+
+The digest is of the token's one spelling (`canonical_spelling`): an ES256, ES384 or ES512
+signature (r, s) has a twin (r, n - s) that verifies alike and that anyone holding the
+token can make, and both are accepted, since issuers sign either (portcullis/jose.py). So
+the key is that of the low-S spelling, and a token and its twin are one entry, here and in
+the introspection caches, which take the same key.
 """
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from portcullis.jose import low_s
+
 from ..clock import Now
+from ..jose import (
+    NotAnObject,
+    b64url_encode,
+    compact_parts,
+    decode_checked_alphabet,
+    json_object,
+)
 from ..principal import Principal
 
 # Memory one entry holds at most, as measured by bench/memory.py (token-cache): the digest,
@@ -21,8 +37,46 @@ from ..principal import Principal
 ENTRY_BYTES = 2_500
 
 
+# The base64url length of ES256, ES384 and ES512 signatures (RFC 7518 §3.4: R and S of 32,
+# 48 and 66 bytes each).
+_ECDSA_SIGNATURE_CHARS = {86: "ES256", 128: "ES384", 176: "ES512"}
+
+
 def token_key(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    """The cache key of `token`: the SHA-256 digest of its one spelling."""
+    return hashlib.sha256(canonical_spelling(token).encode()).digest()
+
+
+def canonical_spelling(token: str) -> str:
+    """`token`, unless it is a compact JWS signed by ES256, ES384 or ES512 with a high S:
+    then the same token with the low-S spelling of its signature (portcullis.jose.low_s).
+    Only a signature already spelt canonically in base64url is so taken, so no other
+    spelling shares a key with a verified token: each is a key of its own, and the
+    verifier refuses it."""
+    signature_b64 = token[token.rfind(".") + 1 :]
+    alg = _ECDSA_SIGNATURE_CHARS.get(len(signature_b64))
+    if alg is None:  # not ECDSA (or no JWS)
+        return token
+    try:
+        # The alphabet is proven below, and only for a token that is to change: the common
+        # case (low S) is spared compact_parts' pass over the whole token.
+        signature = decode_checked_alphabet(signature_b64)
+    except binascii.Error:
+        return token
+    canonical = low_s(alg, signature)
+    if canonical == signature:
+        return token
+    # A high S, if the signature is `alg`'s: the header says (Ed25519's has ES256's length).
+    parts = compact_parts(token)  # every part base64url text: with the above, canonical
+    if parts is None:
+        return token
+    try:
+        header = json_object(parts[0])
+    except NotAnObject:
+        return token
+    if header.get("alg") != alg:
+        return token
+    return f"{parts[0]}.{parts[1]}.{b64url_encode(canonical)}"
 
 
 class TokenCache:

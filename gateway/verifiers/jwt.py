@@ -4,7 +4,10 @@ The checks, in order (each failure is a 401 invalid_token with a short descripti
  1. verified-token cache: a hit skips everything below until the token expires;
  2. compact JWS shape, each part canonical base64url (RFC 7515 §2, RFC 4648 §5: its own
     alphabet, no padding, zero pad bits), so one token has one spelling and the cache can
-    never hold a second name for a signature; header and payload are JSON objects;
+    never hold a second name for a signature; header and payload are JSON objects. (An
+    ECDSA signature (r, s) and its twin (r, n - s) both verify, and issuers sign either:
+    both are taken, and are one token to the cache, keyed by the low-S spelling:
+    cache.token_key, portcullis/jose.py);
  3. `alg` on the issuer's allow-list (never `none` or HS*: RFC 8725 §3.1-3.2), no `crit`
     we do not understand (we understand none: RFC 7515 §4.1.11); `jku`, `x5u` and `jwk`
     headers are ignored, keys only ever come from the configured key set (RFC 8725 §3.10);

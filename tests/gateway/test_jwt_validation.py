@@ -29,7 +29,7 @@ from gateway.jwks import KeySet
 from gateway.settings import IssuerSettings, JwksSettings
 from gateway.verifiers import jwt as jwt_verifier
 from gateway.verifiers.base import InvalidToken
-from gateway.verifiers.cache import TokenCache
+from gateway.verifiers.cache import TokenCache, canonical_spelling, token_key
 from gateway.verifiers.jwt import JwtVerifier, TrustedIssuer, b64url_decode
 from tests.support import (
     EchoUpstream,
@@ -39,6 +39,7 @@ from tests.support import (
     b64url,
     call,
     compact,
+    ecdsa_twin,
     gateway_yaml,
     header_values,
     issuer_entry,
@@ -695,6 +696,65 @@ def test_base64url_decoding_accepts_exactly_one_spelling_of_any_bytes(data):
             except binascii.Error:
                 continue
             assert decoded != data, other
+
+
+# ---------------------------------------------------------------------------- ECDSA twins
+
+ECDSA_CURVES = {"ES256": ec.SECP256R1(), "ES384": ec.SECP384R1(), "ES512": ec.SECP521R1()}
+
+
+@pytest.mark.parametrize("alg", sorted(ECDSA_CURVES))
+async def test_an_ecdsa_tokens_twin_passes_as_the_same_entry_of_the_cache(
+    issuer, upstream, client, alg
+):
+    """(r, n - s) verifies as well as (r, s), and issuers sign either spelling (Java's and
+    WebCrypto's ECDSA: a high S half the time), so both pass; but they are one token, one
+    entry of the verified-token cache, keyed by the low-S spelling."""
+    key = issuer.add_key(alg, private=ec.generate_private_key(ECDSA_CURVES[alg]))
+    entry = issuer_entry(issuer.url, algorithms=tuple(sorted(ECDSA_CURVES)))
+    config = gateway_yaml(issuer.url, upstream.url, issuers=[entry])
+    async with running_gateway(config) as gateway:
+        cache = gateway.gateway.token_cache
+        token = issuer.token(alg, key=key, sub="twin-user")  # low S, as the test issuer signs
+        twin = ecdsa_twin(token)
+        assert twin != token
+        seen = await assert_passes(client, gateway, twin)  # the high-S spelling first
+        assert header_values(seen, "X-Auth-Subject") == ["twin-user"]
+        assert (cache.hits, cache.misses, len(cache)) == (0, 1, 1)
+        await assert_passes(client, gateway, token)
+        await assert_passes(client, gateway, twin)
+        assert (cache.hits, cache.misses, len(cache)) == (2, 1, 1)
+        assert cache.keys() == (hashlib.sha256(token.encode()).digest(),)
+        # Spelt otherwise in base64url, the twin is no name of the cached token (ES384's and
+        # ES512's signatures fill their last character: they have no unused bits to set).
+        head, payload, signature = twin.split(".")
+        for other in same_bytes_other_text(signature) if len(signature) % 4 else ():
+            await assert_refused(
+                client, gateway, upstream, f"{head}.{payload}.{other}", NOT_CANONICAL[2]
+            )
+        assert len(cache) == 1
+
+
+def test_only_a_high_s_ecdsa_signature_spelt_canonically_is_keyed_by_its_twin(issuer):
+    token = issuer.token("ES256")
+    twin = ecdsa_twin(token)
+    assert token_key(twin) == token_key(token) == hashlib.sha256(token.encode()).digest()
+    assert canonical_spelling(token) == token
+    head, payload, signature = twin.split(".")
+    for other in same_bytes_other_text(signature):
+        assert canonical_spelling(f"{head}.{payload}.{other}") == f"{head}.{payload}.{other}"
+    # Another algorithm's signature of the same length is its own key (Ed25519: 64 bytes).
+    for _ in range(8):
+        eddsa = issuer.token("EdDSA")
+        assert len(eddsa.split(".")[2]) == len(signature)
+        assert canonical_spelling(eddsa) == eddsa
+    # So is an ES256-sized signature under a header naming another algorithm.
+    renamed = b64url({"alg": "ES384", "typ": "at+jwt"})
+    assert (
+        canonical_spelling(f"{renamed}.{payload}.{signature}") == f"{renamed}.{payload}.{signature}"
+    )
+    for garbage in ("", ".", "..", "a.b", f"x.{signature}", f"%.{payload}.{signature}"):
+        assert canonical_spelling(garbage) == garbage
 
 
 # ---------------------------------------------------------------------------- kid
