@@ -48,7 +48,7 @@ from .admin.access import AdminAccess
 from .admin.api import PREFIX as ADMIN_PREFIX
 from .admin.api import AdminApi
 from .admin.context import Context as AdminContext
-from .clients import ClientAuthenticator
+from .clients import ClientAuthenticator, assertion_audiences
 from .clock import Clock
 from .dpop import ProofChecker
 from .endpoints import discovery
@@ -248,7 +248,12 @@ class AuthServer:
             ]
         )
         authenticator = ClientAuthenticator(
-            clients, store, issuer, settings.client_assertion_max_lifetime, clock
+            clients,
+            store,
+            issuer,
+            settings.client_assertion_max_lifetime,
+            clock,
+            assertion_audiences(issuer, issuer + "/token", settings.client_assertion_audience),
         )
         access_tokens = AccessTokens(
             keyring, settings.keys.access_token_alg, issuer, store, clients, users
