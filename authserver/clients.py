@@ -277,7 +277,8 @@ class ClientAuthenticator:
         if expires > now + self.max_assertion_lifetime + leeway:
             raise failed("assertion_lifetime_too_long")
         # Remembered until the last moment the leeway would still accept it (RFC 7523 §3
-        # item 7).
+        # item 7). By the client and the jti, never the signature: an assertion's ECDSA twin
+        # (r, n - s), which verifies too, is that assertion used again (portcullis/jose.py).
         jti, kept_until = str(claims["jti"]), expires + leeway
         if not await self.store.use_jti(client.client_id, jti, kept_until, now):
             raise failed("replayed_jti")

@@ -11,7 +11,9 @@ In the order of §4.3, each failure an `OAuthError` the endpoint renders:
     token comes with it (protocol/dpop.py);
  5. with `dpop.nonce`, a nonce the server gave (`use_dpop_nonce` otherwise, §8);
  6. the `jti` seen once: kept in the store's replay cache until the proof's `iat` leaves
-    the window, so the check holds across replicas on one database.
+    the window, so the check holds across replicas on one database. Kept with the key's
+    thumbprint, never the signature: a proof's ECDSA twin (r, n - s), which verifies too,
+    is that proof used again (portcullis/jose.py).
 A failure is `invalid_dpop_proof` (§5, §7.1). The proof's key thumbprint (RFC 7638) is what
 tokens are bound to.
 """

@@ -406,7 +406,9 @@ class ProofChecker:
         if ath != access_token_hash(access_token):
             raise InvalidProof("the DPoP proof is for another access token")
         # §11.1: a jti is unique per key; digested, so its length is the cache's business
-        # no more, and one client's jti cannot collide with another's.
+        # no more, and one client's jti cannot collide with another's. Never the signature:
+        # a proof's ECDSA twin (r, n - s), which verifies too, is that proof used again
+        # (portcullis/jose.py).
         replay_key = hashlib.sha256(f"{jkt}.{jti}".encode()).digest()[:16]
         return Proof(jkt, replay_key, float(iat) + policy.max_age + policy.leeway)
 

@@ -16,6 +16,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import get_default_algorithms
 
+from portcullis.jose import low_s
 from tests.support import b64url, compact, public_jwk
 
 _REMOVE = object()
@@ -105,7 +106,9 @@ class DpopKey:
         algorithm = get_default_algorithms()[sign_alg or self.alg]
         if (sign_alg or self.alg) == "none":
             return compact(head, body)
-        return compact(head, body, lambda data: algorithm.sign(data, self.private))
+        # Low S (portcullis.jose.low_s): of a proof and its twin (r, n - s), the twin is high.
+        signing = sign_alg or self.alg
+        return compact(head, body, lambda data: low_s(signing, algorithm.sign(data, self.private)))
 
 
 REMOVE: Any = _REMOVE

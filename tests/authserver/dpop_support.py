@@ -15,6 +15,8 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 from jwt.algorithms import ECAlgorithm
 
+from tests.support import low_s_jws
+
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
@@ -64,4 +66,4 @@ class DpopKey:
         body = {k: v for k, v in body.items() if v is not None and k not in omit}
         headers = {"typ": "dpop+jwt", "jwk": self.jwk, **(header or {})}
         key = self.private if signer is None else signer
-        return jwt.encode(body, key, algorithm=alg, headers=headers)
+        return low_s_jws(jwt.encode(body, key, algorithm=alg, headers=headers))

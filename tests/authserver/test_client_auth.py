@@ -31,6 +31,7 @@ from tests.authserver.conftest import (
     default_config,
     post_token,
 )
+from tests.support import ecdsa_twin
 
 CC = {"grant_type": "client_credentials"}
 BASIC_CHALLENGE = 'Basic realm="portcullis", charset="UTF-8"'
@@ -449,6 +450,22 @@ async def test_private_key_jwt_assertion_cannot_be_replayed(
         http, authserver, client_assertion(authserver.settings.issuer)
     )
     assert status == 200, body
+
+
+async def test_the_ecdsa_twin_of_a_used_assertion_is_refused_as_a_replay(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (r, n - s) verifies as well as (r, s), and clients sign either spelling, so both are
+    # taken; but the replay cache keeps the client and the jti, never the signature: an
+    # assertion's twin is that assertion used again.
+    assertion = client_assertion(authserver.settings.issuer)
+    status, body, _ = await token_with_assertion(http, authserver, ecdsa_twin(assertion))
+    assert status == 200, body
+    caplog.set_level(logging.INFO)
+    status, body, response = await token_with_assertion(http, authserver, assertion)
+    assert_invalid_client(status, body, response, basic=False)
+    refusals = [r for r in caplog.records if r.getMessage() == "client authentication failed"]
+    assert [r.__dict__["reason"] for r in refusals] == ["replayed_jti"]
 
 
 @pytest.mark.parametrize(("lifetime", "accepted"), [(600, True), (660 + 60, False)])

@@ -37,6 +37,7 @@ from tests.authserver.device_support import (
 )
 from tests.authserver.dpop_support import DpopKey
 from tests.dpop_proofs import DpopKey as AnyKey
+from tests.support import ecdsa_twin
 
 NONCE_SECRET = "n0nce-secret-n0nce-secret-n0nce-secret"
 SCOPE = "openid profile offline_access orders:read"
@@ -225,6 +226,25 @@ async def test_a_replayed_proof_is_refused(
     assert status == 200
     status, body, _ = await machine_token(http, server, [proof])
     assert (status, body["error"]) == (400, "invalid_dpop_proof")
+
+
+@pytest.mark.parametrize("alg", ["ES256", "ES384", "ES512"])
+async def test_the_ecdsa_twin_of_a_used_proof_is_refused_as_a_replay(
+    server: RunningAuthServer, http: aiohttp.ClientSession, alg: str
+) -> None:
+    # (r, n - s) verifies as well as (r, s), and clients sign either spelling (WebCrypto: a
+    # high S half the time), so both pass the checks; but the replay cache keeps the key's
+    # thumbprint and the jti, never the signature: a proof's twin is that proof used again.
+    key = AnyKey(alg)
+    used = "the DPoP proof was already used"
+    proof = key.proof("POST", server.endpoint("/token"))
+    assert (await machine_token(http, server, [ecdsa_twin(proof)]))[0] == 200
+    status, body, _ = await machine_token(http, server, [proof])
+    assert (status, body["error"], body["error_description"]) == (400, "invalid_dpop_proof", used)
+    other = key.proof("POST", server.endpoint("/token"))
+    assert (await machine_token(http, server, [other]))[0] == 200
+    status, body, _ = await machine_token(http, server, [ecdsa_twin(other)])
+    assert (status, body["error"], body["error_description"]) == (400, "invalid_dpop_proof", used)
 
 
 async def test_of_one_proof_sent_many_times_at_once_exactly_one_is_accepted(

@@ -27,6 +27,7 @@ from tests.support import (
     ManualClock,
     RunningGateway,
     compact,
+    ecdsa_twin,
     gateway_yaml,
     header_values,
     issuer_entry,
@@ -226,6 +227,23 @@ async def test_a_replayed_proof_is_refused_until_it_would_be_too_old_anyway(
     fresh = key.proof("GET", url(gateway), token, iat=clock.wall)
     assert (await send(client, gateway, token, fresh)).status == 200
     assert len(gateway.gateway.replay) == 1  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("alg", ["ES256", "ES384", "ES512"])
+async def test_the_ecdsa_twin_of_a_used_proof_is_refused_as_a_replay(gateway, issuer, client, alg):
+    """(r, n - s) verifies as well as (r, s), and clients sign either spelling (WebCrypto: a
+    high S half the time), so both pass the checks; but the replay cache keeps the key and
+    the jti, never the signature: a proof's twin is that proof used again."""
+    key = DpopKey(alg)
+    token = issuer.token("ES256", cnf=key.cnf)
+    proof = key.proof("GET", url(gateway), token)
+    assert (await send(client, gateway, token, ecdsa_twin(proof))).status == 200
+    assert_dpop_refused(await send(client, gateway, token, proof), "the DPoP proof was used before")
+    other = key.proof("GET", url(gateway), token)
+    assert (await send(client, gateway, token, other)).status == 200
+    assert_dpop_refused(
+        await send(client, gateway, token, ecdsa_twin(other)), "the DPoP proof was used before"
+    )
 
 
 async def test_a_proof_without_ath_or_for_another_token_is_refused(gateway, issuer, client, key):
