@@ -37,6 +37,7 @@ from tests.support import (
     GatewayProcess,
     ManualClock,
     RunningGateway,
+    ecdsa_twin,
     running_gateway,
     sample,
     scrape,
@@ -238,6 +239,23 @@ async def test_a_revoked_access_token_is_refused_within_a_second_while_others_pa
         assert (
             sample(samples, "portcullis_gateway_revocation_stream_synced", issuer=server.url) == 1
         )
+
+
+async def test_a_revoked_tokens_ecdsa_twin_is_refused_with_it(start_authserver, http):
+    # The server signs low S; the twin (r, n - s) verifies as well, and the gateway takes it
+    # (issuers sign either spelling) as the same entry of its cache. The deny-set names the
+    # token by its jti: revoking the token refuses its twin too.
+    server = await start_authserver()
+    async with upstream_and_gateway(server) as gateway:
+        await synced(http, gateway)
+        token = await machine_token(http, server)
+        twin = ecdsa_twin(token)
+        assert await status_of(http, gateway, token) == 200
+        assert await status_of(http, gateway, twin) == 200
+        assert len(gateway.gateway.token_cache) == 1
+        await revoke(http, server, token)
+        await refused_within(http, gateway, token, 1.0)
+        assert await status_of(http, gateway, twin) == 401
 
 
 async def test_refresh_token_reuse_gets_the_newest_access_token_of_the_family_refused(
