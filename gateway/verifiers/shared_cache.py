@@ -2,8 +2,9 @@
 token once between them rather than once each (`introspection.cache: redis://...`).
 
 What is stored, and why it can be trusted no more than it must be:
-- The key is a prefix and an HMAC-SHA-256 of the token under a key derived from the issuer
-  and the gateway's introspection credentials: never the token, and not a plain hash of it,
+- The key is a prefix and an HMAC-SHA-256 of the token (its one spelling, as the caches in
+  memory take it: cache.canonical_spelling) under a key derived from the issuer and the
+  gateway's introspection credentials: never the token, and not a plain hash of it,
   so someone who can read Redis can neither recover a token nor test whether one they hold
   is cached. Gateways with the same issuer and credentials find each other's entries;
   others (another issuer, other credentials) never do.
@@ -34,6 +35,7 @@ import orjson
 
 from ..clock import Now
 from ..redis_pool import redis_client, redis_failures
+from .cache import canonical_spelling
 
 log = logging.getLogger("portcullis.gateway.introspection")
 
@@ -110,7 +112,8 @@ class RedisAnswers:
         self.errors = 0
 
     def key(self, token: str) -> bytes:
-        return self._prefix + hmac.new(self._secret, token.encode(), "sha256").hexdigest().encode()
+        spelling = canonical_spelling(token).encode()  # an ECDSA token's twin: the same entry
+        return self._prefix + hmac.new(self._secret, spelling, "sha256").hexdigest().encode()
 
     def _seal(self, key: bytes, payload: bytes) -> bytes:
         return hmac.new(self._secret, key + b"\x00" + payload, "sha256").digest()

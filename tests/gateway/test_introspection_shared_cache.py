@@ -13,14 +13,22 @@ import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import redis.asyncio as redis_asyncio
 
+from gateway.verifiers.shared_cache import RedisAnswers
 from tests.faults_support import PrivateRedis
 from tests.gateway.test_introspection import config
-from tests.support import GatewayProcess, IntrospectionServer, call, running_gateway
+from tests.support import (
+    GatewayProcess,
+    IntrospectionServer,
+    call,
+    ecdsa_twin,
+    running_gateway,
+)
 
 
 @pytest.fixture
@@ -107,6 +115,19 @@ async def test_redis_holds_a_keyed_hash_never_the_token_and_no_longer_than_exp(
     ttls = sorted([await client_of.pttl(key) for key in keys])
     assert 0 < ttls[0] <= 4_000  # exp, not cache_ttl; the inactive one: inactive_cache_ttl
     assert 0 < ttls[1] <= 5_000
+
+
+async def test_an_ecdsa_tokens_twin_has_the_tokens_key(issuer) -> None:
+    # (r, n - s) verifies as well as (r, s): one token, one entry, in Redis as in memory.
+    answers = RedisAnswers(
+        "redis://127.0.0.1:1", b"k" * 32, "p:", timedelta(seconds=1), time.time, time.monotonic
+    )
+    try:
+        token = issuer.token("ES256")
+        assert answers.key(ecdsa_twin(token)) == answers.key(token)
+        assert answers.key(issuer.token("ES256")) != answers.key(token)
+    finally:
+        await answers.close()
 
 
 async def test_an_entry_moved_to_another_tokens_key_or_garbage_is_a_miss(
