@@ -20,8 +20,9 @@ what is keyed on it:
 - Access tokens at the gateway are accepted in either spelling: the gateway trusts any
   standards issuer, and refusing high S would refuse half of those issuers' tokens. Instead
   what is keyed on a token is keyed on its low-S spelling (gateway/verifiers/cache.py
-  `token_key`): a token and its twin are one entry of the verified-token cache and of the
-  introspection caches. The deny-set names tokens by `jti` and so covers both spellings.
+  `canonical_spelling`): a token and its twin are one entry of the verified-token cache and
+  of the introspection caches, in memory and in Redis. The deny-set names tokens by `jti`
+  and so covers both spellings.
 - Revocation events (SETs) at the gateway come from this project's authorization server
   alone, which signs low S: a high-S SET is refused like one whose signature does not verify.
 - Tokens the authorization server reads back (its access tokens at introspection, userinfo,
@@ -33,6 +34,10 @@ what is keyed on it:
   caches hold the key's thumbprint and the `jti` (a proof), or the client and the `jti` (an
   assertion), so a used proof's twin is a replay and refused as one; `ath` is the hash of
   the access token, not of the proof.
+
+So the authorization server goes first in an upgrade: gateways refuse the high-S half of
+the events an earlier server signs, and a server refuses the high-S tokens an earlier one
+issued, for the rest of their lifetime.
 
 Curve orders from SEC 2 (version 2) §2.4.2, §2.5.1, §2.6.1 (secp256r1, secp384r1,
 secp521r1: the P-256, P-384 and P-521 of RFC 7518 §3.4).
