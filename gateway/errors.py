@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from portcullis.http import error_response
+
+from .principal import Principal
 
 # RFC 6750 §3: error_description and scope values exclude `"` and `\`.
 _UNSAFE = re.compile(r"[^\x20\x21\x23-\x5B\x5D-\x7E]")
@@ -59,95 +62,205 @@ def _challenges(realm: str, offer: Offer, used: str, **params: str) -> CIMultiDi
     return headers
 
 
-def unauthorized(realm: str, offer: Offer = BEARER_ONLY) -> web.Response:
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """The WWW-Authenticate challenges of a refusal: one per scheme the route `offer`s, the
+    error's parameters (`error`, `error_description`, `scope`; none when no credentials
+    came) on the challenge of the scheme the client `used`."""
+
+    offer: Offer
+    used: str
+    params: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a step of the request path refused, as data: the answer is built once, where the
+    request ends (`render`), and monitor mode, which only records the refusal, builds none.
+
+    `reason` is the short code the metrics and the access log count it by; `status`, `code`,
+    `message` and `details` make the resource error body; `headers` are added to the answer
+    (Retry-After, the RateLimit fields, DPoP-Nonce); `close` ends the connection after it
+    (the body is refused unread). `principal`, for a refusal of a token valid for the route
+    (insufficient scope), is who monitor mode forwards the request as."""
+
+    reason: str
+    status: int
+    code: str
+    message: str
+    challenge: Challenge | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    details: tuple[tuple[str, str], ...] = ()
+    close: bool = False
+    principal: Principal | None = None
+
+
+def render(
+    refusal: Refusal, realm: str = "", extra: Iterable[tuple[str, str]] = ()
+) -> web.Response:
+    """The answer a refusal gives: its challenges (in `realm`), its own headers, then `extra`
+    (the CORS fields of the route)."""
+    challenge = refusal.challenge
+    headers = (
+        _challenges(realm, challenge.offer, challenge.used, **dict(challenge.params))
+        if challenge is not None
+        else CIMultiDict()
+    )
+    headers.extend(refusal.headers)
+    response = error_response(
+        refusal.status, refusal.code, refusal.message, details=refusal.details, headers=headers
+    )
+    response.headers.extend(extra)
+    if refusal.close:
+        response.force_close()
+    return response
+
+
+def _token_error(
+    reason: str,
+    status: int,
+    error: str,
+    message: str,
+    description: str,
+    offer: Offer,
+    used: str,
+    **more: str,
+) -> Refusal:
+    """An RFC 6750 §3.1 / RFC 9449 §7.1 error: in the body and on the challenge."""
+    params = (("error", error), ("error_description", description), *more.items())
+    return Refusal(reason, status, error, message, Challenge(offer, used, params))
+
+
+def unauthorized(offer: Offer = BEARER_ONLY) -> Refusal:
     """No credentials: the challenges carry no error (RFC 6750 §3.1)."""
     needs = (
         "a bearer access token in the Authorization header"
         if offer.bearer
         else "a DPoP-bound access token (Authorization: DPoP) and its proof (a DPoP header)"
     )
-    return error_response(
-        401, "unauthorized", f"This API needs {needs}.", headers=_challenges(realm, offer, BEARER)
+    return Refusal(
+        "no_token", 401, "unauthorized", f"This API needs {needs}.", Challenge(offer, BEARER)
     )
 
 
 def invalid_token(
-    realm: str, description: str, offer: Offer = BEARER_ONLY, used: str = BEARER
-) -> web.Response:
-    return error_response(
+    description: str,
+    offer: Offer = BEARER_ONLY,
+    used: str = BEARER,
+    reason: str = "invalid_token",
+) -> Refusal:
+    return _token_error(
+        reason,
         401,
         "invalid_token",
         f"The access token was refused: {description}.",
-        headers=_challenges(
-            realm, offer, used, error="invalid_token", error_description=description
-        ),
+        description,
+        offer,
+        used,
     )
 
 
-def invalid_dpop_proof(realm: str, description: str, offer: Offer) -> web.Response:
+def invalid_dpop_proof(
+    description: str, offer: Offer, reason: str = "invalid_dpop_proof"
+) -> Refusal:
     """RFC 9449 §7.1: the DPoP proof that came with the token is not acceptable."""
-    return error_response(
+    return _token_error(
+        reason,
         401,
         "invalid_dpop_proof",
         f"The DPoP proof was refused: {description}.",
-        headers=_challenges(
-            realm, offer, DPOP, error="invalid_dpop_proof", error_description=description
-        ),
+        description,
+        offer,
+        DPOP,
     )
 
 
-def use_dpop_nonce(realm: str, description: str, offer: Offer, nonce: str) -> web.Response:
+def use_dpop_nonce(description: str, offer: Offer, nonce: str) -> Refusal:
     """RFC 9449 §9: the proof must carry the nonce given here in DPoP-Nonce."""
-    headers = _challenges(realm, offer, DPOP, error="use_dpop_nonce", error_description=description)
-    headers["DPoP-Nonce"] = nonce
-    return error_response(
+    refusal = _token_error(
+        "dpop_nonce_required",
         401,
         "use_dpop_nonce",
         f"The DPoP proof was refused: {description}.",
-        headers=headers,
+        description,
+        offer,
+        DPOP,
     )
+    return replace(refusal, headers=(("DPoP-Nonce", nonce),))
 
 
-def invalid_request(
-    realm: str, description: str, offer: Offer = BEARER_ONLY, used: str = BEARER
-) -> web.Response:
-    return error_response(
+def invalid_request(description: str, offer: Offer = BEARER_ONLY, used: str = BEARER) -> Refusal:
+    return _token_error(
+        "malformed_authorization",
         400,
         "invalid_request",
         f"The request's credentials are malformed: {description}.",
-        headers=_challenges(
-            realm, offer, used, error="invalid_request", error_description=description
-        ),
+        description,
+        offer,
+        used,
     )
 
 
 def insufficient_scope(
-    realm: str,
     description: str,
     scope: str,
     offer: Offer = BEARER_ONLY,
     used: str = BEARER,
-) -> web.Response:
-    return error_response(
+    principal: Principal | None = None,
+) -> Refusal:
+    refusal = _token_error(
+        "insufficient_scope",
         403,
         "insufficient_scope",
         f"The access token lacks a scope this request needs: {description}.",
-        details=[("scope", scope)],
-        headers=_challenges(
-            realm,
-            offer,
-            used,
-            error="insufficient_scope",
-            error_description=description,
-            scope=scope,
-        ),
+        description,
+        offer,
+        used,
+        scope=scope,
+    )
+    return replace(refusal, details=(("scope", scope),), principal=principal)
+
+
+def unavailable_refusal(reason: str, retry_after: int, message: str) -> Refusal:
+    return Refusal(
+        reason, 503, "unavailable", message, headers=(("Retry-After", str(retry_after)),)
     )
 
 
-def replay_cache_unavailable() -> web.Response:
+def replay_cache_unavailable() -> Refusal:
     """The replay cache cannot tell whether a DPoP proof is new: refused, never let through
     unchecked (RFC 9449 §11.1)."""
-    return unavailable(1, "The gateway cannot check DPoP proofs right now; try again shortly.")
+    return unavailable_refusal(
+        "dpop_replay_cache_unavailable",
+        1,
+        "The gateway cannot check DPoP proofs right now; try again shortly.",
+    )
+
+
+def rate_limited(
+    reason: str, retry_after: float, headers: Iterable[tuple[str, str]] = ()
+) -> Refusal:
+    """429 (RFC 6585 §4) with Retry-After in whole seconds, never 0 (RFC 9110 §10.2.3), and
+    the rate-limit fields of the policy that refused."""
+    seconds = max(1, math.ceil(retry_after))
+    return Refusal(
+        reason,
+        429,
+        "rate_limited",
+        f"Too many requests; try again in {seconds} second{'s' if seconds != 1 else ''}.",
+        headers=(("Retry-After", str(seconds)), *headers),
+    )
+
+
+def rate_limit_unknown(reason: str) -> Refusal:
+    return unavailable_refusal(
+        reason, 1, "The gateway cannot check rate limits right now; try again shortly."
+    )
+
+
+def refused(reason: str, status: int, code: str, message: str, *, close: bool = False) -> Refusal:
+    """A refusal with no challenge (a path, a preflight, a body, a certificate)."""
+    return Refusal(reason, status, code, message, close=close)
 
 
 def not_found() -> web.Response:
@@ -197,15 +310,6 @@ _UNFRAMEABLE_CODES = {
 }
 
 
-def payload_too_large(limit: int) -> web.Response:
-    """The body is refused unread: the connection closes, so the rest of it is not drained."""
-    response = error_response(
-        413, "payload_too_large", f"The request body is larger than {limit} bytes allowed here."
-    )
-    response.force_close()
-    return response
-
-
 def request_timeout() -> web.Response:
     """The connection closes (RFC 9110 §15.5.9): the rest of the body may never come.
 
@@ -213,14 +317,6 @@ def request_timeout() -> web.Response:
     alone would leave the server waiting for the stalled body.
     """
     response = error_response(408, "request_timeout", "The request body did not arrive in time.")
-    response.force_close()
-    return response
-
-
-def body_not_allowed(method: str) -> web.Response:
-    """A body on GET or HEAD (RFC 9110 §9.3.1: no defined semantics; some servers would read
-    it as a second request). It is refused unread, so the connection closes."""
-    response = bad_request(f"A {method} request may not carry a body on this route.")
     response.force_close()
     return response
 
@@ -240,7 +336,9 @@ def too_many_bodies() -> web.Response:
 
 def upstream_busy() -> web.Response:
     """Every upstream connection stayed in use for `upstream.pool_timeout`."""
-    return unavailable(1, "The upstream service is busy; try again shortly.")
+    return render(
+        unavailable_refusal("upstream_busy", 1, "The upstream service is busy; try again shortly.")
+    )
 
 
 def bad_gateway() -> web.Response:
@@ -251,43 +349,50 @@ def gateway_timeout() -> web.Response:
     return error_response(504, "gateway_timeout", "The upstream service did not answer in time.")
 
 
-def unavailable(retry_after: int, message: str) -> web.Response:
-    return error_response(503, "unavailable", message, headers={"Retry-After": str(retry_after)})
-
-
-def too_many_requests(retry_after: float, headers: list[tuple[str, str]]) -> web.Response:
-    """429 (RFC 6585 §4) with Retry-After in whole seconds, never 0 (RFC 9110 §10.2.3), and
-    the rate-limit fields of the policy that refused."""
-    seconds = max(1, math.ceil(retry_after))
-    response = error_response(
-        429,
-        "rate_limited",
-        f"Too many requests; try again in {seconds} second{'s' if seconds != 1 else ''}.",
-        headers={"Retry-After": str(seconds)},
+def too_large(limit: int) -> Refusal:
+    """The body is refused unread: the connection closes, so the rest of it is not drained."""
+    return refused(
+        "body_too_large",
+        413,
+        "payload_too_large",
+        f"The request body is larger than {limit} bytes allowed here.",
+        close=True,
     )
-    response.headers.extend(headers)
-    return response
 
 
-def rate_limit_unavailable() -> web.Response:
-    return unavailable(1, "The gateway cannot check rate limits right now; try again shortly.")
+def payload_too_large(limit: int) -> web.Response:
+    return render(too_large(limit))
 
 
-def cors_refused(reason: str) -> web.Response:
+def body_on_get(method: str) -> Refusal:
+    """A body on GET or HEAD (RFC 9110 §9.3.1: no defined semantics; some servers would read
+    it as a second request). It is refused unread, so the connection closes."""
+    return refused(
+        "body_on_get",
+        400,
+        "bad_request",
+        f"A {method} request may not carry a body on this route.",
+        close=True,
+    )
+
+
+def cors_refused(reason: str) -> Refusal:
     """A preflight the route's CORS policy does not allow: no CORS header, so the browser
     stops the actual request; the body says why for whoever reads it."""
-    return error_response(
+    return Refusal(
+        "cors_refused",
         403,
         "cors_refused",
         f"This cross-origin request is not allowed: {reason}.",
-        headers={"Vary": "Origin"},
+        headers=(("Vary", "Origin"),),
     )
 
 
-def client_certificate_required() -> web.Response:
+def client_certificate_required() -> Refusal:
     """A route that requires a verified TLS client certificate, reached without one. No
     challenge: a bearer token would not help."""
-    return error_response(
+    return refused(
+        "no_client_certificate",
         403,
         "client_certificate_required",
         "This route needs a TLS client certificate the gateway has verified.",

@@ -44,7 +44,8 @@ from portcullis.addresses import ClientAddresses
 from portcullis.http import error_response
 
 from . import errors
-from .exchange import PREFLIGHT, Exchange
+from .errors import Refusal
+from .exchange import Exchange
 from .forward import header_value, string_header_value
 from .pipeline import Admitted, Pipeline
 from .principal import Derived, Principal
@@ -222,10 +223,11 @@ class Decider:
         admitted = await pipeline.admit(Described(original, request), exchange)
         if isinstance(admitted, Admitted):
             return self.allow(admitted.principal, admitted.extra)
-        if exchange.decision == PREFLIGHT:
-            # The route's CORS policy allows it: the front proxy (or the upstream) answers it.
-            return self.allow(None, ())
-        return admitted
+        if isinstance(admitted, Refusal):
+            return pipeline.render(admitted)
+        # A CORS preflight the route's policy allows: the front proxy (or the upstream)
+        # answers it.
+        return self.allow(None, ())
 
     def allow(self, principal: Principal | None, extra: Sequence[tuple[str, str]]) -> web.Response:
         headers = self._anonymous if principal is None else self._headers(principal)

@@ -18,9 +18,11 @@
  8. limit      limiter.take(policy, key)           429 with Retry-After and the RateLimit fields
  9. forward    forward.send(request, principal)    a body on GET/HEAD refused unless the route
                                                    allows it, one too large refused (413)
-Each step gives its value or a `Refusal`. In monitor mode (global or per route) a refusal
-at any step is recorded as would_deny with its reason and the request goes on; identity
-headers still come only from a token valid for the route.
+Each step gives its value or a `Refusal` (errors.py): data saying what the answer is to
+be, recorded once on the exchange by `admit` and rendered once, where the request ends
+(`handle`, or the decision listener). In monitor mode (global or per route) a refusal at
+any step is recorded as would_deny with its reason and the request goes on, and no answer
+is built for it; identity headers still come only from a token valid for the route.
 
 Routes and issuers come as records (records.py, built by adapter.py), each route with its
 defaults already resolved. Everything a step reads is built once per configuration by the
@@ -35,8 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, replace
 from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from aiohttp import hdrs, web
@@ -48,6 +50,7 @@ from . import bearer, clientcert, dpop, errors, policy, rules
 from .bearer import Credentials
 from .clock import Now
 from .cors import CorsPolicy, CorsRefused
+from .errors import Refusal
 from .exchange import PREFLIGHT, Exchange
 from .metrics import Metrics
 from .principal import Principal
@@ -177,15 +180,6 @@ class Admitted(NamedTuple):
     extra: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a step refused, and the answer enforce mode gives."""
-
-    reason: str  # a short code: the metrics label and the access log's reason
-    response: web.Response
-    principal: Principal | None = None  # a token valid for the route (for monitor mode)
-
-
 class Pipeline(Generic[F]):
     """The request path for one configuration, with everything it reads built up front."""
 
@@ -287,15 +281,18 @@ class Pipeline(Generic[F]):
         enforce mode), else the forwarded one (`last`: the token the request's connection
         sent before, see LastToken)."""
         admitted = await self.admit(request, exchange, last)
+        if isinstance(admitted, Refusal):
+            return self.render(admitted)
         if not isinstance(admitted, Admitted):
             return admitted
         plan, principal, extra = admitted
 
         # 9. forward
         if request.body_exists:
-            refused = refuse_body(request, plan, exchange)
+            refused = refuse_body(request, plan)
             if refused is not None:
-                return _with_headers(refused, extra)
+                exchange.deny(refused.reason, False)  # in monitor mode too: unread
+                return errors.render(refused, self.realm, extra)
         forwarder = self.forwarder
         if plan.websocket is not None and forwarder.is_websocket_upgrade(request):
             return await forwarder.websocket(request, principal, exchange, plan.websocket, extra)
@@ -303,59 +300,57 @@ class Pipeline(Generic[F]):
             request, principal, exchange, plan.max_body, extra, plan.cors is not None
         )
 
+    def render(self, refusal: Refusal) -> web.Response:
+        """The answer a refusal gives (its challenges in this configuration's realm)."""
+        return errors.render(refusal, self.realm)
+
     async def admit(
         self, request: Incoming, exchange: Exchange, last: LastToken | None = None
-    ) -> Admitted | web.Response:
-        """Steps 1 to 8: what the request is admitted with, or the answer that ends it (a
-        refusal in enforce mode, a CORS preflight's answer). The proxy forwards what is
-        admitted; the decision listener (extauthz) answers the front proxy instead."""
+    ) -> Admitted | Refusal | web.Response:
+        """Steps 1 to 8: what the request is admitted with, the refusal that ends it (in
+        enforce mode), or the answer to a CORS preflight. Every refusal is recorded on the
+        exchange here, once, from what the step returned; in monitor mode the request goes
+        on. The proxy forwards what is admitted; the decision listener (extauthz) answers
+        the front proxy instead."""
         # 1. match
-        plan = self.match(request, exchange)
-        if not isinstance(plan, RoutePlan):
-            return plan
+        matched = self.match(request)
+        if isinstance(matched, Refusal):
+            exchange.deny(matched.reason, False)  # which rule it meets is not known
+            return matched
+        if isinstance(matched, Preflight):
+            exchange.route, exchange.decision = matched.route, PREFLIGHT
+            return matched.response
+        plan, noted = matched
+        if plan.rule is not None:
+            exchange.route = plan.rule.name
+        if noted is not None:  # refused, and let through by monitor mode
+            exchange.deny(noted.reason, True)
         monitor = plan.monitor
         headers = request.headers
+        principal = None
         extra = plan.cors.actual(headers.get("Origin")) if plan.cors is not None else ()
 
         # 2. certificate
-        if plan.client_cert:
-            refusal = self.certificate(request)
-            if refusal is not None:
-                exchange.deny(refusal.reason, monitor)
-                if not monitor:
-                    return _with_headers(refusal.response, extra)
+        if plan.client_cert and clientcert.of(request) is None:
+            refusal = errors.client_certificate_required()
+            exchange.deny(refusal.reason, monitor)
+            if not monitor:
+                return _with_headers(refusal, extra)
 
-        principal = None
         rule = plan.rule
         if rule is not None and not rule.public:
-            # 3-4. extract, verify
-            presented = self.cached(headers, last) or await self.verify(request, rule, plan.offer)
-            if isinstance(presented, Refusal):
-                verified: Principal | Refusal = presented
-            else:
-                principal, credentials = presented
-                # 5. bind-check: every request, cache hit or not.
-                if principal.jkt is None and credentials.scheme == bearer.BEARER:
-                    verified = self.bearer_check(plan, principal)
-                else:
-                    verified = await self.bind_check(request, plan, principal, credentials)
-                    if self.nonces is not None and not isinstance(verified, Refusal):
-                        # §9: the nonce for the client's next proof (a refusal for want of
-                        # one carries it already).
-                        extra = (*extra, ("DPoP-Nonce", self.nonces.current(self._now())))
-                # 6. revocation-check: every request, cache hit or not.
-                if self.revocations is not None and not isinstance(verified, Refusal):
-                    verified = self.revocation_check(plan, verified, credentials.scheme)
-                # 7. decide
-                if not isinstance(verified, Refusal):
-                    verified = self.decide(plan, rule, verified, credentials.scheme)
+            # 3-8 for a token: each step's value, or its refusal.
+            verified = await self.authenticate(request, plan, rule, last)
             if isinstance(verified, Refusal):
                 exchange.deny(verified.reason, monitor)
                 if not monitor:
-                    return _with_headers(verified.response, extra)
+                    return _with_headers(verified, extra)
                 principal = verified.principal
             else:
-                principal = verified
+                principal, nonce = verified
+                if nonce is not None:
+                    # RFC 9449 §9: the nonce for the client's next proof.
+                    extra = (*extra, ("DPoP-Nonce", nonce))
             exchange.principal = principal
 
         # 8. limit
@@ -367,28 +362,66 @@ class Pipeline(Generic[F]):
                 verdict = await self.limiter.take(limit, key)
             limit_headers = limit.headers(verdict) if self._limit_headers else []
             if not verdict.allowed:
-                refusal = self.limited(exchange.route, limit, verdict, limit_headers)
+                self.metrics.rate_limit_rejected(exchange.route, limit.name)
+                refusal = _over_limit("rate_limited", verdict, limit_headers)
                 exchange.deny(refusal.reason, monitor)
                 if not monitor:
-                    return _with_headers(refusal.response, extra)
+                    return _with_headers(refusal, extra)
             extra = (*extra, *limit_headers)
         return Admitted(plan, principal, extra)
 
+    async def authenticate(
+        self,
+        request: Incoming,
+        plan: RoutePlan,
+        rule: rules.Rule[Route],
+        last: LastToken | None,
+    ) -> tuple[Principal, str | None] | Refusal:
+        """Steps 3 to 7 on a route that needs a token: the principal allowed, with the DPoP
+        nonce for the client's next proof when nonces are on; or the first refusal."""
+        # 3-4. extract, verify: a token verified before comes from the cache.
+        presented = self.cached(request.headers, last) or await self.verify(request, rule, plan)
+        if isinstance(presented, Refusal):
+            return presented
+        principal, credentials = presented
+        scheme = credentials.scheme
+        # 5. bind-check: every request, cache hit or not.
+        nonce = None
+        if principal.jkt is None and scheme == bearer.BEARER:
+            refused = self.bearer_check(plan, principal)
+        else:
+            refused = await self.bind_check(request, plan, principal, credentials)
+            if refused is None and self.nonces is not None:
+                nonce = self.nonces.current(self._now())
+        # 6. revocation-check: every request, cache hit or not.
+        if refused is None and self.revocations is not None:
+            refused = self.revocation_check(plan, principal, scheme)
+        # 7. decide
+        if refused is None:
+            refused = self.decide(plan, rule, principal, scheme)
+        if refused is None:
+            return principal, nonce
+        if nonce is not None:  # a refusal after the proof passed carries the next nonce too
+            return _with_headers(refused, (("DPoP-Nonce", nonce),))
+        return refused
+
     # ------------------------------------------------------------------ 1. match
 
-    def match(self, request: Incoming, exchange: Exchange) -> RoutePlan | web.Response:
-        """The plan of the rule the request meets, or the answer that ends the request here:
-        a bad target or path (400, in monitor mode too: which rule it meets is not known), a
-        CORS preflight's answer, or 404 when no rule matches (the unmatched plan in monitor
-        mode)."""
+    def match(self, request: Incoming) -> tuple[RoutePlan, Refusal | None] | Preflight | Refusal:
+        """The plan of the rule the request meets, with a refusal monitor mode lets through
+        (no route, a preflight refused); the answer to a CORS preflight; or the refusal
+        that ends the request: a bad target or path (400, in monitor mode too: which rule it
+        meets is not known), or no rule (404)."""
         target = request.raw_path
         # RFC 9112 §3.2: a request target carries no fragment, yet the parser lets `#` through.
         # The upstream would be sent the URL without it while the rules saw it, so a public
         # `/docs/**` would carry `/docs/secret#` to a protected `/docs/secret`.
         if "#" in target:
-            exchange.deny("fragment", False)
-            return errors.bad_request("The request target must not contain '#'.")
+            return errors.refused(
+                "fragment", 400, "bad_request", "The request target must not contain '#'."
+            )
         headers = request.headers
+        noted = None
         try:
             path = self.router.read(target.partition("?")[0])
             # A CORS preflight is matched by the method it asks about.
@@ -398,24 +431,31 @@ class Pipeline(Generic[F]):
                 and "Access-Control-Request-Method" in headers
                 and "Origin" in headers
             ):
-                answer = self._preflight(request, path, exchange)
-                if answer is not None:
+                answer = self.preflight(request, path)
+                if isinstance(answer, Preflight):
                     return answer
+                if answer is not None:
+                    if not answer[0].monitor:
+                        return answer[1]
+                    noted = answer[1]
             rule = self.router.route(request.method, path)
         except rules.BadPath as exc:
-            exchange.deny(exc.reason, False)
-            return errors.bad_request(f"The request path is refused: {exc}.")
+            return errors.refused(
+                exc.reason, 400, "bad_request", f"The request path is refused: {exc}."
+            )
         if rule is None:
-            exchange.deny("no_route", self.monitor)
-            return self._unmatched if self.monitor else errors.not_found()
-        exchange.route = rule.name
-        return self._plans[rule.index]
+            refusal = errors.refused(
+                "no_route", 404, "not_found", "No route of this gateway serves this request."
+            )
+            return (self._unmatched, refusal) if self.monitor else refusal
+        return self._plans[rule.index], noted
 
-    def _preflight(
-        self, request: Incoming, path: rules.RequestPath, exchange: Exchange
-    ) -> web.Response | None:
-        """The answer to a CORS preflight, or None when the route it asks about has no CORS
-        policy (then it is an ordinary OPTIONS request)."""
+    def preflight(
+        self, request: Incoming, path: rules.RequestPath
+    ) -> Preflight | tuple[RoutePlan, Refusal] | None:
+        """The answer to a CORS preflight; or its refusal with the plan of the route it asks
+        about; or None when that route has no CORS policy (then it is an ordinary OPTIONS
+        request)."""
         headers = request.headers
         asked = headers["Access-Control-Request-Method"].strip()
         rule = self.router.route(asked, path)
@@ -424,29 +464,13 @@ class Pipeline(Generic[F]):
         plan = self._plans[rule.index]
         if plan.cors is None:
             return None
-        exchange.route = rule.name
         try:
             allowed = plan.cors.preflight(
                 headers["Origin"], asked, headers.get("Access-Control-Request-Headers")
             )
         except CorsRefused as exc:
-            exchange.deny("cors_refused", plan.monitor)
-            if plan.monitor:
-                return None
-            return errors.cors_refused(str(exc))
-        exchange.decision = PREFLIGHT
-        return web.Response(status=204, headers=allowed)
-
-    # ------------------------------------------------------------------ 2. certificate
-
-    @staticmethod
-    def certificate(request: Incoming) -> Refusal | None:
-        """403 for a request on a route that requires a client certificate, when its
-        connection has no verified one (see clientcert: only the gateway's own TLS listener
-        can know it)."""
-        if clientcert.of(request) is None:
-            return Refusal("no_client_certificate", errors.client_certificate_required())
-        return None
+            return plan, errors.cors_refused(str(exc))
+        return Preflight(rule.name, web.Response(status=204, headers=allowed))
 
     # ------------------------------------------------------------------ 3-4. extract, verify
 
@@ -485,21 +509,17 @@ class Pipeline(Generic[F]):
         return principal, credentials
 
     async def verify(
-        self,
-        request: Incoming,
-        rule: rules.Rule[Route],
-        offer: errors.Offer = errors.BEARER_ONLY,
+        self, request: Incoming, rule: rules.Rule[Route], plan: RoutePlan
     ) -> tuple[Principal, Credentials] | Refusal:
         """Steps 3 and 4 for a token not in the cache: its principal and how it came, or
-        why not (`offer`: the schemes the route's challenges name)."""
+        why not (the route plan's `offer`: the schemes its challenges name)."""
+        offer = plan.offer
         try:
             credentials = bearer.credentials(request.headers.getall("Authorization", ()))
         except bearer.MalformedAuthorization as exc:
-            return Refusal(
-                "malformed_authorization", errors.invalid_request(self.realm, str(exc), offer)
-            )
+            return errors.invalid_request(str(exc), offer)
         if credentials is None:
-            return Refusal("no_token", errors.unauthorized(self.realm, offer))
+            return errors.unauthorized(offer)
         pre_auth = self._pre_auth
         if pre_auth is not None:
             # Only tokens that must be verified are counted: floods of made-up tokens are
@@ -509,44 +529,32 @@ class Pipeline(Generic[F]):
             )
             if not verdict.allowed:
                 self.metrics.rate_limit_rejected(rule.name, pre_auth.name)
-                return Refusal(
-                    "pre_auth_rate_limited",
-                    errors.too_many_requests(verdict.retry_after, pre_auth.headers(verdict))
-                    if verdict.known
-                    else errors.rate_limit_unavailable(),
-                )
+                return _over_limit("pre_auth_rate_limited", verdict, pre_auth.headers(verdict))
         try:
             return await self.verifier.verify(credentials.token), credentials
         except InvalidToken as exc:
-            return Refusal(
-                "invalid_token",
-                errors.invalid_token(self.realm, exc.description, offer, credentials.scheme),
-            )
+            return errors.invalid_token(exc.description, offer, credentials.scheme)
         except VerifierUnavailable:
-            return Refusal(
+            return errors.unavailable_refusal(
                 "verifier_unavailable",
-                errors.unavailable(
-                    _VERIFIER_RETRY_AFTER,
-                    "The gateway cannot verify tokens right now; try again shortly.",
-                ),
+                _VERIFIER_RETRY_AFTER,
+                "The gateway cannot verify tokens right now; try again shortly.",
             )
 
     # ------------------------------------------------------------------ 5. bind-check
 
-    def bearer_check(self, plan: RoutePlan, principal: Principal) -> Principal | Refusal:
+    def bearer_check(self, plan: RoutePlan, principal: Principal) -> Refusal | None:
         """A bearer token bound to no key: refused where DPoP is required (by the route, or
         by the token's issuer)."""
         if plan.dpop_required:
             return self._unbound(plan, "this route accepts DPoP-bound tokens only")
         if principal.issuer in self._dpop_issuers:
             return self._unbound(plan, "this issuer's tokens are accepted DPoP-bound only")
-        return principal
+        return None
 
-    def _unbound(self, plan: RoutePlan, description: str) -> Refusal:
-        return Refusal(
-            "dpop_required",
-            errors.invalid_token(self.realm, description, plan.offer, bearer.DPOP),
-        )
+    @staticmethod
+    def _unbound(plan: RoutePlan, description: str) -> Refusal:
+        return errors.invalid_token(description, plan.offer, bearer.DPOP, "dpop_required")
 
     async def bind_check(
         self,
@@ -554,27 +562,23 @@ class Pipeline(Generic[F]):
         plan: RoutePlan,
         principal: Principal,
         credentials: Credentials,
-    ) -> Principal | Refusal:
+    ) -> Refusal | None:
         """RFC 9449 §4.3, §7: a DPoP token needs a proof of the key it is bound to, made for
         this request and used once; a bound token presented as Bearer is refused (§7.2)."""
         jkt = principal.jkt
         offer = plan.offer
         if credentials.scheme == bearer.BEARER:
             # §7.2: a DPoP-bound token must not be accepted as a bearer token.
-            return Refusal(
+            return errors.invalid_token(
+                "the token is DPoP-bound: send it as Authorization: DPoP with a proof",
+                offer,
+                bearer.DPOP,
                 "dpop_bound_as_bearer",
-                errors.invalid_token(
-                    self.realm,
-                    "the token is DPoP-bound: send it as Authorization: DPoP with a proof",
-                    offer,
-                    bearer.DPOP,
-                ),
             )
         if jkt is None:
             # §7.1: the DPoP scheme is for bound tokens; an unbound one proves nothing.
-            return Refusal(
-                "dpop_unbound_token",
-                errors.invalid_token(self.realm, "the token is not DPoP-bound", offer, bearer.DPOP),
+            return errors.invalid_token(
+                "the token is not DPoP-bound", offer, bearer.DPOP, "dpop_unbound_token"
             )
         now = self._now()
         try:
@@ -588,32 +592,23 @@ class Pipeline(Generic[F]):
             dpop.check_binding(proof, jkt)
         except dpop.UseNonce as exc:
             assert self.nonces is not None  # only a checker given nonces raises it
-            return Refusal(
-                "dpop_nonce_required",
-                errors.use_dpop_nonce(self.realm, exc.description, offer, self.nonces.current(now)),
-            )
+            return errors.use_dpop_nonce(exc.description, offer, self.nonces.current(now))
         except dpop.InvalidProof as exc:
-            return Refusal(
-                "invalid_dpop_proof", errors.invalid_dpop_proof(self.realm, exc.description, offer)
-            )
+            return errors.invalid_dpop_proof(exc.description, offer)
         except dpop.InvalidBinding as exc:
-            return Refusal(
-                "dpop_key_mismatch",
-                errors.invalid_token(self.realm, exc.description, offer, bearer.DPOP),
-            )
+            return errors.invalid_token(exc.description, offer, bearer.DPOP, "dpop_key_mismatch")
         # §11.1: last, so that only proofs that passed every check take a place.
         try:
             first = self.replay.first_use_now(proof.replay_key, proof.replay_until, now)
             if first is None:
                 first = await self.replay.first_use(proof.replay_key, proof.replay_until, now)
         except dpop.ReplayCacheUnavailable:
-            return Refusal("dpop_replay_cache_unavailable", errors.replay_cache_unavailable())
+            return errors.replay_cache_unavailable()
         if not first:
-            return Refusal(
-                "dpop_proof_replayed",
-                errors.invalid_dpop_proof(self.realm, "the DPoP proof was used before", offer),
+            return errors.invalid_dpop_proof(
+                "the DPoP proof was used before", offer, "dpop_proof_replayed"
             )
-        return principal
+        return None
 
     @staticmethod
     def external_uri(request: Incoming, plan: RoutePlan) -> str:
@@ -627,24 +622,21 @@ class Pipeline(Generic[F]):
 
     def revocation_check(
         self, plan: RoutePlan, principal: Principal, scheme: str
-    ) -> Principal | Refusal:
-        """The principal, unless its issuer revoked the token (401 invalid_token, RFC 6750
+    ) -> Refusal | None:
+        """None, unless the principal's issuer revoked the token (401 invalid_token, RFC 6750
         §3.1), or the issuer's revocations cannot be known and it asks to fail (503)."""
         assert self.revocations is not None
         why = self.revocations.check(principal)
         if why is None:
-            return principal
+            return None
         if why == REVOKED:
-            return Refusal(
-                "token_revoked",
-                errors.invalid_token(self.realm, "the token has been revoked", plan.offer, scheme),
+            return errors.invalid_token(
+                "the token has been revoked", plan.offer, scheme, "token_revoked"
             )
-        return Refusal(
+        return errors.unavailable_refusal(
             "revocations_unknown",
-            errors.unavailable(
-                _VERIFIER_RETRY_AFTER,
-                "The gateway cannot learn the issuer's revocations right now; try again shortly.",
-            ),
+            _VERIFIER_RETRY_AFTER,
+            "The gateway cannot learn the issuer's revocations right now; try again shortly.",
         )
 
     # ------------------------------------------------------------------ 7. decide
@@ -655,61 +647,54 @@ class Pipeline(Generic[F]):
         rule: rules.Rule[Route],
         principal: Principal,
         scheme: str,
-    ) -> Principal | Refusal:
+    ) -> Refusal | None:
         """Whether the verified principal may use the route (`scheme`: the one the token
         came with, whose challenge carries the error)."""
         decision = policy.decide(rule, principal)
         if isinstance(decision, policy.Allow):
-            return principal
+            return None
         if decision.code == "insufficient_scope":
             # The token is valid for this API; only the scope is missing.
-            return Refusal(
-                "insufficient_scope",
-                errors.insufficient_scope(
-                    self.realm, decision.reason, decision.scope or "", plan.offer, scheme
-                ),
-                principal,
+            return errors.insufficient_scope(
+                decision.reason, decision.scope or "", plan.offer, scheme, principal
             )
-        return Refusal(
-            "invalid_token", errors.invalid_token(self.realm, decision.reason, plan.offer, scheme)
-        )
+        return errors.invalid_token(decision.reason, plan.offer, scheme)
 
-    # ------------------------------------------------------------------ 8. limit
 
-    def limited(
-        self, route: str, limit: Policy, verdict: Verdict, limit_headers: list[tuple[str, str]]
-    ) -> Refusal:
-        """The refusal of a request over its route's rate limit (counted)."""
-        self.metrics.rate_limit_rejected(route, limit.name)
-        return Refusal(
-            "rate_limited",
-            errors.too_many_requests(verdict.retry_after, limit_headers)
-            if verdict.known
-            else errors.rate_limit_unavailable(),
-        )
+def _with_headers(refusal: Refusal, extra: Sequence[tuple[str, str]]) -> Refusal:
+    """A refusal whose answer also gets `extra` (the route's CORS fields), after its own."""
+    if not extra:
+        return refusal
+    return replace(refusal, headers=(*refusal.headers, *extra))
+
+
+class Preflight(NamedTuple):
+    """A CORS preflight the route it asks about allows: its route's name and the answer."""
+
+    route: str
+    response: web.Response
+
+
+def _over_limit(reason: str, verdict: Verdict, headers: Sequence[tuple[str, str]]) -> Refusal:
+    """The refusal of a request over a rate limit: 429, or 503 when the limit's store cannot
+    say."""
+    if verdict.known:
+        return errors.rate_limited(reason, verdict.retry_after, headers)
+    return errors.rate_limit_unknown(reason)
 
 
 # ---------------------------------------------------------------------------- 9. forward
 
 
-def refuse_body(
-    request: web.BaseRequest, plan: RoutePlan, exchange: Exchange
-) -> web.Response | None:
+def refuse_body(request: web.BaseRequest, plan: RoutePlan) -> Refusal | None:
     """Why a request with a body is refused before any of the body is read, if it is: a body
     on GET or HEAD where the route does not allow one (400), a Content-Length over the
-    route's limit (413). A refusal is counted as a denial, in monitor mode too."""
+    route's limit (413)."""
     if not plan.allow_body_on_get and request.method in _NO_BODY_METHODS:
-        exchange.deny("body_on_get", False)
-        return errors.body_not_allowed(request.method)
+        return errors.body_on_get(request.method)
     max_body = plan.max_body
     if max_body is not None:
         length = request.content_length
         if length is not None and length > max_body:
-            exchange.deny("body_too_large", False)
-            return errors.payload_too_large(max_body)
+            return errors.too_large(max_body)
     return None
-
-
-def _with_headers(response: R, extra: Iterable[tuple[str, str]]) -> R:
-    response.headers.extend(extra)
-    return response
