@@ -22,10 +22,10 @@ import ssl
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from resource import RLIM_INFINITY, RLIMIT_NOFILE, getrlimit, setrlimit
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -57,7 +57,7 @@ from .metrics import (
     SharedMetrics,
     StateCounts,
 )
-from .pipeline import LastToken, Pipeline
+from .pipeline import LastToken, Pipeline, Resource
 from .ratelimit import Buckets, Limiter, buckets_for
 from .replay import replay_cache_for, replay_identity
 from .revocations import Revocations
@@ -135,6 +135,31 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
 }
 
 
+class Startable(Protocol):
+    """A part with background work (refreshes, connections), started once it is in use."""
+
+    def start(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Built:
+    """One configuration's pipeline and the parts it runs on (Gateway.build). `fresh`: the
+    parts made for it, to start (among them its new key sets and introspectors, which a
+    reload lets load before it swaps); `retired`: those of the configuration before it that
+    it does not use, closed once that configuration's last request is done."""
+
+    settings: Settings
+    pipeline: Pipeline[Forwarder]
+    upstream: Upstream
+    buckets: Buckets
+    replay: ReplayCache
+    verification: dispatch.Verification
+    fresh: list[Startable]
+    fresh_keysets: list[KeySet]
+    fresh_introspectors: list[Introspector]
+    retired: list[Resource]
+
+
 class Gateway:
     """One gateway process: pools, caches, metrics, access log, and the current pipeline."""
 
@@ -156,11 +181,7 @@ class Gateway:
         log = settings.request_log
         self.access_log = AccessLog(log) if log.enabled else None
         self._keys_session = keys_session
-        self._upstream = Upstream(
-            upstream_client(settings),
-            upstream_session,
-            Slots(settings.upstream.max_connections),
-        )
+        self._upstream_session = upstream_session  # the first pool's; a reload makes its own
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
         self.metrics: Metrics = (
             ProcessMetrics(self._counts)
@@ -168,18 +189,15 @@ class Gateway:
             else SharedMetrics(self._counts, shared_metrics)
         )
         self.token_cache = TokenCache(settings.token_cache_size, clock.wall)
-        self._keysets: dict[tuple[object, ...], KeySet] = {}
-        self._introspectors: dict[tuple[object, ...], Introspector] = {}
-        self._buckets: Buckets = buckets_for(settings.rate_limits, clock.monotonic)
-        self.replay: ReplayCache = replay_cache_for(settings)
         self._retired_backend_errors = 0  # counted by bucket stores replaced on reload
         self._forwarders: weakref.WeakSet[Forwarder] = weakref.WeakSet()  # for open WebSockets
         # The deny-set of revoked tokens and the issuers' event streams that fill it.
         self.revocations = Revocations(
             keys_session, clock.wall, clock.monotonic, on_applied=self._evict_revoked
         )
-        self.revocations.configure(adapter.issuers(settings), settings.jwks)
-        self.pipeline = self._build(settings)
+        built = self.build(settings, None)
+        self._install(built)
+        self._unstarted = built.fresh  # started by start()
         self.decider = _decider(settings)
         self.draining = False
         self._reload_lock = asyncio.Lock()
@@ -189,31 +207,101 @@ class Gateway:
 
     # ------------------------------------------------------------------ building
 
-    def _build(self, settings: Settings) -> Pipeline[Forwarder]:
+    def build(self, settings: Settings, previous: Settings | None) -> Built:
+        """The pipeline of `settings` and every part it runs on, made one way at start and on
+        reload: with no `previous` configuration everything is made anew; on reload a part
+        of the running configuration is kept while what it was made from is unchanged (its
+        identity below: connections, buckets, remembered proofs and key sets keep their
+        state), else made anew and the old one retired. New parts are not started."""
+        fresh: list[Startable] = []
+        retired: list[Resource] = []
+        reused = previous is not None
+
+        def keeps(identity: Callable[[Settings], object]) -> bool:
+            return previous is not None and identity(settings) == identity(previous)
+
+        if keeps(_upstream_pool):
+            upstream = self._upstream
+        else:
+            if reused:
+                retired.append(self._upstream)
+            upstream = Upstream(
+                upstream_client(settings),
+                upstream_session(settings) if reused else self._upstream_session,
+                Slots(settings.upstream.max_connections),
+            )
+        if keeps(_bucket_store):
+            buckets = self._buckets
+        else:
+            if reused:
+                retired.append(self._buckets)
+            buckets = buckets_for(settings.rate_limits, self.clock.monotonic)
+            fresh.append(buckets)
+        if keeps(replay_identity):
+            replay = self.replay
+        else:
+            if reused:
+                retired.append(self.replay)
+            replay = replay_cache_for(settings)
+            fresh.append(replay)
         issuers = adapter.issuers(settings)
+        before_keysets = self._keysets if reused else {}
+        before_introspectors = self._introspectors if reused else {}
         verification = dispatch.build(
             issuers,
             settings.jwks,
             self._keys_session,
             self.token_cache,
-            clock=self.clock,
+            before_keysets,
+            before_introspectors,
+            self.clock,
         )
-        self._keysets, self._introspectors = verification.keysets, verification.introspectors
-        self.token_cache.epoch = verification.epoch
+        fresh_keysets = [k for i, k in verification.keysets.items() if i not in before_keysets]
+        fresh_introspectors = [
+            v for i, v in verification.introspectors.items() if i not in before_introspectors
+        ]
+        retired += [k for i, k in before_keysets.items() if i not in verification.keysets]
+        retired += [
+            v for i, v in before_introspectors.items() if i not in verification.introspectors
+        ]
+        fresh += fresh_keysets
+        fresh += fresh_introspectors
+        fresh += self.revocations.configure(issuers, settings.jwks)
         pipeline = Pipeline(
             settings,
             adapter.routes(settings),
             issuers,
             verifier=verification.verifier,
-            limiter=Limiter(settings.rate_limits, self._buckets, self.clock.monotonic),
-            forwarder=Forwarder(settings, self._upstream, self._bodies, self.clock.wall),
+            limiter=Limiter(settings.rate_limits, buckets, self.clock.monotonic),
+            forwarder=Forwarder(settings, upstream, self._bodies, self.clock.wall),
             metrics=self.metrics,
-            replay=self.replay,
+            replay=replay,
             now=self.clock.wall,
             revocations=self.revocations.deny if self.revocations.active else None,
         )
-        self._forwarders.add(pipeline.forwarder)
-        return pipeline
+        return Built(
+            settings,
+            pipeline,
+            upstream,
+            buckets,
+            replay,
+            verification,
+            fresh,
+            fresh_keysets,
+            fresh_introspectors,
+            retired,
+        )
+
+    def _install(self, built: Built) -> None:
+        """Make `built` the configuration that serves: from here on, every new request takes
+        its pipeline (no await in here)."""
+        self.settings, self.pipeline = built.settings, built.pipeline
+        self.decider = _decider(built.settings)
+        self._upstream, self._buckets, self.replay = built.upstream, built.buckets, built.replay
+        verification = built.verification
+        self._keysets, self._introspectors = verification.keysets, verification.introspectors
+        self.token_cache.epoch = verification.epoch  # the old verifier writes no more
+        self._forwarders.add(built.pipeline.forwarder)
 
     @property
     def keysets(self) -> Mapping[str, KeySet]:
@@ -234,12 +322,9 @@ class Gateway:
 
     def start(self) -> None:
         self.metrics.start()
-        self._buckets.start()
-        self.replay.start()
-        for keyset in self._keysets.values():
-            keyset.start()
-        for introspector in self._introspectors.values():
-            introspector.start()
+        for part in self._unstarted:
+            part.start()
+        self._unstarted = []
         self.revocations.start()
         if self.settings.reload.watch and self._file_state is not None:
             self._watcher = asyncio.create_task(self._watch(), name="config watcher")
@@ -471,84 +556,25 @@ class Gateway:
                     "a changed setting takes effect only after a restart",
                     extra={"setting": what},
                 )
-        retired: list[KeySet | Introspector | Buckets | Upstream | ReplayCache] = []
-        upstream = self._upstream
-        if _upstream_pool(new) != _upstream_pool(old_settings):
-            retired.append(upstream)
-            upstream = Upstream(
-                upstream_client(new),
-                upstream_session(new),
-                Slots(new.upstream.max_connections),
-            )
-        buckets = self._buckets
-        if _bucket_store(new) != _bucket_store(old_settings):
-            retired.append(buckets)
-            buckets = buckets_for(new.rate_limits, self.clock.monotonic)
-            buckets.start()
-        replay = self.replay
-        if replay_identity(new) != replay_identity(old_settings):
-            retired.append(replay)
-            replay = replay_cache_for(new)
-            replay.start()
-        issuers = adapter.issuers(new)
-        verification = dispatch.build(
-            issuers,
-            new.jwks,
-            self._keys_session,
-            self.token_cache,
-            self._keysets,
-            self._introspectors,
-            self.clock,
-        )
-        fresh_keysets = [
-            keyset for key, keyset in verification.keysets.items() if key not in self._keysets
-        ]
-        fresh_introspectors = [
-            introspector
-            for key, introspector in verification.introspectors.items()
-            if key not in self._introspectors
-        ]
-        for keyset in fresh_keysets:
-            keyset.start()
-        for introspector in fresh_introspectors:
-            introspector.start()
-        fresh_streams = self.revocations.configure(issuers, new.jwks)
-        for stream in fresh_streams:
-            stream.start()
+        built = self.build(new, old_settings)
+        for part in built.fresh:
+            part.start()
         # An issuer new to this config gets its keys (or endpoint) before it gets requests;
         # an issuer that cannot be reached in that time is not waited for longer.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(new.jwks.fetch_timeout.total_seconds() + 1):
                 await asyncio.gather(
-                    *(keyset.refresh() for keyset in fresh_keysets if not keyset.loaded),
-                    *(introspector.wait_ready() for introspector in fresh_introspectors),
+                    *(keyset.refresh() for keyset in built.fresh_keysets if not keyset.loaded),
+                    *(introspector.wait_ready() for introspector in built.fresh_introspectors),
                     return_exceptions=True,
                 )
-        pipeline = Pipeline(
-            new,
-            adapter.routes(new),
-            issuers,
-            verifier=verification.verifier,
-            limiter=Limiter(new.rate_limits, buckets, self.clock.monotonic),
-            forwarder=Forwarder(new, upstream, self._bodies, self.clock.wall),
-            metrics=self.metrics,
-            replay=replay,
-            now=self.clock.wall,
-            revocations=self.revocations.deny if self.revocations.active else None,
-        )
         self._in_background(self.revocations.retire())
 
         # The swap, with no await in it.
-        for key, keyset in self._keysets.items():
-            if key not in verification.keysets:
-                retired.append(keyset)
-        for key, introspector in self._introspectors.items():
-            if key not in verification.introspectors:
-                retired.append(introspector)
-        self._keysets, self._introspectors = verification.keysets, verification.introspectors
-        if buckets is not self._buckets:
+        if built.buckets is not self._buckets:
             self._retired_backend_errors += self._buckets.errors
-        self._upstream, self._buckets, self.replay = upstream, buckets, replay
+        self._install(built)
+        replay = built.replay
         if isinstance(replay, MemoryReplayCache):
             # Kept with what it remembers: a new one would accept again the proofs of the
             # last minute.
@@ -560,7 +586,6 @@ class Gateway:
             if (before := old_settings.issuer(issuer.issuer)) is not None
             and _verification_identity(before) == _verification_identity(issuer)
         }
-        self.token_cache.epoch = verification.epoch  # the old verifier writes no more
         self.token_cache.retain(lambda principal: principal.issuer in kept)
         self.token_cache.resize(new.token_cache_size)
         if new.request_log != old_settings.request_log:
@@ -569,9 +594,7 @@ class Gateway:
             self.access_log = AccessLog(new.request_log) if new.request_log.enabled else None
         if new.log_level != old_settings.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
-        self.settings, self.pipeline, self.decider = new, pipeline, _decider(new)
-        self._forwarders.add(pipeline.forwarder)
-        old.retired.extend(retired)
+        old.retired.extend(built.retired)
         self._in_background(self._retire(old, new.shutdown_grace))
 
     async def _retire(self, old: Pipeline[Forwarder], grace: timedelta) -> None:
