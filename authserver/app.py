@@ -38,7 +38,6 @@ from aiohttp.typedefs import Middleware
 from portcullis import runtime
 from portcullis.addresses import ClientAddresses
 from portcullis.http import json_response
-from portcullis.lane import LANES, Lane
 from portcullis.tls import RotatingCertificate
 from portcullis.yamlconf import ConfigError, Withheld
 
@@ -72,7 +71,6 @@ from .grants.device_code import DeviceCode
 from .grants.issuance import TokenIssuer
 from .grants.refresh_token import RefreshToken
 from .keys import Event, KeyRing, RotationPolicy, SigningRing, jwks_max_age
-from .lanes import TokenLane
 from .metrics import CONTENT_TYPE, Metrics, timed_store
 from .protocol.cors import CorsPolicy
 from .sessions import Sessions
@@ -519,9 +517,6 @@ def build_app(
     app = web.Application(client_max_size=1024 * 1024, middlewares=[_counted(server.metrics)])
     app[LIVE] = live
     base = server.base
-    token_lane = TokenLane(lambda: live.components, server.metrics, base)
-    lanes: dict[bytes, Lane] = {token_lane.request_line: token_lane}
-    app[LANES] = lanes
     # Preflights are answered there, before routing.
     app.middlewares.append(
         cors.middleware(lambda: live.components.cors if live.components else None, base)

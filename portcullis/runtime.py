@@ -27,7 +27,6 @@ from typing import Any, TextIO
 import orjson
 from aiohttp import web
 
-from .lane import app_runner
 from .tls import RotatingCertificate
 
 log = logging.getLogger("portcullis.runtime")
@@ -204,7 +203,7 @@ async def serve(
             if isinstance(listener.app, web.Server):
                 runner = web.ServerRunner(listener.app, shutdown_timeout=grace.total_seconds())
             else:
-                runner = app_runner(
+                runner = web.AppRunner(
                     listener.app, access_log=None, shutdown_timeout=grace.total_seconds()
                 )
             await runner.setup()

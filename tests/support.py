@@ -37,7 +37,6 @@ from gateway.app import Gateway, admin_app, decision_server, public_server, upst
 from gateway.clock import SYSTEM_CLOCK, Clock
 from gateway.jwks import keys_session
 from portcullis.jose import ECDSA_CURVES, low_s
-from portcullis.lane import app_runner
 from portcullis.tls import RotatingCertificate
 
 # Ports: a server in this process listens on a port the OS chooses (port 0, or a socket bound
@@ -134,7 +133,7 @@ async def start_site(
     if isinstance(app, web.Server):
         runner = web.ServerRunner(app, shutdown_timeout=1)
     else:
-        runner = app_runner(app, access_log=None, shutdown_timeout=1)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
     await runner.setup()
     site: web.BaseSite = (
         web.SockSite(runner, sock, ssl_context=ssl_context)

@@ -15,8 +15,8 @@
 - no module of the gateway or the kernel reaches itself through its imports, not even
   through imports made only for type checking (settings.py reads rules.py, never back);
 - the authserver is layered: app (the composition root) → endpoints, the admin API, CORS,
-  revocation events, the token endpoint's lane → grants → tokens, client authentication,
-  sessions → key ring, store protocol, registry, metrics → settings → protocol.
+  revocation events → grants → tokens, client authentication, sessions → key ring, store
+  protocol, registry, metrics → settings → protocol.
   A module imports only from its own layer or those below; `protocol/` imports the standard
   library alone; only app.py names a concrete store.
 """
@@ -240,13 +240,7 @@ def test_the_cycle_check_finds_a_cycle():
 # The authserver's layers, top to bottom; a module belongs to the first entry it falls under.
 AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("authserver.__main__", "authserver.app"),
-    (
-        "authserver.endpoints",
-        "authserver.admin",
-        "authserver.cors",
-        "authserver.events",
-        "authserver.lanes",
-    ),
+    ("authserver.endpoints", "authserver.admin", "authserver.cors", "authserver.events"),
     ("authserver.grants",),
     ("authserver.tokens", "authserver.clients", "authserver.sessions", "authserver.dpop"),
     (

@@ -56,8 +56,7 @@ _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 
 class JsonAnswer(NamedTuple):
     """A JSON answer before it is written: its status, its fields in order (Content-Type
-    follows them) and what its body holds. aiohttp writes it (`json_response_of`), or the
-    lane (authserver/lanes.py)."""
+    follows them) and what its body holds, written by `json_response_of`."""
 
     status: int
     headers: Mapping[str, str]

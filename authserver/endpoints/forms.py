@@ -149,12 +149,6 @@ async def read_form(request: web.Request) -> dict[str, str]:
     return single_valued(await form_items(request), "form")
 
 
-async def body_form(body: bytes) -> dict[str, str]:
-    """`read_form` for a body already read whole, of a request whose content type is the
-    url-encoded form's."""
-    return single_valued(body_items(body), "form")
-
-
 def with_query(uri: str, params: Mapping[str, str | None]) -> str:
     """Append parameters to a URI that may already have a query (RFC 6749 §3.1)."""
     query = urlencode({k: v for k, v in params.items() if v is not None})

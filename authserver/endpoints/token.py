@@ -64,9 +64,8 @@ class TokenEndpoint:
         proofs: list[str],
         authorization: str | None,
     ) -> JsonAnswer:
-        """The steps above for a request whose form `form_read` gives (aiohttp's request
-        read, or a body the lane read: authserver/lanes.py), with its DPoP and Authorization
-        fields."""
+        """The steps above for a request whose form `form_read` gives, with its DPoP and
+        Authorization fields: what an answer holds, apart from how it is written."""
         headers: dict[str, str] = {}
         nonce = self.dpop.nonce()
         if nonce is not None:

@@ -164,6 +164,64 @@ async def test_successful_response_is_json_and_never_cached(
     assert_no_store(response)
 
 
+async def test_the_form_media_type_with_a_charset_parameter_is_read_as_the_form(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    async with http.post(
+        authserver.endpoint("/token"),
+        data="grant_type=client_credentials&scope=orders%3Aread",
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded; charset=utf-8",
+            "Authorization": basic_auth("machine", SECRET),
+        },
+    ) as response:
+        body = await response.json()
+        assert response.status == 200, body
+        assert body["scope"] == "orders:read"
+
+
+async def test_a_form_that_is_not_utf_8_is_invalid_request(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    async with http.post(
+        authserver.endpoint("/token"),
+        data="grant_type=client_credentials&scope=%ff",
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Authorization": basic_auth("machine", SECRET),
+        },
+    ) as response:
+        assert_error(response.status, await response.json(), 400, "invalid_request")
+        assert_no_store(response)
+
+
+async def test_an_answer_to_a_request_without_origin_varies_by_origin(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    # Only a browser page's request carries Origin: a cache must not give this answer to one.
+    for secret in (SECRET, "wrong"):
+        _, _, response = await post_token(
+            http, authserver, {"grant_type": "client_credentials"}, auth=("machine", secret)
+        )
+        assert response.headers["Vary"] == "Origin"
+        assert "Access-Control-Allow-Origin" not in response.headers
+
+
+async def test_token_answers_are_counted_by_status(
+    authserver: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    requests = authserver.services.token.metrics.requests
+    before = dict(requests)
+    await post_token(
+        http, authserver, {"grant_type": "client_credentials"}, auth=("machine", SECRET)
+    )
+    await post_token(
+        http, authserver, {"grant_type": "client_credentials"}, auth=("machine", "wrong")
+    )
+    assert requests.get(("token", 200), 0) == before.get(("token", 200), 0) + 1
+    assert requests.get(("token", 401), 0) == before.get(("token", 401), 0) + 1
+
+
 # ---------------------------------------------------------------------------- client_credentials
 
 
