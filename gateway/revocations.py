@@ -47,17 +47,17 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from portcullis.jose import is_low_s
-
-from .clock import Now
-from .jose import (
+from portcullis.jose import (
     SIGNATURE_ALGORITHMS,
     NotAnObject,
     b64url_decode,
     compact_parts,
+    is_low_s,
     json_object,
     verify_signature,
 )
+
+from .clock import Now
 from .jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
 from .principal import Principal
 from .records import Issuer, RevocationEvents

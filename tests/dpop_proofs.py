@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import get_default_algorithms
@@ -112,3 +114,35 @@ class DpopKey:
 
 
 REMOVE: Any = _REMOVE
+
+
+# Spellings of a proof's htu for a request to origin + path, and whether each names the
+# request's URI (RFC 9449 §4.3 item 9): the same after RFC 3986 §6.2.2 normalisation (dot
+# segments removed, percent-encoded unreserved characters decoded), or another URI, or none
+# (a control character, a space: RFC 3986 §2 has no place for them). Both services are held
+# to this one table (tests/gateway/test_dpop_gateway.py, tests/authserver/test_dpop.py).
+HTU_SPELLINGS: dict[str, tuple[Callable[[str, str], str], bool]] = {
+    "dot-segment": (lambda origin, path: f"{origin}/.{path}", True),
+    "dot-dot-segment": (lambda origin, path: f"{origin}/x/..{path}", True),
+    "encoded-dot-dot": (lambda origin, path: f"{origin}/x/%2e%2e{path}", True),
+    "encoded-dot-upper-case": (lambda origin, path: f"{origin}/%2E{path}", True),
+    "dot-dot-above-the-root": (lambda origin, path: f"{origin}/..{path}", True),
+    "encoded-unreserved": (lambda origin, path: f"{origin}/%{ord(path[1]):02x}{path[2:]}", True),
+    "up-out-of-it": (lambda origin, path: f"{origin}{path}/..", False),
+    "encoded-up-out-of-it": (lambda origin, path: f"{origin}{path}/%2e%2e", False),
+    "up-to-a-sibling": (lambda origin, path: f"{origin}{path}/../x", False),
+    "encoded-dot-dot-as-a-name": (lambda origin, path: f"{origin}{path}%2e%2e", False),
+    "tab": (lambda origin, path: f"{origin}{path[:2]}\t{path[2:]}", False),
+    "newline-before-the-path": (lambda origin, path: f"{origin}\n{path}", False),
+    "carriage-return-at-the-end": (lambda origin, path: f"{origin}{path}\r", False),
+    "nul": (lambda origin, path: f"{origin}{path}\x00", False),
+    "delete": (lambda origin, path: f"{origin}{path}\x7f", False),
+    "space": (lambda origin, path: f"{origin}{path} ", False),
+}
+
+
+def htu_spelling(case: str, url: str) -> tuple[str, bool]:
+    """The htu of `case` (HTU_SPELLINGS) for a request to `url`, and whether it matches."""
+    spell, same = HTU_SPELLINGS[case]
+    parts = urlsplit(url)
+    return spell(f"{parts.scheme}://{parts.netloc}", parts.path), same

@@ -19,16 +19,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from portcullis.jose import low_s
-
-from ..clock import Now
-from ..jose import (
+from portcullis.jose import (
     NotAnObject,
     b64url_encode,
     compact_parts,
     decode_checked_alphabet,
     json_object,
+    low_s,
 )
+
+from ..clock import Now
 from ..principal import Principal
 
 # Memory one entry holds at most, as measured by bench/memory.py (token-cache): the digest,

@@ -25,9 +25,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from portcullis.jose import b64url_decode
+
 from ..bearer import looks_like_jwt
 from ..clock import SYSTEM_CLOCK, Clock
-from ..jose import b64url_decode
 from ..jwks import KeySet
 from ..principal import Principal
 from ..records import Issuer

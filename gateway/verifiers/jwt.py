@@ -33,9 +33,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from portcullis.jose import NotAnObject, compact_parts, decode_checked_alphabet, json_object
+from portcullis.jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
+
 from ..clock import Now
-from ..jose import NotAnObject, compact_parts, decode_checked_alphabet, json_object
-from ..jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
 from ..jwks import KeySet, VerifyKey
 from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable

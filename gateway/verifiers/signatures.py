@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..jose import verify_signature
+from portcullis.jose import verify_signature
 
 _Check = tuple[asyncio.Future[bool], str, Any, bytes, bytes]
 

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from jwt.algorithms import get_default_algorithms
 
-from tests.dpop_proofs import REMOVE, DpopKey
+from tests.dpop_proofs import HTU_SPELLINGS, REMOVE, DpopKey, htu_spelling
 from tests.support import (
     DPOP_ALGS,
     REDIS_URL,
@@ -175,6 +175,18 @@ async def test_htu_ignores_the_query_and_is_compared_normalised(gateway, issuer,
     htu = f"HTTP://{host.upper()}/orders/%31?page=1#x"
     answer = await send(client, gateway, token, key.proof("GET", htu, token), path=PATH + "?a=b")
     assert answer.status == 200, answer.body
+
+
+@pytest.mark.parametrize("case", sorted(HTU_SPELLINGS))
+async def test_htu_spellings_are_compared_after_normalisation(gateway, issuer, client, key, case):
+    # The table the authorization server is held to as well (tests/dpop_proofs.py).
+    token = issuer.token("ES256", cnf=key.cnf)
+    htu, same = htu_spelling(case, url(gateway))
+    answer = await send(client, gateway, token, key.proof("GET", htu, token))
+    if same:
+        assert answer.status == 200, answer.body
+    else:
+        assert_dpop_refused(answer, "the DPoP proof is for another URI")
 
 
 @pytest.fixture

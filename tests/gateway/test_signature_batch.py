@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from gateway.jose import verify_signature
 from gateway.verifiers.signatures import SignatureBatch
+from portcullis.jose import verify_signature
 from tests.support import assert_invalid_token, call, gateway_yaml, running_gateway
 
 

@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.bearer import is_b64token
-from gateway.jose import compact_parts
+from portcullis.jose import compact_parts
 
 # The grammars, as regular expressions (RFC 7515 §7.1 with RFC 7515 §2's base64url; RFC 6750
 # §2.1's b64token).
