@@ -1,12 +1,39 @@
 """An HTTP/1.1 client for the one upstream: keep-alive connections to one origin, no more.
 
-What it is for. The forward path sends every request (WebSocket upgrades aside) to the same
-origin, with headers the forwarder has already decided, and relays what comes back. A general
-client library builds a request object, adds headers of its own, looks up a connector per
-host and arms timers per read; none of that is needed here. The forwarder hands over its
-fields as the bytes they will be (`RequestFields`); this client puts the request line, Host
-and the framing around them, writes the head in one go and parses the answer with llhttp
-(httptools), on asyncio Protocols.
+What it is for. The forward path sends every plain HTTP request to the same origin, with
+headers the forwarder has already decided, and relays what comes back; the gateway holds one
+`UpstreamClient` per upstream for them (forward.py, `Upstream.client`). A general client
+library builds a request object, adds headers of its own, looks up a connector per host and
+arms timers per read; none of that is needed here. The forwarder hands over its fields as the
+bytes they will be (`RequestFields`); this client puts the request line, Host and the framing
+around them, writes the head in one go and parses the answer with llhttp (httptools), on
+asyncio Protocols.
+
+WebSocket upgrades keep aiohttp's client (forward.py: `Upstream.websockets`, and its
+`upgrades` session, which hands a refusal back as an answer to relay). After its 101 the
+connection carries WebSocket frames, not HTTP messages: aiohttp checks the upstream's
+handshake (Sec-WebSocket-Accept against the key sent, the subprotocol and extensions agreed:
+RFC 6455 §4.1) and reads and writes the frames (masking, fragments, control frames, close
+codes: §5). This client implements neither, and takes a 101 for a switch of protocols
+unasked: a broken exchange.
+
+Phases. A connection is in one `Phase` at a time, and `TRANSITIONS` lists, for each phase, the
+events (`Event`) that may happen in it and the phase each leads to; nothing else changes a
+phase (`next_phase`). An event its phase does not list is a bug in this module when this side
+caused it (LifecycleError), and a broken exchange when the upstream's bytes did: llhttp's
+callback raises, the parser stops, the connection is closed. The usual path is OPENING →
+READY → AWAITING_ANSWER → READING_HEAD → READING_BODY (or READING_UNTIL_CLOSE) → COMPLETE →
+DONE → IDLE, and from IDLE, READY again. An exchange released before its answer was whole, or
+with something against reuse, leaves its connection MUST_CLOSE, then CLOSED; the end of the
+connection leads to UNANSWERED (before any byte of the answer), BROKEN (the answer not whole)
+or CLOSED (nothing awaited, or the answer whole). A few facts stay beside the phase, because
+they hold in several phases instead of being one: whether anything forbids reuse
+(`reusable`: single use, the upstream's Connection: close, a timeout, a body not all sent; it
+decides which release event ends the exchange, as h11's keep_alive does), whether the request
+was HEAD (it decides which head event the final head is), whether llhttp's parser must be
+replaced (an answer without a body left it expecting one), and flow control both ways.
+Sending is no phase either: a streamed body goes out in a task beside the exchange while the
+answer is awaited and read, since an upstream may answer before it has read all of it.
 
 Connection lifecycle. A connection is opened when an exchange finds no idle one (within
 `connect_timeout`), carries one exchange at a time, and afterwards either goes back to the
@@ -17,10 +44,11 @@ warm and the others are the ones the upstream times out. A connection the upstre
 while idle is taken off the list at once (connection_lost) and any byte it sends while idle
 closes it: an answer to no request is never taken for the next one's.
 
-Reuse. A connection goes back to the idle list only when all of these hold: the request was
-sent whole; the answer was read whole; the request was not single-use (a body on a method
-other than POST, PUT or PATCH: sent with `Connection: close`, see forward.py); the upstream
-did not say `Connection: close`, nor answer in HTTP/1.0 without keep-alive (llhttp's
+Reuse. A connection goes back to the idle list only from DONE, which only a COMPLETE answer
+released with nothing against reuse leads to; that is, only when all of these hold: the
+request was sent whole; the answer was read whole; the request was not single-use (a body on
+a method other than POST, PUT or PATCH: sent with `Connection: close`, see forward.py); the
+upstream did not say `Connection: close`, nor answer in HTTP/1.0 without keep-alive (llhttp's
 should_keep_alive); no byte came after the answer. Anything else — an error, a timeout, a
 cancellation, an answer given before the request body was all sent, a body left unread —
 closes it.
@@ -45,22 +73,25 @@ llhttp runs strict: an answer with both `Content-Length` and `Transfer-Encoding`
 Flow control. The answer's body is kept in a buffer of at most about `buffer_size` bytes:
 over it, the socket stops being read (pause_reading) until the relay has taken what is
 there. A streamed request body is written chunk by chunk, each write waiting while the
-socket's send buffer is full (pause_writing/resume_writing). The body goes out in a task of
-its own while the answer is awaited, since an upstream may answer before it has read all of
-it (a 413, say).
+socket's send buffer is full (pause_writing/resume_writing). Before each chunk the event loop
+is let read what the upstream has sent (a poll of the socket, which does not wait): an
+upstream that answers early and resets the connection, a 413 say, has its answer in the
+socket's buffer, and a write that met the reset first would close the connection with that
+answer unread.
 
 Timeouts. Connecting: `connect_timeout`. Reading: every wait for bytes of the answer (its
 head, then each piece of its body) ends with TimeoutError after `read_timeout` without one.
 One timer per connection serves all its waits: it is armed when a wait begins and none is
 armed, and when it fires early for a later wait it re-arms itself for that wait's deadline.
 
-Errors. `UpstreamRefused` when no connection could be opened; `UpstreamBroken` when the
-connection failed or the answer could not be read. An idempotent request (RFC 9110 §9.2.2:
-GET, HEAD, OPTIONS, TRACE, PUT, DELETE) without a body, sent on an idle connection that the
-upstream closed just then (the end of the connection before any byte of the answer: it timed
-the connection out as the request went), is sent once more on a new connection, as nginx
-and HAProxy do: sending it twice means what sending it once does, and it has no body that
-would have to be kept for a second try. Any other failure is the caller's to report.
+Errors. `UpstreamRefused` when no connection could be opened (or the upstream closed it
+before a request could go); `UpstreamBroken` when the connection failed or the answer could
+not be read. An idempotent request (RFC 9110 §9.2.2: GET, HEAD, OPTIONS, TRACE, PUT, DELETE)
+without a body, sent on an idle connection that the upstream closed just then (UNANSWERED:
+the end of the connection before any byte of the answer; it timed the connection out as the
+request went), is sent once more on a new connection, as nginx and HAProxy do: sending it
+twice means what sending it once does, and it has no body that would have to be kept for a
+second try. Any other failure is the caller's to report.
 
 Cancellation. A cancelled exchange (the client gone, shutdown) closes its connection: it is
 never put back half used. `close()` closes every connection, idle or busy; an exchange still
@@ -70,12 +101,13 @@ waiting on one fails at once (UpstreamBroken) instead of at its read timeout.
 from __future__ import annotations
 
 import asyncio
+import enum
 import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast, get_args
 
 import httptools
 from multidict import CIMultiDict, MultiMapping
@@ -185,6 +217,172 @@ _NO_BODY_STATUS = frozenset({204, 304})
 _SMALL_BODY = 16 * 1024  # a body up to this size goes in the head's write
 
 
+# ---------------------------------------------------------------------- phases and their table
+
+
+class Phase(enum.Enum):
+    """Where a connection is, in its own life and in the exchange it carries."""
+
+    # Members are compared by identity: hashed by it too (Enum's own hash of the name runs
+    # in Python, at every look-up in the table and in the sets below).
+    __hash__ = object.__hash__
+
+    OPENING = enum.auto()  # being connected: no transport yet
+    READY = enum.auto()  # open, carrying nothing, not on the idle list (just opened or taken)
+    IDLE = enum.auto()  # on the client's idle list
+    AWAITING_ANSWER = enum.auto()  # the request is going or gone; no byte of the answer yet
+    READING_HEAD = enum.auto()  # bytes of the answer came; its final head is not whole
+    READING_BODY = enum.auto()  # the final head read; a body framed by length or chunks follows
+    READING_UNTIL_CLOSE = enum.auto()  # the final head read; its body ends with the connection
+    COMPLETE = enum.auto()  # the answer read whole (the caller may not have taken all of it)
+    DONE = enum.auto()  # released, and the connection may carry another exchange
+    MUST_CLOSE = enum.auto()  # released, and it may not
+    UNANSWERED = enum.auto()  # closed before any byte of the answer (`_failure` says how)
+    BROKEN = enum.auto()  # closed with the answer not whole (`_failure` says why)
+    CLOSED = enum.auto()  # closed; an answer being read when it closed is whole
+
+
+# What happens to a connection, as the table names it. Strings rather than an Enum's
+# members: one is named at every event, and a string constant costs nothing to name, where
+# an Enum member is looked up through its class each time. mypy holds each to this list.
+Event = Literal[
+    # This side.
+    "connected",  # the transport is up
+    "taken",  # taken off the idle list
+    "request",  # an exchange starts: its request goes out
+    "released",  # the exchange is over, and nothing is against reuse (`finish`)
+    "released_closing",  # the exchange is over, and something is
+    "pooled",  # put on the idle list
+    "aborted",  # closed by this side: a failure, a timeout, cancellation, shutdown
+    # The upstream: bytes, as llhttp reads them, and the end of the connection.
+    "bytes",  # bytes arrived
+    "message_begin",  # a message starts
+    "interim_head",  # the head of a 1xx answer: skipped, the final one follows
+    "head",  # the final head; a body framed by Content-Length or chunked follows
+    "head_until_close",  # the final head; its body ends with the connection
+    "head_no_body",  # the final head of an answer to HEAD, or a 204 or 304
+    "body",  # bytes of the body
+    "message_end",  # the message ended where its framing said
+    "ended",  # the upstream closed the connection cleanly
+    "reset",  # the connection failed: a reset, or any other error
+]
+EVENTS: tuple[Event, ...] = get_args(Event)
+
+
+class LifecycleError(RuntimeError):
+    """An event the connection's phase does not allow: a bug in this module, or, inside
+    llhttp's callbacks, an upstream's bytes where no answer may have them."""
+
+
+def _ending_in(phase: Phase) -> dict[Event, Phase]:
+    return {"ended": phase, "reset": phase, "aborted": phase}
+
+
+# Every rule that moves a connection from one phase to another. What is not here may not
+# happen: `next_phase` raises. "bytes" is missing wherever no answer is awaited (idle,
+# ready, after the answer): `data_received` closes the connection then (RFC 9112 §9.3.2:
+# nothing may follow the answer to the last request sent). "ended" and "reset" are missing
+# in DONE and MUST_CLOSE, which last no longer than the synchronous `_release`, and in
+# OPENING: the loop reports the end only of a connection it has reported made.
+TRANSITIONS: Mapping[Phase, Mapping[Event, Phase]] = {
+    Phase.OPENING: {
+        "connected": Phase.READY,
+        # No transport to close yet: the client is closed by then, and `_connect` closes the
+        # connection once it is made.
+        "aborted": Phase.OPENING,
+    },
+    # Between the end of connecting and the request, the upstream may already close it.
+    Phase.READY: {"request": Phase.AWAITING_ANSWER, **_ending_in(Phase.CLOSED)},
+    Phase.IDLE: {"taken": Phase.READY, **_ending_in(Phase.CLOSED)},
+    Phase.AWAITING_ANSWER: {
+        "bytes": Phase.READING_HEAD,
+        # What an idle timeout meeting the request looks like (see `UpstreamClient.send`).
+        **_ending_in(Phase.UNANSWERED),
+    },
+    Phase.READING_HEAD: {
+        "bytes": Phase.READING_HEAD,
+        "message_begin": Phase.READING_HEAD,
+        "interim_head": Phase.READING_HEAD,
+        # An interim answer ended: a final head has left this phase before its message ends.
+        "message_end": Phase.READING_HEAD,
+        "head": Phase.READING_BODY,
+        "head_until_close": Phase.READING_UNTIL_CLOSE,
+        "head_no_body": Phase.COMPLETE,
+        **_ending_in(Phase.BROKEN),
+    },
+    Phase.READING_BODY: {
+        "bytes": Phase.READING_BODY,
+        "body": Phase.READING_BODY,
+        "message_end": Phase.COMPLETE,
+        **_ending_in(Phase.BROKEN),
+        # Released with its body unread: what comes next on the connection is the rest of it.
+        "released": Phase.MUST_CLOSE,
+        "released_closing": Phase.MUST_CLOSE,
+    },
+    Phase.READING_UNTIL_CLOSE: {
+        "bytes": Phase.READING_UNTIL_CLOSE,
+        "body": Phase.READING_UNTIL_CLOSE,
+        "ended": Phase.CLOSED,  # RFC 9112 §6.3 (8): the body ends with the connection
+        "reset": Phase.BROKEN,  # a reset is no end: the body may be cut short
+        "aborted": Phase.BROKEN,
+        "released": Phase.MUST_CLOSE,
+        "released_closing": Phase.MUST_CLOSE,
+    },
+    Phase.COMPLETE: {
+        # llhttp ending an answer that ended at its head here (a 204, a 304).
+        "message_end": Phase.COMPLETE,
+        **_ending_in(Phase.CLOSED),  # the answer stands
+        "released": Phase.DONE,
+        "released_closing": Phase.MUST_CLOSE,
+    },
+    # Aborted when the client was closed meanwhile.
+    Phase.DONE: {"pooled": Phase.IDLE, "aborted": Phase.CLOSED},
+    Phase.MUST_CLOSE: {"aborted": Phase.CLOSED},
+    # Closed: the loop still reports the end of a connection this side aborted, and a failed
+    # exchange is released like any other.
+    Phase.UNANSWERED: {
+        **_ending_in(Phase.UNANSWERED),
+        "released": Phase.CLOSED,
+        "released_closing": Phase.CLOSED,
+    },
+    Phase.BROKEN: {
+        **_ending_in(Phase.BROKEN),
+        "released": Phase.CLOSED,
+        "released_closing": Phase.CLOSED,
+    },
+    Phase.CLOSED: {
+        **_ending_in(Phase.CLOSED),
+        "released": Phase.CLOSED,
+        "released_closing": Phase.CLOSED,
+    },
+}
+
+
+def next_phase(phase: Phase, event: Event) -> Phase:
+    """The phase `event` leads to from `phase` (LifecycleError: it may not happen there)."""
+    try:
+        return TRANSITIONS[phase][event]
+    except KeyError:
+        raise LifecycleError(f"{event!r} in {phase.name}") from None
+
+
+# What the code asks of a phase (these sets say what the phases are; they move nothing).
+# An exchange waits for bytes of its answer:
+_UNDER_WAY = frozenset(
+    {Phase.AWAITING_ANSWER, Phase.READING_HEAD, Phase.READING_BODY, Phase.READING_UNTIL_CLOSE}
+)
+# The transport is open:
+_OPEN = _UNDER_WAY | {Phase.READY, Phase.IDLE, Phase.COMPLETE, Phase.DONE, Phase.MUST_CLOSE}
+_FAILED = frozenset({Phase.UNANSWERED, Phase.BROKEN})  # `_failure` says why
+_CLOSED = _FAILED | {Phase.CLOSED}
+# In an exchange, its answer's final head was read (CLOSED: the answer ended whole):
+_HEAD_READ = frozenset(
+    {Phase.READING_BODY, Phase.READING_UNTIL_CLOSE, Phase.COMPLETE, Phase.CLOSED}
+)
+# In an exchange, its answer was read to its end:
+_ANSWER_WHOLE = frozenset({Phase.COMPLETE, Phase.CLOSED})
+
+
 class Answer:
     """The upstream's answer: status, reason and headers read, the body still to read.
 
@@ -242,37 +440,41 @@ class _Connection(asyncio.Protocol):
         self._high_water = client._high_water
         self.transport: asyncio.Transport | None = None
         self._poll: select.poll | None = None  # whether answer bytes wait (`_let_answer_in`)
-        self.closed = False
-        self.reusable = True  # cleared by anything that forbids reuse
+        self._phase = Phase.OPENING
+        self._failure: UpstreamBroken | None = None  # why, in UNANSWERED and BROKEN
+        # Facts beside the phase, each true in several phases (see the module's docstring).
+        # Cleared by anything that forbids reuse, never set again: chooses the release event.
+        self.reusable = True
+        # The request was HEAD: its answer has no body (chooses the head event).
+        self._head_only = False
+        # llhttp's parser still expects a body the last answer did not have: the next
+        # exchange needs a new one.
+        self._fresh_parser = False
+        # Flow control: the socket is not read until the caller takes the body; the body's
+        # writer waits until the socket takes more.
+        self._reading_paused = False
+        self._writing_paused = False
         self._parser = httptools.HttpResponseParser(self)
-        self.busy = False  # an exchange is under way
-        self.idle = False  # in the client's idle list
-        self._head_only = False  # the request was HEAD: the answer has no body
-        self._received = False  # any byte of the answer arrived
-        self._headers_done = False
-        self._complete = False
-        self._interim = False  # the message being parsed is a 1xx
-        self._surplus = False  # bytes came after the final answer: ignored, connection closed
-        self._fresh_parser = False  # the next exchange needs a new parser
-        self._until_close = False  # the body ends with the connection
-        self._failure: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._wait_started = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._body: deque[bytes] = deque()
         self._buffered = 0
-        self._reading_paused = False
         self._drain: asyncio.Future[None] | None = None
-        self._writing_paused = False
         self.writer: asyncio.Task[None] | None = None
         self.status = 0
         self.reason = ""
         self.headers: CIMultiDict[str] = CIMultiDict()
         self.content_length: int | None = None
 
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
     # ------------------------------------------------------------------ the transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._phase = next_phase(self._phase, "connected")
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
@@ -281,47 +483,29 @@ class _Connection(asyncio.Protocol):
             self._poll.register(sock.fileno(), select.POLLIN)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:  # closed by the upstream, not by `abort`
-            self.closed = True
-            self.reusable = False
-            self._client._forget(self)
-            self._stop_timer()
-            if self.busy and not self._complete and self._failure is None:
-                if self._headers_done and self._until_close and exc is None:
-                    # RFC 9112 §6.3 (8): the body ends with the connection (a reset is
-                    # no end: the body may be cut short).
-                    self._complete = True
-                else:
-                    self._failure = UpstreamBroken(
-                        "connection closed before the answer was complete"
-                        if self._received
-                        else "connection closed before any answer"
-                    )
-            self._wake()
-        drain = self._drain
-        if drain is not None and not drain.done():
-            drain.set_exception(UpstreamBroken("connection closed while sending"))
-            drain.exception()  # retrieved: the writer may be gone already
+        self._end(
+            "ended" if exc is None else "reset",
+            "connection closed before any answer"
+            if self._phase is Phase.AWAITING_ANSWER
+            else "connection closed before the answer was complete",
+        )
 
     def data_received(self, data: bytes) -> None:
-        if not self.busy or self._complete:
-            # Bytes after the answer, or while idle: no answer to any request we will send.
+        phase = TRANSITIONS[self._phase].get("bytes")
+        if phase is None:
+            # While idle, or after the answer: no answer to any request we will send.
             self.abort()
             return
-        self._received = True
+        self._phase = phase
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(UpstreamBroken("the upstream switched protocols unasked"))
+            self.abort("the upstream switched protocols unasked")
         except httptools.HttpParserError as exc:
-            if self._complete:
-                self._surplus = True  # not an answer, but after one: the answer stands
-            else:
-                self._fail(UpstreamBroken(f"unreadable answer: {exc}"))
-        if self._surplus:
-            # RFC 9112 §9.3.2: nothing may follow the answer to the last request sent. What
-            # did is no part of that answer, and the connection cannot be trusted again.
-            self.abort()
+            # Malformed, or an event the phase does not allow (a callback raised
+            # LifecycleError). After a whole answer, the answer stands: what followed is no
+            # part of it, and the connection cannot be trusted again (RFC 9112 §9.3.2).
+            self.abort(f"unreadable answer: {exc}")
         self._wake()
 
     def eof_received(self) -> bool:
@@ -339,63 +523,56 @@ class _Connection(asyncio.Protocol):
                 drain.set_result(None)
 
     # ------------------------------------------------------------------ llhttp callbacks
+    # An event the phase does not allow raises here; llhttp stops, and `data_received` closes
+    # the connection (a second message after the answer, body bytes where it has none).
 
     def on_message_begin(self) -> None:
-        if self._headers_done:
-            # A second message after the final answer (RFC 9112 §6.3: the answer ended where
-            # its framing said): parsing stops mattering here, none of it is read into the
-            # answer being relayed.
-            self._surplus = True
-            self.reusable = False
+        self._phase = next_phase(self._phase, "message_begin")
 
     def on_status(self, status: bytes) -> None:
-        if not self._surplus:
-            self.reason = status.decode("utf-8", "surrogateescape")
+        self.reason = status.decode("utf-8", "surrogateescape")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._surplus:
-            return
         # As the server side decodes a client's fields, so that the bytes go on unchanged.
         self.headers.add(
             name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
         )
 
     def on_headers_complete(self) -> None:
-        if self._surplus:
-            return
         parser = self._parser
         status = parser.get_status_code()
         if status < _FINAL:
-            self._interim = True  # 1xx: skipped, the final answer follows
-            self.headers = CIMultiDict()
+            self._phase = next_phase(self._phase, "interim_head")
+            self.headers = CIMultiDict()  # 1xx: skipped, the final answer follows
             return
-        self.status = status
-        self._headers_done = True
         headers = self.headers
         if self._head_only or status in _NO_BODY_STATUS:
             # RFC 9112 §6.3 (1): no body, whatever the fields say. llhttp does not know the
             # request was HEAD, so its state is dropped with its parser, and so is its view
             # of keep-alive (it may expect a body until the end of the connection).
+            self._phase = next_phase(self._phase, "head_no_body")
+            self.status = status
             self.content_length = None
-            self._complete = True
             self._fresh_parser = True
             if not _keeps_alive(parser.get_http_version(), headers):
                 self.reusable = False
             return
+        event: Event
         length = headers.get("Content-Length")
         if length is not None:
+            event = "head"
             self.content_length = int(length)  # llhttp has checked the digits
         else:
-            # RFC 9112 §6.3 (6, 7): chunked when it is the last coding, else until the end.
+            # RFC 9112 §6.3 (4, 8): chunked when it is the last coding, else until the end.
             codings = ",".join(headers.getall("Transfer-Encoding", ())).rstrip().lower()
-            self._until_close = not codings.endswith("chunked")
+            event = "head" if codings.endswith("chunked") else "head_until_close"
+        self._phase = next_phase(self._phase, event)
+        self.status = status
         if not parser.should_keep_alive():
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        if self._complete or self._surplus:
-            self.reusable = False  # bytes where the answer has no body
-            return
+        self._phase = next_phase(self._phase, "body")
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > self._high_water and not self._reading_paused:
@@ -404,38 +581,26 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
-        if self._surplus:
-            return
-        if self._interim:
-            self._interim = False
-            return
-        if not self._complete:
-            self._complete = True
-            if not self._parser.should_keep_alive():
-                self.reusable = False
+        phase = self._phase
+        self._phase = next_phase(phase, "message_end")
+        if phase is Phase.READING_BODY and not self._parser.should_keep_alive():
+            self.reusable = False
 
     # ------------------------------------------------------------------ the exchange
 
     def begin(self, head_only: bool) -> None:
+        self._phase = next_phase(self._phase, "request")
         if self._fresh_parser:
             self._parser = httptools.HttpResponseParser(self)
             self._fresh_parser = False
-        self.busy = True
         self._head_only = head_only
-        self._received = False
-        self._headers_done = False
-        self._complete = False
-        self._until_close = False
-        self._interim = False
-        self._surplus = False
         self.status = 0
         self.reason = ""
         self.headers = CIMultiDict()
         self.content_length = None
 
     def finish(self) -> bool:
-        """The exchange is over; whether the connection may carry another."""
-        self.busy = False
+        """The exchange is over; whether the connection may carry another (DONE)."""
         writer = self.writer
         if writer is not None:
             self.writer = None
@@ -444,13 +609,17 @@ class _Connection(asyncio.Protocol):
                 self.reusable = False
             elif writer.cancelled() or writer.exception() is not None:
                 self.reusable = False
-        return (
-            self.reusable
-            and self._complete
-            and not self._body
-            and not self._reading_paused
-            and not self.closed
-        )
+        # Whether the answer was read whole is the phase's to say (the table).
+        released = self.reusable and not self._body and not self._reading_paused
+        phase = next_phase(self._phase, "released" if released else "released_closing")
+        self._phase = phase
+        return phase is Phase.DONE
+
+    def pool(self) -> None:
+        self._phase = next_phase(self._phase, "pooled")
+
+    def take(self) -> None:
+        self._phase = next_phase(self._phase, "taken")
 
     async def send_body(self, chunks: AsyncIterator[bytes], length: int | None) -> None:
         """Write a streamed body, each chunk once the socket can take it: chunked when its
@@ -463,7 +632,7 @@ class _Connection(asyncio.Protocol):
                 if not chunk:
                     continue
                 await self._let_answer_in()
-                if self.closed or self._complete:
+                if self._phase not in _UNDER_WAY:
                     self.reusable = False  # answered already, or gone: the rest is not sent
                     return
                 if length is None:
@@ -474,9 +643,9 @@ class _Connection(asyncio.Protocol):
                         # The rest would be read upstream as the start of another request.
                         raise UpstreamBroken("the body is longer than its Content-Length")
                     transport.write(chunk)
-                if self._writing_paused and not self.closed:
+                if self._writing_paused and self._phase not in _CLOSED:
                     await self._drained()
-            if self.closed:
+            if self._phase in _CLOSED:
                 return
             if length is None:
                 transport.write(b"0\r\n\r\n")
@@ -486,9 +655,10 @@ class _Connection(asyncio.Protocol):
             # The body cannot be finished: the upstream must not take what it got for a
             # whole request, and whoever waits for the answer learns why it will not come.
             self.reusable = False
-            if not isinstance(exc, asyncio.CancelledError):
-                self._fail(UpstreamBroken("the request body could not be sent"))
-            self.abort()
+            if isinstance(exc, asyncio.CancelledError):
+                self.abort()
+            else:
+                self.abort("the request body could not be sent")
             raise
 
     async def _let_answer_in(self) -> None:
@@ -503,7 +673,7 @@ class _Connection(asyncio.Protocol):
             return
         # A turn of the loop is what is waited for: no event stands for it. Not while reading
         # is paused: the bytes would stay where they are.
-        while poll.poll(0) and not (self.closed or self._complete or self._reading_paused):  # noqa: ASYNC110
+        while poll.poll(0) and self._phase in _UNDER_WAY and not self._reading_paused:  # noqa: ASYNC110
             await asyncio.sleep(0)
 
     async def _drained(self) -> None:
@@ -512,13 +682,13 @@ class _Connection(asyncio.Protocol):
 
     async def head(self) -> None:
         """Wait for the answer's head (a failure or a timeout raises)."""
-        while not self._headers_done:
+        while self._phase not in _HEAD_READ:
             await self._wait()
 
     async def read_body(self) -> bytes:
         body = self._body
         while not body:
-            if self._complete:
+            if self._phase in _ANSWER_WHOLE:
                 return b""
             await self._wait()
         if len(body) == 1:
@@ -527,16 +697,17 @@ class _Connection(asyncio.Protocol):
             chunk = b"".join(body)
             body.clear()
         self._buffered = 0
-        if self._reading_paused and not self.closed:
+        if self._reading_paused and self._phase not in _CLOSED:
             self._reading_paused = False
             assert self.transport is not None
             self.transport.resume_reading()
         return chunk
 
     async def _wait(self) -> None:
-        failure = self._failure
-        if failure is not None:
-            raise failure
+        phase = self._phase
+        if phase not in _UNDER_WAY:
+            # A failed exchange raises why; any other phase awaits no bytes.
+            raise self._failure or LifecycleError(f"an answer awaited in {phase.name}")
         loop = self._loop
         waiter = self._waiter = loop.create_future()
         self._wait_started = loop.time()
@@ -567,22 +738,23 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _fail(self, failure: BaseException) -> None:
-        if self._failure is None:
-            self._failure = failure
-        self.abort()
+    def abort(self, reason: str = "the connection was closed") -> None:
+        """Close the connection now; an exchange still waiting on it fails (`reason`)."""
+        self._end("aborted", reason)
 
-    def abort(self) -> None:
-        """Close the connection now; an exchange still waiting on it fails."""
-        self.reusable = False
-        if self.busy and not self._complete and self._failure is None:
-            self._failure = UpstreamBroken("the connection was closed")
-        transport = self.transport
-        if transport is not None and not self.closed:
-            self.closed = True
-            self._client._forget(self)
+    def _end(self, event: Event, reason: str) -> None:
+        """The end of the connection ("ended", "reset": the upstream's; "aborted": this side's).
+        An exchange it leaves failed (UNANSWERED, BROKEN) fails with `reason`."""
+        phase = self._phase
+        ended = self._phase = next_phase(phase, event)
+        if phase in _OPEN:  # else: not open yet, or closed already (and reported since)
+            if ended in _FAILED:
+                self._failure = UpstreamBroken(reason)
+            self._client._forget(self, phase is Phase.IDLE)
             self._stop_timer()
-            transport.abort()
+            if event == "aborted":
+                assert self.transport is not None
+                self.transport.abort()
         self._wake()
         drain = self._drain
         if drain is not None and not drain.done():
@@ -594,10 +766,6 @@ class _Connection(asyncio.Protocol):
         if timer is not None:
             self._timer = None
             timer.cancel()
-
-    @property
-    def answer_started(self) -> bool:
-        return self._received
 
 
 class UpstreamClient:
@@ -671,13 +839,14 @@ class UpstreamClient:
                 await connection.head()
             except BaseException as exc:
                 connection.abort()
-                connection.finish()
-                if (
+                again = (
                     retry
                     and pooled
                     and isinstance(exc, UpstreamBroken)
-                    and not connection.answer_started
-                ):
+                    and connection.phase is Phase.UNANSWERED
+                )
+                connection.finish()
+                if again:
                     retry = False
                     continue
                 raise
@@ -731,11 +900,10 @@ class UpstreamClient:
         if self._closed:
             raise UpstreamRefused("the client is closed")
         idle = self._idle
-        while idle:
+        if idle:
             connection = idle.pop()
-            connection.idle = False
-            if not connection.closed:
-                return connection, True
+            connection.take()
+            return connection, True
         return await self._connect(), False
 
     async def _connect(self) -> _Connection:
@@ -768,27 +936,30 @@ class UpstreamClient:
         if self._closed:
             connection.abort()
             raise UpstreamRefused("the client is closed")
+        if connection.phase is not Phase.READY:
+            # Closed before a request could go: by the upstream, or for bytes it sent unasked.
+            raise UpstreamRefused("the connection was closed as soon as it was opened")
         return connection
 
     def _release(self, connection: _Connection) -> None:
         if connection.finish() and not self._closed:
-            connection.idle = True
+            connection.pool()
             self._idle.append(connection)
         else:
             connection.abort()
 
-    def _forget(self, connection: _Connection) -> None:
+    def _forget(self, connection: _Connection, idle: bool) -> None:
+        """`connection` is closed (`idle`: it was on the idle list)."""
         self._open.discard(connection)
-        if connection.idle:
-            connection.idle = False
+        if idle:
             self._idle.remove(connection)  # closed while idle: rare, and the list is short
 
     async def close(self) -> None:
         """Close every connection, idle or in use."""
         self._closed = True
-        for connection in self._idle:
-            connection.idle = False
-        self._idle.clear()
+        idle = self._idle
+        while idle:
+            idle.pop().take()  # off the list; closed below with the others
         for connection in list(self._open):
             connection.abort()
         await asyncio.sleep(0)  # let the transports finish closing

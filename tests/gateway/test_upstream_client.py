@@ -1,26 +1,35 @@
 """gateway.upstream_client: keep-alive reuse, framing both ways, strict parsing, flow control,
 timeouts and cancellation, against upstreams written in bytes on 127.0.0.1 (and, for the
-smuggling cases, through a running gateway)."""
+smuggling cases, through a running gateway); and the table of a connection's phases."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
+import uvloop
 from multidict import CIMultiDict
 
 from gateway.upstream_client import (
+    EVENTS,
+    TRANSITIONS,
+    Event,
+    LifecycleError,
     Origin,
+    Phase,
     RequestFields,
     UpstreamBroken,
     UpstreamClient,
     UpstreamRefused,
+    next_phase,
 )
 from tests.support import gateway_yaml, raw_exchange, raw_request, running_gateway
 
@@ -577,6 +586,63 @@ async def test_an_answer_given_before_the_body_was_all_sent_is_read_and_the_conn
         server.close()
 
 
+def _answer_early_and_reset(listener: socket.socket, go: threading.Event) -> None:
+    """An upstream in a thread of its own: it reads the request's head and, once told to
+    (`go`), answers 413 and resets the connection, the body unread."""
+    connection, _ = listener.accept()
+    with connection:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += connection.recv(65536)
+        assert go.wait(5)
+        connection.sendall(b"HTTP/1.1 413 Too Large\r\nContent-Length: 8\r\n\r\ntoo much")
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def _until_reset(sock: socket.socket) -> None:
+    """Block until the kernel holds the upstream's reset for `sock` (poll reports POLLERR
+    or POLLHUP whatever is asked)."""
+    poll = select.poll()
+    poll.register(sock.fileno(), 0)
+    assert poll.poll(5000)
+
+
+@pytest.mark.parametrize(
+    "loop", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"]
+)
+def test_an_early_answer_and_a_reset_met_while_the_body_goes_out_is_read_not_lost(loop):
+    # The upstream answers and resets while the body's writer runs, and the writer holds
+    # the loop until both are in the kernel: the next chunk is written before the loop could
+    # read them. Written without a look at the socket first, the chunk meets the reset and
+    # the transport closes with the answer unread: UpstreamBroken, not the 413.
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(5)
+    go = threading.Event()
+    upstream = threading.Thread(target=_answer_early_and_reset, args=(listener, go))
+    upstream.start()
+
+    async def exchange() -> tuple[int, bytes]:
+        async with client_for(listener.getsockname()[1]) as client:
+
+            async def body() -> AsyncIterator[bytes]:
+                (connection,) = client._open
+                assert connection.transport is not None
+                go.set()
+                _until_reset(connection.transport.get_extra_info("socket"))
+                for _ in range(64):
+                    yield b"z" * 65536
+
+            status, _, got = await fetch(client, "POST", "/", body())
+            return status, got
+
+    try:
+        with asyncio.Runner(loop_factory=loop) as runner:
+            assert runner.run(exchange()) == (413, b"too much")
+    finally:
+        upstream.join(5)
+        listener.close()
+
+
 async def test_a_cancelled_exchange_closes_its_connection():
     ended = asyncio.Event()
 
@@ -730,3 +796,112 @@ async def test_an_answer_held_back_while_the_body_still_goes_out_costs_no_cpu():
         assert cpu < 0.6 * wall
     finally:
         server.close()
+
+
+async def test_an_answer_released_with_its_body_unread_closes_its_connection():
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: 300000\r\n\r\n" + b"b" * 300000
+    answers = iter([big, OK])
+    async with upstream(lambda r: next(answers)) as up, client_for(up.port) as client:
+        answer = await client.request("GET", "/", CIMultiDict(), None)
+        answer.release()
+        assert client.open_connections == client.idle_connections == 0
+        assert (await fetch(client))[2] == b"ok"
+        assert up.connections == 2
+
+
+async def test_a_second_answer_in_the_bytes_of_the_first_is_not_read_and_closes_the_connection():
+    async with upstream(lambda r: OK + OK) as up, client_for(up.port) as client:
+        assert await fetch(client) == (200, CIMultiDict({"Content-Length": "2"}), b"ok")
+        assert client.open_connections == client.idle_connections == 0
+        assert (await fetch(client))[2] == b"ok"
+        assert up.connections == 2
+
+
+# ---------------------------------------------------------------------- the phases' table
+
+
+def test_every_event_a_phase_does_not_list_is_refused_and_every_listed_one_leads_where_listed():
+    assert set(TRANSITIONS) == set(Phase)
+    for phase in Phase:
+        for event in EVENTS:
+            listed = TRANSITIONS[phase].get(event)
+            if listed is None:
+                with pytest.raises(LifecycleError):
+                    next_phase(phase, event)
+            else:
+                assert next_phase(phase, event) is listed
+
+
+def _leading_to(target: Phase) -> set[tuple[Phase, Event]]:
+    return {
+        (phase, event)
+        for phase, events in TRANSITIONS.items()
+        for event, then in events.items()
+        if then is target and phase is not target
+    }
+
+
+def test_a_connection_is_pooled_only_from_done_and_done_only_follows_a_whole_answer_released():
+    assert _leading_to(Phase.IDLE) == {(Phase.DONE, "pooled")}
+    assert _leading_to(Phase.DONE) == {(Phase.COMPLETE, "released")}
+    for phase in set(Phase) - {Phase.DONE}:
+        with pytest.raises(LifecycleError):
+            next_phase(phase, "pooled")
+
+
+CLOSED = {Phase.UNANSWERED, Phase.BROKEN, Phase.CLOSED}
+
+
+def test_a_closed_connection_stays_closed_and_every_phase_the_loop_sees_may_end():
+    for phase in CLOSED:
+        assert {then for then in TRANSITIONS[phase].values()} <= CLOSED
+    # DONE and MUST_CLOSE last only while `_release` runs; before OPENING ends, the loop
+    # reports no end of the connection, and an abort has no transport to close.
+    for phase in set(Phase) - {Phase.OPENING, Phase.DONE, Phase.MUST_CLOSE}:
+        assert next_phase(phase, "ended") in CLOSED
+        assert next_phase(phase, "reset") in CLOSED
+    for phase in set(Phase) - {Phase.OPENING}:
+        assert next_phase(phase, "aborted") in CLOSED
+    assert next_phase(Phase.OPENING, "aborted") is Phase.OPENING
+
+
+def test_only_an_exchange_awaiting_its_answer_takes_bytes_and_only_before_its_end():
+    assert {phase for phase in Phase if "bytes" in TRANSITIONS[phase]} == {
+        Phase.AWAITING_ANSWER,
+        Phase.READING_HEAD,
+        Phase.READING_BODY,
+        Phase.READING_UNTIL_CLOSE,
+    }
+    # RFC 9112 §9.3.2: nothing may follow the answer, not even in the bytes that ended it.
+    for event in ("bytes", "message_begin", "body"):
+        with pytest.raises(LifecycleError):
+            next_phase(Phase.COMPLETE, event)
+
+
+def test_the_end_of_the_connection_ends_only_a_body_read_until_close_and_only_cleanly():
+    assert next_phase(Phase.READING_UNTIL_CLOSE, "ended") is Phase.CLOSED
+    assert next_phase(Phase.READING_UNTIL_CLOSE, "reset") is Phase.BROKEN
+    for phase in (Phase.READING_HEAD, Phase.READING_BODY):
+        assert next_phase(phase, "ended") is Phase.BROKEN
+    assert next_phase(Phase.AWAITING_ANSWER, "ended") is Phase.UNANSWERED
+
+
+def test_a_body_released_unread_never_leaves_the_connection_reusable():
+    for phase in (Phase.READING_BODY, Phase.READING_UNTIL_CLOSE):
+        assert next_phase(phase, "released") is Phase.MUST_CLOSE
+    assert next_phase(Phase.COMPLETE, "released_closing") is Phase.MUST_CLOSE
+
+
+async def test_a_connection_follows_the_table_and_an_event_out_of_turn_is_a_bug_that_raises():
+    async with upstream(lambda r: OK) as up, client_for(up.port) as client:
+        assert (await fetch(client))[0] == 200
+        (connection,) = client._idle
+        assert connection.phase is Phase.IDLE
+        with pytest.raises(LifecycleError):
+            connection.begin(head_only=False)  # an exchange on a connection still pooled
+        with pytest.raises(LifecycleError):
+            connection.pool()  # pooled twice
+        assert connection.phase is Phase.IDLE
+        assert (await fetch(client))[0] == 200
+        assert up.connections == 1
+    assert connection.phase is Phase.CLOSED
