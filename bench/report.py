@@ -14,10 +14,11 @@ target each ratio is held to. A scenario the script could not run on this machin
 `<scenario>.skipped` in DIR, one line saying why; its row says so instead of a figure.
 A scenario run a second time leaves `<scenario>.2.txt` (and its snapshots) too: the two runs
 are counted as one (`combined`) in its row. When both scenarios of a ratio ran three times or
-more, in turns (`none`, `warm`, `none.2`, `warm.2`, ...), the ratio is the median of the
-ratios of each turn's two runs, shown with their range and the figure of all runs pooled: the
-two runs of a turn are a few seconds apart, while a slowdown of the machine lasting a run or
-two (seen here: one run in five 20% slower) weighs on one side of a pooled figure only.
+more, in turns (`none`, `warm`, `envoy`, `none.2`, `warm.2`, `envoy.2`, ...), the ratio is the
+median of the ratios of each turn's two runs, shown with their range and the figure of all
+runs pooled: the two runs of a turn are a few seconds apart, while a slowdown of the machine
+lasting a run or two (seen here: one run in five 20% slower) weighs on one side of a pooled
+figure only.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ GATEWAY_SCENARIOS = (
     ("dpop", "3b. gateway, one DPoP-bound ES256 JWT (warm), a fresh ES256 proof per request"),
     ("cold", "4. gateway, fresh ES256 JWT per request (token cache off)"),
     ("haproxy", "5. HAProxy, ES256 `jwt_verify` on every request"),
+    ("envoy", "5b. Envoy, `jwt_authn` ES256 (JWT cache), RBAC scope check"),
+    ("envoy-nocache", "5c. Envoy, `jwt_authn` ES256 on every request (no cache), RBAC scope check"),
 )
 WORKERS_SCENARIOS = (
     ("workers-1", "21. gateway `workers: 1`, warm ES256 JWT, worker limited to 45% of a CPU"),
@@ -88,6 +91,8 @@ GATEWAY_RATIOS = (
     Ratio("warm", "none", "gateway warm JWT / gateway auth none", 0.95),
     Ratio("dpop", "warm", "gateway DPoP, fresh proof / gateway warm bearer JWT"),
     Ratio("warm", "haproxy", "gateway warm JWT / HAProxy ES256", 1.0, (RPS, CPU)),
+    Ratio("warm", "envoy", "gateway warm JWT / Envoy with cache"),
+    Ratio("warm", "envoy-nocache", "gateway warm JWT / Envoy without cache"),
     Ratio("cold", "haproxy", "gateway cold JWT / HAProxy ES256", 0.5, (RPS, CPU)),
     Ratio("cold", "warm", "gateway cold JWT / gateway warm JWT"),
     Ratio("none", "direct", "gateway auth none / nginx direct"),
@@ -302,11 +307,12 @@ def _scenario_table(
 
 def target_note(ratio: Ratio, measured: dict[str, float], skipped: dict[str, str]) -> str:
     """`target >= X: met` when the ratio reaches the target by every measure it is judged by
-    that was measured, `NOT met` otherwise (naming the measures when they disagree)."""
-    if ratio.target is None:
-        return ""
-    head = f"target >= {ratio.target:.2f}"
+    that was measured, `NOT met` otherwise (naming the measures when they disagree); `not
+    measured` with the reason when a scenario of the ratio could not run, target or not."""
     why = skipped.get(ratio.top) or skipped.get(ratio.bottom)
+    if ratio.target is None:
+        return f"not measured ({why})" if why is not None else ""
+    head = f"target >= {ratio.target:.2f}"
     if why is not None:
         return f"{head}: not measured ({why})"
     verdicts = {

