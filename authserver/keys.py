@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import jwt
 import orjson
@@ -61,9 +61,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
-from jwt.utils import base64url_decode
 
-from portcullis.jose import is_low_s, low_s
+from portcullis.jose import (
+    NotAnObject,
+    compact_parts,
+    decode_checked_alphabet,
+    is_low_s,
+    json_object,
+    low_s,
+    verify_signature,
+)
 
 from .clock import Clock
 from .settings import Settings
@@ -455,12 +462,33 @@ class SigningRing:
     def _refuse_if_stale(self, now: float) -> None:
         """Nothing by default: a ring whose copy can fall behind refuses here."""
 
-    def verify(self, token: str, algorithms: Iterable[str], **options: Any) -> dict[str, Any]:
-        """Decode a token this server signed, with any published key (for introspection).
-        Its ES256 signature must be in the low-S spelling this ring signs (`sign`): the other
-        spelling of the same signature is refused as a bad signature (portcullis/jose.py)."""
+    def verify(
+        self,
+        token: str,
+        algorithms: Iterable[str],
+        *,
+        issuer: str | None = None,
+        audience: str | None = None,
+        leeway: float = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The claims of a token this server signed, with any published key (for
+        introspection, userinfo, the admin API and logout hints); jwt.InvalidTokenError
+        when it is not one, or they do not hold.
+
+        The JWS is the kernel's to read (portcullis/jose.py), as the gateway reads tokens: a
+        compact serialisation of canonical base64url parts, header and payload JSON objects;
+        the `kid` of a key of this ring and its `alg`, one of `algorithms`; the signature
+        of that key, an ES256 one in the low-S spelling this ring signs (`sign`): the other
+        spelling of the same signature is refused as a bad signature. Then the claims, as
+        PyJWT's `decode` judges them (`_check_claims`) but at the ring's clock, so a token
+        is valid when its server says: `options` names the claims it must `require` and
+        may turn off `verify_aud`, `verify_iss`, `verify_exp`, `verify_nbf`, `verify_iat`."""
         snap = self._snap
-        header = jwt.get_unverified_header(token)
+        parts = compact_parts(token)
+        if parts is None:
+            raise jwt.DecodeError("not a compact JWS")
+        header = _part(parts[0], "header")
         kid = header.get("kid")
         if not isinstance(kid, str) or kid not in snap.private:
             raise jwt.InvalidTokenError("unknown key")
@@ -468,22 +496,24 @@ class SigningRing:
         if header.get("alg") != info.alg or info.alg not in set(algorithms):
             raise jwt.InvalidTokenError("algorithm does not match the key")
         try:
-            # Decoded as PyJWT decodes it below, so the bytes judged are the bytes verified.
-            signature = base64url_decode(token.rpartition(".")[2])
-        except (binascii.Error, ValueError):
-            signature = None  # not a signature at all: jwt.decode refuses it
-        if signature is not None and not is_low_s(info.alg, signature):
-            raise jwt.InvalidSignatureError("Signature verification failed")
+            signature = decode_checked_alphabet(parts[2])
+        except binascii.Error:
+            raise jwt.DecodeError("the signature is not base64url") from None
+        signing_input = token[: len(parts[0]) + 1 + len(parts[1])].encode("ascii")
         key = snap.private[kid].public_key()
-        # PyJWT judges exp, nbf and iat at the system's time; they are judged here at the key
-        # ring's clock instead, with the same rules, so a token is valid when its server says.
-        given = dict(options.pop("options", None) or {})
-        judged = {name: given.get(f"verify_{name}", True) for name in _TIME_CLAIMS}
-        given.update({f"verify_{name}": False for name in _TIME_CLAIMS})
-        claims: dict[str, Any] = jwt.decode(
-            token, key, algorithms=[info.alg], options=cast(Any, given), **options
+        if not is_low_s(info.alg, signature) or not verify_signature(
+            info.alg, key, signing_input, signature
+        ):
+            raise jwt.InvalidSignatureError("Signature verification failed")
+        claims = _part(parts[1], "payload")
+        _check_claims(
+            claims,
+            self.clock(),
+            dict(options or {}),
+            issuer=issuer,
+            audience=audience,
+            leeway=leeway,
         )
-        _check_times(claims, self.clock(), judged, float(options.get("leeway", 0)))
         return claims
 
 
@@ -668,9 +698,6 @@ def change_due(infos: Mapping[str, KeyInfo], now: float, policy: RotationPolicy)
     return bool(_rotation_due(infos, now, policy))
 
 
-_TIME_CLAIMS = ("exp", "nbf", "iat")
-
-
 def _whole_seconds(claims: Mapping[str, Any], name: str, error: type[Exception]) -> int:
     try:
         return int(claims[name])
@@ -678,21 +705,72 @@ def _whole_seconds(claims: Mapping[str, Any], name: str, error: type[Exception])
         raise error(f"the {name} claim must be an integer") from None
 
 
-def _check_times(
-    claims: Mapping[str, Any], now: float, judged: Mapping[str, bool], leeway: float
+def _part(part: str, name: str) -> dict[str, Any]:
+    """The JSON object a token's header or payload (`name`) encodes."""
+    try:
+        return json_object(part)
+    except NotAnObject as exc:
+        raise jwt.DecodeError(f"the {name} {exc.problem}") from None
+
+
+def _check_claims(
+    claims: Mapping[str, Any],
+    now: float,
+    options: Mapping[str, Any],
+    *,
+    issuer: str | None,
+    audience: str | None,
+    leeway: float,
 ) -> None:
-    """RFC 7519 §4.1.4-4.1.6 as PyJWT applies them (each only when the claim is present and
-    its check is on), at `now`."""
+    """RFC 7519 §4.1 as PyJWT's `decode` applies them, in its order, at `now`: the claims
+    `options` requires present; `iat`, `nbf` and `exp` (each only when present and its
+    check is on); `iss` the issuer, when one is given; `aud` naming the audience given, or
+    none at all when none is; `sub` and `jti` strings."""
+    for name in options.get("require", ()):
+        if claims.get(name) is None:
+            raise jwt.MissingRequiredClaimError(name)
 
     def late(name: str, error: type[Exception], than: float) -> bool:
-        return judged[name] and name in claims and _whole_seconds(claims, name, error) > than
+        judged = bool(options.get(f"verify_{name}", True))
+        return judged and name in claims and _whole_seconds(claims, name, error) > than
 
     if late("iat", jwt.InvalidIssuedAtError, now + leeway):
         raise jwt.ImmatureSignatureError("the token is not yet valid (iat)")
     if late("nbf", jwt.DecodeError, now + leeway):
         raise jwt.ImmatureSignatureError("the token is not yet valid (nbf)")
-    if judged["exp"] and "exp" in claims and not late("exp", jwt.DecodeError, now - leeway):
+    if (
+        options.get("verify_exp", True)
+        and "exp" in claims
+        and not late("exp", jwt.DecodeError, now - leeway)
+    ):
         raise jwt.ExpiredSignatureError("the token has expired")
+    if issuer is not None and options.get("verify_iss", True):
+        if "iss" not in claims:
+            raise jwt.MissingRequiredClaimError("iss")
+        if claims["iss"] != issuer:
+            raise jwt.InvalidIssuerError("Invalid issuer")
+    if options.get("verify_aud", True):
+        _check_audience(claims.get("aud"), audience)
+    if "sub" in claims and not isinstance(claims["sub"], str):
+        raise jwt.exceptions.InvalidSubjectError("Subject must be a string")
+    if "jti" in claims and not isinstance(claims["jti"], str):
+        raise jwt.exceptions.InvalidJTIError("JWT ID must be a string")
+
+
+def _check_audience(aud: Any, audience: str | None) -> None:
+    """RFC 7519 §4.1.3: a token for `audience` names it in `aud` (a string, or an array of
+    strings); a token whose reader names no audience has none."""
+    if audience is None:
+        if aud:
+            raise jwt.InvalidAudienceError("Invalid audience")
+        return
+    if not aud:
+        raise jwt.MissingRequiredClaimError("aud")
+    names = [aud] if isinstance(aud, str) else aud
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise jwt.InvalidAudienceError("Invalid claim format in token")
+    if audience not in names:
+        raise jwt.InvalidAudienceError("Audience doesn't match")
 
 
 @functools.cache

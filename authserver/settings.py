@@ -288,7 +288,7 @@ class DpopSettings:
     leeway: timedelta = setting("Clock skew allowed on iat (a proof from slightly ahead).", default=timedelta(seconds=5), maximum=timedelta(minutes=1))
     nonce: bool = setting("Proofs must carry a nonce the server gave (DPoP-Nonce, RFC 9449 §8).", default=False)
     nonce_key: str | None = setting("Keys the nonces (at least 32 characters); the same on every replica. Required with nonce.", default=None, secret=True, from_file=True)
-    nonce_lifetime: timedelta = setting("A nonce is accepted this long, and up to twice as long.", default=timedelta(minutes=5), more_than=ZERO)
+    nonce_lifetime: timedelta = setting("How long a nonce is accepted; each is handed out for a quarter of it.", default=timedelta(minutes=5), minimum=timedelta(seconds=4))
 
     def validate(self, check: Check) -> None:
         if self.nonce and not check.has("nonce_key"):

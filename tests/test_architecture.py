@@ -3,6 +3,9 @@
 - portcullis (the shared kernel) imports neither gateway nor authserver, and its pure
   standards code (jose, dpop) the standard library, cryptography, PyJWT and orjson alone:
   no aiohttp, nothing with I/O;
+- the standards code is the kernel's alone: no module of either service defines its own RFC
+  7638 thumbprint, `ath` or `htu` comparison (by the names such code goes by, or by the
+  members a thumbprint covers);
 - gateway and authserver never import each other;
 - the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
   through other modules of the package, so they are tested without a server;
@@ -25,6 +28,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -373,3 +377,82 @@ def test_the_settings_scan_sees_the_adapter_name_them():
     assert TYPED_GRAPH["gateway.adapter"] >= _SETTINGS_WITH_RECORDS
     assert "gateway.records" in GRAPH["gateway.adapter"]
     assert "gateway.adapter" in _gateway_imports("gateway.app")
+
+
+# ---------------------------------------------------------------------------- one standard
+
+# What code implementing RFC 7638 thumbprints, RFC 9449 `ath` or the comparison of `htu`
+# (RFC 9449 §4.3 item 9, RFC 3986 §6) is called, as a function, class or constant.
+_STANDARDS_NAMES = re.compile(
+    r"thumbprint|(^|_)ath(_|$)|access_token_hash|htu|dot_segments|"
+    r"normali[sz]ed?_ur[il]|percent_normali[sz]|same_resource",
+    re.IGNORECASE,
+)
+# RFC 7638 §3.2: the members a thumbprint covers, per key type; only a thumbprint lists them.
+_THUMBPRINT_MEMBERS = (
+    frozenset({"crv", "kty", "x", "y"}),
+    frozenset({"e", "kty", "n"}),
+    frozenset({"crv", "kty", "x"}),
+)
+
+
+def _standards_code(source: str) -> set[str]:
+    """What in `source` implements the kernel's standards: definitions named like them, and
+    the member lists of a thumbprint."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names = [node.name]
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            members = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+            if len(members) == len(node.elts) and frozenset(members) in _THUMBPRINT_MEMBERS:
+                found.add(f"line {node.lineno}: the members of an RFC 7638 thumbprint")
+            continue
+        else:
+            continue
+        found.update(
+            f"line {node.lineno}: {name}" for name in names if _STANDARDS_NAMES.search(name)
+        )
+    return found
+
+
+SERVICE_FILES = sorted(
+    path for package in ("gateway", "authserver") for path in (ROOT / package).rglob("*.py")
+)
+
+
+@pytest.mark.parametrize("path", SERVICE_FILES, ids=lambda path: _module_name(path))
+def test_neither_service_implements_thumbprints_ath_or_htu_comparison_itself(path):
+    found = _standards_code(path.read_text())
+    assert not found, (
+        f"{_module_name(path)}: {sorted(found)}: use portcullis.jose / portcullis.dpop"
+    )
+
+
+def test_the_standards_scan_finds_the_kernels_own_code():
+    # The scan is not vacuous: it finds what the kernel defines, and a copy of it.
+    kernel = _standards_code((ROOT / "portcullis" / "jose.py").read_text())
+    kernel |= _standards_code((ROOT / "portcullis" / "dpop.py").read_text())
+    named = {entry.split(": ", 1)[1] for entry in kernel}
+    assert {"thumbprint", "access_token_hash", "same_resource", "remove_dot_segments"} <= named
+    assert "the members of an RFC 7638 thumbprint" in named
+    copy = """
+def jwk_thumbprint(jwk):
+    members = {"kty": jwk["kty"], "n": jwk["n"], "e": jwk["e"]}
+    return hashlib.sha256(json.dumps(members, sort_keys=True).encode())
+
+class Checker:
+    def _normalized_url(self, url): ...
+    async def ath_of(self, token): ...
+
+REQUIRED = ("crv", "kty", "x")
+"""
+    assert {entry.split(": ", 1)[1] for entry in _standards_code(copy)} == {
+        "jwk_thumbprint",
+        "_normalized_url",
+        "ath_of",
+        "the members of an RFC 7638 thumbprint",
+    }

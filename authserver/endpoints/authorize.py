@@ -27,9 +27,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from portcullis.jose import is_thumbprint
+
 from ..clock import Clock
 from ..grants.base import audience_for
-from ..protocol import dpop, pkce
+from ..protocol import pkce
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
 from ..registry import Client, ClientRegistry, UserDirectory
@@ -283,7 +285,7 @@ class AuthorizationEndpoint:
                 max_age = int(params["max_age"])
             audience = audience_for(self.default_audience, client, params.get("resource"))
             dpop_jkt = params.get("dpop_jkt")
-            if dpop_jkt is not None and not dpop.is_thumbprint(dpop_jkt):
+            if dpop_jkt is not None and not is_thumbprint(dpop_jkt):
                 # RFC 9449 §10: a JWK SHA-256 thumbprint (RFC 7638), base64url.
                 raise invalid_request("dpop_jkt must be a JWK SHA-256 thumbprint")
         except OAuthError as error:

@@ -16,11 +16,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from portcullis.dpop import ASYMMETRIC_ALGORITHMS
 from portcullis.http import error_response
 
 from ..clients import ASSERTION_ALGORITHMS
 from ..keys import SigningRing
-from ..protocol import dpop
 from ..protocol.claims import supported_claims
 from ..settings import STANDARD_SCOPES, Settings
 
@@ -68,7 +68,7 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         "require_request_uri_registration": False,
         "prompt_values_supported": ["none", "login", "consent", "select_account"],
         "authorization_response_iss_parameter_supported": True,
-        "dpop_signing_alg_values_supported": list(dpop.ALGORITHMS),  # RFC 9449 §5.1
+        "dpop_signing_alg_values_supported": list(ASYMMETRIC_ALGORITHMS),  # RFC 9449 §5.1
         "backchannel_logout_supported": False,
         "frontchannel_logout_supported": False,
     }

@@ -36,6 +36,7 @@ from tests.authserver.device_support import (
     start_device,
 )
 from tests.authserver.dpop_support import DpopKey
+from tests.dpop_proofs import HTU_SPELLINGS, htu_spelling
 from tests.dpop_proofs import DpopKey as AnyKey
 from tests.support import ecdsa_twin
 
@@ -175,6 +176,22 @@ async def test_htu_with_a_query_and_fragment_still_matches(
     proof = key.proof(server.endpoint("/token") + "?a=b#c")
     status, body, _ = await machine_token(http, server, [proof])
     assert status == 200, body
+
+
+@pytest.mark.parametrize("case", sorted(HTU_SPELLINGS))
+async def test_htu_is_compared_after_normalisation_as_the_gateway_compares_it(
+    server: RunningAuthServer, http: aiohttp.ClientSession, case: str
+) -> None:
+    # One table for both services (tests/dpop_proofs.py): dot segments removed and
+    # percent-encoded unreserved characters decoded (RFC 3986 §6.2.2) before comparing; a
+    # control character or a space makes no URI, never one that matches once stripped.
+    htu, same = htu_spelling(case, server.endpoint("/token"))
+    status, body, _ = await machine_token(http, server, [DpopKey().proof(htu)])
+    if same:
+        assert status == 200, body
+        return
+    assert (status, body["error"]) == (400, "invalid_dpop_proof")
+    assert body["error_description"] == "the DPoP proof is for another URI"  # the gateway's
 
 
 OTHER_KEY = ec.generate_private_key(ec.SECP256R1())
@@ -499,7 +516,7 @@ async def test_with_nonces_required_a_proof_without_one_is_told_the_nonce_to_use
     status, body, _ = await machine_token(http, server, [wrong])
     assert (status, body["error"]) == (400, "use_dpop_nonce")
 
-    clock.advance(11 * 60)  # past two 5-minute windows: the nonce has expired
+    clock.advance(5 * 60 + 1)  # past nonce_lifetime since it was made: expired
     late = key.proof(url, nonce=nonce, iat=clock.now)
     status, body, response = await machine_token(http, server, [late])
     assert (status, body["error"]) == (400, "use_dpop_nonce")
@@ -554,6 +571,10 @@ def test_required_nonces_need_a_shared_secret(tmp_path: Any) -> None:
     short = dpop_config(dpop={"nonce": True, "nonce_key": "short"})
     with pytest.raises(ConfigError, match="32"):
         authserver_settings.load_text(render_config(short, tmp_path, 9999))
+    # A nonce is handed out for a quarter of its lifetime, in whole seconds.
+    brief = dpop_config(dpop={"nonce": True, "nonce_key": NONCE_SECRET, "nonce_lifetime": "3s"})
+    with pytest.raises(ConfigError, match="nonce_lifetime"):
+        authserver_settings.load_text(render_config(brief, tmp_path, 9999))
 
 
 # ---------------------------------------------------------------------------- userinfo
