@@ -160,14 +160,14 @@ def _keys(args: argparse.Namespace, settings: settings_module.Settings) -> int:
     publish a change within keys.reload_every."""
     import asyncio
 
-    from .keys import KeyRing, RotationPolicy, SigningRing
+    from .keys import KeyRing, SigningRing
     from .store.base import StoreUnavailable
     from .stored_keys import KeyDecryptionError
 
     def with_ring(work: Callable[[SigningRing], Coroutine[Any, Any, T]]) -> T:
         directory = settings.keys.dir
         if directory is not None:  # without the server's imports: the command starts fast
-            return asyncio.run(work(KeyRing(directory, RotationPolicy.from_settings(settings))))
+            return asyncio.run(work(KeyRing(directory, settings_module.rotation_policy(settings))))
         from .app import with_key_ring
 
         return asyncio.run(with_key_ring(settings, work))

@@ -6,9 +6,11 @@ Only this module names a concrete store (through `store.open_store`).
 password-hashing pool, metrics, the pages) and the `Components` built from the configuration
 in force: the registry of clients and users, the grants, the endpoints, the discovery
 document and the CORS policy. Endpoints never see either: each is given the few parts it
-uses. SIGHUP reloads the configuration file: a valid one becomes new `Components`, swapped
-in at once (`Live`), so a request finishes on the configuration it started with; login
-sessions and everything else in the store stay valid. The file's clients and users are
+uses, and the values it reads from the configuration, never a section of it (the functions
+under "the parts' terms" turn the sections that need more than a field read). SIGHUP
+reloads the configuration file: a valid one becomes new `Components`, swapped in at once
+(`Live`), so a request finishes on the configuration it started with; login sessions and
+everything else in the store stay valid. The file's clients and users are
 seeds written to the store (registry.seed), at start before serving, and on a reload right
 after the swap. An invalid one changes nothing: its
 problems are logged and the old configuration serves on. Settings bound to what was opened
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -49,18 +52,17 @@ from .admin.api import AdminApi
 from .admin.context import Context as AdminContext
 from .clients import ClientAuthenticator, assertion_audiences
 from .clock import Clock
-from .dpop import ProofChecker
+from .dpop import NonceMaker, ProofChecker
 from .endpoints import discovery
 from .endpoints.authorize import AuthorizationEndpoint
-from .endpoints.device import DevicePages
+from .endpoints.device import CodeGuesses, DevicePages
 from .endpoints.device_authorization import DeviceAuthorizationEndpoint
 from .endpoints.errors import Handler, json_errors_of
 from .endpoints.introspect import IntrospectionEndpoint
 from .endpoints.logout import LogoutEndpoint
 from .endpoints.pages import Pages, page_environment
-from .endpoints.resource_tokens import AccessTokens, ResourceTokens
 from .endpoints.revoke import RevocationEndpoint
-from .endpoints.signin import PasswordCheck
+from .endpoints.signin import LoginRules, PasswordCheck
 from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
 from .events import EventStream, Reason, Revocations, SignedEvents
@@ -68,15 +70,23 @@ from .grants.authorization_code import AuthorizationCode
 from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
 from .grants.device_code import DeviceCode
-from .grants.issuance import TokenIssuer
+from .grants.issuance import RefreshLifetimes, TokenIssuer
 from .grants.refresh_token import RefreshToken
-from .keys import Event, KeyRing, RotationPolicy, SigningRing, jwks_max_age
+from .keys import Event, KeyRing, SigningRing
 from .metrics import CONTENT_TYPE, Metrics, timed_store
 from .protocol.cors import CorsPolicy
+from .resource_tokens import AccessTokens, ResourceTokens
 from .sessions import Sessions
-from .settings import Settings
+from .settings import (
+    BACKOFF_FIRST_DELAY,
+    DpopSettings,
+    LoginThrottle,
+    Settings,
+    StoragePool,
+    rotation_policy,
+)
 from .store import open_store
-from .store.base import AlreadyExists, Store, StoreUnavailable
+from .store.base import AlreadyExists, PoolLimits, Store, StoreUnavailable
 from .stored_keys import KeyCipher, KeyDecryptionError, StoredKeyRing
 from .tokens import Minter
 from .users import PasswordHasher
@@ -172,7 +182,9 @@ class AuthServer:
         """Open the store and the key ring, then serve the configuration; StartupError with
         one line when either cannot be used."""
         settings, clock = self.settings, self.clock
-        store = timed_store(open_store(settings.storage, settings.storage_pool), self.metrics)
+        store = timed_store(
+            open_store(settings.storage, pool_limits(settings.storage_pool)), self.metrics
+        )
         try:
             await store.open()
         except Exception as exc:
@@ -228,8 +240,11 @@ class AuthServer:
         # Read from the store at every lookup: a change made through the admin API, by any
         # replica, is in force at the next request.
         clients, users = registry.StoredClients(store), registry.StoredUsers(store)
-        minter = Minter(settings, keyring)
-        issuer_of_tokens = TokenIssuer(minter, settings.lifetimes)
+        minter = token_minter(settings, keyring)
+        lifetimes = settings.lifetimes
+        issuer_of_tokens = TokenIssuer(
+            minter, RefreshLifetimes(lifetimes.refresh_token_idle, lifetimes.refresh_token_absolute)
+        )
         grants = Registry(
             [
                 AuthorizationCode(store, users, issuer_of_tokens),
@@ -258,13 +273,19 @@ class AuthServer:
         )
         admin_url = issuer + ADMIN_PREFIX
         revocations = Revocations(store, clock, settings.lifetimes.access_token)
-        proofs = ProofChecker(settings.dpop, store, clock, metrics)
+        proofs = proof_checker(settings.dpop, store, clock, metrics)
         # The one check of a token presented to this server's own resources.
         resource_tokens = ResourceTokens(access_tokens, proofs)
-        sessions = Sessions(settings, store, users, clock)
+        sessions = Sessions(
+            store,
+            users,
+            secure=settings.secure_cookies,
+            lifetime=settings.lifetimes.session,
+            clock=clock,
+        )
         addresses = ClientAddresses(settings.trusted_proxies)
         passwords = PasswordCheck(
-            store, users, hasher, settings.login_throttle, addresses, clock, metrics
+            store, users, hasher, login_rules(settings.login_throttle), addresses, clock, metrics
         )
         return Components(
             settings=settings,
@@ -272,9 +293,17 @@ class AuthServer:
             keyring=keyring,
             minter=minter,
             hasher=hasher,
-            cors=cors.policy(settings),
-            document=discovery.Document(discovery.metadata(settings, grants.names()), max_age=3600),
-            jwks=discovery.Jwks(keyring, jwks_max_age(settings)),
+            cors=cors.policy(settings.clients, settings.cors.allow_origins),
+            document=discovery.Document(
+                discovery.metadata(
+                    issuer,
+                    [scope.name for scope in settings.scopes],
+                    settings.id_token_algs,
+                    grants.names(),
+                ),
+                max_age=3600,
+            ),
+            jwks=discovery.Jwks(keyring, math.ceil(settings.keys.jwks_max_age.total_seconds())),
             token=TokenEndpoint(grants, authenticator, issuer + "/token", clock, metrics, proofs),
             introspection=IntrospectionEndpoint(
                 authenticator, access_tokens, store, issuer, issuer + "/introspect", clock
@@ -314,7 +343,11 @@ class AuthServer:
                 sessions=sessions,
                 pages=pages,
                 passwords=passwords,
-                settings=settings.device,
+                guesses=CodeGuesses(
+                    per_session=settings.device.max_failures,
+                    per_address=settings.device.max_failures_per_address,
+                    window=settings.device.window,
+                ),
                 addresses=addresses,
                 scope_description=settings.scope_description,
                 base_path=base,
@@ -342,7 +375,17 @@ class AuthServer:
             ),
             revocations=revocations,
             admin=AdminApi(
-                AdminContext(store, clock, settings, hasher, keyring, admin_url, revocations),
+                AdminContext(
+                    store=store,
+                    clock=clock,
+                    known_scopes=settings.known_scopes,
+                    signing_algs=tuple(settings.signing_algs),
+                    access_token_alg=settings.keys.access_token_alg,
+                    hasher=hasher,
+                    keyring=keyring,
+                    base_url=admin_url,
+                    revocations=revocations,
+                ),
                 AdminAccess(resource_tokens, users, admin_url),
                 base + ADMIN_PREFIX,
             ),
@@ -405,7 +448,7 @@ class AuthServer:
                 return self._rejected(path, f"cannot add signing keys: {_why(exc)}")
             # Built before anything is changed; then the swap: nothing awaited until it is done.
             components = self._components(new)
-            keyring.policy = RotationPolicy.from_settings(new)
+            keyring.policy = rotation_policy(new)
             if new.log_level != self.settings.log_level:
                 logging.getLogger().setLevel(new.log_level.upper())
             self.settings = new
@@ -476,7 +519,9 @@ async def _seed(store: Store, settings: Settings, clock: Clock, *, cut_off: bool
     are cut off too. At start they are only removed (their tokens end with them: nothing
     finds them any more): replicas starting together on one database may derive other
     subjects from their issuers, and must not cut each other's users off."""
-    removed_clients, removed_users = await registry.seed(store, settings, clock())
+    removed_clients, removed_users = await registry.seed(
+        store, settings.clients, [(u, settings.subject_of(u)) for u in settings.users], clock()
+    )
     if not cut_off:
         for removed in (*removed_clients, *removed_users):
             log.info("removed from the configuration", extra={"id": removed})
@@ -505,6 +550,57 @@ def _redacted(url: str) -> str:
         return url
     netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
     return parts._replace(netloc=netloc).geturl()
+
+
+# ---------------------------------------------------------------------------- the parts' terms
+# The running parts are given values and records of their own, never a settings section:
+# these turn the sections that need more than a field read into them.
+
+
+def pool_limits(pool: StoragePool) -> PoolLimits:
+    """`storage_pool`, as the store takes it."""
+    return PoolLimits(
+        min_size=pool.min_size,
+        max_size=pool.max_size,
+        connect_timeout=pool.connect_timeout,
+        command_timeout=pool.command_timeout,
+        acquire_timeout=pool.acquire_timeout,
+        migration_timeout=pool.migration_timeout,
+    )
+
+
+def token_minter(settings: Settings, keyring: SigningRing) -> Minter:
+    return Minter(
+        keyring,
+        issuer=settings.issuer,
+        access_alg=settings.keys.access_token_alg,
+        id_alg=settings.keys.id_token_alg,
+        access_lifetime=settings.lifetimes.access_token,
+        id_lifetime=settings.lifetimes.id_token,
+    )
+
+
+def proof_checker(dpop: DpopSettings, store: Store, clock: Clock, metrics: Metrics) -> ProofChecker:
+    nonces = None
+    if dpop.nonce:
+        if not dpop.nonce_key:  # the settings refuse this: never serve without nonces
+            raise ValueError("dpop.nonce needs dpop.nonce_key")
+        nonces = NonceMaker(str(dpop.nonce_key).encode(), dpop.nonce_lifetime.total_seconds())
+    return ProofChecker(
+        store, clock, metrics, max_age=dpop.proof_max_age, leeway=dpop.leeway, nonces=nonces
+    )
+
+
+def login_rules(throttle: LoginThrottle) -> LoginRules:
+    """`login_throttle`, as the login forms' password check takes it."""
+    return LoginRules(
+        max_failures=throttle.max_failures,
+        max_failures_per_address=throttle.max_failures_per_address,
+        window=throttle.window,
+        backoff_after=throttle.backoff_after,
+        backoff_first=BACKOFF_FIRST_DELAY,
+        backoff_max=throttle.backoff_max,
+    )
 
 
 def build_app(
@@ -687,7 +783,7 @@ async def _watch_keys(keyring: SigningRing, clock: Clock, every: timedelta) -> N
 
 def key_ring(settings: Settings, store: Store | None, clock: Clock = time.time) -> SigningRing:
     """The key ring the settings name: in the storage (no keys.dir), else in the directory."""
-    keys, policy = settings.keys, RotationPolicy.from_settings(settings)
+    keys, policy = settings.keys, rotation_policy(settings)
     if keys.dir is not None:
         return KeyRing(keys.dir, policy, clock=clock)
     if store is None:
@@ -706,7 +802,7 @@ async def with_key_ring(settings: Settings, work: Callable[[SigningRing], Awaita
     the ring is kept there, given to `work`."""
     if settings.keys.dir is not None:
         return await work(key_ring(settings, None))
-    store = open_store(settings.storage, settings.storage_pool)
+    store = open_store(settings.storage, pool_limits(settings.storage_pool))
     await store.open()
     try:
         return await work(key_ring(settings, store))
@@ -757,7 +853,7 @@ async def _freeze_startup_objects() -> None:
 async def migrate(settings: Settings) -> None:
     """`portcullis-authserver migrate`: apply the storage's pending migrations, then close it.
     A server applies them at start too; this lets a deployment do it once, beforehand."""
-    store = open_store(settings.storage, settings.storage_pool)
+    store = open_store(settings.storage, pool_limits(settings.storage_pool))
     try:
         await store.open()
     except Exception as exc:

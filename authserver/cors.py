@@ -16,13 +16,14 @@ are computed when a configuration is loaded (at start and on each reload).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from portcullis.http import json_response
 
+from .declarations import DeclaredClient
 from .protocol.cors import (
     BEARER,
     CLIENT,
@@ -34,7 +35,6 @@ from .protocol.cors import (
     browser_client,
     origin,
 )
-from .settings import Settings
 
 log = logging.getLogger("portcullis.authserver.cors")
 
@@ -44,14 +44,15 @@ FORM = "application/x-www-form-urlencoded"
 MAX_FORM_BYTES = 64 * 1024
 
 
-def policy(settings: Settings) -> CorsPolicy:
-    """Each browser client's origins: those of its redirect URIs that have one."""
+def policy(clients: Iterable[DeclaredClient], allow_origins: Iterable[str]) -> CorsPolicy:
+    """Each browser client's origins: those of its redirect URIs that have one; and the
+    origins allowed beyond those (`cors.allow_origins`)."""
     browser_clients = {
         client.client_id: {o for o in map(origin, client.redirect_uris) if o}
-        for client in settings.clients
+        for client in clients
         if client.public and client.application_type == "web"
     }
-    return CorsPolicy(browser_clients, settings.cors.allow_origins)
+    return CorsPolicy(browser_clients, allow_origins)
 
 
 def endpoints(base: str) -> dict[str, Endpoint]:

@@ -1,5 +1,5 @@
 """The DPoP proof of a request (RFC 9449 §4.3) at the token endpoint and the resources
-(userinfo, the admin API: endpoints/resource_tokens.py).
+(userinfo, the admin API: resource_tokens.py).
 
 The checks are the kernel's (portcullis/dpop.py, the same as the gateway's): one `DPoP`
 header, a JWS of `typ: dpop+jwt` signed by an asymmetric `alg` with the public `jwk` it
@@ -7,8 +7,8 @@ carries, `htm`, `htu` (this endpoint's URL from the issuer, query and fragment i
 RFC 3986 normalised), `iat` within `dpop.proof_max_age` and `dpop.leeway`, `ath` when an
 access token comes with it and, with `dpop.nonce`, a nonce the server gave. What is this
 server's own is here:
-- the policy: every asymmetric algorithm is accepted (the list discovery advertises), the
-  ages and the nonces' key come from the settings;
+- the policy: every asymmetric algorithm is accepted (the list discovery advertises); the
+  ages and the nonces are the composition root's, from the settings;
 - a failure is an `OAuthError` the endpoint renders: `invalid_dpop_proof` (§5, §7.1), or
   `use_dpop_nonce` (§8);
 - the `jti` seen once: kept in the store's replay cache until the proof's `iat` leaves
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import timedelta
 
 from portcullis import dpop
 from portcullis.dpop import ASYMMETRIC_ALGORITHMS, InvalidProof, NonceMaker, Proof, UseNonce
@@ -30,10 +31,9 @@ from portcullis.dpop import ASYMMETRIC_ALGORITHMS, InvalidProof, NonceMaker, Pro
 from .clock import Clock
 from .metrics import Metrics
 from .protocol.errors import ErrorCode, OAuthError
-from .settings import DpopSettings
 from .store.base import Store
 
-__all__ = ["Proof", "ProofChecker", "invalid_proof"]
+__all__ = ["NonceMaker", "Proof", "ProofChecker", "invalid_proof"]
 
 log = logging.getLogger("portcullis.authserver.dpop")
 
@@ -48,24 +48,26 @@ def invalid_proof(description: str) -> OAuthError:
 
 class ProofChecker:
     def __init__(
-        self, settings: DpopSettings, store: Store, clock: Clock, metrics: Metrics
+        self,
+        store: Store,
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        max_age: timedelta,
+        leeway: timedelta,
+        nonces: NonceMaker | None = None,
     ) -> None:
+        """Proofs as old as `max_age`, and from up to `leeway` ahead; with `nonces`, only
+        those carrying one of them."""
         self.store = store
         self.clock = clock
         self.metrics = metrics
-        self.nonces: NonceMaker | None = None
-        if settings.nonce:
-            if not settings.nonce_key:  # settings refuse this: never serve without nonces
-                raise ValueError("dpop.nonce needs dpop.nonce_key")
-            key = str(settings.nonce_key).encode()
-            self.nonces = NonceMaker(key, settings.nonce_lifetime.total_seconds())
+        self.nonces = nonces
         # Every asymmetric algorithm: the list discovery advertises (RFC 9449 §5.1).
         policy = dpop.ProofPolicy(
-            frozenset(ASYMMETRIC_ALGORITHMS),
-            settings.proof_max_age.total_seconds(),
-            settings.leeway.total_seconds(),
+            frozenset(ASYMMETRIC_ALGORITHMS), max_age.total_seconds(), leeway.total_seconds()
         )
-        self._checks = dpop.ProofChecker(policy, self.nonces)
+        self._checks = dpop.ProofChecker(policy, nonces)
 
     @property
     def algorithms(self) -> tuple[str, ...]:

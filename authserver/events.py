@@ -144,7 +144,7 @@ class Revocations:
     async def cut_off_client(self, client_id: str, reason: str = Reason.CLIENT_DELETED) -> int:
         """Revoke every token of `client_id` issued until now; the event's id. (Its access
         tokens recorded nowhere, of client_credentials, are refused by this server through
-        the client itself: registry.Client.tokens_valid_from, endpoints/resource_tokens.py.)"""
+        the client itself: registry.Client.tokens_valid_from, resource_tokens.py.)"""
         event = await self.store.cut_off(self._cut(EventKind.CLIENT, client_id, reason))
         audit.info(
             "client cut off", extra={"client_id": client_id, "reason": reason, "event": event}

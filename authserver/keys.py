@@ -43,7 +43,6 @@ import fcntl
 import functools
 import hashlib
 import json
-import math
 import os
 import secrets
 import time
@@ -73,7 +72,6 @@ from portcullis.jose import (
 )
 
 from .clock import Clock
-from .settings import Settings
 
 METADATA = "keyring.json"
 LOCK = "keyring.lock"
@@ -127,17 +125,22 @@ class RotationPolicy:
         return self.publish_ahead + self.notice
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RotationPolicy:
-        lifetimes = settings.lifetimes
-        keys = settings.keys
-        # Any key may sign either kind of token (the algorithms may coincide): keep it for
-        # the longer lifetime.
-        retain = max(lifetimes.access_token, lifetimes.id_token)
+    def of(
+        cls,
+        *,
+        publish_ahead: timedelta,
+        rotate_every: timedelta | None,
+        check_every: timedelta,
+        token_lifetimes: Iterable[timedelta],
+    ) -> RotationPolicy:
+        """The policy for keys that sign tokens of `token_lifetimes`: any key may sign any
+        of them (the algorithms may coincide), so a retired key stays published for the
+        longest."""
         return cls(
-            publish_ahead=keys.publish_ahead.total_seconds(),
-            retain=retain.total_seconds(),
-            rotate_every=keys.rotate_every.total_seconds() if keys.rotate_every else None,
-            check_every=keys.reload_every.total_seconds(),
+            publish_ahead=publish_ahead.total_seconds(),
+            retain=max(token_lifetimes).total_seconds(),
+            rotate_every=rotate_every.total_seconds() if rotate_every else None,
+            check_every=check_every.total_seconds(),
         )
 
 
@@ -824,8 +827,3 @@ def _signing_key(snap: _Snapshot, alg: str, now: float) -> KeyInfo:
         if info.active_from <= now:
             return info
     raise LookupError(f"no active {alg} key")
-
-
-def jwks_max_age(settings: Settings) -> int:
-    """The JWKS response's max-age in seconds: what publish_ahead is measured against."""
-    return math.ceil(settings.keys.jwks_max_age.total_seconds())

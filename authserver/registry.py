@@ -1,9 +1,10 @@
 """Clients and users as the running server knows them, and where it looks them up.
 
 `Client` and `User` are domain records: what client authentication, the grants and the pages
-work with, apart from the configuration file's shape (settings.ClientSettings and
-UserSettings, which also carry the YAML's line numbers) and from the store's rows
-(store.base.ClientRecord and UserRecord). The adapters between them are here, once.
+work with, apart from how a client or user is declared (declarations.DeclaredClient and
+DeclaredUser, read from the configuration file, with its line numbers, or from an admin API
+body) and from the store's rows (store.base.ClientRecord and UserRecord). The adapters
+between them are here, once.
 
 Lookups are asynchronous (`ClientRegistry`, `UserDirectory`). The server's are backed by the
 store (`StoredClients`, `StoredUsers`): every lookup reads it, with no copy kept in the
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .settings import ClientSettings, Settings, UserSettings
+from .declarations import DeclaredClient, DeclaredUser
 from .store.base import MANAGED_BY_CONFIG, ClientRecord, Store, UserRecord
 
 
@@ -155,8 +156,8 @@ CLIENT_METADATA = (
 )
 
 
-def client_metadata(c: ClientSettings) -> dict[str, Any]:
-    """The metadata of a client read from settings, as JSON values (lists, strings)."""
+def client_metadata(c: DeclaredClient) -> dict[str, Any]:
+    """The metadata of a declared client, as JSON values (lists, strings)."""
     out: dict[str, Any] = {}
     for name in CLIENT_METADATA:
         value = getattr(c, name)
@@ -180,10 +181,10 @@ def plain(value: Any) -> Any:
 
 
 def client_record(
-    c: ClientSettings, managed_by: str, now: float, secret_sha256: bytes | None = None
+    c: DeclaredClient, managed_by: str, now: float, secret_sha256: bytes | None = None
 ) -> ClientRecord:
-    """A new client's row from its settings; `secret_sha256` for a secret the settings do
-    not hold (one the admin API generated)."""
+    """A new client's row from its declaration; `secret_sha256` for a secret the
+    declaration does not hold (one the admin API generated)."""
     return ClientRecord(
         client_id=c.client_id,
         metadata=client_metadata(c),
@@ -220,7 +221,7 @@ def client_from_record(r: ClientRecord) -> Client:
     )
 
 
-def user_record(u: UserSettings, subject: str, managed_by: str, now: float) -> UserRecord:
+def user_record(u: DeclaredUser, subject: str, managed_by: str, now: float) -> UserRecord:
     return UserRecord(
         subject=subject,
         username=u.username,
@@ -247,16 +248,20 @@ def user_from_record(r: UserRecord) -> User:
     )
 
 
-async def seed(store: Store, settings: Settings, now: float) -> tuple[list[str], list[str]]:
-    """Write the configuration file's clients and users to the store, as the ones the
-    configuration manages; those it no longer lists are removed. The client ids and
-    subjects removed (their tokens are for the caller to revoke)."""
+async def seed(
+    store: Store,
+    clients: Iterable[DeclaredClient],
+    users: Iterable[tuple[DeclaredUser, str]],
+    now: float,
+) -> tuple[list[str], list[str]]:
+    """Write the configuration file's clients and users (each with its subject) to the
+    store, as the ones the configuration manages; those it no longer lists are removed. The
+    client ids and subjects removed (their tokens are for the caller to revoke)."""
     removed_clients = await store.sync_clients(
-        [client_record(c, MANAGED_BY_CONFIG, now) for c in settings.clients], now
+        [client_record(c, MANAGED_BY_CONFIG, now) for c in clients], now
     )
     removed_users = await store.sync_users(
-        [user_record(u, settings.subject_of(u), MANAGED_BY_CONFIG, now) for u in settings.users],
-        now,
+        [user_record(u, subject, MANAGED_BY_CONFIG, now) for u, subject in users], now
     )
     return removed_clients, removed_users
 

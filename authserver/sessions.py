@@ -17,12 +17,12 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from aiohttp import web
 
 from .clock import Clock
 from .registry import UserDirectory
-from .settings import Settings
 from .store.base import SessionRecord, Store
 
 ANONYMOUS = ""
@@ -45,14 +45,22 @@ class Session:
 
 class Sessions:
     def __init__(
-        self, settings: Settings, store: Store, users: UserDirectory, clock: Clock = time.time
+        self,
+        store: Store,
+        users: UserDirectory,
+        *,
+        secure: bool,
+        lifetime: timedelta,
+        clock: Clock = time.time,
     ) -> None:
+        """`secure` for an https issuer: the cookie is Secure, with the `__Host-` prefix;
+        `lifetime` is a login session's."""
         self.store = store
         self.users = users
         self.clock = clock
-        self.secure = settings.secure_cookies
+        self.secure = secure
         self.name = "__Host-portcullis_session" if self.secure else "portcullis_session"
-        self.lifetime = settings.lifetimes.session.total_seconds()
+        self.lifetime = lifetime.total_seconds()
 
     async def current(self, request: web.BaseRequest) -> Session | None:
         value = request.cookies.get(self.name)

@@ -3,17 +3,20 @@ whose fields carry their documentation, parser and bounds (portcullis.sections r
 YAML with FILE:LINE problems, and describes them as JSON Schema and the README's reference).
 A key is one line in the section that holds it; what spans several keys is its `validate`.
 
-Clients use RFC 7591 metadata names. Users may carry a `password_hash` (scrypt, from
+Its clients and users are declared in declarations.py, which reads admin API bodies too:
+clients use RFC 7591 metadata names; users may carry a `password_hash` (scrypt, from
 `portcullis-authserver hash-password`) or, for development only, a plain `password` that is
 hashed at load with a warning. Secrets may come from files (`client_secret_file`,
-`${file:PATH}`). Loading also checks that the TLS certificate and key load; `check` (and
+`${file:PATH}`).
+
+Only the composition root (app.py) and the command line read these sections: the running
+code is given the values and records it uses, never a section. Loading also checks that the TLS certificate and key load; `check` (and
 `run`) besides that the SQLite database's directory is there and writable.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import hashlib
 import logging
@@ -21,10 +24,8 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Literal, NewType, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
-
-import jwt
 
 from portcullis import sections, yamlconf
 from portcullis.addresses import Address, IPNetwork, address, is_loopback, network, split_url
@@ -35,45 +36,28 @@ from portcullis.sections import (
     accepts,
     named,
     section,
-    section_line,
     setting,
     source_file,
 )
 from portcullis.tls import ServerTls
 from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Withheld
 
-from . import users as users_module
+from .declarations import DeclaredClient, DeclaredUser, unknown_scopes
+from .keys import RotationPolicy
 from .protocol.cors import origin
+from .protocol.scopes import KNOWN_SCOPES
+from .stored_keys import ENCRYPTION_KEY_BYTES, encryption_key_bytes
 
 log = logging.getLogger("portcullis.authserver.settings")
 T = TypeVar("T")
 
 SIGNING_ALGORITHMS = ("ES256", "RS256", "EdDSA")
-STANDARD_SCOPES = {
-    "openid": "Sign you in",
-    "profile": "Know your name",
-    "email": "Know your email address",
-    "address": "Know your postal address",
-    "phone": "Know your phone number",
-    "offline_access": "Stay connected when you are away",
-}
-# Scopes every server knows besides those: the `roles` claim (RFC 9068 §2.2.3.1), and the
-# admin API's, which only clients registered with them get.
-BUILTIN_SCOPES = {
-    "roles": "Know your roles",
-    "admin:read": "Read the server's clients, users, grants and keys",
-    "admin:write": "Change the server's clients, users, grants and keys",
-}
-KNOWN_SCOPES = {**STANDARD_SCOPES, **BUILTIN_SCOPES}
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
-_CLIENT_ID = re.compile(r"^[\x21-\x7E]{1,128}$")
 ZERO = timedelta(0)
 # A retry of a lost refresh response gets that response again for this long (README,
 # security notes: a server killed between the commit and the answer logs nobody out).
 REFRESH_GRACE = timedelta(seconds=5)
 BACKOFF_FIRST_DELAY = timedelta(seconds=1)
-ScopeList = NewType("ScopeList", tuple[str, ...])  # `scope: "openid email"`, split
-JwkSet = NewType("JwkSet", dict[str, Any])
 
 
 # ---------------------------------------------------------------------------- values
@@ -149,41 +133,6 @@ def allowed_origin(value: Any) -> str:
     return serialized
 
 
-@accepts({"type": "string", "title": "URI", "pattern": ":"})
-def redirect_uri(value: Any) -> str:
-    text, parts = split_url(value)
-    if not parts.scheme:
-        raise ValueError(f"{text!r} is not an absolute URI")
-    if parts.fragment or "#" in text:
-        raise ValueError(f"{text!r} must not contain a fragment (RFC 6749 §3.1.2)")
-    if parts.scheme == "http" and not is_loopback(parts.hostname):
-        raise ValueError(f"{text!r}: plain http redirects are for loopback only (RFC 9700 §2.1)")
-    return text
-
-
-@accepts({"type": "string", "title": "scope"})
-def scope_list(value: Any) -> ScopeList:
-    return ScopeList(tuple(yamlconf.string(value).split()))
-
-
-@accepts({"type": "object", "title": "JWK Set"})
-def jwk_set(value: Any) -> JwkSet:
-    """A client's public JWK Set (RFC 7517 §5)."""
-    keys = value.get("keys") if isinstance(value, dict) else None
-    if not isinstance(keys, list) or not keys:
-        raise ValueError("must be a JWK Set: a mapping with a non-empty keys list")
-    for index, key in enumerate(keys):
-        if not isinstance(key, dict):
-            raise ValueError(f"keys[{index}] must be a mapping")
-        if any(member in key for member in ("d", "p", "q", "k")):
-            raise ValueError(f"keys[{index}] holds private key material: give the public key only")
-        try:
-            jwt.PyJWK(dict(key))
-        except (jwt.PyJWTError, ValueError, TypeError) as exc:
-            raise ValueError(f"keys[{index}] is not a usable public key ({exc})") from None
-    return JwkSet(value)
-
-
 # ---------------------------------------------------------------------------- sections
 
 
@@ -223,20 +172,6 @@ class KeySettings:
         secret = self.encryption_key
         if secret is not None and not isinstance(secret, Withheld) and encryption_key_bytes(secret) is None:
             check.problem(f"must be the base64 encoding of exactly {ENCRYPTION_KEY_BYTES} bytes (make one with: openssl rand -base64 32); the value is not shown", key="encryption_key")
-
-
-ENCRYPTION_KEY_BYTES = 32
-
-
-def encryption_key_bytes(text: str) -> bytes | None:
-    """The 32 bytes of `keys.encryption_key` (standard or URL-safe base64, padding
-    optional), or None when it is not that."""
-    compact = "".join(text.split())
-    try:
-        raw = base64.b64decode(compact.replace("-", "+").replace("_", "/") + "=" * (-len(compact) % 4), validate=True)
-    except ValueError:
-        return None
-    return raw if len(raw) == ENCRYPTION_KEY_BYTES else None
 
 
 @section
@@ -339,132 +274,6 @@ class ScopeSettings:
     description: str = setting("Shown on the consent page; the name when absent.", default="", derive=lambda v: KNOWN_SCOPES.get(v.get("name", ""), v.get("name", "")))
 
 
-def _hash_plain_password(values: Mapping[str, Any]) -> str:
-    password = values.get("password")
-    if password is None or isinstance(password, Withheld):
-        return password or ""  # neither given: reported by the user's validate()
-    log.warning("plain-text password in the config: use hash-password outside development", extra={"username": values.get("username")})
-    return users_module.hash_password(password)
-
-
-@section
-class UserSettings:
-    """A user who can sign in, with the OpenID Connect claims (§5.1) released about them."""
-
-    username: str = setting("What they sign in with.")
-    password_hash: str = setting("scrypt hash from `portcullis-authserver hash-password`.", default="", secret=True, from_file=True, derive=_hash_plain_password)
-    password: str | None = setting("Plain text, for development only: hashed at load, with a warning.", default=None, secret=True, from_file=True)
-    subject: str | None = setting("The `sub`; a stable opaque value from the username when absent.", default=None, key="sub")
-    roles: tuple[str, ...] = setting("Roles: the `roles` claim; `admin` opens the admin API to the user's tokens.", default=())
-    line: int = section_line()
-    name: str | None = setting("Claim.", default=None)
-    given_name: str | None = setting("Claim.", default=None)
-    family_name: str | None = setting("Claim.", default=None)
-    middle_name: str | None = setting("Claim.", default=None)
-    nickname: str | None = setting("Claim.", default=None)
-    preferred_username: str | None = setting("Claim.", default=None)
-    profile: str | None = setting("Claim (a URL).", default=None)
-    picture: str | None = setting("Claim (a URL).", default=None)
-    website: str | None = setting("Claim (a URL).", default=None)
-    gender: str | None = setting("Claim.", default=None)
-    birthdate: str | None = setting("Claim (YYYY-MM-DD).", default=None)
-    zoneinfo: str | None = setting("Claim (like Europe/Paris).", default=None)
-    locale: str | None = setting("Claim (like en-GB).", default=None)
-    email: str | None = setting("Claim.", default=None)
-    email_verified: bool | None = setting("Claim.", default=None)
-    phone_number: str | None = setting("Claim.", default=None)
-    phone_number_verified: bool | None = setting("Claim.", default=None)
-    address: Mapping[str, str] | None = setting("Claim: formatted, street_address, locality, region, postal_code, country.", default=None)
-
-    @property
-    def claims(self) -> dict[str, Any]:
-        """The OpenID Connect claims given, by name."""
-        return {name: value for name in claim_names() if (value := getattr(self, name)) is not None}
-
-    def validate(self, check: Check) -> None:
-        given = [key for key in ("password_hash", "password") if check.has(key)]
-        if len(given) == 2:
-            check.problem_at(check.line_of("password"), f"{check.where}: give password_hash or password, not both")
-        elif not given:
-            check.problem("give password_hash (or password for development)")
-        elif given == ["password_hash"] and not isinstance(self.password_hash, Withheld) and self.password_hash and not users_module.is_hash(self.password_hash):
-            check.problem("not a scrypt hash", key="password_hash")
-
-
-@functools.cache
-def claim_names() -> tuple[str, ...]:
-    """The fields of a user that are OpenID Connect claims (OIDC Core §5.1): all but these."""
-    others = {"username", "password_hash", "password", "subject", "roles", "line"}
-    return tuple(f.name for f in dataclasses.fields(UserSettings) if f.name not in others)
-
-
-def _default_method(values: Mapping[str, Any]) -> str:
-    return "client_secret_basic" if values.get("client_secret") is not None else "none"
-
-
-@section
-class ClientSettings:
-    """A client, described with RFC 7591 metadata names."""
-
-    client_id: str = setting("The client's id (printable ASCII).")
-    client_name: str = setting("Shown to users; the client_id when absent.", default="", derive=lambda v: v.get("client_id"))
-    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "private_key_jwt", "none"] = setting(
-        "How it authenticates; client_secret_basic with a secret, none (a public client) without.", default="none", derive=_default_method)
-    client_secret: str | None = setting("At least 32 random characters.", default=None, secret=True, from_file=True)
-    redirect_uris: tuple[str, ...] = setting("Where codes may be sent (exact match; loopback http only).", default=(), parser=redirect_uri)
-    post_logout_redirect_uris: tuple[str, ...] = setting("Where logout may return to.", default=(), parser=redirect_uri)
-    grant_types: tuple[Literal["authorization_code", "client_credentials", "refresh_token", "urn:ietf:params:oauth:grant-type:device_code"], ...] = setting(
-        "Grants it may use.", default=("authorization_code",))
-    scope: ScopeList = setting("Space-separated scopes it may ask for.", default=ScopeList(()), parser=scope_list)
-    resources: tuple[str, ...] = setting("RFC 8707 audiences it may ask for.", default=())
-    jwks: JwkSet | None = setting("Public keys, for private_key_jwt.", default=None, parser=jwk_set)
-    require_pkce: bool = setting("PKCE on authorization codes (public clients always).", default=True)
-    skip_consent: bool = setting("No consent page (first-party clients).", default=False)
-    id_token_signed_response_alg: Literal["ES256", "RS256", "EdDSA"] | None = setting("ID token algorithm; keys.id_token_alg when absent.", default=None)
-    introspection: bool = setting("May call the introspection endpoint.", default=False)
-    dpop_bound_access_tokens: bool = setting("Every token request must carry a DPoP proof (RFC 9449 §5.2).", default=False)
-    application_type: Literal["web", "native"] = setting("OIDC Dynamic Client Registration §2.", default="web")
-    line: int = section_line()
-
-    @functools.cached_property
-    def client_secret_sha256(self) -> bytes | None:
-        """Secrets are high-entropy: a fast hash is enough. A withheld one authenticates nobody."""
-        secret = self.client_secret
-        return None if secret is None or isinstance(secret, Withheld) else hashlib.sha256(secret.encode()).digest()
-
-    @property
-    def public(self) -> bool:
-        return self.token_endpoint_auth_method == "none"  # noqa: S105 - a method name
-
-    @property
-    def loopback_any_port(self) -> bool:
-        """Whether a loopback IP redirect URI matches on any port. RFC 8252 §7.3 gives that
-        to native apps, which are public clients (§8.4): the port is picked when the app
-        runs. A native app registered with a secret or keys is held to exact matching like
-        every other client (RFC 9700 §2.1)."""
-        return self.application_type == "native" and self.public
-
-    def validate(self, check: Check) -> None:
-        where, method, secret = check.where, self.token_endpoint_auth_method, self.client_secret
-        if not _CLIENT_ID.match(self.client_id):
-            check.problem_at(check.line_of("client_id"), f"{where}: client_id must be printable ASCII")
-        if method in ("client_secret_basic", "client_secret_post") and not check.has("client_secret"):
-            check.problem(f"{method} needs client_secret")
-        if method in ("none", "private_key_jwt") and check.has("client_secret"):
-            check.problem_at(check.line_of("client_secret"), f"{where}: {method} clients have no secret")
-        if secret and not isinstance(secret, Withheld) and len(secret) < 32:
-            check.problem("use at least 32 random characters (secrets are stored with a fast hash, so they must not be guessable)", key="client_secret")
-        if method == "private_key_jwt" and not check.has("jwks"):
-            check.problem("private_key_jwt needs jwks (the client's public keys)")
-        if self.public and not self.require_pkce:
-            check.problem_at(check.line_of("require_pkce"), f"{where}: public clients always use PKCE")
-        if self.public and "client_credentials" in self.grant_types:
-            check.problem_at(check.line_of("grant_types"), f"{where}: client_credentials needs a confidential client")
-        # An invalid URI is reported on its own line; here only a missing or empty list.
-        if "authorization_code" in self.grant_types and not check.written("redirect_uris"):
-            check.problem("authorization_code needs redirect_uris")
-
-
 @section
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
@@ -493,8 +302,8 @@ class Settings:
     dpop: DpopSettings = setting("DPoP proofs (RFC 9449).", default_factory=DpopSettings)
     revocation_events: RevocationEventSettings = setting("The stream of revocation events.", default_factory=RevocationEventSettings)
     scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
-    users: tuple[UserSettings, ...] = setting("Users defined here (read-only in the admin API).", default=())
-    clients: tuple[ClientSettings, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
+    users: tuple[DeclaredUser, ...] = setting("Users defined here (read-only in the admin API).", default=())
+    clients: tuple[DeclaredClient, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
     cors: CorsSettings = setting("CORS.", default_factory=CorsSettings)
     log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
     admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9902), parser=address)
@@ -524,34 +333,34 @@ class Settings:
     # Lookups by key, built on first use. Records hold mappings (claims, jwks) and so are not
     # hashable: the indexes live on the instance rather than in a cache keyed by the records.
     @functools.cached_property
-    def _clients_by_id(self) -> dict[str, ClientSettings]:
+    def _clients_by_id(self) -> dict[str, DeclaredClient]:
         return {c.client_id: c for c in self.clients}
 
     @functools.cached_property
-    def _users_by_name(self) -> dict[str, UserSettings]:
+    def _users_by_name(self) -> dict[str, DeclaredUser]:
         return {u.username: u for u in self.users}
 
     @functools.cached_property
-    def _users_by_subject(self) -> dict[str, UserSettings]:
+    def _users_by_subject(self) -> dict[str, DeclaredUser]:
         return {self.subject_of(u): u for u in self.users}
 
     @functools.cached_property
     def _scope_descriptions(self) -> dict[str, str]:
         return {**KNOWN_SCOPES, **{s.name: s.description for s in self.scopes}}
 
-    def client(self, client_id: str) -> ClientSettings | None:
+    def client(self, client_id: str) -> DeclaredClient | None:
         return self._clients_by_id.get(client_id)
 
-    def user(self, username: str) -> UserSettings | None:
+    def user(self, username: str) -> DeclaredUser | None:
         return self._users_by_name.get(username)
 
-    def user_by_subject(self, subject: str) -> UserSettings | None:
+    def user_by_subject(self, subject: str) -> DeclaredUser | None:
         return self._users_by_subject.get(subject)
 
     def scope_description(self, name: str) -> str:
         return self._scope_descriptions.get(name, name)
 
-    def subject_of(self, user: UserSettings) -> str:
+    def subject_of(self, user: DeclaredUser) -> str:
         """The user's `sub`: as configured, or derived from this issuer and the username."""
         return user.subject or default_subject(self.issuer, user.username)
 
@@ -587,11 +396,6 @@ class Settings:
         return frozenset(KNOWN_SCOPES) | {s.name for s in self.scopes}
 
 
-def unknown_scopes(scope: tuple[str, ...], known: frozenset[str]) -> list[str]:
-    """The scopes of a client that the server does not know."""
-    return [token for token in scope if token not in known]
-
-
 def _once(check: Check, items: tuple[T, ...], name: Callable[[T], str], problem: str) -> None:
     """Report an item whose name an earlier item has, on its own line."""
     seen: set[str] = set()
@@ -601,6 +405,19 @@ def _once(check: Check, items: tuple[T, ...], name: Callable[[T], str], problem:
             within.problem_at(within.line, f"{within.where}: {problem.format(name(item))}")
         seen.add(name(item))
 
+
+
+def rotation_policy(settings: Settings) -> RotationPolicy:
+    """How the key ring rotates (`keys`): for the server and the `keys` commands alike.
+    Any key may sign access tokens and ID tokens, so a retired one is kept for the longer
+    lifetime."""
+    keys, lifetimes = settings.keys, settings.lifetimes
+    return RotationPolicy.of(
+        publish_ahead=keys.publish_ahead,
+        rotate_every=keys.rotate_every,
+        check_every=keys.reload_every,
+        token_lifetimes=(lifetimes.access_token, lifetimes.id_token),
+    )
 
 # ---------------------------------------------------------------------------- loading
 

@@ -27,6 +27,7 @@ endpoint answers 503, until a read of the store succeeds again.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -50,17 +51,29 @@ from .keys import (
     transitions,
 )
 from .protocol.errors import TemporarilyUnavailable
-from .settings import encryption_key_bytes
 from .store.base import SigningKeyRecord, Store, StoreUnavailable
 
 T = TypeVar("T")
 
+ENCRYPTION_KEY_BYTES = 32  # AES-256
 SEALED_FORMAT = b"\x01"  # the first byte of a sealed key: AES-256-GCM, nonce, ciphertext
 NONCE_BYTES = 12
 TAG_BYTES = 16
 # Compare-and-set attempts before a change gives up: each failure means another replica
 # changed the ring in between, which happens a few times a day at most.
 ATTEMPTS = 5
+
+
+def encryption_key_bytes(text: str) -> bytes | None:
+    """The 32 bytes of `keys.encryption_key` (standard or URL-safe base64, padding
+    optional), or None when it is not that."""
+    compact = "".join(text.split())
+    padded = compact.replace("-", "+").replace("_", "/") + "=" * (-len(compact) % 4)
+    try:
+        raw = base64.b64decode(padded, validate=True)
+    except ValueError:
+        return None
+    return raw if len(raw) == ENCRYPTION_KEY_BYTES else None
 
 
 class KeyDecryptionError(Exception):
@@ -79,7 +92,7 @@ class KeyCipher:
 
     @classmethod
     def from_setting(cls, text: str) -> KeyCipher:
-        """From `keys.encryption_key`: base64 of 32 bytes (settings.encryption_key_bytes)."""
+        """From `keys.encryption_key`: base64 of 32 bytes (`encryption_key_bytes`)."""
         key = encryption_key_bytes(text)
         if key is None:
             raise ValueError("keys.encryption_key is not base64 of 32 bytes")

@@ -14,6 +14,7 @@ import hashlib
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 import orjson
@@ -25,7 +26,6 @@ from portcullis.unique import UniqueBytes
 from .keys import SigningRing, b64url
 from .protocol import scopes as scope_rules
 from .protocol.claims import at_hash, released
-from .settings import Settings
 
 
 def random_token(nbytes: int = 32) -> str:
@@ -112,13 +112,24 @@ _PLAN_VERSION = 1
 
 
 class Minter:
-    def __init__(self, settings: Settings, keyring: SigningRing) -> None:
-        self.issuer = settings.issuer
+    def __init__(
+        self,
+        keyring: SigningRing,
+        *,
+        issuer: str,
+        access_alg: str,
+        id_alg: str,
+        access_lifetime: timedelta,
+        id_lifetime: timedelta,
+    ) -> None:
+        """`id_alg` signs the ID tokens of clients registered without an algorithm of their
+        own; every lifetime counts whole seconds (`exp` is a NumericDate)."""
+        self.issuer = issuer
         self.keyring = keyring
-        self.access_alg = settings.keys.access_token_alg
-        self.id_alg = settings.keys.id_token_alg
-        self.access_lifetime = int(settings.lifetimes.access_token.total_seconds())
-        self.id_lifetime = int(settings.lifetimes.id_token.total_seconds())
+        self.access_alg = access_alg
+        self.id_alg = id_alg
+        self.access_lifetime = int(access_lifetime.total_seconds())
+        self.id_lifetime = int(id_lifetime.total_seconds())
 
     def access_claims(
         self,

@@ -18,11 +18,16 @@
   settings classes, and the records and pure modules import no settings at all;
 - no module of the gateway or the kernel reaches itself through its imports, not even
   through imports made only for type checking (settings.py reads rules.py, never back);
-- the authserver is layered: app (the composition root) → endpoints, the admin API, CORS,
-  revocation events → grants → tokens, client authentication, sessions → key ring, store
-  protocol, registry, metrics → settings → protocol.
+- the authserver is layered: app (the composition root) → settings → endpoints, the admin
+  API, CORS, revocation events → grants → tokens, client authentication, sessions, DPoP
+  proofs, resource tokens → key ring, store protocol, registry, metrics → declarations of
+  clients and users, password hashing, clock → protocol.
   A module imports only from its own layer or those below; `protocol/` imports the standard
-  library alone; only app.py names a concrete store.
+  library alone; only app.py names a concrete store;
+- the authserver's settings are read where it is composed (app.py, the command line):
+  nothing below imports them, even for type checking; the admin API imports no endpoint
+  module (the token check both use is resource_tokens.py); the store reaches neither the
+  settings nor the grants nor the endpoints.
 """
 
 from __future__ import annotations
@@ -260,9 +265,16 @@ def test_the_cycle_check_finds_a_cycle():
 # The authserver's layers, top to bottom; a module belongs to the first entry it falls under.
 AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("authserver.__main__", "authserver.app"),
+    ("authserver.settings",),
     ("authserver.endpoints", "authserver.admin", "authserver.cors", "authserver.events"),
     ("authserver.grants",),
-    ("authserver.tokens", "authserver.clients", "authserver.sessions", "authserver.dpop"),
+    (
+        "authserver.tokens",
+        "authserver.clients",
+        "authserver.sessions",
+        "authserver.dpop",
+        "authserver.resource_tokens",
+    ),
     (
         "authserver.keys",
         "authserver.stored_keys",
@@ -270,7 +282,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.registry",
         "authserver.metrics",
     ),
-    ("authserver.settings", "authserver.users", "authserver.clock"),
+    ("authserver.declarations", "authserver.users", "authserver.clock"),
     ("authserver.protocol",),
 )
 AUTHSERVER_MODULES = sorted(m for m in GRAPH if m.startswith("authserver."))
@@ -336,6 +348,55 @@ def test_only_the_composition_root_names_a_concrete_store(module):
 def test_nothing_but_the_command_line_imports_the_composition_root():
     importers = {m for m in GRAPH if "authserver.app" in GRAPH[m]}
     assert importers == {"authserver.__main__"}
+
+
+# Where the authserver's configuration file is read as such: the settings themselves, the
+# composition root and the command line. Everything below them is given values and records
+# of its own (store.base.PoolLimits, grants.issuance.RefreshLifetimes, ...).
+_READING_AUTHSERVER_SETTINGS = {"authserver.settings", "authserver.app", "authserver.__main__"}
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        m for m in TYPED_GRAPH if _under(m, "authserver") and m not in _READING_AUTHSERVER_SETTINGS
+    ),
+)
+def test_below_the_authservers_composition_root_nothing_imports_the_settings(module):
+    named = {name for name in TYPED_GRAPH[module] if _under(name, "authserver.settings")}
+    assert not named, f"{module} imports {sorted(named)}: give it values or a record of its own"
+
+
+def _reached_in(module: str, packages: tuple[str, ...]) -> set[str]:
+    return {name for name in _closure(module) if any(_under(name, p) for p in packages)}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in TYPED_GRAPH if _under(m, "authserver.admin")))
+def test_the_admin_api_imports_no_endpoint_module(module):
+    # What both need (the resource-token check, the revocations) lives outside endpoints/.
+    named = {name for name in TYPED_GRAPH[module] if _under(name, "authserver.endpoints")}
+    assert not named, f"{module} imports {sorted(named)}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _under(m, "authserver.store")))
+def test_the_store_reaches_neither_the_settings_nor_the_grants_nor_the_endpoints(module):
+    reached = _reached_in(
+        module, ("authserver.settings", "authserver.grants", "authserver.endpoints")
+    )
+    assert not reached, f"{module} reaches {sorted(reached)}"
+
+
+def test_the_settings_and_token_check_scans_see_what_they_check():
+    # The composition root and the command line do read the settings, the admin API and
+    # userinfo share the resource-token check, and the store reaches its records and the
+    # lifecycle tables: the three rules above are not vacuous.
+    assert "authserver.settings" in TYPED_GRAPH["authserver.app"]
+    assert "authserver.settings" in TYPED_GRAPH["authserver.__main__"]
+    assert "authserver.resource_tokens" in _closure("authserver.admin.access")
+    assert "authserver.resource_tokens" in _closure("authserver.endpoints.userinfo")
+    assert {"authserver.store.base", "authserver.protocol.lifecycle"} <= _closure(
+        "authserver.store.sqlite"
+    )
 
 
 def test_the_authserver_scan_sees_the_layers_it_checks():

@@ -4,7 +4,7 @@ In order, each refusal with its RFC 6750 §3 or RFC 9449 §7.1 challenge:
 1. An access token of this server, active, in the Authorization header under the Bearer or
    the DPoP scheme, proven as it requires: a token bound to a DPoP key only with a proof
    of that key for this very request (method and URL, `ath`). The check every resource of
-   this server makes (endpoints/resource_tokens.py): 401 without an error code when there
+   this server makes (resource_tokens.py): 401 without an error code when there
    is no token, else 401 `invalid_token` or `invalid_dpop_proof`.
 2. Its `aud` names this API (RFC 8707: the client asked for it as `resource`), else 401
    `invalid_token`: a token for another resource server is no credential here.
@@ -23,14 +23,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..endpoints.resource_tokens import (
+from ..registry import UserDirectory
+from ..resource_tokens import (
     INVALID_TOKEN,
     Credential,
     ResourceTokens,
     TokenRefused,
     credential_in_header,
 )
-from ..registry import UserDirectory
 from .http import ApiError
 
 READ = "admin:read"

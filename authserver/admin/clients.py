@@ -17,8 +17,8 @@ from typing import Any
 from aiohttp import web
 
 from .. import registry
+from ..declarations import DeclaredClient, unknown_scopes
 from ..events import Reason
-from ..settings import ClientSettings, unknown_scopes
 from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, ClientRecord
 from . import validation
 from .access import Caller
@@ -242,14 +242,15 @@ class Clients:
             raise invalid(problems)
         return fields
 
-    def _check(self, client_id: str, fields: dict[str, Any], secret: str) -> ClientSettings:
-        """The client as the configuration file's rules read it; 422 otherwise."""
+    def _check(self, client_id: str, fields: dict[str, Any], secret: str) -> DeclaredClient:
+        """The client as the configuration file's rules read it (declarations.py); 422
+        otherwise."""
         data = {"client_id": client_id, **fields}
         data.setdefault("token_endpoint_auth_method", DEFAULT_METHOD)
         if data["token_endpoint_auth_method"] in _SECRET_METHODS:
             data["client_secret"] = secret  # generated: satisfies the rules on secrets
-        checked = validation.build(ClientSettings, data)
-        unknown = unknown_scopes(checked.scope, self.c.settings.known_scopes)
+        checked = validation.build(DeclaredClient, data)
+        unknown = unknown_scopes(checked.scope, self.c.known_scopes)
         if unknown:
             raise invalid(
                 [("scope", f"{token!r} is not a scope of this server") for token in unknown]

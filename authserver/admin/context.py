@@ -1,5 +1,6 @@
-"""What the admin API's resources are given: the store, the clock, the configuration in
-force and the password-hashing pool, and the audit log they write every change to."""
+"""What the admin API's resources are given: the store, the clock, what the configuration
+in force says of scopes and signing algorithms, the password-hashing pool, and the audit log
+they write every change to."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from urllib.parse import quote
 from ..clock import Clock
 from ..events import Revocations
 from ..keys import SigningRing
-from ..settings import Settings
 from ..store.base import Store
 from ..users import PasswordHasher
 from .access import Caller
@@ -22,7 +22,9 @@ audit_log = logging.getLogger("portcullis.authserver.audit")
 class Context:
     store: Store
     clock: Clock
-    settings: Settings
+    known_scopes: frozenset[str]  # every scope a client may be registered with
+    signing_algs: tuple[str, ...]  # every algorithm the server signs with
+    access_token_alg: str  # what signs access tokens: a new key's algorithm by default
     hasher: PasswordHasher
     keyring: SigningRing
     base_url: str  # {issuer}/admin/v1

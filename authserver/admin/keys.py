@@ -71,9 +71,9 @@ class Keys:
 
     async def publish(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
         body = await read_object(request)
-        algs = self.c.settings.signing_algs
+        algs = self.c.signing_algs
         problems = [(name, "unknown field; known: alg") for name in body if name != "alg"]
-        alg = body.get("alg", self.c.settings.keys.access_token_alg)
+        alg = body.get("alg", self.c.access_token_alg)
         if alg not in algs:
             problems.append(("alg", f"must be one of the algorithms in use: {', '.join(algs)}"))
         if problems:

@@ -17,9 +17,9 @@ from typing import Any
 from aiohttp import web
 
 from .. import users as passwords
+from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
 from ..registry import plain
-from ..settings import UserSettings, claim_names
 from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, UserRecord
 from . import validation
 from .access import Caller
@@ -272,7 +272,7 @@ class Users:
         problems: list[tuple[str, str]],
         *,
         required: bool,
-    ) -> UserSettings:
+    ) -> DeclaredUser:
         """The user as the configuration file's rules read it, and the password's rules;
         422 listing every problem of both, and those found before (`problems`)."""
         data = {"sub": subject, **fields, "password_hash": passwords.dummy_hash()}
@@ -285,7 +285,7 @@ class Users:
                     password, username if isinstance(username, str) else ""
                 )
         try:
-            checked = validation.build(UserSettings, data, _path)
+            checked = validation.build(DeclaredUser, data, _path)
         except ApiError as exc:
             exc.details = problems + exc.details
             raise

@@ -1,7 +1,7 @@
 """Validation of admin API bodies with the configuration file's own rules.
 
 A client or user sent to the admin API is checked by the very declarations that check the
-configuration file (settings.ClientSettings and UserSettings, through portcullis.sections):
+configuration file (declarations.DeclaredClient and DeclaredUser, through portcullis.sections):
 exact redirect URIs, https except on loopback, known grant types, PKCE for public clients,
 secrets and keys as the authentication method needs them. The JSON body is handed to the
 loader as if it were YAML, each value given a "line" of its own; the line of each problem

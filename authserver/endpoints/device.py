@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
 
 from aiohttp import web
 
@@ -43,7 +45,6 @@ from ..protocol.lifecycle import DEVICE, Device, decide
 from ..protocol.throttle import Cap
 from ..registry import Client, ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
-from ..settings import DeviceSettings
 from ..store.base import DeviceRecord, Store
 from . import signin
 from .forms import read_form
@@ -73,6 +74,16 @@ async def _form(request: web.Request) -> dict[str, str] | None:
         return None
 
 
+@dataclass(frozen=True)
+class CodeGuesses:
+    """How many wrong user codes one browser session, and one client address, may type in
+    any `window` of time (`device` in the configuration)."""
+
+    per_session: int
+    per_address: int
+    window: timedelta
+
+
 class DevicePages:
     def __init__(
         self,
@@ -83,7 +94,7 @@ class DevicePages:
         sessions: Sessions,
         pages: Pages,
         passwords: signin.PasswordCheck,
-        settings: DeviceSettings,
+        guesses: CodeGuesses,
         addresses: ClientAddresses,
         scope_description: Callable[[str], str],
         base_path: str,
@@ -95,7 +106,7 @@ class DevicePages:
         self.sessions = sessions
         self.pages = pages
         self.passwords = passwords
-        self.settings = settings
+        self.guesses = guesses
         self.addresses = addresses
         self.scope_description = scope_description
         self.base_path = base_path
@@ -207,7 +218,7 @@ class DevicePages:
 
     async def check_code(self, request: web.Request) -> web.Response:
         """POST /device: the code the person typed (throttled), then login or consent."""
-        settings = self.settings
+        guesses = self.guesses
         form = await _form(request)
         if form is None:
             return self._malformed()
@@ -220,15 +231,15 @@ class DevicePages:
             # Not a possible code, so not a guess: not counted.
             return self._code_page(session, user_code=typed, error=BAD_FORMAT, status=400)
         now = self.clock()
-        window = settings.window.total_seconds()
+        window = guesses.window.total_seconds()
         address = signin.client_address(self.addresses, request)
         limits = (
             Cap(
                 f"device:session:{session.record.session_hash.hex()}",
-                settings.max_failures,
+                guesses.per_session,
                 window,
             ),
-            Cap(f"device:ip:{address}", settings.max_failures_per_address, window),
+            Cap(f"device:ip:{address}", guesses.per_address, window),
         )
         # The guess is charged before the code is looked up, in the same step as the check of
         # the limits: guesses sent at once cannot all be looked up before any is counted.

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -22,7 +23,7 @@ from portcullis.http import error_response
 from ..clients import ASSERTION_ALGORITHMS
 from ..keys import SigningRing
 from ..protocol.claims import supported_claims
-from ..settings import STANDARD_SCOPES, Settings
+from ..protocol.scopes import STANDARD_SCOPES
 
 log = logging.getLogger("portcullis.authserver")
 
@@ -32,11 +33,14 @@ AUTH_METHODS = ["client_secret_basic", "client_secret_post", "private_key_jwt", 
 ASSERTION_ALGS = list(ASSERTION_ALGORITHMS)
 
 
-def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
-    issuer = settings.issuer
+def metadata(
+    issuer: str, scopes: Iterable[str], id_token_algs: list[str], grant_types: list[str]
+) -> dict[str, Any]:
+    """The document of a server that issues as `issuer`, knows `scopes` beyond the built-in
+    ones, signs ID tokens with `id_token_algs` and has `grant_types`."""
     # The admin API's scopes are left out (RFC 8414 §2: a server may omit some): only the
     # clients registered with them use them.
-    scopes = list(dict.fromkeys([*STANDARD_SCOPES, "roles", *(s.name for s in settings.scopes)]))
+    supported = list(dict.fromkeys([*STANDARD_SCOPES, "roles", *scopes]))
     document: dict[str, Any] = {
         "issuer": issuer,
         "authorization_endpoint": f"{issuer}/authorize",
@@ -48,7 +52,7 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         # Not registered: the stream of signed revocation events (authserver/events.py).
         "revocation_events_endpoint": f"{issuer}/revocation_events",
         "end_session_endpoint": f"{issuer}/logout",
-        "scopes_supported": scopes,
+        "scopes_supported": supported,
         "response_types_supported": ["code"],
         "response_modes_supported": ["query"],
         "grant_types_supported": grant_types,
@@ -59,7 +63,7 @@ def metadata(settings: Settings, grant_types: list[str]) -> dict[str, Any]:
         "revocation_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
         "introspection_endpoint_auth_methods_supported": AUTH_METHODS[:3],
         "introspection_endpoint_auth_signing_alg_values_supported": ASSERTION_ALGS,
-        "id_token_signing_alg_values_supported": settings.id_token_algs,
+        "id_token_signing_alg_values_supported": id_token_algs,
         "subject_types_supported": ["public"],
         "claims_supported": supported_claims(),
         "claims_parameter_supported": False,

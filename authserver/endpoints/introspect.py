@@ -13,11 +13,11 @@ from ..clock import Clock
 from ..protocol import lifecycle
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
 from ..protocol.lifecycle import Refresh
+from ..resource_tokens import AccessTokens
 from ..store.base import Store
 from ..tokens import digest
 from .errors import json_no_store, oauth_json_error
 from .forms import read_form
-from .resource_tokens import AccessTokens
 
 INACTIVE = {"active": False}
 

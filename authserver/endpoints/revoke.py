@@ -13,11 +13,11 @@ from aiohttp import web
 from ..clients import ClientAuthenticator
 from ..clock import Clock
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
+from ..resource_tokens import AccessTokens
 from ..store.base import Store
 from ..tokens import digest
 from .errors import oauth_json_error
 from .forms import read_form
-from .resource_tokens import AccessTokens
 
 
 class RevocationEndpoint:

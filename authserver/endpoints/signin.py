@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from aiohttp import web
 
@@ -34,7 +35,6 @@ from ..clock import Clock
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
-from ..settings import BACKOFF_FIRST_DELAY, LoginThrottle
 from ..store.base import Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
 
@@ -57,6 +57,19 @@ class Throttled:
 
 
 @dataclass(frozen=True)
+class LoginRules:
+    """The bounds of the three counts (`login_throttle`): 1 and 2 within `window`, and for
+    3 the attempts before the delays, the first delay and the longest."""
+
+    max_failures: int
+    max_failures_per_address: int
+    window: timedelta
+    backoff_after: int
+    backoff_first: timedelta
+    backoff_max: timedelta
+
+
+@dataclass(frozen=True)
 class LoginLimits:
     """The three counts of one attempt, in the order of the module's description."""
 
@@ -65,20 +78,20 @@ class LoginLimits:
     username: Backoff
 
     @classmethod
-    def of(cls, throttle: LoginThrottle, username: str, address: str) -> LoginLimits:
-        window = throttle.window.total_seconds()
+    def of(cls, rules: LoginRules, username: str, address: str) -> LoginLimits:
+        window = rules.window.total_seconds()
         name = username.lower()
         return cls(
             # An address holds no space, so the first space ends it.
-            at_address=Cap(f"login:user-at-ip:{address} {name}", throttle.max_failures, window),
-            address=Cap(f"login:ip:{address}", throttle.max_failures_per_address, window),
+            at_address=Cap(f"login:user-at-ip:{address} {name}", rules.max_failures, window),
+            address=Cap(f"login:ip:{address}", rules.max_failures_per_address, window),
             username=Backoff(
                 f"login:user:{name}",
-                free=throttle.backoff_after,
-                first_delay=BACKOFF_FIRST_DELAY.total_seconds(),
-                max_delay=throttle.backoff_max.total_seconds(),
+                free=rules.backoff_after,
+                first_delay=rules.backoff_first.total_seconds(),
+                max_delay=rules.backoff_max.total_seconds(),
                 # Never shorter than a delay: a wait must not also wipe the count.
-                idle=max(window, throttle.backoff_max.total_seconds()),
+                idle=max(window, rules.backoff_max.total_seconds()),
             ),
         )
 
@@ -89,7 +102,7 @@ class PasswordCheck:
         store: Store,
         users: UserDirectory,
         hasher: PasswordHasher,
-        throttle: LoginThrottle,
+        rules: LoginRules,
         addresses: ClientAddresses,
         clock: Clock,
         metrics: Metrics,
@@ -97,7 +110,7 @@ class PasswordCheck:
         self.store = store
         self.users = users
         self.hasher = hasher
-        self.throttle = throttle
+        self.rules = rules
         self.addresses = addresses
         self.clock = clock
         self.metrics = metrics
@@ -108,7 +121,7 @@ class PasswordCheck:
         """The user, Throttled, or None when the username or password is wrong."""
         now = self.clock()
         address = client_address(self.addresses, request)
-        limits = LoginLimits.of(self.throttle, username, address)
+        limits = LoginLimits.of(self.rules, username, address)
         refused = await self.store.reserve_attempt(
             (limits.at_address, limits.address, limits.username), now
         )

@@ -14,9 +14,7 @@ from aiohttp import web
 from ..protocol.claims import released
 from ..protocol.errors import OAuthError
 from ..registry import UserDirectory
-from .errors import json_no_store
-from .forms import read_form
-from .resource_tokens import (
+from ..resource_tokens import (
     BEARER,
     INVALID_REQUEST,
     INVALID_TOKEN,
@@ -25,6 +23,8 @@ from .resource_tokens import (
     TokenRefused,
     credential_in_header,
 )
+from .errors import json_no_store
+from .forms import read_form
 
 REALM = "portcullis"
 

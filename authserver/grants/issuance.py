@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
 from ..protocol.lifecycle import Refresh
 from ..registry import Client
-from ..settings import Lifetimes
 from ..store.base import AccessTokenRecord, GrantRecord, Issuance, RefreshRecord
 from ..tokens import Minter, TokenPlan, digest, random_token
 
@@ -55,11 +55,20 @@ class Terms:
     refresh_jkt: str | None = None  # the refresh token's DPoP key (RFC 9449 §5)
 
 
+@dataclass(frozen=True)
+class RefreshLifetimes:
+    """How long a refresh token lives: `idle`, unused, and its family `absolute` from the
+    login that started it, whatever its rotations."""
+
+    idle: timedelta
+    absolute: timedelta
+
+
 class TokenIssuer:
-    def __init__(self, minter: Minter, lifetimes: Lifetimes) -> None:
+    def __init__(self, minter: Minter, refresh: RefreshLifetimes) -> None:
         self.minter = minter
-        self.idle = lifetimes.refresh_token_idle.total_seconds()
-        self.absolute = lifetimes.refresh_token_absolute.total_seconds()
+        self.idle = refresh.idle.total_seconds()
+        self.absolute = refresh.absolute.total_seconds()
 
     def new_family(self, scope: str, now: float) -> Family:
         return Family(scope, now + self.absolute)

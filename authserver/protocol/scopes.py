@@ -1,4 +1,5 @@
-"""Scope strings (RFC 6749 §3.3): parsing, checking against what a client may ask for."""
+"""Scope strings (RFC 6749 §3.3): parsing, checking against what a client may ask for; and
+the scopes every server knows, with what the consent page says of each."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ from collections.abc import Iterable
 from .errors import invalid_scope
 
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
+
+# OpenID Connect's (Core §5.4, and §11 offline_access).
+STANDARD_SCOPES = {
+    "openid": "Sign you in",
+    "profile": "Know your name",
+    "email": "Know your email address",
+    "address": "Know your postal address",
+    "phone": "Know your phone number",
+    "offline_access": "Stay connected when you are away",
+}
+# Scopes every server knows besides those: the `roles` claim (RFC 9068 §2.2.3.1), and the
+# admin API's, which only clients registered with them get.
+BUILTIN_SCOPES = {
+    "roles": "Know your roles",
+    "admin:read": "Read the server's clients, users, grants and keys",
+    "admin:write": "Change the server's clients, users, grants and keys",
+}
+KNOWN_SCOPES = {**STANDARD_SCOPES, **BUILTIN_SCOPES}
 
 
 def parse(scope: str | None) -> tuple[str, ...]:

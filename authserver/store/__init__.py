@@ -8,14 +8,13 @@ a backend, imported on demand so that importing the protocol never loads a drive
 
 from __future__ import annotations
 
-from authserver.settings import StoragePool
-from authserver.store.base import Store
+from authserver.store.base import PoolLimits, Store
 
 SQLITE_MEMORY_URL = "sqlite://:memory:"
 SQLITE_FILE_PREFIX = "sqlite:///"
 
 
-def open_store(url: str, pool: StoragePool | None = None) -> Store:
+def open_store(url: str, pool: PoolLimits | None = None) -> Store:
     """The backend a storage URL names, not opened yet: the caller awaits `open()`.
 
     `sqlite:///var/lib/portcullis/authserver.db` names a file by its absolute path (what

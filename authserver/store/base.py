@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -63,6 +64,21 @@ class AlreadyExists(Exception):
 
 class StoreUnavailable(TemporarilyUnavailable):
     """The backend could not do the call's work; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """The connections a backend with a pool (PostgreSQL) keeps open, and how long a call
+    waits: for a connection to open, a statement to run, a busy pool to free one, and each
+    migration (the wait for another process's migration lock included). A call past its
+    limit fails with `StoreUnavailable`."""
+
+    min_size: int = 1
+    max_size: int = 10
+    connect_timeout: timedelta = timedelta(seconds=5)
+    command_timeout: timedelta = timedelta(seconds=5)
+    acquire_timeout: timedelta = timedelta(seconds=5)
+    migration_timeout: timedelta = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,6 @@ import orjson
 
 from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
-from authserver.settings import StoragePool
 from authserver.store.base import (
     MANAGED_BY_CONFIG,
     AlreadyExists,
@@ -103,6 +102,7 @@ from authserver.store.base import (
     GrantSummary,
     Issuance,
     Poll,
+    PoolLimits,
     RefreshRecord,
     RevocationEvent,
     RevokedToken,
@@ -167,14 +167,14 @@ class PostgresStore:
     def __init__(
         self,
         url: str,
-        pool: StoragePool | None = None,
+        pool: PoolLimits | None = None,
         *,
         schema: str | None = None,
         application_name: str = APPLICATION_NAME,
         migrations: Traversable = MIGRATIONS,
     ) -> None:
         self.url = url
-        self._limits = pool or StoragePool()
+        self._limits = pool or PoolLimits()
         self._schema = schema
         self._application_name = application_name
         self._migrations = migrations

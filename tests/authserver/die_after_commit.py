@@ -18,8 +18,7 @@ from typing import Any
 from authserver import __main__ as cli
 from authserver import app
 from authserver.protocol.lifecycle import Move
-from authserver.settings import StoragePool
-from authserver.store.base import Issuance, Store
+from authserver.store.base import Issuance, PoolLimits, Store
 
 open_real_store = app.open_store
 
@@ -42,7 +41,7 @@ class DiesAfterRotation:
         return committed
 
 
-def open_store(url: str, pool: StoragePool | None = None) -> Store:
+def open_store(url: str, pool: PoolLimits | None = None) -> Store:
     return DiesAfterRotation(open_real_store(url, pool))  # type: ignore[return-value]
 
 

@@ -11,7 +11,7 @@ from authserver.admin import validation
 from authserver.admin.collection import MAX_LIMIT, Collection, page, parse_query
 from authserver.admin.http import ApiError, merge_patch
 from authserver.admin.users import new_user_id
-from authserver.settings import ClientSettings
+from authserver.declarations import DeclaredClient
 
 PEOPLE = Collection(
     key="id",
@@ -104,7 +104,7 @@ def test_merge_patch_follows_rfc_7396() -> None:
 def test_validation_reports_the_configuration_rules_at_json_paths() -> None:
     with pytest.raises(ApiError) as refused:
         validation.build(
-            ClientSettings,
+            DeclaredClient,
             {
                 "client_id": "x",
                 "redirect_uris": ["https://ok.example/cb", "https://ok.example/cb#frag"],
@@ -116,7 +116,7 @@ def test_validation_reports_the_configuration_rules_at_json_paths() -> None:
     assert "fragment" in details["redirectUris[1]"]
     assert "private key material" in details["jwks"]
     built = validation.build(
-        ClientSettings,
+        DeclaredClient,
         {"client_id": "x", "grant_types": ["client_credentials"], "client_secret": "s" * 40},
     )
     assert built.token_endpoint_auth_method == "client_secret_basic"

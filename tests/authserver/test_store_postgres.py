@@ -24,11 +24,12 @@ import asyncpg
 import pytest
 
 from authserver import settings as authserver_settings
+from authserver.app import pool_limits
 from authserver.protocol.lifecycle import Code, Refresh
 from authserver.protocol.throttle import Cap
 from authserver.settings import StoragePool
 from authserver.store import open_store
-from authserver.store.base import StoreUnavailable
+from authserver.store.base import PoolLimits, StoreUnavailable
 from authserver.store.migration_files import load_migrations
 from authserver.store.postgres import MIGRATIONS, PostgresStore
 from portcullis.yamlconf import ConfigError
@@ -57,8 +58,8 @@ from tests.authserver.store_conformance import (
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough that many tests in parallel stay far below the server's max_connections.
-POOL = StoragePool(min_size=1, max_size=4)
-QUICK = StoragePool(
+POOL = PoolLimits(min_size=1, max_size=4)
+QUICK = PoolLimits(
     min_size=1,
     max_size=1,
     connect_timeout=timedelta(milliseconds=500),
@@ -451,7 +452,7 @@ async def test_a_revocation_arriving_while_a_rotation_commits_revokes_the_succes
     "url", ["postgresql://portcullis@db/auth", "postgres://db:5433/auth?sslmode=require"]
 )
 def test_postgresql_urls_name_the_postgres_backend(url: str) -> None:
-    store = open_store(url, StoragePool(max_size=3))
+    store = open_store(url, PoolLimits(max_size=3))
     assert isinstance(store, PostgresStore)
     assert store.url == url
 
@@ -477,6 +478,16 @@ def test_storage_pool_settings_are_read_with_their_defaults() -> None:
         StoragePool(), max_size=20, command_timeout=timedelta(seconds=2)
     )
     assert authserver_settings.load_text(settings_text("")).storage_pool == StoragePool()
+
+
+def test_the_storage_pool_settings_are_the_stores_pool_limits() -> None:
+    assert pool_limits(StoragePool()) == PoolLimits()  # the same defaults
+    settings = authserver_settings.load_text(
+        settings_text("storage_pool: {min_size: 2, max_size: 20, acquire_timeout: 1s}\n")
+    )
+    assert pool_limits(settings.storage_pool) == PoolLimits(
+        min_size=2, max_size=20, acquire_timeout=timedelta(seconds=1)
+    )
 
 
 @pytest.mark.parametrize(

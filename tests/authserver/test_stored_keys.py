@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from authserver.endpoints.discovery import Jwks
 from authserver.keys import RotationPolicy
-from authserver.settings import StoragePool, load_text
-from authserver.store.base import Store
+from authserver.settings import load_text
+from authserver.store.base import PoolLimits, Store
 from authserver.store.postgres import PostgresStore
 from authserver.store.sqlite import SQLiteStore
 from authserver.stored_keys import KeyCipher, KeyDecryptionError, KeysStale, StoredKeyRing
@@ -167,7 +167,7 @@ async def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         return
     url = await postgres_url_or_skip()
     async with fresh_schema(url) as schema:
-        yield lambda: PostgresStore(url, StoragePool(min_size=1, max_size=2), schema=schema)
+        yield lambda: PostgresStore(url, PoolLimits(min_size=1, max_size=2), schema=schema)
 
 
 @pytest.fixture

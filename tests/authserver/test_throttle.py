@@ -7,6 +7,7 @@ import bisect
 import functools
 from datetime import timedelta
 
+from authserver.app import login_rules
 from authserver.endpoints.signin import LoginLimits
 from authserver.protocol.throttle import Admit, Backoff, Cap, Counter, Rule
 from authserver.settings import LoginThrottle
@@ -55,13 +56,13 @@ def most_in_one_hour(rule: Backoff) -> int:
 
 
 def test_one_username_gets_at_most_74_guesses_an_hour_from_all_addresses_by_default() -> None:
-    backoff = LoginLimits.of(LoginThrottle(), "alice", "192.0.2.1").username
+    backoff = LoginLimits.of(login_rules(LoginThrottle()), "alice", "192.0.2.1").username
     assert most_in_one_hour(backoff) == 74
 
 
 def test_a_longer_backoff_max_lowers_the_hourly_bound() -> None:
     throttle = LoginThrottle(backoff_after=10, backoff_max=timedelta(minutes=5))
-    backoff = LoginLimits.of(throttle, "alice", "192.0.2.1").username
+    backoff = LoginLimits.of(login_rules(throttle), "alice", "192.0.2.1").username
     assert most_in_one_hour(backoff) < 74
 
 

@@ -7,7 +7,8 @@ token revoked (itself or its grant), its client gone or its secret rotated since
 issued, its user gone or disabled (events.Revocations cuts them off) all make it inactive.
 
 `ResourceTokens` is the one check of a request whose credential is such a token, for every
-endpoint of this server that serves a resource (userinfo, the admin API), in order:
+endpoint of this server that serves a resource (userinfo, the admin API: both are given it,
+neither imports the other), in order:
 1. at most one Authorization header, else 400 `invalid_request`; the token under the
    `Bearer` (RFC 6750 §2.1) or the `DPoP` scheme (RFC 9449 §7.1), else no token: 401 without
    an error code (RFC 6750 §3.1). The endpoint may take it from elsewhere (userinfo: a
@@ -34,11 +35,11 @@ import jwt
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ..dpop import ProofChecker
-from ..keys import SigningRing
-from ..protocol.errors import ErrorCode, OAuthError
-from ..registry import Client, ClientRegistry, UserDirectory
-from ..store.base import Store
+from .dpop import ProofChecker
+from .keys import SigningRing
+from .protocol.errors import ErrorCode, OAuthError
+from .registry import Client, ClientRegistry, UserDirectory
+from .store.base import Store
 
 BEARER = "Bearer"
 DPOP = "DPoP"
