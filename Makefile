@@ -2,17 +2,29 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# One stamp per extra installed into the venv (pyproject.toml): `dev` for `make demo`, `test`
+# (which holds dev) for the rest. Installing test stamps both, so a demo after the tests
+# installs nothing.
+DEV_STAMP := $(VENV)/.installed-dev
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: test lint bench bench-instructions demo clean constraints image schema
+.PHONY: test test-fast lint bench bench-instructions demo clean constraints image schema
 
-$(STAMP): pyproject.toml
+define install_extra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e '.[$(1)]'
+endef
 
-lint: $(STAMP)
+$(DEV_STAMP): pyproject.toml
+	$(call install_extra,dev)
+	touch $(DEV_STAMP)
+
+$(TEST_STAMP): pyproject.toml
+	$(call install_extra,test)
+	touch $(TEST_STAMP) $(DEV_STAMP)
+
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -62,31 +74,46 @@ $(NGINX):
 
 # One pytest worker per core (pytest-xdist); a test file runs whole in one worker, so its
 # module-scoped fixtures (the built image, above all) are made once. Every server a test
-# starts listens on a port the OS chose, or on one reserved for that worker.
+# starts listens on a port the OS chose, or on one reserved for that worker. Every property
+# runs the examples it declares (the `full` Hypothesis profile, tests/hypothesis_profiles.py).
 test: lint $(CHROMIUM) $(NPM) $(NGINX)
-	$(VENV)/bin/pytest -q -n auto --dist loadfile
+	$(VENV)/bin/pytest -q -n auto --dist loadfile --hypothesis-profile full
+
+# The tests marked `fast` (tests/conftest.py: no other process, browser, front proxy,
+# database or image build), with a tenth of the examples per property (the `quick` profile):
+# under a minute on two cores, for the edit-and-check loop. No lint, and it proves less than
+# `make test`, which is the check of a change. pytest rewrites the asserts of every test
+# module it collects, a third of the tier's time when done again on each run: its compiled
+# modules are kept in __pycache__ even where PYTHONDONTWRITEBYTECODE is set.
+test-fast: $(TEST_STAMP)
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -q -m fast --hypothesis-profile quick
 
 # JSON Schemas of both configuration files, from the settings declarations (editors validate
 # the example files with them; a test fails when they are stale).
-schema: $(STAMP)
+schema: $(DEV_STAMP)
 	$(PY) -m portcullis.sections gateway.settings:Settings "Portcullis gateway configuration" config/schema/gateway.schema.json
 	$(PY) -m portcullis.sections authserver.settings:Settings "Portcullis authorization server configuration" config/schema/authserver.schema.json
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	bash bench/run.sh
 
-bench-instructions: $(STAMP)
+bench-instructions: $(TEST_STAMP)
 	bash bench/instructions.sh
 
-demo: $(STAMP)
-	bash examples/demo.sh
+# The demo's processes on 127.0.0.1 (examples/demo.sh), run with the dev extra alone: no
+# browser, front proxy or test tool is installed for it. Its logs are kept when it stops
+# (DEMO_KEEP_LOGS=0 removes them), in the directory it names.
+DEMO_KEEP_LOGS ?= 1
+
+demo: $(DEV_STAMP)
+	DEMO_PYTHON=$(abspath $(PY)) DEMO_KEEP_LOGS=$(DEMO_KEEP_LOGS) bash examples/demo.sh
 
 # The container image's pinned dependencies: pyproject.toml's dependencies and the extras
 # the image installs (redis, postgres), resolved for every Python the image may have (3.11
 # and later, with markers).
 IMAGE_PYTHON := 3.11
 
-constraints: $(STAMP)
+constraints: $(DEV_STAMP)
 	$(PY) -m pip install --quiet 'uv>=0.4'
 	$(VENV)/bin/uv pip compile pyproject.toml --extra redis --extra postgres \
 	  --upgrade --quiet --universal --python-version $(IMAGE_PYTHON) --annotation-style line \

@@ -7,8 +7,9 @@
 # (examples/web_client) and the example single-page app (examples/spa), waits until each is
 # ready, prints a walkthrough (curl commands, the machine client, and browser links), and
 # stops everything on Ctrl-C. Logs go to a
-# temporary directory, which is removed on a clean exit; so does the authorization server's
-# state (database and signing keys) unless DEMO_STATE_DIR names a directory to keep it in.
+# temporary directory, which is removed on a clean exit unless DEMO_KEEP_LOGS=1 (what `make
+# demo` sets); so is the authorization server's state (database and signing keys) unless
+# DEMO_STATE_DIR names a directory to keep it in.
 #
 # Environment:
 #   DEMO_SMOKE=1          run the walkthrough itself (and a sign-in through the web app without
@@ -19,6 +20,8 @@
 #                         their addresses from the DEMO_*_PORT variables below
 #   DEMO_STATE_DIR        where the authorization server keeps its database and keys (default:
 #                         a fresh temporary directory per run)
+#   DEMO_KEEP_LOGS=1      keep the logs after a clean exit too (a failed run always keeps
+#                         them); the script names their directory when it stops
 #   DEMO_GATEWAY_PORT 8080   DEMO_ADMIN_PORT 9901   DEMO_API_PORT 8081
 #   DEMO_AUTH_PORT    9000   DEMO_WEB_PORT   8082   DEMO_SPA_PORT 8083
 #   DEMO_AUTH_ADMIN_PORT 9902
@@ -50,6 +53,7 @@ PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 CONFIG=${CONFIG:-config/gateway.yaml}
 AUTH_CONFIG=${AUTH_CONFIG:-config/authserver.yaml}
 SMOKE=${DEMO_SMOKE:-0}
+KEEP_LOGS=${DEMO_KEEP_LOGS:-0}
 START_TIMEOUT=${DEMO_START_TIMEOUT:-20}
 # The configs read these through ${DEMO_...:-default}, with the same defaults.
 export DEMO_GATEWAY_PORT=${DEMO_GATEWAY_PORT:-8080}
@@ -131,7 +135,11 @@ stop_all() {
         kill -KILL "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
-    if [ "$status" -eq 0 ]; then
+    if [ "$status" -eq 0 ] && [ "$KEEP_LOGS" = 1 ]; then
+        # The logs only: a fresh state directory goes as on any clean exit.
+        [ -n "${STATE:-}" ] || rm -rf "$WORK/state"
+        echo "demo: logs kept in $WORK" >&2
+    elif [ "$status" -eq 0 ]; then
         rm -rf "$WORK"
     else
         echo "demo: logs kept in $WORK" >&2

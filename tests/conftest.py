@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import subprocess
+from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
+from tests import hypothesis_profiles  # noqa: F401  (registers and loads the profiles)
 from tests.support import (
     EchoUpstream,
     RunningGateway,
@@ -63,3 +66,43 @@ def refused_port() -> Iterator[int]:
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         yield session
+
+
+# ---------------------------------------------------------------------------- tiers
+
+# `make test` runs every test; `make test-fast` runs those marked `fast`: the tests that need
+# no other process, browser, front proxy, database or image build. The mark is given here,
+# by what a test is, so that a new test falls in its tier without a list to update. A test
+# is `fast` unless
+# - it lives in one of HEAVY_DIRECTORIES (programs, browsers, front proxies, the image);
+# - it has one of HEAVY_MARKERS: slow, fault and long, or asyncio, which pytest-asyncio
+#   gives every coroutine test: the async tests are the ones that serve or call over
+#   sockets, open a store or run a command-line program;
+# - its module imports subprocess: it runs programs.
+# A synchronous test that is slow all the same is marked `slow`, which takes it out.
+TESTS = Path(__file__).resolve().parent
+HEAVY_DIRECTORIES = frozenset({"e2e", "examples", "deploy"})
+HEAVY_MARKERS = ("slow", "fault", "long", "asyncio")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if _in_fast_tier(item):
+        item.add_marker(pytest.mark.fast)
+
+
+def _in_fast_tier(item: pytest.Item) -> bool:
+    if any(item.get_closest_marker(name) is not None for name in HEAVY_MARKERS):
+        return False
+    path = item.path.resolve()
+    if any(path.is_relative_to(TESTS / name) for name in HEAVY_DIRECTORIES):
+        return False
+    module = getattr(item, "module", None)
+    return module is None or not _runs_programs(vars(module).values())
+
+
+def _runs_programs(globals_: Iterable[object]) -> bool:
+    """Whether a module's globals hold subprocess or anything imported from it."""
+    return any(
+        value is subprocess or getattr(value, "__module__", None) == "subprocess"
+        for value in globals_
+    )

@@ -28,6 +28,7 @@ from yarl import URL
 
 from gateway import forward
 from gateway.forward import header_value, string_header_value
+from tests.hypothesis_profiles import examples
 from tests.support import (
     RawConnection,
     RunningGateway,
@@ -450,7 +451,7 @@ def _assert_field_value(sent: str) -> None:
     assert sent == sent.strip(" \t"), sent
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(value=JSON_VALUES)
 def test_every_claim_value_is_sent_as_a_field_value_the_upstream_reads_back_exactly(value):
     sent = header_value(value)
@@ -458,7 +459,7 @@ def test_every_claim_value_is_sent_as_a_field_value_the_upstream_reads_back_exac
     assert canonical(read_claim_header(sent)) == canonical(value)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     first=JSON_VALUES,
     second=JSON_VALUES | JSON_VALUES.map(canonical) | JSON_VALUES.map(str),
@@ -468,7 +469,7 @@ def test_distinct_claim_values_never_give_the_same_header_value(first, second):
         assert header_value(first) != header_value(second)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(first=TRICKY_TEXT, second=TRICKY_TEXT | TRICKY_TEXT.map(json.dumps))
 def test_distinct_strings_never_give_the_same_subject_header(first, second):
     for text in (first, second):

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.framing_support import RecordingUpstream, Seen
+from tests.hypothesis_profiles import examples
 from tests.support import (
     UNBOUND_ADMIN_LISTEN,
     UNBOUND_LISTEN,
@@ -513,7 +514,7 @@ PROPERTY_SETTINGS = {
 }
 
 
-@settings(max_examples=40, **PROPERTY_SETTINGS)
+@settings(max_examples=examples(40), **PROPERTY_SETTINGS)
 @given(case=sequences())
 def test_the_upstream_reads_exactly_the_admitted_requests_and_each_client_its_own_answer(
     background, case

@@ -16,6 +16,7 @@ from gateway.principal import (
     from_claims,
     normalise_scopes,
 )
+from tests.hypothesis_profiles import examples
 
 
 @pytest.mark.parametrize(
@@ -101,7 +102,7 @@ SCOPE_TEXT = st.text(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(text=SCOPE_TEXT)
 def test_a_scope_string_is_split_on_u0020_only_or_refused(text: str) -> None:
     try:
@@ -113,7 +114,7 @@ def test_a_scope_string_is_split_on_u0020_only_or_refused(text: str) -> None:
     assert all(SCOPE_TOKEN.fullmatch(s) for s in scopes)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(items=st.lists(SCOPE_TEXT, max_size=5), claim=st.sampled_from(["scope", "scp"]))
 def test_each_array_element_is_one_scope_or_the_token_is_refused(
     items: list[str], claim: str
@@ -127,7 +128,7 @@ def test_each_array_element_is_one_scope_or_the_token_is_refused(
     assert all(SCOPE_TOKEN.fullmatch(s) for s in scopes)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     granted=SCOPE_TEXT,
     as_array=st.booleans(),

@@ -17,6 +17,7 @@ from gateway.ratelimit import MemoryBuckets, Policy
 from gateway.settings import LimitRule
 from portcullis.addresses import ClientAddresses
 from portcullis.yamlconf import rate
+from tests.hypothesis_profiles import examples
 from tests.support import (
     Answer,
     ManualClock,
@@ -104,7 +105,7 @@ def test_a_flood_of_distinct_keys_never_grows_the_buckets_past_max_keys():
     assert len(buckets) == 100
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     per_second=st.floats(min_value=0.5, max_value=50),
     burst=st.integers(min_value=1, max_value=20),

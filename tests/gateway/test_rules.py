@@ -24,6 +24,7 @@ from gateway.rules import (
     split_path,
 )
 from gateway.settings import IssuerSettings, RouteSettings
+from tests.hypothesis_profiles import examples
 
 ISSUERS = (
     IssuerSettings("https://a.example", ("api",)),
@@ -399,7 +400,7 @@ def naive_first_match(table: Sequence[Rule], method: str, path: list[str]) -> Ru
     return None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(table=route_tables(), method=st.sampled_from(REQUEST_METHODS), path=paths)
 def test_router_agrees_with_a_linear_first_match_scan(
     table: list[RouteSettings], method: str, path: list[str]
@@ -421,7 +422,7 @@ def all_paths(max_len: int) -> list[list[str]]:
 UNIVERSE = all_paths(5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(earlier=templates(), later=templates())
 def test_covers_holds_exactly_when_every_path_of_the_later_is_matched_by_the_earlier(
     earlier: str, later: str
@@ -431,7 +432,7 @@ def test_covers_holds_exactly_when_every_path_of_the_later_is_matched_by_the_ear
     assert outer.covers(inner) is contained
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(table=route_tables())
 def test_a_rule_reported_as_unreachable_never_wins_a_request(table: list[RouteSettings]) -> None:
     unreachable = {c.line for c in find_conflicts(table)}
@@ -663,7 +664,7 @@ def spelled(draw: st.DrawFn) -> tuple[str, str]:
     return literal, segment
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(pair=spelled())
 def test_a_segment_any_upstream_could_take_for_a_literal_is_refused_or_folds_onto_it(
     pair: tuple[str, str],
@@ -741,7 +742,7 @@ CASED_UNIVERSE = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(protected=templates(), public=templates())
 def test_a_case_variant_is_found_exactly_when_one_exists(protected: str, public: str) -> None:
     """The public pattern takes a path the protected one does not, whose lower-case form the

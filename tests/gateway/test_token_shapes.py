@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from gateway.bearer import is_b64token
 from portcullis.jose import compact_parts
+from tests.hypothesis_profiles import examples
 
 # The grammars, as regular expressions (RFC 7515 §7.1 with RFC 7515 §2's base64url; RFC 6750
 # §2.1's b64token).
@@ -29,7 +30,7 @@ shaped = st.builds(
 )
 
 
-@settings(max_examples=600)
+@settings(max_examples=examples(600))
 @given(st.one_of(texts, shaped))
 @example("a.b.c")
 @example("a.b.c\n")
@@ -46,7 +47,7 @@ def test_compact_parts_is_the_grammar(text: str) -> None:
         assert ".".join(parts) == text and len(parts) == 3
 
 
-@settings(max_examples=600)
+@settings(max_examples=examples(600))
 @given(st.one_of(texts, shaped))
 @example("abc")
 @example("abc==")

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from portcullis import sections, yamlconf
 from portcullis.sections import Check, section, setting
 from portcullis.yamlconf import ConfigError, Rate
+from tests.hypothesis_profiles import examples
 
 from . import schema_subset
 from .sections_sample import (
@@ -697,7 +698,7 @@ def test_duration_rate_and_size_schemas_agree_with_their_parsers(
         assert schema_subset.errors(schema, value) != [], value
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.one_of(
         st.text(max_size=12),
@@ -822,7 +823,7 @@ def mutated_files(draw: st.DrawFn) -> tuple[str, dict[str, str]]:
     return yaml.safe_dump(data, sort_keys=False), env
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(mutated_files())
 def test_any_file_the_loader_accepts_the_schema_accepts(file: tuple[str, dict[str, str]]) -> None:
     text, env = file
