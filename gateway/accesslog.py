@@ -26,7 +26,7 @@ from typing import IO, Any
 import orjson
 
 from .exchange import Exchange
-from .settings import AccessLogSettings
+from .records import AccessLogOptions
 
 _MILLISECONDS = tuple(f".{ms:03d}Z" for ms in range(1000))
 _MAX_WAITING = 256 * 1024  # bytes of lines held before writing at once
@@ -34,7 +34,7 @@ _SUBJECTS_REMEMBERED = 16_384
 
 
 class AccessLog:
-    def __init__(self, settings: AccessLogSettings) -> None:
+    def __init__(self, settings: AccessLogOptions) -> None:
         self.settings = settings
         self._include_query = settings.include_query
         self._subject = settings.subject

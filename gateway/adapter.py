@@ -1,20 +1,118 @@
 """Settings → records: the one place that turns the configuration file's shape into what the
 running gateway reads (records.py). Each function copies its section field by field and
 resolves the defaults other sections hold, so a new option is one field in records.py and
-one line here.
+one line here (or none, where a record's fields are its section's own: `_copied`).
 """
 
 from __future__ import annotations
 
-from .records import Introspection, Issuer, RevocationEvents, Route, Scopes
+import dataclasses
+from typing import Any, TypeVar
+
+from .records import (
+    AccessLogOptions,
+    Bucket,
+    BucketStore,
+    Cors,
+    Forwarding,
+    IdentityHeaders,
+    Introspection,
+    Issuer,
+    KeySetTiming,
+    Proofs,
+    RequestPath,
+    RevocationEvents,
+    Route,
+    Scopes,
+    WebSocket,
+)
 from .settings import (
+    AccessLogSettings,
+    CorsSettings,
     IntrospectionSettings,
     IssuerSettings,
+    LimitRule,
     RevocationEventsSettings,
     RouteSettings,
     ScopeRule,
     Settings,
+    WebSocketSettings,
 )
+from .settings import IdentityHeaders as IdentityHeaderSettings
+
+T = TypeVar("T")
+
+
+def _copied(record: type[T], section: Any, **resolved: Any) -> T:
+    """A record whose fields not `resolved` are the section's fields of the same names."""
+    names = (f.name for f in dataclasses.fields(record))  # type: ignore[arg-type]
+    values = {name: getattr(section, name) for name in names if name not in resolved}
+    return record(**values, **resolved)
+
+
+def key_set_timing(settings: Settings) -> KeySetTiming:
+    return _copied(KeySetTiming, settings.jwks)
+
+
+def cors(given: CorsSettings) -> Cors:
+    return _copied(Cors, given)
+
+
+def bucket(given: LimitRule) -> Bucket:
+    return _copied(Bucket, given)
+
+
+def bucket_store(settings: Settings) -> BucketStore:
+    return _copied(BucketStore, settings.rate_limits)
+
+
+def websocket(given: WebSocketSettings) -> WebSocket:
+    return _copied(WebSocket, given)
+
+
+def access_log(given: AccessLogSettings) -> AccessLogOptions:
+    return _copied(AccessLogOptions, given)
+
+
+def identity_headers(given: IdentityHeaderSettings) -> IdentityHeaders:
+    return _copied(IdentityHeaders, given)
+
+
+def request_path(settings: Settings) -> RequestPath:
+    limits = settings.rate_limits
+    return RequestPath(
+        realm=settings.realm,
+        fold_case=settings.upstream.path_case == "insensitive",
+        monitor=settings.mode == "monitor",
+        trusted_proxies=settings.trusted_proxies,
+        limit_headers=limits.headers,
+        pre_auth=bucket(limits.pre_auth) if limits.pre_auth is not None else None,
+        on_backend_error=limits.on_backend_error,
+        max_body_size=settings.limits.max_body_size,
+        traceparent=settings.forward.traceparent,
+        proofs=_copied(Proofs, settings.dpop),
+    )
+
+
+def forwarding(settings: Settings) -> Forwarding:
+    up, forward, limits = settings.upstream, settings.forward, settings.limits
+    return Forwarding(
+        upstream_url=up.url,
+        preserve_host=up.preserve_host,
+        server_name=up.server_name,
+        pool_timeout=up.pool_timeout,
+        strip_authorization=forward.strip_authorization,
+        buffer_size=forward.buffer_size,
+        body_timeout=limits.body_timeout,
+        body_total_timeout=limits.body_total_timeout,
+        request_id_header=forward.request_id_header,
+        traceparent=forward.traceparent,
+        strip_method_override=forward.strip_method_override,
+        trusted_proxies=settings.trusted_proxies,
+        identity=identity_headers(settings.identity_headers),
+        principals_reused=settings.token_cache_size > 0
+        or any(issuer.mode != "jwt" for issuer in settings.issuers),
+    )
 
 
 def issuers(settings: Settings) -> tuple[Issuer, ...]:
@@ -79,7 +177,7 @@ def introspection(given: IntrospectionSettings) -> Introspection:
 def route(given: RouteSettings, settings: Settings) -> Route:
     """`given` with what it leaves out taken from the rest of `settings`."""
     limit = settings.rate_limits.default if given.rate_limit is None else given.rate_limit
-    cors = settings.cors if given.cors is None else given.cors
+    given_cors = settings.cors if given.cors is None else given.cors
     return Route(
         name=given.name,
         path=given.path,
@@ -96,9 +194,9 @@ def route(given: RouteSettings, settings: Settings) -> Route:
             if given.max_body_size is not None
             else settings.limits.max_body_size
         ),
-        rate_limit=limit or None,
-        cors=cors or None,
-        websocket=settings.websocket_of(given),
+        rate_limit=bucket(limit) if limit else None,
+        cors=cors(given_cors) if given_cors else None,
+        websocket=websocket(own) if (own := settings.websocket_of(given)) is not None else None,
         allow_body_on_get=given.allow_body_on_get,
         client_cert=given.needs_client_cert,
         dpop=given.dpop,

@@ -59,7 +59,7 @@ from .metrics import (
 )
 from .pipeline import LastToken, Pipeline, Resource
 from .ratelimit import Buckets, Limiter, buckets_for
-from .replay import replay_cache_for, replay_identity
+from .replay import RedisReplayCache
 from .revocations import Revocations
 from .settings import IssuerSettings, Settings
 from .upstream_client import Origin, UpstreamClient
@@ -81,7 +81,9 @@ _REFUSAL_LOG_INTERVAL = timedelta(seconds=10)
 def _decider(settings: Settings) -> extauthz.Decider | None:
     if settings.ext_authz is None:
         return None
-    return extauthz.Decider(settings.ext_authz, settings.identity_headers)
+    return extauthz.Decider(
+        settings.ext_authz.trusted_callers, adapter.identity_headers(settings.identity_headers)
+    )
 
 
 def _verification_identity(issuer: IssuerSettings) -> IssuerSettings:
@@ -101,6 +103,34 @@ def _bucket_store(settings: Settings) -> tuple[object, ...]:
         limits.key_prefix,
         limits.max_connections,
     )
+
+
+def replay_identity(settings: Settings) -> tuple[object, ...]:
+    """What the replay cache depends on: the same values keep it (and what it remembers)
+    on reload. The memory cache's size is not in it: it is resized in place."""
+    limits = settings.rate_limits
+    if not limits.redis:
+        return ("memory",)
+    return (
+        "redis",
+        limits.backend,
+        limits.timeout,
+        limits.max_connections,
+        settings.dpop.replay_key_prefix,
+    )
+
+
+def replay_cache_for(settings: Settings) -> ReplayCache:
+    """Redis when the rate limits are kept there, else this process's memory."""
+    limits = settings.rate_limits
+    if limits.redis:
+        return RedisReplayCache(
+            limits.backend,
+            limits.timeout.total_seconds(),
+            settings.dpop.replay_key_prefix,
+            limits.max_connections,
+        )
+    return MemoryReplayCache(settings.dpop.replay_cache_size)
 
 
 def _upstream_pool(settings: Settings) -> tuple[object, ...]:
@@ -179,7 +209,7 @@ class Gateway:
         # Opened first: it is the one step here that can fail on the file system, and it
         # must fail before a client session below exists that nothing would close.
         log = settings.request_log
-        self.access_log = AccessLog(log) if log.enabled else None
+        self.access_log = AccessLog(adapter.access_log(log)) if log.enabled else None
         self._keys_session = keys_session
         self._upstream_session = upstream_session  # the first pool's; a reload makes its own
         self._bodies = BodiesInFlight(settings.limits.max_bodies_per_client)
@@ -235,7 +265,7 @@ class Gateway:
         else:
             if reused:
                 retired.append(self._buckets)
-            buckets = buckets_for(settings.rate_limits, self.clock.monotonic)
+            buckets = buckets_for(adapter.bucket_store(settings), self.clock.monotonic)
             fresh.append(buckets)
         if keeps(replay_identity):
             replay = self.replay
@@ -249,7 +279,7 @@ class Gateway:
         before_introspectors = self._introspectors if reused else {}
         verification = dispatch.build(
             issuers,
-            settings.jwks,
+            adapter.key_set_timing(settings),
             self._keys_session,
             self.token_cache,
             before_keysets,
@@ -266,14 +296,16 @@ class Gateway:
         ]
         fresh += fresh_keysets
         fresh += fresh_introspectors
-        fresh += self.revocations.configure(issuers, settings.jwks)
+        fresh += self.revocations.configure(issuers, adapter.key_set_timing(settings))
         pipeline = Pipeline(
-            settings,
+            adapter.request_path(settings),
             adapter.routes(settings),
             issuers,
             verifier=verification.verifier,
-            limiter=Limiter(settings.rate_limits, buckets, self.clock.monotonic),
-            forwarder=Forwarder(settings, upstream, self._bodies, self.clock.wall),
+            limiter=Limiter(settings.rate_limits.on_backend_error, buckets, self.clock.monotonic),
+            forwarder=Forwarder(
+                adapter.forwarding(settings), upstream, self._bodies, self.clock.wall
+            ),
             metrics=self.metrics,
             replay=replay,
             now=self.clock.wall,
@@ -591,7 +623,9 @@ class Gateway:
         if new.request_log != old_settings.request_log:
             if self.access_log is not None:
                 self.access_log.close()
-            self.access_log = AccessLog(new.request_log) if new.request_log.enabled else None
+            self.access_log = (
+                AccessLog(adapter.access_log(new.request_log)) if new.request_log.enabled else None
+            )
         if new.log_level != old_settings.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
         old.retired.extend(built.retired)

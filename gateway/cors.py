@@ -13,7 +13,7 @@ Pure: works on header values, not on a request object.
 
 from __future__ import annotations
 
-from .settings import CorsSettings
+from .records import Cors
 
 _PREFLIGHT_VARY = ("Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers")
 _VARY = ("Vary", "Origin")
@@ -24,7 +24,7 @@ class CorsRefused(Exception):
 
 
 class CorsPolicy:
-    def __init__(self, settings: CorsSettings) -> None:
+    def __init__(self, settings: Cors) -> None:
         self.settings = settings
         self._any_origin = settings.allow_origins == ("*",)
         self._origins = frozenset(settings.allow_origins)

@@ -138,7 +138,7 @@ def _extras(rule: rules.Rule[Route], settings: Settings, origin: str | None) -> 
     if cors:
         lines.append(f"  cors: {_cors(cors)}")
         if origin is not None:
-            allowed = CorsPolicy(cors).allows(origin)
+            allowed = CorsPolicy(adapter.cors(cors)).allows(origin)
             lines.append(
                 f"  origin {origin}: "
                 + (
@@ -159,7 +159,7 @@ def _extras(rule: rules.Rule[Route], settings: Settings, origin: str | None) -> 
 async def _verify(settings: Settings, token: str) -> Principal:
     async with keys_session() as session:
         verification = dispatch.build(
-            adapter.issuers(settings), settings.jwks, session, TokenCache(0)
+            adapter.issuers(settings), adapter.key_set_timing(settings), session, TokenCache(0)
         )
         try:
             return await verification.verifier.verify(token)
@@ -174,7 +174,7 @@ class _Front:
     """What `--ext-authz` adds: the decision listener's answer, and each front proxy's."""
 
     def __init__(self, settings: Settings) -> None:
-        self.identity = settings.identity_headers
+        self.identity = adapter.identity_headers(settings.identity_headers)
         self.listen = settings.ext_authz.listen if settings.ext_authz is not None else None
 
     def allow(self, principal: Principal | None) -> None:

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from portcullis.addresses import ClientAddresses
+from portcullis.addresses import ClientAddresses, IPNetwork
 from portcullis.http import error_response
 
 from . import errors
@@ -49,7 +49,8 @@ from .exchange import Exchange
 from .forward import header_value, string_header_value
 from .pipeline import Admitted, Pipeline
 from .principal import Derived, Principal
-from .settings import HTTP_METHOD, ExtAuthzSettings, IdentityHeaders
+from .records import IdentityHeaders
+from .rules import HTTP_METHOD
 
 FORWARD_AUTH = "/forward-auth"
 AUTH_REQUEST = "/auth-request"
@@ -189,9 +190,9 @@ class Described:
 class Decider:
     """The decisions of one configuration: who may ask, and the answers' headers."""
 
-    def __init__(self, settings: ExtAuthzSettings, identity: IdentityHeaders) -> None:
+    def __init__(self, trusted_callers: Sequence[IPNetwork], identity: IdentityHeaders) -> None:
         # The same test as trusted_proxies': an address inside one of the networks.
-        self._callers = ClientAddresses(settings.trusted_callers)
+        self._callers = ClientAddresses(trusted_callers)
         self._identity = identity
         # Each principal's answer, for as long as a cache keeps the principal.
         self._answers: Derived[tuple[tuple[str, str], ...]] = Derived(_REMEMBERED)

@@ -66,7 +66,7 @@ from .capacity import BodiesInFlight, Slots
 from .clock import Now
 from .exchange import Exchange
 from .principal import Derived, Principal
-from .settings import Settings, WebSocketSettings
+from .records import Forwarding, WebSocket
 from .upstream_client import (
     RequestFields,
     UpstreamBroken,
@@ -351,7 +351,7 @@ async def _refused_upgrade(
 class Forwarder:
     def __init__(
         self,
-        settings: Settings,
+        settings: Forwarding,
         upstream: Upstream,
         bodies: BodiesInFlight,
         now: Now = time.time,
@@ -362,23 +362,23 @@ class Forwarder:
         self._upstream = upstream.client
         self._upgrades = upstream.upgrades
         self._slots = upstream.slots
-        self._pool_timeout = settings.upstream.pool_timeout.total_seconds()
+        self._pool_timeout = settings.pool_timeout.total_seconds()
         self._bodies = bodies
         self._addresses = ClientAddresses(settings.trusted_proxies)
-        url = urlsplit(settings.upstream.url)
-        self._base = settings.upstream.url[: len(settings.upstream.url) - len(url.path)]
+        url = urlsplit(settings.upstream_url)
+        self._base = settings.upstream_url[: len(settings.upstream_url) - len(url.path)]
         self._prefix = url.path.rstrip("/")
-        self._preserve_host = settings.upstream.preserve_host
-        self._server_name = settings.upstream.server_name  # None: the URL's host
-        self._strip_authorization = settings.forward.strip_authorization
-        self._buffer_size = settings.forward.buffer_size
-        self._body_timeout = settings.limits.body_timeout.total_seconds()
-        self._body_total_timeout = settings.limits.body_total_timeout.total_seconds()
-        self._request_id_header = settings.forward.request_id_header
+        self._preserve_host = settings.preserve_host
+        self._server_name = settings.server_name  # None: the URL's host
+        self._strip_authorization = settings.strip_authorization
+        self._buffer_size = settings.buffer_size
+        self._body_timeout = settings.body_timeout.total_seconds()
+        self._body_total_timeout = settings.body_total_timeout.total_seconds()
+        self._request_id_header = settings.request_id_header
         self.request_id_header = self._request_id_header
-        self._traceparent = settings.forward.traceparent
-        self.identity = settings.identity_headers
-        self._client_cert = settings.identity_headers.client_cert
+        self._traceparent = settings.traceparent
+        self.identity = settings.identity
+        self._client_cert = settings.identity.client_cert
         dropped = (
             _REQUEST_DROP
             | set(self.identity.names())
@@ -392,7 +392,7 @@ class Forwarder:
             }
             | ({"authorization"} if self._strip_authorization else set())
             | ({"traceparent"} if self._traceparent else set())
-            | (_METHOD_OVERRIDE if settings.forward.strip_method_override else set())
+            | (_METHOD_OVERRIDE if settings.strip_method_override else set())
         )
         # Folded, so that one lookup also drops the `_` spellings of each: a CGI/WSGI
         # upstream would read `X_Forwarded_For` as the gateway's own `X-Forwarded-For`.
@@ -407,11 +407,8 @@ class Forwarder:
         self._last_identity: tuple[Principal | None, bytes] = (None, b"")
         # A principal serves more than one request only when a cache gives it out again: the
         # verified-token cache, or an introspection answer's. Without either, every request
-        # brings a principal of its own, whose remembered headers would only be evicted
-        # unread (and keep 16,384 principals alive meanwhile).
-        self._remember_identities = settings.token_cache_size > 0 or any(
-            issuer.mode != "jwt" for issuer in settings.issuers
-        )
+        # brings a principal of its own, whose headers would be remembered for nothing.
+        self._remember_identities = settings.principals_reused
         # (client_id, scopes, issuer) -> their identity header lines, checked: the same few
         # clients, scope sets and issuers come with principal after principal. Lines of up
         # to _SHARED_IDENTITY_BYTES are kept, so this holds 1 MiB at most.
@@ -915,7 +912,7 @@ class Forwarder:
         request: web.BaseRequest,
         principal: Principal | None,
         exchange: Exchange,
-        settings: WebSocketSettings,
+        settings: WebSocket,
         extra: Sequence[tuple[str, str]] = (),
     ) -> web.StreamResponse:
         """Open the upstream WebSocket, then accept the client's and relay messages."""
@@ -969,7 +966,7 @@ class Forwarder:
         request: web.BaseRequest,
         headers: CIMultiDict[str],
         protocols: tuple[str, ...],
-        settings: WebSocketSettings,
+        settings: WebSocket,
         exchange: Exchange,
         extra: Sequence[tuple[str, str]],
     ) -> aiohttp.ClientWebSocketResponse | web.StreamResponse:
@@ -1023,7 +1020,7 @@ class Forwarder:
         client: web.WebSocketResponse,
         upstream: aiohttp.ClientWebSocketResponse,
         principal: Principal | None,
-        settings: WebSocketSettings,
+        settings: WebSocket,
         exchange: Exchange,
     ) -> None:
         tasks: dict[asyncio.Task[Any], str] = {
@@ -1056,9 +1053,7 @@ class Forwarder:
         )
 
 
-def _client_websocket(
-    settings: WebSocketSettings, protocol: str | None = None
-) -> web.WebSocketResponse:
+def _client_websocket(settings: WebSocket, protocol: str | None = None) -> web.WebSocketResponse:
     return web.WebSocketResponse(
         protocols=(protocol,) if protocol else (),
         max_msg_size=settings.max_message_size,

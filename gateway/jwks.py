@@ -35,9 +35,8 @@ from jwt.exceptions import InvalidKeyError
 
 from portcullis import tls
 
-from .clock import Now
-from .records import Issuer
-from .settings import JwksSettings
+from .clock import Now, Sleep
+from .records import Issuer, KeySetTiming
 
 log = logging.getLogger("portcullis.gateway.jwks")
 
@@ -143,7 +142,7 @@ def _verify_key(jwk: Any) -> VerifyKey | None:
 _MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?", re.IGNORECASE)
 
 
-def cache_lifetime(cache_control: str | None, settings: JwksSettings) -> float:
+def cache_lifetime(cache_control: str | None, settings: KeySetTiming) -> float:
     """Seconds until the next scheduled refresh: max-age clamped to [min_ttl, max_ttl]."""
     low, high = settings.min_ttl.total_seconds(), settings.max_ttl.total_seconds()
     if cache_control:
@@ -234,14 +233,18 @@ class KeySet:
     def __init__(
         self,
         issuer: Issuer,
-        settings: JwksSettings,
+        settings: KeySetTiming,
         session: aiohttp.ClientSession,
         now: Now = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
+        """`now` reads a monotonic clock (the schedule, the cool-downs) and `sleep` waits on
+        it (between scheduled refreshes)."""
         self.issuer = issuer
         self.settings = settings
         self._session = session
-        self._now = now  # a monotonic clock: the schedule and the cool-downs
+        self._now = now
+        self._sleep = sleep
         self._tls = issuer_tls(issuer)
         self._jwks_uri = issuer.jwks_uri
         self._keys: dict[str | None, tuple[VerifyKey, ...]] = {}
@@ -322,7 +325,7 @@ class KeySet:
         while True:
             wait = self._next_refresh - self._now()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
                 continue
             if await self.refresh():
                 backoff = first_backoff

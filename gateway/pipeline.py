@@ -55,9 +55,8 @@ from .exchange import PREFLIGHT, Exchange
 from .metrics import Metrics
 from .principal import Principal
 from .ratelimit import Limiter, Policy, Verdict
-from .records import Issuer, Route
+from .records import Issuer, RequestPath, Route, WebSocket
 from .revocations import REVOKED, DenySet
-from .settings import Settings, WebSocketSettings
 from .verifiers.base import InvalidToken, Verifier, VerifierUnavailable
 from .verifiers.cache import token_key
 
@@ -101,7 +100,7 @@ class Forward(Protocol):
         request: web.BaseRequest,
         principal: Principal | None,
         exchange: Exchange,
-        settings: WebSocketSettings,
+        settings: WebSocket,
         extra: Sequence[tuple[str, str]] = (),
     ) -> Awaitable[web.StreamResponse]: ...
 
@@ -161,7 +160,7 @@ class RoutePlan:
     monitor: bool
     cors: CorsPolicy | None
     limit: Policy | None
-    websocket: WebSocketSettings | None
+    websocket: WebSocket | None
     max_body: int | None
     allow_body_on_get: bool
     client_cert: bool  # the route requires a verified TLS client certificate
@@ -185,7 +184,7 @@ class Pipeline(Generic[F]):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: RequestPath,
         routes: Sequence[Route],
         issuers: Sequence[Issuer],
         *,
@@ -202,26 +201,20 @@ class Pipeline(Generic[F]):
         self.settings = settings
         self.revocations = revocations  # None when no issuer streams its revocations
         self.realm = settings.realm
-        self.router = rules.compile_rules(
-            routes,
-            issuers,
-            fold_case=settings.upstream.path_case == "insensitive",
-        )
+        self.router = rules.compile_rules(routes, issuers, fold_case=settings.fold_case)
         self.verifier = verifier
         self._look = verifier.cached  # asked on every request with a token
         self.limiter = limiter
         self.forwarder = forwarder
         self.metrics = metrics
-        self.monitor = settings.mode == "monitor"
-        self.traceparent = settings.forward.traceparent
+        self.monitor = settings.monitor
+        self.traceparent = settings.traceparent
         self.addresses = ClientAddresses(settings.trusted_proxies)
-        limits = settings.rate_limits
-        self._limit_headers = limits.headers
-        self._pre_auth = (
-            Policy("pre_auth", limits.pre_auth, self.addresses) if limits.pre_auth else None
-        )
-        self._max_body = settings.limits.max_body_size
-        proofs = settings.dpop
+        self._limit_headers = settings.limit_headers
+        pre_auth = settings.pre_auth
+        self._pre_auth = Policy("pre_auth", pre_auth, self.addresses) if pre_auth else None
+        self._max_body = settings.max_body_size
+        proofs = settings.proofs
         self.nonces = (
             dpop.NonceMaker(
                 proofs.nonce_key.encode() or _PROCESS_NONCE_KEY,

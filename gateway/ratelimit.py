@@ -1,6 +1,6 @@
 """Rate limits: token buckets, one per (policy, key), in memory or shared through Redis.
 
-A policy is a `LimitRule` compiled once: a name (the route's, `default` or `pre_auth`), how
+A policy is a `Bucket` compiled once: a name (the route's, `default` or `pre_auth`), how
 to find the bucket's key in a request, and the header values that never change. A bucket
 holds up to `burst` tokens and gains `rate` tokens a second; a request takes one or is
 refused with the time until one is back.
@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import Literal, Protocol
 
 import orjson
 from multidict import MultiMapping
@@ -41,8 +41,8 @@ from portcullis.addresses import ClientAddresses
 
 from .clock import Now
 from .principal import Principal
+from .records import Bucket, BucketStore
 from .redis_pool import redis_client, redis_failures
-from .settings import LimitRule, RateLimitSettings
 
 log = logging.getLogger("portcullis.gateway.ratelimit")
 
@@ -75,7 +75,7 @@ class BackendUnavailable(Exception):
 class Policy:
     """A limit ready for requests: its bucket parameters, key, and constant header value."""
 
-    def __init__(self, name: str, rule: LimitRule, addresses: ClientAddresses) -> None:
+    def __init__(self, name: str, rule: Bucket, addresses: ClientAddresses) -> None:
         self.name = name
         self.rule = rule
         self.rate = rule.rate.per_second
@@ -342,13 +342,13 @@ class RedisBuckets:
             await self._pool.disconnect()
 
 
-def buckets_for(settings: RateLimitSettings, now: Now = time.monotonic) -> Buckets:
-    """The backend the settings name; `now` is a monotonic clock."""
-    if settings.redis:
+def buckets_for(store: BucketStore, now: Now = time.monotonic) -> Buckets:
+    """The backend `store` names; `now` is a monotonic clock."""
+    if store.redis:
         return RedisBuckets(
-            settings.backend, settings.timeout, settings.key_prefix, settings.max_connections, now
+            store.backend, store.timeout, store.key_prefix, store.max_connections, now
         )
-    return MemoryBuckets(settings.max_keys, now)
+    return MemoryBuckets(store.max_keys, now)
 
 
 class Limiter:
@@ -359,12 +359,14 @@ class Limiter:
     (memory) costs no coroutine and cannot fail; otherwise (None) it awaits `take` here."""
 
     def __init__(
-        self, settings: RateLimitSettings, buckets: Buckets, now: Now = time.monotonic
+        self,
+        on_backend_error: Literal["allow", "deny"],
+        buckets: Buckets,
+        now: Now = time.monotonic,
     ) -> None:
-        self.settings = settings
         self.buckets = buckets
         self._now = now  # monotonic: the pace of warnings
-        self._fail_open = settings.on_backend_error == "allow"
+        self._fail_open = on_backend_error == "allow"
         self._unknown_allow = Verdict(True, 0, 0.0, 0.0, known=False)
         self._unknown_deny = Verdict(False, 0, 0.0, BACKEND_RETRY.total_seconds(), known=False)
         self._last_warning = -math.inf

@@ -7,20 +7,171 @@ every default already resolved (a route's mode, body limit, CORS, rate limit and
 options), so a step never consults the file's layout. `adapter.py` is the one place that
 builds records from settings; a new option is a field here and a line there.
 
-A route's CORS, rate-limit and WebSocket options are the sections their own modules read
-(cors.py, ratelimit.py, forward.py); they are held here as given, resolved.
+Nothing below the composition root (app.py) and adapter.py imports the settings: each part
+of the running gateway is given the record of what it reads (tests/test_architecture.py
+keeps it so).
 
 Pure: no aiohttp, no I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from .settings import CorsSettings, LimitRule, WebSocketSettings
+from portcullis.addresses import IPNetwork
+from portcullis.yamlconf import Rate
+
+# The rate-limit keys that need a verified token (claim:NAME too).
+IDENTITY_LIMIT_KEYS = ("subject", "client_id")
+
+
+@dataclass(frozen=True, slots=True)
+class KeySetTiming:
+    """How issuers' key sets are kept (jwks.py): never fetched on a request but for one
+    throttled refetch on an unknown kid."""
+
+    min_ttl: timedelta
+    max_ttl: timedelta
+    refetch_cooldown: timedelta
+    fetch_timeout: timedelta
+    max_backoff: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Cors:
+    """A route's answers to CORS preflights and the fields of its actual answers (cors.py)."""
+
+    allow_origins: tuple[str, ...]
+    allow_methods: tuple[str, ...]
+    allow_headers: tuple[str, ...]
+    expose_headers: tuple[str, ...]
+    allow_credentials: bool
+    max_age: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """A token bucket (ratelimit.py): `burst` requests at once, refilled at `rate`, one per
+    key (subject, client_id, ip, route, header:NAME, claim:NAME)."""
+
+    rate: Rate
+    burst: int
+    key: str
+
+    @property
+    def needs_token(self) -> bool:
+        return self.key in IDENTITY_LIMIT_KEYS or self.key.startswith("claim:")
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStore:
+    """Where the buckets live: in memory (`max_keys` of them) or in Redis."""
+
+    backend: str  # memory, or a redis:// / rediss:// / unix:// URL
+    timeout: timedelta
+    max_keys: int
+    max_connections: int
+    key_prefix: str
+
+    @property
+    def redis(self) -> bool:
+        return self.backend != "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocket:
+    """How a route's WebSocket sessions are relayed (forward.py)."""
+
+    close_on_token_expiry: bool
+    max_message_size: int
+    heartbeat: timedelta | None
+
+
+@dataclass(frozen=True, slots=True)
+class AccessLogOptions:
+    """The line per request (accesslog.py)."""
+
+    enabled: bool
+    output: str  # stderr, stdout or a file path
+    include_query: bool
+    subject: Literal["plain", "hashed", "omitted"]
+    subject_hash_key: str
+    flush_interval: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityHeaders:
+    """The headers that carry the verified identity upstream (and to front proxies)."""
+
+    subject: str
+    client_id: str
+    scopes: str
+    issuer: str
+    claims: Mapping[str, str]  # header name -> claim name
+    client_cert_subject: str | None
+    client_cert_san: str | None
+
+    def names(self) -> tuple[str, ...]:
+        certificate = (self.client_cert_subject, self.client_cert_san)
+        fixed = (self.subject, self.client_id, self.scopes, self.issuer)
+        return (*fixed, *self.claims, *(h for h in certificate if h is not None))
+
+    @property
+    def client_cert(self) -> bool:
+        return self.client_cert_subject is not None or self.client_cert_san is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Proofs:
+    """How DPoP proofs are checked (RFC 9449), the replay cache apart."""
+
+    proof_max_age: timedelta
+    leeway: timedelta
+    algorithms: tuple[str, ...]
+    nonce: bool
+    nonce_lifetime: timedelta
+    nonce_key: str  # "": a random key per process
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPath:
+    """What the steps of a request read besides the routes and issuers (pipeline.py)."""
+
+    realm: str
+    fold_case: bool  # rules match the path in lower case (upstream.path_case: insensitive)
+    monitor: bool  # the whole gateway in monitor mode
+    trusted_proxies: tuple[IPNetwork, ...]
+    limit_headers: bool  # RateLimit-Policy and RateLimit fields on answers
+    pre_auth: Bucket | None  # charged per client address before a token is verified
+    on_backend_error: Literal["allow", "deny"]  # when the buckets' store cannot answer
+    max_body_size: int | None
+    traceparent: bool
+    proofs: Proofs
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarding:
+    """How admitted requests reach the upstream and its answers come back (forward.py)."""
+
+    upstream_url: str
+    preserve_host: bool
+    server_name: str | None  # None: the URL's host
+    pool_timeout: timedelta
+    strip_authorization: bool
+    buffer_size: int
+    body_timeout: timedelta
+    body_total_timeout: timedelta
+    request_id_header: str
+    traceparent: bool
+    strip_method_override: bool
+    trusted_proxies: tuple[IPNetwork, ...]
+    identity: IdentityHeaders
+    # Whether a principal serves more than one request (a cache gives it out again): only
+    # then are its identity headers worth remembering.
+    principals_reused: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +260,9 @@ class Route:
     scopes: Scopes | None
     monitor: bool  # refusals recorded, requests forwarded
     max_body_size: int | None  # None: unbounded
-    rate_limit: LimitRule | None  # None: not limited
-    cors: CorsSettings | None  # None: no CORS answers
-    websocket: WebSocketSettings | None  # None: upgrades not proxied
+    rate_limit: Bucket | None  # None: not limited
+    cors: Cors | None  # None: no CORS answers
+    websocket: WebSocket | None  # None: upgrades not proxied
     allow_body_on_get: bool
     client_cert: bool  # a verified TLS client certificate is required
     dpop: Literal["required", "allowed"]  # required: DPoP-bound tokens with their proof only

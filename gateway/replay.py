@@ -19,9 +19,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .dpop import MemoryReplayCache, ReplayCache, ReplayCacheUnavailable
+from .dpop import ReplayCacheUnavailable
 from .redis_pool import redis_client, redis_failures
-from .settings import Settings
 
 log = logging.getLogger("portcullis.gateway.dpop")
 _WARNING_INTERVAL = timedelta(seconds=10)  # a Redis outage must not flood the log
@@ -72,31 +71,3 @@ class RedisReplayCache:
             await self._client.aclose()
         with contextlib.suppress(*self._failures):
             await self._pool.disconnect()
-
-
-def replay_identity(settings: Settings) -> tuple[object, ...]:
-    """What the replay cache depends on: the same values keep it (and what it remembers)
-    on reload. The memory cache's size is not in it: it is resized in place."""
-    limits = settings.rate_limits
-    if not limits.redis:
-        return ("memory",)
-    return (
-        "redis",
-        limits.backend,
-        limits.timeout,
-        limits.max_connections,
-        settings.dpop.replay_key_prefix,
-    )
-
-
-def replay_cache_for(settings: Settings) -> ReplayCache:
-    """Redis when the rate limits are kept there, else this process's memory."""
-    limits = settings.rate_limits
-    if limits.redis:
-        return RedisReplayCache(
-            limits.backend,
-            limits.timeout.total_seconds(),
-            settings.dpop.replay_key_prefix,
-            limits.max_connections,
-        )
-    return MemoryReplayCache(settings.dpop.replay_cache_size)

@@ -60,8 +60,7 @@ from portcullis.jose import (
 from .clock import Now
 from .jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
 from .principal import Principal
-from .records import Issuer, RevocationEvents
-from .settings import JwksSettings
+from .records import Issuer, KeySetTiming, RevocationEvents
 
 log = logging.getLogger("portcullis.gateway.revocations")
 
@@ -433,7 +432,7 @@ class RevocationStream:
         self,
         issuer: Issuer,
         settings: RevocationEvents,
-        jwks: JwksSettings,
+        jwks: KeySetTiming,
         deny: DenySet,
         session: aiohttp.ClientSession,
         monotonic: Now = time.monotonic,
@@ -620,7 +619,7 @@ class Revocations:
         self._retired: list[RevocationStream] = []
         self._ticker: asyncio.Task[None] | None = None
 
-    def configure(self, issuers: Iterable[Issuer], jwks: JwksSettings) -> list[RevocationStream]:
+    def configure(self, issuers: Iterable[Issuer], jwks: KeySetTiming) -> list[RevocationStream]:
         """Streams for these issuers: those whose settings are unchanged kept, new ones made
         (and returned, not started); the others are closed by `retire`."""
         wanted: dict[tuple[object, ...], RevocationStream] = {}

@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from typing import Generic, NamedTuple, Protocol, TypeVar
 from urllib.parse import unquote
 
+# An HTTP method as rules name it: an RFC 9110 §9.1 token, in upper case.
+HTTP_METHOD = re.compile(r"^[A-Z][A-Z0-9!#$%&'*+.^_`|~-]*$")
+
 
 class RouteSpec(Protocol):
     """What a rule is made of: a route as the configuration gives it."""

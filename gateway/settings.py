@@ -38,12 +38,13 @@ from portcullis.tls import VerifyingServerTls
 from portcullis.yamlconf import ConfigError, LocatedList, Rate
 
 from . import rules
+from .records import IDENTITY_LIMIT_KEYS
+from .rules import HTTP_METHOD
 
 # RFC 7518 §3.1 asymmetric algorithms plus EdDSA (RFC 8037). Symmetric (HS*) and `none` can
 # never be verified against a public key set (RFC 8725 §3.1, §3.2), so they are not offered.
 SUPPORTED_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 DEFAULT_ALGORITHMS = ("RS256", "ES256", "EdDSA")
-HTTP_METHOD = re.compile(r"^[A-Z][A-Z0-9!#$%&'*+.^_`|~-]*$")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 # Identity headers are stripped from every request: naming one of these would strip what HTTP
 # or the gateway itself needs.
@@ -59,7 +60,6 @@ _FRAMING_OR_ROUTING = frozenset({
 SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")  # RFC 6749 §3.3 scope-token
 SERVER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")  # a DNS name, for SNI
 LIMIT_KEYS = ("subject", "client_id", "ip", "route")
-IDENTITY_LIMIT_KEYS = ("subject", "client_id")  # and claim:NAME: they need a verified token
 ZERO = timedelta(0)
 
 

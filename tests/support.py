@@ -623,17 +623,29 @@ class ManualClock:
 
     Both readings start at the real ones and move only by `advance`, together: expiries,
     cache lifetimes, cool-downs and refills happen when the test says, however slow the
-    machine. Background tasks that sleep (scheduled key refreshes) still sleep for real.
+    machine. Background work that waits on the clock's `sleep` (scheduled key refreshes)
+    wakes when the test has moved the time past its deadline.
     """
 
     def __init__(self) -> None:
         self.wall = time.time()
         self.monotonic = time.monotonic()
-        self.clock = Clock(wall=lambda: self.wall, monotonic=lambda: self.monotonic)
+        self._moved = asyncio.Event()
+        self.clock = Clock(
+            wall=lambda: self.wall, monotonic=lambda: self.monotonic, sleep=self.sleep
+        )
 
     def advance(self, seconds: float) -> None:
         self.wall += seconds
         self.monotonic += seconds
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def sleep(self, seconds: float) -> None:
+        """Until the clock has been moved `seconds` on from now."""
+        deadline = self.monotonic + seconds
+        while self.monotonic < deadline:
+            await self._moved.wait()
 
     def catch_up(self) -> None:
         """Forward to the real time, if it is behind: for a token another process has

@@ -14,8 +14,8 @@
   forwarding (its last step is given to it), verifiers nothing of the path they serve, and
   nothing imports the composition root but the command line that runs it.
 - the gateway's running code reads records (records.py), not the configuration file's shape:
-  only the adapter that builds them and the composition root name the issuer and route
-  settings classes, and the records and pure modules import no settings at all;
+  only the adapter that builds them, the composition root and the commands that read a
+  configuration whole (`check`'s memory bound, `explain`) import the settings at all;
 - no module of the gateway or the kernel reaches itself through its imports, not even
   through imports made only for type checking (settings.py reads rules.py, never back);
 - the authserver is layered: app (the composition root) → settings → endpoints, the admin
@@ -432,6 +432,27 @@ def test_only_the_adapter_and_the_composition_root_name_issuer_and_route_setting
 def test_records_and_pure_modules_import_no_settings_at_run_time(module):
     reached = {name for name in _closure(module) if _under(name, "gateway.settings")}
     assert not reached
+
+
+# The modules that read the configuration file's shape: the settings themselves, the adapter
+# that turns them into records, the composition root, and the commands that read a
+# configuration whole (the CLI, `check`'s memory bound, `explain`).
+_READING_SETTINGS = {
+    "gateway.settings",
+    "gateway.adapter",
+    "gateway.app",
+    "gateway.__main__",
+    "gateway.memory",
+    "gateway.explain",
+}
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in TYPED_GRAPH if _under(m, "gateway") and m not in _READING_SETTINGS)
+)
+def test_below_the_composition_root_nothing_imports_the_settings(module):
+    named = {name for name in TYPED_GRAPH[module] if _under(name, "gateway.settings")}
+    assert not named, f"{module} imports {sorted(named)}: give it a record (gateway.records)"
 
 
 def test_the_settings_scan_sees_the_adapter_name_them():

@@ -31,8 +31,7 @@ from ..bearer import looks_like_jwt
 from ..clock import SYSTEM_CLOCK, Clock
 from ..jwks import KeySet
 from ..principal import Principal
-from ..records import Issuer
-from ..settings import JwksSettings
+from ..records import Issuer, KeySetTiming
 from .base import Verifier
 from .cache import TokenCache, token_key
 from .introspection import Introspector
@@ -110,7 +109,7 @@ class DispatchingVerifier:
         return await self._jwt.verify(token)
 
 
-def keyset_identity(issuer: Issuer, jwks: JwksSettings) -> tuple[object, ...]:
+def keyset_identity(issuer: Issuer, jwks: KeySetTiming) -> tuple[object, ...]:
     """What a key set depends on: the same values mean the same keys (kept on reload)."""
     return (issuer.issuer, issuer.jwks_uri, issuer.allow_http, issuer.ca_file, jwks)
 
@@ -137,7 +136,7 @@ class Verification:
 
 def build(
     issuers: Sequence[Issuer],
-    jwks: JwksSettings,
+    jwks: KeySetTiming,
     keys_session: aiohttp.ClientSession,
     cache: TokenCache,
     keysets: Mapping[tuple[object, ...], KeySet] | None = None,
@@ -156,7 +155,9 @@ def build(
     for issuer in issuers:
         if issuer.uses_keys:
             identity = keyset_identity(issuer, jwks)
-            keyset = keysets.get(identity) or KeySet(issuer, jwks, keys_session, clock.monotonic)
+            keyset = keysets.get(identity) or KeySet(
+                issuer, jwks, keys_session, clock.monotonic, clock.sleep
+            )
             used_keysets[identity] = keyset
             trusted[issuer.issuer] = TrustedIssuer(
                 require_typ=issuer.require_typ,

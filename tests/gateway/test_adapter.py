@@ -7,7 +7,8 @@ from datetime import timedelta
 
 from gateway import adapter, policy, rules, settings
 from gateway.principal import Principal
-from gateway.records import Introspection, Issuer, Route, Scopes
+from gateway.records import Bucket, Cors, Introspection, Issuer, Route, Scopes, WebSocket
+from portcullis.yamlconf import Rate
 
 AUTH = "https://auth.example.com"
 OPAQUE = "https://opaque.example.com"
@@ -115,9 +116,16 @@ def test_a_route_that_sets_nothing_takes_every_default() -> None:
     route = _route("rest")
     assert route.monitor is True  # the global mode
     assert route.max_body_size == 1000
-    assert route.rate_limit == LOADED.rate_limits.default
-    assert route.cors == LOADED.cors
-    assert route.websocket == LOADED.websocket
+    assert route.rate_limit == Bucket(Rate(10, timedelta(seconds=1)), 5, "subject")
+    assert route.cors == Cors(
+        ("https://app.example.com",),
+        ("GET", "HEAD", "POST"),
+        ("Authorization", "Content-Type"),
+        (),
+        False,
+        timedelta(minutes=10),
+    )
+    assert route.websocket == WebSocket(True, 4 * 1024**2, None)
     assert route.scopes == Scopes("any", frozenset({"a", "b"}))
     assert route.methods is None and route.issuers is None and route.audience is None
     assert (route.auth, route.path_params, route.client_cert) == ("required", "refuse", False)
@@ -129,9 +137,9 @@ def test_a_route_that_sets_everything_keeps_its_own() -> None:
     given = LOADED.routes[1]
     assert route.monitor is False
     assert route.max_body_size == 10
-    assert route.rate_limit == given.rate_limit
-    assert route.cors == LOADED.cors
-    assert route.websocket == dataclasses.replace(LOADED.websocket, close_on_token_expiry=False)
+    assert route.rate_limit == Bucket(Rate(1, timedelta(seconds=1)), 2, "ip")
+    assert route.cors == _route("rest").cors
+    assert route.websocket == WebSocket(False, 4 * 1024**2, None)
     assert route.scopes == Scopes("all", frozenset({"orders:write"}))
     assert (route.methods, route.issuers, route.audience) == (
         frozenset({"PUT"}),

@@ -424,20 +424,27 @@ async def test_zero_durations_do_not_turn_refreshes_into_a_loop(
 
 async def test_long_max_age_is_clamped_to_max_ttl(issuer, upstream, client):
     issuer.jwks_cache_control = "max-age=86400"
-    text = config(issuer, upstream, "{min_ttl: 100ms, max_ttl: 200ms}")
-    async with running_gateway(text):
-        await wait_for(lambda: issuer.jwks_fetches >= 3, what="background refreshes")
+    clock = ManualClock()
+    text = config(issuer, upstream, "{min_ttl: 100ms, max_ttl: 10m}")
+    async with running_gateway(text, clock=clock.clock):
+        for fetches in (2, 3):
+            clock.advance(timedelta(minutes=10).total_seconds() + 0.01)
+            await wait_for(lambda n=fetches: issuer.jwks_fetches >= n, what="the refresh")
 
 
 async def test_max_age_between_the_bounds_decides_the_next_refresh(issuer, upstream, client):
-    # Key refreshes are scheduled on real time: a max-age four times the wait below leaves
-    # a loaded machine room.
-    issuer.jwks_cache_control = "max-age=2"
+    """The refresh is scheduled on the gateway's clock: moved by hand here, it comes exactly
+    when max-age says, neither sooner (min_ttl) nor later (max_ttl)."""
+    issuer.jwks_cache_control = "max-age=120"
+    clock = ManualClock()
     text = config(issuer, upstream, "{min_ttl: 100ms, max_ttl: 1h}")
-    async with running_gateway(text):
-        await asyncio.sleep(0.5)
-        assert issuer.jwks_fetches == 1  # neither min_ttl nor max_ttl
-        await wait_for(lambda: issuer.jwks_fetches >= 2, timeout=5, what="the refresh")
+    async with running_gateway(text, clock=clock.clock):
+        clock.advance(119.9)
+        for _ in range(20):
+            await asyncio.sleep(0)  # the refresher's turns: it must not fetch yet
+        assert issuer.jwks_fetches == 1
+        clock.advance(0.2)
+        await wait_for(lambda: issuer.jwks_fetches >= 2, what="the refresh")
 
 
 # ---------------------------------------------------------------------------- parsing
