@@ -47,7 +47,7 @@ on one database) pass it, and so must any other backend.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -79,6 +79,16 @@ class PoolLimits:
     command_timeout: timedelta = timedelta(seconds=5)
     acquire_timeout: timedelta = timedelta(seconds=5)
     migration_timeout: timedelta = timedelta(minutes=5)
+
+
+# Told of every call a backend makes: the Store method's name and the seconds the call took,
+# the wait for the backend's worker or a pooled connection included, whether it succeeded or
+# raised. Given to a backend when it is built; the server counts the calls in its metrics.
+StoreObserver = Callable[[str, float], None]
+
+
+def unobserved(operation: str, seconds: float) -> None:
+    """The observer of a store whose calls nobody counts."""
 
 
 @dataclass(frozen=True)

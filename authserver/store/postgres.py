@@ -67,6 +67,11 @@ resources; a deadlock or serialization failure; a read-only server (a standby af
 failover): StoreUnavailable. The transaction was rolled back, and the store recovers by
 itself when the server does. Other errors (a violated foreign key, bad SQL) are bugs and
 propagate as they are.
+
+Timing. Each Store method borrows one connection, through `_connection` or `_transaction`,
+which name it: the observer given at construction (the server's metrics) is told the name
+and the time of every call, the wait for a free connection included, whether it returned or
+raised.
 """
 
 from __future__ import annotations
@@ -109,8 +114,10 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    StoreObserver,
     StoreUnavailable,
     UserRecord,
+    unobserved,
 )
 from authserver.store.migration_files import Migration, load_migrations, unknown_versions
 
@@ -172,9 +179,11 @@ class PostgresStore:
         schema: str | None = None,
         application_name: str = APPLICATION_NAME,
         migrations: Traversable = MIGRATIONS,
+        observe: StoreObserver = unobserved,
     ) -> None:
         self.url = url
         self._limits = pool or PoolLimits()
+        self._observe = observe
         self._schema = schema
         self._application_name = application_name
         self._migrations = migrations
@@ -254,40 +263,34 @@ class PostgresStore:
             await conn.close()
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
-        """A connection of the pool, for one statement (autocommit) or a transaction."""
+    async def _connection(self, operation: str) -> AsyncIterator[Any]:
+        """A connection of the pool, for one statement (autocommit) or a transaction: the
+        Store method `operation`, whose time (the wait for a connection included) goes to
+        the observer under that name."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the store is not open")
-        with _unavailable():
-            async with pool.acquire(timeout=self._limits.acquire_timeout.total_seconds()) as conn:
-                yield conn
+        started = time.perf_counter()
+        try:
+            with _unavailable():
+                timeout = self._limits.acquire_timeout.total_seconds()
+                async with pool.acquire(timeout=timeout) as conn:
+                    yield conn
+        finally:
+            self._observe(operation, time.perf_counter() - started)
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[Any]:
-        """A connection inside a READ COMMITTED transaction: committed when the block ends,
-        rolled back when it raises (AlreadyExists included)."""
-        async with self._connection() as conn:
-            transaction = conn.transaction()
-            await transaction.start()
-            try:
-                yield conn
-            except BaseException:
-                # The error that ended the block is the one to raise, a cancellation
-                # included. A rollback that fails means the connection broke (or the pool
-                # took it back already): the server aborts the transaction of a session
-                # that ends, and the pool resets a connection it gets back, which rolls
-                # back too, or discards it.
-                with contextlib.suppress(Exception):
-                    await transaction.rollback()
-                raise
-            await transaction.commit()
+    async def _transaction(self, operation: str) -> AsyncIterator[Any]:
+        """A connection inside a READ COMMITTED transaction (`_in_transaction`), for the
+        Store method `operation`."""
+        async with self._connection(operation) as conn, _in_transaction(conn):
+            yield conn
 
     # -- authorization codes
 
     async def save_code(self, record: CodeRecord) -> None:
         r = record
-        async with self._connection() as conn:
+        async with self._connection("save_code") as conn:
             with _unique("this authorization code"):
                 await conn.execute(
                     "INSERT INTO codes (code_hash, client_id, subject, redirect_uri, scope,"
@@ -309,7 +312,7 @@ class PostgresStore:
                 )
 
     async def get_code(self, code_hash: bytes) -> CodeRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_code") as conn:
             row = await conn.fetchrow(
                 "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
                 " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt"
@@ -320,7 +323,7 @@ class PostgresStore:
 
     async def redeem_code(self, code_hash: bytes, move: Move, issuance: Issuance) -> bool:
         grant = _new_grant(issuance)
-        async with self._transaction() as conn:
+        async with self._transaction("redeem_code") as conn:
             consumed = await conn.fetchval(
                 "UPDATE codes SET state = $1, consumed_at = $2"
                 " WHERE code_hash = $3 AND state = $4 RETURNING 1",
@@ -338,7 +341,7 @@ class PostgresStore:
     # -- grants and access tokens
 
     async def get_grant(self, grant_id: str) -> GrantRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_grant") as conn:
             row = await conn.fetchrow(
                 "SELECT grant_id, client_id, subject, created_at, expires_at, revoked_at"
                 " FROM grants WHERE grant_id = $1",
@@ -347,7 +350,7 @@ class PostgresStore:
         return None if row is None else GrantRecord(*row)
 
     async def revoke_grant(self, grant_id: str, now: float, reason: str = "revoked") -> bool:
-        async with self._transaction() as conn:
+        async with self._transaction("revoke_grant") as conn:
             # The grant's row lock first: a rotation holding it FOR SHARE commits before
             # this goes on, and one that comes later finds the grant revoked.
             revoked = await conn.fetchval(
@@ -388,7 +391,7 @@ class PostgresStore:
     async def revoke_access_token(
         self, jti: str, expires_at: float, now: float, reason: str = "revoked"
     ) -> None:
-        async with self._transaction() as conn:
+        async with self._transaction("revoke_access_token") as conn:
             await conn.execute(
                 "INSERT INTO access_tokens (jti, expires_at, revoked) VALUES ($1, $2, true)"
                 " ON CONFLICT (jti) DO UPDATE SET revoked = true,"
@@ -403,7 +406,7 @@ class PostgresStore:
 
     async def cut_off(self, cut: CutOff) -> int:
         column = "subject" if cut.kind is EventKind.SUBJECT else "client_id"
-        async with self._transaction() as conn:
+        async with self._transaction("cut_off") as conn:
             if cut.kind is EventKind.SUBJECT:
                 # A subject's codes and device approvals not redeemed end first, each row
                 # locked in one order: a redemption holding one commits before (and its
@@ -459,7 +462,7 @@ class PostgresStore:
     # -- revocation events
 
     async def revocation_events(self, after: int, now: float, limit: int) -> list[RevocationEvent]:
-        async with self._connection() as conn:
+        async with self._connection("revocation_events") as conn:
             rows = await conn.fetch(
                 "SELECT event_id, kind, reason, created_at, expires_at, tokens::text, key,"
                 " issued_before FROM revocation_events WHERE event_id > $1 AND expires_at > $2"
@@ -528,7 +531,7 @@ class PostgresStore:
             retry = min(retry * 2, LISTEN_RETRY_MAX.total_seconds())
 
     async def access_token_active(self, jti: str) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("access_token_active") as conn:
             inactive = await conn.fetchval(
                 "SELECT a.revoked OR EXISTS (SELECT 1 FROM grants g"
                 "  WHERE g.grant_id = a.grant_id AND g.revoked_at IS NOT NULL)"
@@ -540,7 +543,7 @@ class PostgresStore:
     # -- refresh tokens
 
     async def get_refresh(self, token_hash: bytes) -> RefreshRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_refresh") as conn:
             row = await conn.fetchrow(
                 "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
                 " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
@@ -557,7 +560,7 @@ class PostgresStore:
         successor = issuance.refresh_token
         if successor is None:
             raise ValueError("a rotation issues a successor")
-        async with self._transaction() as conn:
+        async with self._transaction("rotate_refresh") as conn:
             # FOR SHARE: concurrent rotations of the family go on together, while a
             # revocation (an UPDATE of the grant) waits for them, or they for it.
             live = await conn.fetchval(
@@ -586,7 +589,7 @@ class PostgresStore:
     # -- consent
 
     async def granted_scopes(self, subject: str, client_id: str) -> frozenset[str]:
-        async with self._connection() as conn:
+        async with self._connection("granted_scopes") as conn:
             rows = await conn.fetch(
                 "SELECT scope FROM consents WHERE subject = $1 AND client_id = $2",
                 subject,
@@ -597,7 +600,7 @@ class PostgresStore:
     async def grant_scopes(
         self, subject: str, client_id: str, scopes: frozenset[str], now: float
     ) -> None:
-        async with self._connection() as conn:
+        async with self._connection("grant_scopes") as conn:
             await conn.execute(
                 "INSERT INTO consents (subject, client_id, scope, granted_at)"
                 " SELECT $1, $2, scope, $4 FROM unnest($3::text[]) AS scope"
@@ -612,7 +615,7 @@ class PostgresStore:
 
     async def save_session(self, record: SessionRecord) -> None:
         r = record
-        async with self._connection() as conn:
+        async with self._connection("save_session") as conn:
             with _unique("this session"):
                 await conn.execute(
                     "INSERT INTO sessions (session_hash, subject, auth_time, expires_at,"
@@ -625,7 +628,7 @@ class PostgresStore:
                 )
 
     async def get_session(self, session_hash: bytes, now: float) -> SessionRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_session") as conn:
             row = await conn.fetchrow(
                 "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
                 " WHERE session_hash = $1 AND expires_at > $2",
@@ -635,7 +638,7 @@ class PostgresStore:
         return None if row is None else SessionRecord(*row)
 
     async def delete_session(self, session_hash: bytes) -> None:
-        async with self._connection() as conn:
+        async with self._connection("delete_session") as conn:
             await conn.execute("DELETE FROM sessions WHERE session_hash = $1", session_hash)
 
     # -- throttles on guessing: the rules of protocol/throttle.py decide, under the keys'
@@ -645,7 +648,7 @@ class PostgresStore:
         keys = [rule.key for rule in rules]
         if len(set(keys)) != len(keys):
             raise ValueError("the keys of one reservation must be distinct")
-        async with self._transaction() as conn:
+        async with self._transaction("reserve_attempt") as conn:
             await _lock_keys(conn, keys)
             counters = await _counters(conn, keys)
             decisions = [(rule.key, rule.admit(counters.get(rule.key), now)) for rule in rules]
@@ -673,7 +676,7 @@ class PostgresStore:
             return None
 
     async def release_attempt(self, keys: Sequence[str], reserved_at: float) -> None:
-        async with self._transaction() as conn:
+        async with self._transaction("release_attempt") as conn:
             await _lock_keys(conn, keys)
             counters = await _counters(conn, keys)
             for key, counter in sorted(counters.items()):
@@ -684,14 +687,14 @@ class PostgresStore:
                     )
 
     async def clear_failures(self, key: str) -> None:
-        async with self._transaction() as conn:
+        async with self._transaction("clear_failures") as conn:
             await _lock_keys(conn, [key])
             await conn.execute("DELETE FROM failures WHERE key = $1", key)
 
     # -- client assertion replay cache
 
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("use_jti") as conn:
             # A second caller waits on the first's index entry, then takes the conflict
             # branch, whose WHERE matches only an entry already expired.
             first = await conn.fetchval(
@@ -709,7 +712,7 @@ class PostgresStore:
 
     async def save_device(self, record: DeviceRecord) -> None:
         r = record
-        async with self._transaction() as conn:
+        async with self._transaction("save_device") as conn:
             # An expired code no longer holds its user code.
             await conn.execute(
                 "DELETE FROM device_codes WHERE user_code = $1 AND expires_at <= $2",
@@ -737,7 +740,7 @@ class PostgresStore:
                 )
 
     async def device_by_user_code(self, user_code: str, now: float) -> DeviceRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("device_by_user_code") as conn:
             row = await conn.fetchrow(
                 "SELECT device_code_hash, user_code, client_id, scope, audience, state,"
                 " subject, poll_interval, last_poll, expires_at, created_at, auth_time"
@@ -749,7 +752,7 @@ class PostgresStore:
         return None if row is None else DeviceRecord(*row)
 
     async def get_device(self, device_code_hash: bytes) -> DeviceRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_device") as conn:
             row = await conn.fetchrow(
                 "SELECT device_code_hash, user_code, client_id, scope, audience, state,"
                 " subject, poll_interval, last_poll, expires_at, created_at, auth_time"
@@ -767,7 +770,7 @@ class PostgresStore:
         now: float,
         auth_time: float | None = None,
     ) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("decide_device") as conn:
             decided = await conn.fetchval(
                 "UPDATE device_codes SET state = $1, subject = $2, auth_time = $3"
                 " WHERE user_code = $4 AND state = $5 AND expires_at > $6 RETURNING 1",
@@ -781,12 +784,12 @@ class PostgresStore:
         return decided is not None
 
     async def record_poll(self, device_code_hash: bytes, poll: Poll) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("record_poll") as conn:
             return await _record_poll(conn, device_code_hash, poll)
 
     async def redeem_device(self, device_code_hash: bytes, poll: Poll, issuance: Issuance) -> bool:
         grant = _new_grant(issuance)
-        async with self._transaction() as conn:
+        async with self._transaction("redeem_device") as conn:
             if not await _record_poll(conn, device_code_hash, poll):
                 return False
             await _insert_grant(conn, grant)
@@ -796,7 +799,7 @@ class PostgresStore:
     # -- signing keys
 
     async def signing_keys(self) -> SigningKeys:
-        async with self._connection() as conn:
+        async with self._connection("signing_keys") as conn:
             # One statement, one snapshot: the version and the keys it names.
             rows = await conn.fetch(
                 "SELECT r.version, k.kid, k.alg, k.state, k.created_at, k.activate_at,"
@@ -809,13 +812,13 @@ class PostgresStore:
         )
 
     async def signing_keys_version(self) -> int:
-        async with self._connection() as conn:
+        async with self._connection("signing_keys_version") as conn:
             return int(await conn.fetchval("SELECT version FROM signing_key_ring WHERE id = 1"))
 
     async def replace_signing_keys(
         self, expected_version: int, keys: Sequence[SigningKeyRecord]
     ) -> bool:
-        async with self._transaction() as conn:
+        async with self._transaction("replace_signing_keys") as conn:
             # The ring's row lock: a concurrent change waits, then matches nothing.
             changed = await conn.fetchval(
                 "UPDATE signing_key_ring SET version = version + 1"
@@ -852,11 +855,11 @@ class PostgresStore:
     # -- clients and users: JSON text for the values of mappings and lists
 
     async def get_client(self, client_id: str) -> ClientRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_client") as conn:
             return await _get_client(conn, client_id)
 
     async def list_clients(self) -> list[ClientRecord]:
-        async with self._connection() as conn:
+        async with self._connection("list_clients") as conn:
             rows = await conn.fetch(
                 "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
                 " tokens_valid_from, version FROM clients ORDER BY client_id"
@@ -864,11 +867,11 @@ class PostgresStore:
         return [_client(row) for row in rows]
 
     async def save_client(self, record: ClientRecord, expected_version: int | None) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("save_client") as conn:
             return await _save_client(conn, record, expected_version)
 
     async def delete_client(self, client_id: str) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("delete_client") as conn:
             return bool(
                 await conn.fetchval(
                     "DELETE FROM clients WHERE client_id = $1 RETURNING 1", client_id
@@ -876,7 +879,7 @@ class PostgresStore:
             )
 
     async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
-        async with self._transaction() as conn:
+        async with self._transaction("sync_clients") as conn:
             # Replicas starting together sync one after the other.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_id("sync", "clients"))
             seeded = [r.client_id for r in records]
@@ -902,15 +905,15 @@ class PostgresStore:
         return sorted(row[0] for row in removed)
 
     async def get_user(self, subject: str) -> UserRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("get_user") as conn:
             return await _get_user(conn, "subject", subject)
 
     async def user_by_username(self, username: str) -> UserRecord | None:
-        async with self._connection() as conn:
+        async with self._connection("user_by_username") as conn:
             return await _get_user(conn, "username", username)
 
     async def list_users(self) -> list[UserRecord]:
-        async with self._connection() as conn:
+        async with self._connection("list_users") as conn:
             rows = await conn.fetch(
                 "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
                 " created_at, updated_at, version FROM users ORDER BY subject"
@@ -918,17 +921,17 @@ class PostgresStore:
         return [_user(row) for row in rows]
 
     async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("save_user") as conn:
             return await _save_user(conn, record, expected_version)
 
     async def delete_user(self, subject: str) -> bool:
-        async with self._connection() as conn:
+        async with self._connection("delete_user") as conn:
             return bool(
                 await conn.fetchval("DELETE FROM users WHERE subject = $1 RETURNING 1", subject)
             )
 
     async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
-        async with self._transaction() as conn:
+        async with self._transaction("sync_users") as conn:
             await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_id("sync", "users"))
             removed = await conn.fetch(
                 "DELETE FROM users WHERE managed_by = $1 AND NOT (subject = ANY($2::text[]))"
@@ -945,14 +948,14 @@ class PostgresStore:
         return sorted(row[0] for row in removed)
 
     async def delete_sessions(self, subject: str) -> int:
-        async with self._connection() as conn:
+        async with self._connection("delete_sessions") as conn:
             rows = await conn.fetch("DELETE FROM sessions WHERE subject = $1 RETURNING 1", subject)
         return len(rows)
 
     async def list_grants(
         self, client_id: str | None = None, subject: str | None = None
     ) -> list[GrantSummary]:
-        async with self._connection() as conn:
+        async with self._connection("list_grants") as conn:
             rows = await conn.fetch(
                 "SELECT g.grant_id, g.client_id, g.subject, g.created_at, g.expires_at,"
                 " g.revoked_at,"
@@ -974,30 +977,32 @@ class PostgresStore:
     # -- housekeeping
 
     async def purge_expired(self, now: float) -> int:
-        """Each step its own short transaction, so that writers wait for one table at most.
+        """On one connection, each step its own short transaction, so that writers wait for
+        one table at most.
 
         The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
         device codes, throttle keys, access tokens, revocation events); grants are
         bookkeeping and not counted.
         """
         deleted = 0
-        for statement in _PURGE_BY_EXPIRY:
-            async with self._connection() as conn:
+        async with self._connection("purge_expired") as conn:
+            for statement in _PURGE_BY_EXPIRY:
                 deleted += await _count(conn, statement, now)
-        async with self._transaction() as conn:
-            # Whole families past their absolute lifetime. Their grants are locked first,
-            # in one order, as every transaction touching a grant and its tokens does.
-            await conn.execute(
-                "SELECT 1 FROM grants WHERE expires_at <= $1 ORDER BY grant_id FOR UPDATE", now
-            )
-            deleted += await _count(
-                conn,
-                "WITH gone AS (DELETE FROM refresh_tokens WHERE family_id IN"
-                " (SELECT grant_id FROM grants WHERE expires_at <= $1) RETURNING 1)"
-                " SELECT count(*) FROM gone",
-                now,
-            )
-        async with self._connection() as conn:
+            async with _in_transaction(conn):
+                # Whole families past their absolute lifetime. Their grants are locked
+                # first, in one order, as every transaction touching a grant and its tokens
+                # does.
+                await conn.execute(
+                    "SELECT 1 FROM grants WHERE expires_at <= $1 ORDER BY grant_id FOR UPDATE",
+                    now,
+                )
+                deleted += await _count(
+                    conn,
+                    "WITH gone AS (DELETE FROM refresh_tokens WHERE family_id IN"
+                    " (SELECT grant_id FROM grants WHERE expires_at <= $1) RETURNING 1)"
+                    " SELECT count(*) FROM gone",
+                    now,
+                )
             # Tokens idle-expired long ago (a live family keeps its recent rotated tokens
             # for reuse detection).
             deleted += await _count(
@@ -1018,7 +1023,7 @@ class PostgresStore:
         return deleted
 
     async def ping(self) -> None:
-        async with self._connection() as conn:
+        async with self._connection("ping") as conn:
             await conn.fetchval("SELECT 1")
 
 
@@ -1109,6 +1114,25 @@ def _unavailable() -> Iterator[None]:
         yield
     except UNAVAILABLE as exc:
         raise StoreUnavailable(f"PostgreSQL: {type(exc).__name__}: {exc}") from exc
+
+
+@contextlib.asynccontextmanager
+async def _in_transaction(conn: Any) -> AsyncIterator[None]:
+    """A READ COMMITTED transaction on `conn`: committed when the block ends, rolled back
+    when it raises (AlreadyExists included)."""
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        yield
+    except BaseException:
+        # The error that ended the block is the one to raise, a cancellation included. A
+        # rollback that fails means the connection broke (or the pool took it back
+        # already): the server aborts the transaction of a session that ends, and the pool
+        # resets a connection it gets back, which rolls back too, or discards it.
+        with contextlib.suppress(Exception):
+            await transaction.rollback()
+        raise
+    await transaction.commit()
 
 
 _USER_BY = {

@@ -41,6 +41,10 @@ Errors. An OperationalError (the disk full or failing, the file read-only, a loc
 obtained within busy_timeout) or a corrupt file becomes StoreUnavailable: the transaction
 was rolled back and the connection stays usable, so the store recovers by itself when the
 disk does.
+
+Timing. Each Store method is one `_call`, which names it: the observer given at construction
+(the server's metrics) is told the name and the time of every call, the wait for the worker
+included, whether it returned or raised.
 """
 
 from __future__ import annotations
@@ -84,8 +88,10 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    StoreObserver,
     StoreUnavailable,
     UserRecord,
+    unobserved,
 )
 from authserver.store.migration_files import Migration, load_migrations, unknown_versions
 from authserver.store.serial import SerialWorker
@@ -110,10 +116,12 @@ class SQLiteStore:
         *,
         busy_timeout: timedelta = BUSY_TIMEOUT,
         migrations: Traversable = MIGRATIONS,
+        observe: StoreObserver = unobserved,
     ) -> None:
         self.path = os.fspath(path)
         self._busy_timeout = busy_timeout
         self._migrations = migrations
+        self._observe = observe
         self._executor: ThreadPoolExecutor | None = None
         self._worker: SerialWorker | None = None
         self._conn: sqlite3.Connection | None = None
@@ -171,12 +179,15 @@ class SQLiteStore:
             raise
         return conn
 
-    async def _call(self, operation: Callable[[sqlite3.Connection], T]) -> T:
+    async def _call(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work` on the worker thread: the Store method `operation`, whose time (the
+        wait for the worker included) goes to the observer under that name."""
         worker, conn = self._worker, self._conn
         if worker is None or conn is None:
             raise RuntimeError("the store is not open")
+        started = time.perf_counter()
         try:
-            return await worker.call(partial(operation, conn))
+            return await worker.call(partial(work, conn))
         except sqlite3.OperationalError as exc:
             # The disk full or failing, the file gone read-only, a lock not obtained within
             # busy_timeout: the transaction was rolled back, and the next call may succeed.
@@ -185,26 +196,30 @@ class SQLiteStore:
             if type(exc) is not sqlite3.DatabaseError:
                 raise  # IntegrityError and the like: a bug, not the database's state
             raise StoreUnavailable(f"SQLite: {exc}") from exc
+        finally:
+            self._observe(operation, time.perf_counter() - started)
 
     # -- authorization codes
 
     async def save_code(self, record: CodeRecord) -> None:
-        await self._call(lambda conn: _save_code(conn, record))
+        await self._call("save_code", lambda conn: _save_code(conn, record))
 
     async def get_code(self, code_hash: bytes) -> CodeRecord | None:
-        return await self._call(lambda conn: _get_code(conn, code_hash))
+        return await self._call("get_code", lambda conn: _get_code(conn, code_hash))
 
     async def redeem_code(self, code_hash: bytes, move: Move, issuance: Issuance) -> bool:
-        return await self._call(lambda conn: _redeem_code(conn, code_hash, move, issuance))
+        return await self._call(
+            "redeem_code", lambda conn: _redeem_code(conn, code_hash, move, issuance)
+        )
 
     # -- grants and access tokens
 
     async def get_grant(self, grant_id: str) -> GrantRecord | None:
-        return await self._call(lambda conn: _get_grant(conn, grant_id))
+        return await self._call("get_grant", lambda conn: _get_grant(conn, grant_id))
 
     async def revoke_grant(self, grant_id: str, now: float, reason: str = "revoked") -> bool:
         revoked = await self._call(
-            lambda conn: _in_transaction(conn, _revoke_grant, grant_id, now, reason)
+            "revoke_grant", lambda conn: _in_transaction(conn, _revoke_grant, grant_id, now, reason)
         )
         if revoked:
             self._wake()
@@ -213,18 +228,23 @@ class SQLiteStore:
     async def revoke_access_token(
         self, jti: str, expires_at: float, now: float, reason: str = "revoked"
     ) -> None:
-        await self._call(lambda conn: _revoke_access_token(conn, jti, expires_at, now, reason))
+        await self._call(
+            "revoke_access_token",
+            lambda conn: _revoke_access_token(conn, jti, expires_at, now, reason),
+        )
         self._wake()
 
     async def cut_off(self, cut: CutOff) -> int:
-        event_id = await self._call(lambda conn: _in_transaction(conn, _cut_off, cut))
+        event_id = await self._call("cut_off", lambda conn: _in_transaction(conn, _cut_off, cut))
         self._wake()
         return event_id
 
     # -- revocation events
 
     async def revocation_events(self, after: int, now: float, limit: int) -> list[RevocationEvent]:
-        return await self._call(lambda conn: _revocation_events(conn, after, now, limit))
+        return await self._call(
+            "revocation_events", lambda conn: _revocation_events(conn, after, now, limit)
+        )
 
     def events_signal(self) -> asyncio.Event:
         return self._signal
@@ -234,67 +254,76 @@ class SQLiteStore:
         signal.set()
 
     async def access_token_active(self, jti: str) -> bool:
-        return await self._call(lambda conn: _access_token_active(conn, jti))
+        return await self._call("access_token_active", lambda conn: _access_token_active(conn, jti))
 
     # -- refresh tokens
 
     async def get_refresh(self, token_hash: bytes) -> RefreshRecord | None:
-        return await self._call(lambda conn: _get_refresh(conn, token_hash))
+        return await self._call("get_refresh", lambda conn: _get_refresh(conn, token_hash))
 
     async def rotate_refresh(
         self, token_hash: bytes, move: Move, issuance: Issuance, successor_sealed: bytes
     ) -> bool:
         return await self._call(
-            lambda conn: _rotate_refresh(conn, token_hash, move, issuance, successor_sealed)
+            "rotate_refresh",
+            lambda conn: _rotate_refresh(conn, token_hash, move, issuance, successor_sealed),
         )
 
     # -- consent
 
     async def granted_scopes(self, subject: str, client_id: str) -> frozenset[str]:
-        return await self._call(lambda conn: _granted_scopes(conn, subject, client_id))
+        return await self._call(
+            "granted_scopes", lambda conn: _granted_scopes(conn, subject, client_id)
+        )
 
     async def grant_scopes(
         self, subject: str, client_id: str, scopes: frozenset[str], now: float
     ) -> None:
-        await self._call(lambda conn: _grant_scopes(conn, subject, client_id, scopes, now))
+        await self._call(
+            "grant_scopes", lambda conn: _grant_scopes(conn, subject, client_id, scopes, now)
+        )
 
     # -- login sessions
 
     async def save_session(self, record: SessionRecord) -> None:
-        await self._call(lambda conn: _save_session(conn, record))
+        await self._call("save_session", lambda conn: _save_session(conn, record))
 
     async def get_session(self, session_hash: bytes, now: float) -> SessionRecord | None:
-        return await self._call(lambda conn: _get_session(conn, session_hash, now))
+        return await self._call("get_session", lambda conn: _get_session(conn, session_hash, now))
 
     async def delete_session(self, session_hash: bytes) -> None:
-        await self._call(lambda conn: _delete_session(conn, session_hash))
+        await self._call("delete_session", lambda conn: _delete_session(conn, session_hash))
 
     # -- throttles on guessing
 
     async def reserve_attempt(self, rules: Sequence[Rule], now: float) -> Refuse | None:
-        return await self._call(lambda conn: _reserve_attempt(conn, rules, now))
+        return await self._call("reserve_attempt", lambda conn: _reserve_attempt(conn, rules, now))
 
     async def release_attempt(self, keys: Sequence[str], reserved_at: float) -> None:
-        await self._call(lambda conn: _release_attempt(conn, keys, reserved_at))
+        await self._call("release_attempt", lambda conn: _release_attempt(conn, keys, reserved_at))
 
     async def clear_failures(self, key: str) -> None:
-        await self._call(lambda conn: _clear_failures(conn, key))
+        await self._call("clear_failures", lambda conn: _clear_failures(conn, key))
 
     # -- client assertion replay cache
 
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:
-        return await self._call(lambda conn: _use_jti(conn, client_id, jti, expires_at, now))
+        return await self._call(
+            "use_jti", lambda conn: _use_jti(conn, client_id, jti, expires_at, now)
+        )
 
     # -- device authorization
 
     async def save_device(self, record: DeviceRecord) -> None:
-        await self._call(lambda conn: _save_device(conn, record))
+        await self._call("save_device", lambda conn: _save_device(conn, record))
 
     async def device_by_user_code(self, user_code: str, now: float) -> DeviceRecord | None:
-        return await self._call(lambda conn: _device_by_user_code(conn, user_code, now))
+        return await self._call(
+            "device_by_user_code", lambda conn: _device_by_user_code(conn, user_code, now)
+        )
 
     async def get_device(self, device_code_hash: bytes) -> DeviceRecord | None:
-        return await self._call(lambda conn: _get_device(conn, device_code_hash))
+        return await self._call("get_device", lambda conn: _get_device(conn, device_code_hash))
 
     async def decide_device(
         self,
@@ -305,84 +334,100 @@ class SQLiteStore:
         auth_time: float | None = None,
     ) -> bool:
         return await self._call(
-            lambda conn: _decide_device(conn, user_code, move, subject, now, auth_time)
+            "decide_device",
+            lambda conn: _decide_device(conn, user_code, move, subject, now, auth_time),
         )
 
     async def record_poll(self, device_code_hash: bytes, poll: Poll) -> bool:
         return await self._call(
-            lambda conn: _in_transaction(conn, _record_poll, device_code_hash, poll)
+            "record_poll", lambda conn: _in_transaction(conn, _record_poll, device_code_hash, poll)
         )
 
     async def redeem_device(self, device_code_hash: bytes, poll: Poll, issuance: Issuance) -> bool:
-        return await self._call(lambda conn: _redeem_device(conn, device_code_hash, poll, issuance))
+        return await self._call(
+            "redeem_device", lambda conn: _redeem_device(conn, device_code_hash, poll, issuance)
+        )
 
     # -- signing keys
 
     async def signing_keys(self) -> SigningKeys:
-        return await self._call(_signing_keys)
+        return await self._call("signing_keys", _signing_keys)
 
     async def signing_keys_version(self) -> int:
-        return await self._call(_signing_keys_version)
+        return await self._call("signing_keys_version", _signing_keys_version)
 
     async def replace_signing_keys(
         self, expected_version: int, keys: Sequence[SigningKeyRecord]
     ) -> bool:
-        return await self._call(lambda conn: _replace_signing_keys(conn, expected_version, keys))
+        return await self._call(
+            "replace_signing_keys", lambda conn: _replace_signing_keys(conn, expected_version, keys)
+        )
 
     # -- clients and users
 
     async def get_client(self, client_id: str) -> ClientRecord | None:
-        return await self._call(lambda conn: self._client_rows.read(conn, client_id))
+        return await self._call("get_client", lambda conn: self._client_rows.read(conn, client_id))
 
     async def list_clients(self) -> list[ClientRecord]:
-        return await self._call(_list_clients)
+        return await self._call("list_clients", _list_clients)
 
     async def save_client(self, record: ClientRecord, expected_version: int | None) -> bool:
         return await self._call(
-            lambda conn: _in_transaction(conn, _save_client, record, expected_version)
+            "save_client",
+            lambda conn: _in_transaction(conn, _save_client, record, expected_version),
         )
 
     async def delete_client(self, client_id: str) -> bool:
-        return await self._call(lambda conn: _delete_row(conn, "clients", client_id))
+        return await self._call(
+            "delete_client", lambda conn: _delete_row(conn, "clients", client_id)
+        )
 
     async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
-        return await self._call(lambda conn: _in_transaction(conn, _sync_clients, records))
+        return await self._call(
+            "sync_clients", lambda conn: _in_transaction(conn, _sync_clients, records)
+        )
 
     async def get_user(self, subject: str) -> UserRecord | None:
-        return await self._call(lambda conn: _get_user(conn, "subject", subject))
+        return await self._call("get_user", lambda conn: _get_user(conn, "subject", subject))
 
     async def user_by_username(self, username: str) -> UserRecord | None:
-        return await self._call(lambda conn: _get_user(conn, "username", username))
+        return await self._call(
+            "user_by_username", lambda conn: _get_user(conn, "username", username)
+        )
 
     async def list_users(self) -> list[UserRecord]:
-        return await self._call(_list_users)
+        return await self._call("list_users", _list_users)
 
     async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
         return await self._call(
-            lambda conn: _in_transaction(conn, _save_user, record, expected_version)
+            "save_user", lambda conn: _in_transaction(conn, _save_user, record, expected_version)
         )
 
     async def delete_user(self, subject: str) -> bool:
-        return await self._call(lambda conn: _delete_row(conn, "users", subject))
+        return await self._call("delete_user", lambda conn: _delete_row(conn, "users", subject))
 
     async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
-        return await self._call(lambda conn: _in_transaction(conn, _sync_users, records))
+        return await self._call(
+            "sync_users", lambda conn: _in_transaction(conn, _sync_users, records)
+        )
 
     async def delete_sessions(self, subject: str) -> int:
-        return await self._call(lambda conn: _delete_rows(conn, "sessions", subject))
+        return await self._call(
+            "delete_sessions", lambda conn: _delete_rows(conn, "sessions", subject)
+        )
 
     async def list_grants(
         self, client_id: str | None = None, subject: str | None = None
     ) -> list[GrantSummary]:
-        return await self._call(lambda conn: _list_grants(conn, client_id, subject))
+        return await self._call("list_grants", lambda conn: _list_grants(conn, client_id, subject))
 
     # -- housekeeping
 
     async def purge_expired(self, now: float) -> int:
-        return await self._call(lambda conn: _purge_expired(conn, now))
+        return await self._call("purge_expired", lambda conn: _purge_expired(conn, now))
 
     async def ping(self) -> None:
-        await self._call(lambda conn: conn.execute("SELECT 1").fetchone())
+        await self._call("ping", lambda conn: conn.execute("SELECT 1").fetchone())
 
 
 # ---------------------------------------------------------------------------------------

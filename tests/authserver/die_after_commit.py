@@ -18,7 +18,7 @@ from typing import Any
 from authserver import __main__ as cli
 from authserver import app
 from authserver.protocol.lifecycle import Move
-from authserver.store.base import Issuance, PoolLimits, Store
+from authserver.store.base import Issuance, PoolLimits, Store, StoreObserver, unobserved
 
 open_real_store = app.open_store
 
@@ -41,8 +41,10 @@ class DiesAfterRotation:
         return committed
 
 
-def open_store(url: str, pool: PoolLimits | None = None) -> Store:
-    return DiesAfterRotation(open_real_store(url, pool))  # type: ignore[return-value]
+def open_store(
+    url: str, pool: PoolLimits | None = None, observe: StoreObserver = unobserved
+) -> Store:
+    return DiesAfterRotation(open_real_store(url, pool, observe))  # type: ignore[return-value]
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ kept (reuse detection), those idle-expired 30 days ago are gone.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import hashlib
+import inspect
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -48,10 +50,18 @@ from authserver.store.base import (
     SigningKeyRecord,
     SigningKeys,
     Store,
+    StoreObserver,
     UserRecord,
 )
 
 StoreFactory = Callable[[], Store]
+ObservedStoreFactory = Callable[[StoreObserver], Store]
+# The Store's calls, each timed under its own name; opening and closing are not calls.
+STORE_CALLS = frozenset(
+    name
+    for name, member in vars(Store).items()
+    if inspect.iscoroutinefunction(member) and name not in ("open", "close")
+)
 
 T0 = 1_700_000_000.0
 MINUTE = 60.0
@@ -65,6 +75,29 @@ APPROVE = Move(Device.PENDING, Device.APPROVED)
 DENY = Move(Device.PENDING, Device.DENIED)
 # A DPoP key's JWK SHA-256 thumbprint (RFC 7638), as codes and refresh tokens are bound to.
 JKT = "0ZcOCORZNYy-DWpqq30jZyJGHTN0d2HglBV3uiguA4I"
+
+
+def timed_operations(backend: type) -> dict[str, set[str]]:
+    """For each Store call of `backend`, the operation names it hands the backend's timed
+    choke points (`_call`, `_connection`, `_transaction`), read from its source."""
+    tree = ast.parse(inspect.getsource(backend))
+    methods = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AsyncFunctionDef) and node.name in STORE_CALLS
+    ]
+    return {
+        method.name: {
+            node.args[0].value
+            for node in ast.walk(method)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("_call", "_connection", "_transaction")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        }
+        for method in methods
+    }
 
 
 def digest(label: str) -> bytes:
@@ -269,6 +302,10 @@ class StoreConformance:
         raise NotImplementedError("a backend's test class provides make_store")
 
     @pytest.fixture
+    def make_observed_store(self) -> ObservedStoreFactory:
+        raise NotImplementedError("a backend's test class provides make_observed_store")
+
+    @pytest.fixture
     async def store(self, make_store: StoreFactory) -> AsyncIterator[Store]:
         store = make_store()
         await store.open()
@@ -296,6 +333,31 @@ class StoreConformance:
                 assert await store.get_code(digest("code")) == a_code()
         finally:
             await asyncio.gather(*(store.close() for store in stores))
+
+    # -- timing ---------------------------------------------------------------------------
+
+    async def test_each_call_is_observed_once_under_its_method_name_failures_included(
+        self, make_observed_store: ObservedStoreFactory
+    ) -> None:
+        seen: list[tuple[str, float]] = []
+        store = make_observed_store(lambda operation, seconds: seen.append((operation, seconds)))
+        await store.open()
+        try:
+            await start_family(store)
+            with pytest.raises(AlreadyExists):
+                await store.save_code(a_code("code-of-fam-1"))
+            await store.purge_expired(T0)
+            await store.ping()
+        finally:
+            await store.close()
+        operations = [operation for operation, _ in seen]
+        assert operations == ["save_code", "redeem_code", "save_code", "purge_expired", "ping"]
+        assert all(seconds > 0 for _, seconds in seen)
+
+    def test_every_call_is_timed_under_the_name_of_its_method(
+        self, make_store: StoreFactory
+    ) -> None:
+        assert timed_operations(type(make_store())) == {name: {name} for name in STORE_CALLS}
 
     # -- readiness ------------------------------------------------------------------------
 

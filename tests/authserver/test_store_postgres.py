@@ -47,6 +47,7 @@ from tests.authserver.store_conformance import (
     MINUTE,
     REDEEM,
     T0,
+    ObservedStoreFactory,
     StoreConformance,
     StoreFactory,
     a_code,
@@ -83,6 +84,10 @@ class TestPostgresStore(StoreConformance):
     @pytest.fixture
     def make_store(self, postgres_url: str, schema: str) -> StoreFactory:
         return lambda: PostgresStore(postgres_url, POOL, schema=schema)
+
+    @pytest.fixture
+    def make_observed_store(self, postgres_url: str, schema: str) -> ObservedStoreFactory:
+        return lambda observe: PostgresStore(postgres_url, POOL, schema=schema, observe=observe)
 
 
 async def applied_migrations(url: str, schema: str) -> list[tuple[int, str]]:

@@ -23,6 +23,7 @@ from tests.authserver.store_conformance import (
     HOUR,
     REDEEM,
     T0,
+    ObservedStoreFactory,
     StoreConformance,
     StoreFactory,
     a_code,
@@ -40,6 +41,10 @@ class TestSQLiteStore(StoreConformance):
     def make_store(self, tmp_path: Path) -> StoreFactory:
         path = tmp_path / "authserver.db"
         return lambda: SQLiteStore(path)
+
+    @pytest.fixture
+    def make_observed_store(self, tmp_path: Path) -> ObservedStoreFactory:
+        return lambda observe: SQLiteStore(tmp_path / "authserver.db", observe=observe)
 
 
 def applied_migrations(path: Path) -> list[tuple[int, str, float]]:
