@@ -32,9 +32,9 @@ PROMETHEUS_MULTIPROC_DIR before it starts them, and each worker keeps its counts
 memory-mapped files there (prometheus-client's multiprocess mode), so the counts of a worker
 that dies stay in the sum and no total ever goes down. A request's counts are gathered in
 plain numbers and written once per turn of the event loop, for every request that ended in
-it: a write to the files costs about a microsecond, and a loaded worker ends many requests
-per turn. The figures read from the live state are written there every `SHARE_INTERVAL` and
-on each scrape; the gauges count live workers only.
+it: a write to the files costs far more than an addition, and a loaded worker ends many
+requests per turn, so one write serves them all. The figures read from the live state are
+written there every `SHARE_INTERVAL` and on each scrape; the gauges count live workers only.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ A signature check is the dearest step of a fresh token (an ES256 verification is
 three quarters of HAProxy's whole request), and most of its cost beyond the arithmetic is
 memory: the curve's precomputed tables and OpenSSL's code must come back into the CPU's
 caches, which the rest of a request's Python work has pushed out. Checked one after another
-at the end of a turn, the signatures of every fresh token that arrived in it find them warm:
-on the fresh-token bench, 230 µs of CPU per request against 239 µs checked one at a time
-(means of three runs each; the runs of either spread over ±4%). A request waits at most for
-the checks of its own turn; under light load a batch holds one signature.
+at the end of a turn, the signatures of every fresh token that arrived in it find them warm,
+and each costs less CPU than when checked on its own (the fresh-token bench, bench/README.md).
+A request waits at most for the checks of its own turn; under light load a batch holds one
+signature.
 
 The result of each check is what `jose.verify_signature` gives for it alone: the batch only
 changes when the checks run, never what they decide. A caller that stops waiting (its
