@@ -9,7 +9,7 @@ events.py documents the event types). Each gateway process subscribes to each su
 - subject and client cut-offs: every token of the subject (client) whose `iat` is before a
   time, until the last of them has expired.
 
-The request path (pipeline.py, step 5) asks `DenySet.check(principal)` on every request,
+The request path (pipeline.py, step 6) asks `DenySet.check(principal)` on every request,
 verified-token cache hit or not: with no cut-off in force, one dictionary lookup. An entry
 leaves the set when the tokens it names have expired; each issuer's entries are bounded by
 `max_entries`, beyond which those expiring first are dropped, logged and counted.

@@ -21,7 +21,7 @@ The checks, in order (each failure is a 401 invalid_token with a short descripti
 10. the scope claim is a list of RFC 6749 §3.3 scope tokens (principal.normalise_scopes);
 11. a `cnf` claim names a DPoP key (`jkt`, RFC 9449 §6.1): the proof is checked per request
     by the pipeline's bind-check, cache hit or not.
-Audience and scope are route-specific and belong to policy.decide. Steps 2-10 run only for a
+Audience and scope are route-specific and belong to policy.decide. Steps 2-11 run only for a
 token the cache of step 1 does not hold, and what they accept is what it then holds.
 """
 
