@@ -149,7 +149,9 @@ async def test_a_stopped_database_gets_503_and_the_server_resumes_with_every_tok
     stop = asyncio.Event()
     traffic = [asyncio.create_task(c.run(http, stop)) for c in clients]
     try:
-        await asyncio.sleep(0.5)
+        await wait_for(
+            lambda: all(c.seen.count(200) >= 2 for c in clients), 10, "every client refreshing"
+        )
         database.stop("immediate")  # as in a crash: sessions cut, nothing flushed cleanly
 
         calls = {
@@ -248,7 +250,10 @@ async def test_a_replica_killed_under_refresh_traffic_leaves_no_family_half_rota
         stop = asyncio.Event()
         traffic = [asyncio.create_task(c.run(http, stop)) for c in clients]
         try:
-            await asyncio.sleep(1.0)
+            # Each client served by both replicas twice: refreshes are going through A.
+            await wait_for(
+                lambda: all(c.seen.count(200) >= 4 for c in clients), 20, "refreshes at both"
+            )
             a.kill()  # SIGKILL, in the middle of whatever it was doing
             killed_at = [len(c.seen) for c in clients]
             # Until each client has tried both replicas twice since: B's answers are then in.

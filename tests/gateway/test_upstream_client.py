@@ -644,12 +644,13 @@ def test_an_early_answer_and_a_reset_met_while_the_body_goes_out_is_read_not_los
 
 
 async def test_a_cancelled_exchange_closes_its_connection():
-    ended = asyncio.Event()
+    answered, ended = asyncio.Event(), asyncio.Event()
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
         await writer.drain()
+        answered.set()
         await reader.read()  # b"" once the client closes
         ended.set()
 
@@ -657,7 +658,7 @@ async def test_a_cancelled_exchange_closes_its_connection():
     try:
         async with client_for(server.sockets[0].getsockname()[1]) as client:
             task = asyncio.create_task(fetch(client))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(answered.wait(), 2)  # the exchange is in the middle
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -668,14 +669,18 @@ async def test_a_cancelled_exchange_closes_its_connection():
 
 
 async def test_closing_the_client_fails_the_exchanges_waiting_on_it_at_once():
+    asked = asyncio.Event()
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        asked.set()
         await reader.read()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     try:
         async with client_for(server.sockets[0].getsockname()[1], read_timeout=30) as client:
             waiting = asyncio.create_task(fetch(client))
-            await asyncio.sleep(0.1)
+            await asyncio.wait_for(asked.wait(), 2)  # the exchange waits for its answer
             await client.close()
             with pytest.raises(UpstreamBroken):
                 await asyncio.wait_for(waiting, 2)
