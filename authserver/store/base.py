@@ -284,9 +284,13 @@ class GrantSummary:
 
 
 # Who manages a client or a user: the configuration file (seeded at start and on reload,
-# read-only elsewhere) or the admin API.
+# read-only elsewhere) or the admin API; a client also itself, registered by RFC 7591
+# dynamic registration (managed through RFC 7592 with its registration access token) or
+# described by the Client ID Metadata Document its client_id names.
 MANAGED_BY_CONFIG = "config"
 MANAGED_BY_API = "api"
+MANAGED_BY_DYNAMIC = "dynamic"
+MANAGED_BY_METADATA_DOCUMENT = "metadata_document"
 
 
 @dataclass(frozen=True)
@@ -295,7 +299,12 @@ class ClientRecord:
     (JSON values); the secret is kept only as its SHA-256 digest. `version` counts changes:
     every update is a compare-and-set on it. Access tokens issued (`iat`, whole seconds) in
     the second of `tokens_valid_from` or before are inactive: it moves when the secret is
-    rotated."""
+    rotated.
+
+    A client that registered itself (MANAGED_BY_DYNAMIC) has the digest of its RFC 7592
+    registration access token, and until it obtains a token an `unused_until`: past it,
+    the client is gone (`purge_expired` removes it). `blocked` keeps a client that is
+    refused wherever it is named."""
 
     client_id: str
     metadata: Mapping[str, Any]
@@ -305,6 +314,9 @@ class ClientRecord:
     updated_at: float
     tokens_valid_from: float
     version: int = 1
+    registration_token_sha256: bytes | None = None
+    unused_until: float | None = None
+    blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -543,6 +555,12 @@ class Store(Protocol):
     async def delete_client(self, client_id: str) -> bool:
         """Remove the client; False when it is unknown."""
 
+    async def client_used(self, client_id: str) -> bool:
+        """The client obtained a token: it is kept from now on (`unused_until` cleared, its
+        version unchanged). False when it had no `unused_until` or is unknown.
+
+        Invariant: of concurrent calls for one client, at most one returns True."""
+
     async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
         """Make the clients managed by the configuration exactly `records`, in one
         transaction: each is created, or updated in place (keeping its `created_at` and
@@ -582,7 +600,7 @@ class Store(Protocol):
         family are kept a while past their idle expiry, so that a rotated one shown again
         is still caught as reuse; a grant is kept while an access token recorded under it
         may still be presented; a revocation event goes once every token it names has
-        expired."""
+        expired; a client goes once its `unused_until` is past."""
 
     async def ping(self) -> None:
         """Answer a trivial query, or raise: whether the store can serve (readiness)."""

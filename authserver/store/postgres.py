@@ -861,8 +861,7 @@ class PostgresStore:
     async def list_clients(self) -> list[ClientRecord]:
         async with self._connection("list_clients") as conn:
             rows = await conn.fetch(
-                "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
-                " tokens_valid_from, version FROM clients ORDER BY client_id"
+                f"SELECT {_CLIENT_COLUMNS} FROM clients ORDER BY client_id"  # noqa: S608
             )
         return [_client(row) for row in rows]
 
@@ -877,6 +876,15 @@ class PostgresStore:
                     "DELETE FROM clients WHERE client_id = $1 RETURNING 1", client_id
                 )
             )
+
+    async def client_used(self, client_id: str) -> bool:
+        async with self._connection("client_used") as conn:
+            updated = await conn.fetchval(
+                "UPDATE clients SET unused_until = NULL"
+                " WHERE client_id = $1 AND unused_until IS NOT NULL RETURNING 1",
+                client_id,
+            )
+        return updated is not None
 
     async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
         async with self._transaction("sync_clients") as conn:
@@ -981,8 +989,8 @@ class PostgresStore:
         one table at most.
 
         The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
-        device codes, throttle keys, access tokens, revocation events); grants are
-        bookkeeping and not counted.
+        device codes, throttle keys, access tokens, revocation events, clients that never
+        obtained a token); grants are bookkeeping and not counted.
         """
         deleted = 0
         async with self._connection("purge_expired") as conn:
@@ -1028,6 +1036,8 @@ class PostgresStore:
 
 
 _PURGE_BY_EXPIRY = (
+    "WITH gone AS (DELETE FROM clients WHERE unused_until <= $1 RETURNING 1)"
+    " SELECT count(*) FROM gone",
     "WITH gone AS (DELETE FROM codes WHERE expires_at <= $1 RETURNING 1) SELECT count(*) FROM gone",
     "WITH gone AS (DELETE FROM sessions WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
@@ -1157,6 +1167,9 @@ def _client(row: Any) -> ClientRecord:
         updated_at=row[5],
         tokens_valid_from=row[6],
         version=row[7],
+        registration_token_sha256=row[8],
+        unused_until=row[9],
+        blocked=row[10],
     )
 
 
@@ -1180,10 +1193,15 @@ def _user_facts(r: UserRecord) -> tuple[Any, ...]:
     return (r.username, r.password_hash, dict(r.claims), r.roles, r.disabled, r.managed_by)
 
 
+_CLIENT_COLUMNS = (
+    "client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+    " tokens_valid_from, version, registration_token_sha256, unused_until, blocked"
+)
+
+
 async def _get_client(conn: Any, client_id: str) -> ClientRecord | None:
     row = await conn.fetchrow(
-        "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
-        " tokens_valid_from, version FROM clients WHERE client_id = $1",
+        f"SELECT {_CLIENT_COLUMNS} FROM clients WHERE client_id = $1",  # noqa: S608
         client_id,
     )
     return None if row is None else _client(row)
@@ -1197,21 +1215,27 @@ async def _save_client(conn: Any, r: ClientRecord, expected: int | None) -> bool
         r.created_at,
         r.updated_at,
         r.tokens_valid_from,
+        r.registration_token_sha256,
+        r.unused_until,
+        r.blocked,
     )
     if expected is None:
         with _unique(f"client {r.client_id!r}"):
             await conn.execute(
                 "INSERT INTO clients (client_id, metadata, secret_sha256, managed_by,"
-                " created_at, updated_at, tokens_valid_from, version) VALUES ($1, $2, $3, $4,"
-                " $5, $6, $7, 1)",
+                " created_at, updated_at, tokens_valid_from, registration_token_sha256,"
+                " unused_until, blocked, version)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1)",
                 r.client_id,
                 *values,
             )
         return True
     changed = await conn.fetchval(
         "UPDATE clients SET metadata = $2, secret_sha256 = $3, managed_by = $4,"
-        " created_at = $5, updated_at = $6, tokens_valid_from = $7, version = version + 1"
-        " WHERE client_id = $1 AND version = $8 RETURNING 1",
+        " created_at = $5, updated_at = $6, tokens_valid_from = $7,"
+        " registration_token_sha256 = $8, unused_until = $9, blocked = $10,"
+        " version = version + 1"
+        " WHERE client_id = $1 AND version = $11 RETURNING 1",
         r.client_id,
         *values,
         expected,

@@ -382,6 +382,9 @@ class SQLiteStore:
             "delete_client", lambda conn: _delete_row(conn, "clients", client_id)
         )
 
+    async def client_used(self, client_id: str) -> bool:
+        return await self._call("client_used", lambda conn: _client_used(conn, client_id))
+
     async def sync_clients(self, records: Sequence[ClientRecord], now: float) -> list[str]:
         return await self._call(
             "sync_clients", lambda conn: _in_transaction(conn, _sync_clients, records)
@@ -1168,7 +1171,8 @@ _DELETE = {
 
 
 def _client(row: Sequence[object]) -> ClientRecord:
-    client_id, metadata, secret, managed_by, created, updated, valid_from, version = row
+    client_id, metadata, secret, managed_by, created, updated, valid_from, version = row[:8]
+    registration_token, unused_until, blocked = row[8:]
     return ClientRecord(
         client_id=str(client_id),
         metadata=orjson.loads(metadata),  # type: ignore[arg-type]
@@ -1178,6 +1182,9 @@ def _client(row: Sequence[object]) -> ClientRecord:
         updated_at=float(updated),  # type: ignore[arg-type]
         tokens_valid_from=float(valid_from),  # type: ignore[arg-type]
         version=int(version),  # type: ignore[call-overload]
+        registration_token_sha256=registration_token,  # type: ignore[arg-type]
+        unused_until=None if unused_until is None else float(unused_until),  # type: ignore[arg-type]
+        blocked=bool(blocked),
     )
 
 
@@ -1208,6 +1215,9 @@ def _client_values(r: ClientRecord, version: int) -> tuple[object, ...]:
         r.updated_at,
         r.tokens_valid_from,
         version,
+        r.registration_token_sha256,
+        r.unused_until,
+        int(r.blocked),
     )
 
 
@@ -1226,10 +1236,11 @@ def _user_values(r: UserRecord, version: int) -> tuple[object, ...]:
     )
 
 
-_CLIENT_BY_ID = (
-    "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
-    " tokens_valid_from, version FROM clients WHERE client_id = ?"
+_CLIENT_COLUMNS = (
+    "client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
+    " tokens_valid_from, version, registration_token_sha256, unused_until, blocked"
 )
+_CLIENT_BY_ID = f"SELECT {_CLIENT_COLUMNS} FROM clients WHERE client_id = ?"  # noqa: S608
 
 
 def _get_client(conn: sqlite3.Connection, client_id: str) -> ClientRecord | None:
@@ -1267,10 +1278,7 @@ class ClientRows:
 
 
 def _list_clients(conn: sqlite3.Connection) -> list[ClientRecord]:
-    rows = conn.execute(
-        "SELECT client_id, metadata, secret_sha256, managed_by, created_at, updated_at,"
-        " tokens_valid_from, version FROM clients ORDER BY client_id"
-    )
+    rows = conn.execute(f"SELECT {_CLIENT_COLUMNS} FROM clients ORDER BY client_id")  # noqa: S608
     return [_client(row) for row in rows]
 
 
@@ -1278,9 +1286,8 @@ def _save_client(conn: sqlite3.Connection, r: ClientRecord, expected: int | None
     if expected is None:
         with _unique(f"client {r.client_id!r}"):
             conn.execute(
-                "INSERT INTO clients (client_id, metadata, secret_sha256, managed_by,"
-                " created_at, updated_at, tokens_valid_from, version) VALUES (?, ?, ?, ?, ?, ?,"
-                " ?, ?)",
+                f"INSERT INTO clients ({_CLIENT_COLUMNS})"  # noqa: S608
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 _client_values(r, 1),
             )
         return True
@@ -1288,12 +1295,21 @@ def _save_client(conn: sqlite3.Connection, r: ClientRecord, expected: int | None
     return (
         conn.execute(
             "UPDATE clients SET metadata = ?, secret_sha256 = ?, managed_by = ?,"
-            " created_at = ?, updated_at = ?, tokens_valid_from = ?, version = ?"
+            " created_at = ?, updated_at = ?, tokens_valid_from = ?, version = ?,"
+            " registration_token_sha256 = ?, unused_until = ?, blocked = ?"
             " WHERE client_id = ? AND version = ?",
             (*values[1:], r.client_id, expected),
         ).rowcount
         == 1
     )
+
+
+def _client_used(conn: sqlite3.Connection, client_id: str) -> bool:
+    updated = conn.execute(
+        "UPDATE clients SET unused_until = NULL WHERE client_id = ? AND unused_until IS NOT NULL",
+        (client_id,),
+    )
+    return updated.rowcount == 1
 
 
 def _sync_clients(conn: sqlite3.Connection, records: Sequence[ClientRecord]) -> list[str]:
@@ -1415,11 +1431,12 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
     """Each table in its own short transaction, so writers wait for one table at most.
 
     The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
-    device codes, throttle keys, access tokens, revocation events); grants are bookkeeping
-    and not counted.
+    device codes, throttle keys, access tokens, revocation events, clients that never
+    obtained a token); grants are bookkeeping and not counted.
     """
     deleted = 0
     for statement in (
+        "DELETE FROM clients WHERE unused_until <= :now",
         "DELETE FROM codes WHERE expires_at <= :now",
         "DELETE FROM sessions WHERE expires_at <= :now",
         "DELETE FROM assertion_jtis WHERE expires_at <= :now",

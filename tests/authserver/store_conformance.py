@@ -34,6 +34,8 @@ from authserver.protocol.throttle import Backoff, Cap, Refuse
 from authserver.store.base import (
     MANAGED_BY_API,
     MANAGED_BY_CONFIG,
+    MANAGED_BY_DYNAMIC,
+    MANAGED_BY_METADATA_DOCUMENT,
     AccessTokenRecord,
     AlreadyExists,
     ClientRecord,
@@ -1605,6 +1607,62 @@ class StoreConformance:
         assert await store.delete_client("webapp")
         assert await store.get_client("webapp") is None
         assert not await store.delete_client("webapp")
+
+    async def test_clients_that_registered_themselves_read_back_with_their_registration(
+        self, store: Store, other: Store
+    ) -> None:
+        dynamic = a_client(
+            "dyn-1",
+            managed_by=MANAGED_BY_DYNAMIC,
+            secret_sha256=None,
+            registration_token_sha256=digest("registration-token"),
+            unused_until=T0 + DAY,
+        )
+        document = a_client(
+            "https://app.example.com/client.json",
+            managed_by=MANAGED_BY_METADATA_DOCUMENT,
+            secret_sha256=None,
+        )
+        assert await store.save_client(dynamic, None)
+        assert await store.save_client(document, None)
+        assert await other.get_client("dyn-1") == dynamic
+        assert await other.get_client(document.client_id) == document
+        blocked = replace(document, blocked=True, updated_at=T0 + 1)
+        assert await other.save_client(blocked, 1)
+        assert await store.get_client(document.client_id) == replace(blocked, version=2)
+        assert [c.client_id for c in await store.list_clients()] == [
+            "dyn-1",
+            document.client_id,
+        ]
+        listed = {c.client_id: c for c in await other.list_clients()}
+        assert listed["dyn-1"] == dynamic
+        assert listed[document.client_id].blocked
+
+    async def test_a_client_that_obtained_a_token_is_kept_and_its_version_stays(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_client(a_client("dyn-1", unused_until=T0 + DAY), None)
+        await store.save_client(a_client("kept"), None)
+        racers = [(store if i % 2 else other).client_used("dyn-1") for i in range(RACERS)]
+        assert sum(await asyncio.gather(*racers)) == 1
+        used = await other.get_client("dyn-1")
+        assert used is not None
+        assert (used.unused_until, used.version) == (None, 1)
+        assert not await store.client_used("dyn-1")
+        assert not await store.client_used("kept")
+        assert not await store.client_used("nobody")
+
+    async def test_purge_removes_the_clients_that_never_obtained_a_token_in_time(
+        self, store: Store
+    ) -> None:
+        await store.save_client(a_client("unused", unused_until=T0 + HOUR), None)
+        await store.save_client(a_client("fresh", unused_until=T0 + DAY), None)
+        await store.save_client(a_client("used", unused_until=T0 + HOUR), None)
+        await store.save_client(a_client("configured", managed_by=MANAGED_BY_CONFIG), None)
+        assert await store.client_used("used")
+        assert await store.purge_expired(T0 + 2 * HOUR) == 1
+        assert await store.get_client("unused") is None
+        assert [c.client_id for c in await store.list_clients()] == ["configured", "fresh", "used"]
 
     async def test_syncing_clients_creates_updates_takes_over_and_removes_the_seeded_ones(
         self, store: Store, other: Store
