@@ -645,11 +645,18 @@ def build_app(
     r.add_get(base + "/.well-known/openid-configuration", document, name="discovery")
     r.add_get(base + "/.well-known/oauth-authorization-server", document, name="oauth_metadata")
     if base:
-        # RFC 8414 §3.1: for an issuer with a path, the well-known segment comes first.
+        # RFC 8414 §3.1: for an issuer with a path, the well-known segment comes first. The
+        # OpenID form with the path inserted (RFC 8414 §5) is the second of the locations an
+        # MCP client tries (MCP authorization, "Authorization Server Metadata Discovery").
         r.add_get(
             "/.well-known/oauth-authorization-server" + base,
             document,
             name="oauth_metadata_path_first",
+        )
+        r.add_get(
+            "/.well-known/openid-configuration" + base,
+            document,
+            name="discovery_path_first",
         )
     r.add_get(base + "/jwks", _current(live, lambda c: c.jwks.respond), name="jwks")
     authorize = page(lambda c: c.authorize.authorize)

@@ -1,7 +1,7 @@
 """CORS on the endpoints a browser app calls: the middleware that applies protocol/cors.py.
 
 Which endpoints (paths under the issuer's):
- - discovery at both well-known paths, and /jwks: DOCUMENT, `*` for every origin;
+ - discovery at every well-known path, and /jwks: DOCUMENT, `*` for every origin;
  - /token, /revoke, /device_authorization: CLIENT, the browser client's own origins;
  - /userinfo: BEARER, any browser client's origin.
 /introspect is for resource servers, which are confidential clients and no pages: no CORS.
@@ -66,8 +66,9 @@ def endpoints(base: str) -> dict[str, Endpoint]:
         base + "/device_authorization": CLIENT,
         base + "/userinfo": BEARER,
     }
-    if base:  # RFC 8414 §3.1: the well-known segment first
+    if base:  # RFC 8414 §3.1 and §5: the well-known segment first
         table["/.well-known/oauth-authorization-server" + base] = DOCUMENT
+        table["/.well-known/openid-configuration" + base] = DOCUMENT
     return table
 
 

@@ -446,13 +446,14 @@ async def test_cors_follows_an_issuer_with_a_path(
     assert_readable_by(response, SPA_ORIGIN)
     response = await preflight(http, server, "/userinfo", SPA_ORIGIN, "GET", "authorization")
     assert response.status == 204
-    # RFC 8414 §3.1: the well-known segment before the issuer's path.
-    async with http.get(
-        server.url + "/.well-known/oauth-authorization-server/tenant",
-        headers={"Origin": EVIL_ORIGIN},
-    ) as response:
-        assert response.status == 200
-        assert response.headers["Access-Control-Allow-Origin"] == "*"
+    # RFC 8414 §3.1 and §5: the well-known segment before the issuer's path.
+    for well_known in ("oauth-authorization-server", "openid-configuration"):
+        async with http.get(
+            server.url + f"/.well-known/{well_known}/tenant",
+            headers={"Origin": EVIL_ORIGIN},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["Access-Control-Allow-Origin"] == "*"
 
 
 # ---------------------------------------------------------------------------- the pure parts

@@ -204,6 +204,31 @@ async def test_oauth_metadata_of_an_issuer_with_a_path_is_at_the_rfc_8414_locati
     assert meta["issuer"] == server.settings.issuer
 
 
+# Where an MCP client looks for the metadata of an issuer with a path, in its order (MCP
+# authorization, "Authorization Server Metadata Discovery"): RFC 8414 §3.1 path insertion,
+# then OpenID Connect Discovery with the path inserted (RFC 8414 §5), then appended.
+MCP_LOCATIONS = (
+    "/.well-known/oauth-authorization-server/tenant",
+    "/.well-known/openid-configuration/tenant",
+    "/tenant/.well-known/openid-configuration",
+    "/tenant/.well-known/oauth-authorization-server",
+)
+
+
+async def test_every_location_an_mcp_client_tries_serves_the_one_document(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    config = default_config()
+    config["issuer"] = "http://127.0.0.1:{port}/tenant"
+    server = await start_authserver(config)
+    documents = [await get_metadata(http, server, path) for path in MCP_LOCATIONS]
+    assert all(document == documents[0] for document in documents)
+    # RFC 8414 §3.3: identical to the issuer the client built the well-known URL from.
+    assert documents[0]["issuer"] == server.settings.issuer
+    assert documents[0]["code_challenge_methods_supported"] == ["S256"]
+    assert documents[0]["authorization_response_iss_parameter_supported"] is True
+
+
 # ---------------------------------------------------------------------------- JWKS
 
 
