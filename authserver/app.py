@@ -236,7 +236,7 @@ class AuthServer:
         assert signed_events is not None
         clock, metrics, pages, base = self.clock, self.metrics, self.pages, self.base
         issuer = settings.issuer
-        default_audience = settings.default_audience or settings.issuer
+        audiences = settings_module.protected_resources(settings)
         # Read from the store at every lookup: a change made through the admin API, by any
         # replica, is in force at the next request.
         clients, users = registry.StoredClients(store), registry.StoredUsers(store)
@@ -248,14 +248,14 @@ class AuthServer:
         grants = Registry(
             [
                 AuthorizationCode(store, users, issuer_of_tokens),
-                ClientCredentials(minter, default_audience),
+                ClientCredentials(minter, audiences),
                 RefreshToken(
                     store,
                     users,
                     issuer_of_tokens,
                     settings.refresh_grace.total_seconds(),
                     metrics,
-                    default_audience,
+                    audiences,
                 ),
                 DeviceCode(store, users, issuer_of_tokens),
             ]
@@ -314,7 +314,7 @@ class AuthServer:
             device_authorization=DeviceAuthorizationEndpoint(
                 authenticator,
                 store,
-                default_audience=default_audience,
+                audiences=audiences,
                 lifetime=settings.lifetimes.device_code,
                 interval=settings.device.interval,
                 verification_uri=issuer + "/device",
@@ -330,7 +330,7 @@ class AuthServer:
                 pages=pages,
                 passwords=passwords,
                 issuer=issuer,
-                default_audience=default_audience,
+                audiences=audiences,
                 code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
                 scope_description=settings.scope_description,
                 base_path=base,
@@ -350,6 +350,7 @@ class AuthServer:
                 ),
                 addresses=addresses,
                 scope_description=settings.scope_description,
+                audiences=audiences,
                 base_path=base,
                 clock=clock,
             ),

@@ -45,13 +45,16 @@ from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Withheld
 from .declarations import DeclaredClient, DeclaredUser, unknown_scopes
 from .keys import RotationPolicy
 from .protocol.cors import origin
-from .protocol.scopes import KNOWN_SCOPES
+from .protocol.resources import Audiences, ProtectedResource
+from .protocol.scopes import BUILTIN_SCOPES, KNOWN_SCOPES
 from .stored_keys import ENCRYPTION_KEY_BYTES, encryption_key_bytes
 
 log = logging.getLogger("portcullis.authserver.settings")
 T = TypeVar("T")
 
 SIGNING_ALGORITHMS = ("ES256", "RS256", "EdDSA")
+ADMIN_API_PATH = "/admin/v1"  # admin/api.py's PREFIX: the admin API's audience is issuer + this
+ADMIN_SCOPES = frozenset(s for s in BUILTIN_SCOPES if s.startswith("admin:"))
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
 ZERO = timedelta(0)
 # A retry of a lost refresh response gets that response again for this long (README,
@@ -114,6 +117,18 @@ def scope_name(value: Any) -> str:
     text = yamlconf.non_empty_string(value)
     if not _SCOPE_TOKEN.match(text):
         raise ValueError(f"{text!r} is not a scope token")
+    return text
+
+
+@accepts({"type": "string", "title": "URI", "pattern": "^[A-Za-z][A-Za-z0-9+.-]*:[^#]+$"})
+def resource_uri(value: Any) -> str:
+    """A protected resource's identifier: an absolute URI without a fragment (RFC 8707 §2),
+    compared as written with the `resource` of requests."""
+    text, parts = split_url(value)
+    if not parts.scheme or not (parts.netloc or parts.path):
+        raise ValueError(f"{text!r} is not an absolute URI (RFC 8707 §2)")
+    if "#" in text:
+        raise ValueError(f"{text!r}: a resource has no fragment (RFC 8707 §2)")
     return text
 
 
@@ -275,6 +290,16 @@ class ScopeSettings:
 
 
 @section
+class ResourceSettings:
+    """A protected resource (an API, an MCP server) any client may ask tokens for, with the
+    RFC 8707 `resource` parameter: its tokens carry `uri` as `aud`."""
+
+    uri: str = setting("Its RFC 8707 identifier, the `aud` of its tokens: an absolute URI without a fragment (an MCP server's canonical URI), matched exactly.", parser=resource_uri)
+    name: str = setting("Shown on the consent page, beside the URI; the URI when absent.", default="", derive=lambda v: v.get("uri"))
+    scopes: tuple[str, ...] = setting("The scopes it accepts: a token for it carries only these and OpenID Connect's.", default=(), parser=scope_name)
+
+
+@section
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
     redirect URIs (protocol/cors.py has the policy)."""
@@ -302,6 +327,7 @@ class Settings:
     dpop: DpopSettings = setting("DPoP proofs (RFC 9449).", default_factory=DpopSettings)
     revocation_events: RevocationEventSettings = setting("The stream of revocation events.", default_factory=RevocationEventSettings)
     scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
+    resources: tuple[ResourceSettings, ...] = setting("Protected resources any client may ask tokens for (RFC 8707 `resource`).", default=(), label=named("resource", "uri"))
     users: tuple[DeclaredUser, ...] = setting("Users defined here (read-only in the admin API).", default=())
     clients: tuple[DeclaredClient, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
     cors: CorsSettings = setting("CORS.", default_factory=CorsSettings)
@@ -389,11 +415,29 @@ class Settings:
         for client in self.clients:
             for token in unknown_scopes(client.scope, known):
                 check.within(client).problem(f"{token!r} is not in the scopes list", key="scope")
+        _once(check, self.resources, lambda r: r.uri, "resource {!r} is listed twice")
+        for resource in self.resources:
+            within = check.within(resource)
+            if resource.uri == self.issuer + ADMIN_API_PATH:
+                within.problem("is the admin API's audience: only clients listing it in their own resources get tokens for it", key="uri")
+            for token in resource.scopes:
+                if token in ADMIN_SCOPES:
+                    within.problem(f"{token!r} is the admin API's: no registered resource accepts it", key="scopes")
+                elif token not in known:
+                    within.problem(f"{token!r} is not in the scopes list", key="scopes")
 
     @property
     def known_scopes(self) -> frozenset[str]:
         """Every scope a client may be registered with."""
         return frozenset(KNOWN_SCOPES) | {s.name for s in self.scopes}
+
+
+def protected_resources(settings: Settings) -> Audiences:
+    """The default audience and the registered resources, as requests are checked against."""
+    return Audiences(
+        settings.default_audience or settings.issuer,
+        [ProtectedResource(r.uri, r.name, frozenset(r.scopes)) for r in settings.resources],
+    )
 
 
 def _once(check: Check, items: tuple[T, ...], name: Callable[[T], str], problem: str) -> None:

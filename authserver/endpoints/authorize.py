@@ -30,10 +30,11 @@ from aiohttp import web
 from portcullis.jose import is_thumbprint
 
 from ..clock import Clock
-from ..grants.base import audience_for
+from ..grants.base import target_for
 from ..protocol import pkce
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
+from ..protocol.resources import Audiences, ProtectedResource
 from ..registry import Client, ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
 from ..store.base import CodeRecord, Store
@@ -98,6 +99,7 @@ class AuthorizationRequest:
     max_age: int | None
     audience: str
     dpop_jkt: str | None = None  # RFC 9449 §10: the key the code is bound to
+    resource: ProtectedResource | None = None  # the registered resource `audience` is
 
     def carried(self) -> list[tuple[str, str]]:
         return [(k, self.params[k]) for k in CARRIED if k in self.params]
@@ -201,7 +203,7 @@ class AuthorizationEndpoint:
         pages: Pages,
         passwords: signin.PasswordCheck,
         issuer: str,
-        default_audience: str,
+        audiences: Audiences,
         code_lifetime: float,
         scope_description: Callable[[str], str],
         base_path: str,
@@ -214,7 +216,7 @@ class AuthorizationEndpoint:
         self.pages = pages
         self.passwords = passwords
         self.issuer = issuer
-        self.default_audience = default_audience
+        self.audiences = audiences
         self.code_lifetime = code_lifetime
         self.scope_description = scope_description
         self.base_path = base_path
@@ -283,7 +285,7 @@ class AuthorizationEndpoint:
                 if not _MAX_AGE.match(params["max_age"]):
                     raise invalid_request("max_age must be a non-negative integer")
                 max_age = int(params["max_age"])
-            audience = audience_for(self.default_audience, client, params.get("resource"))
+            target = target_for(self.audiences, client, params.get("resource"), scopes)
             dpop_jkt = params.get("dpop_jkt")
             if dpop_jkt is not None and not is_thumbprint(dpop_jkt):
                 # RFC 9449 §10: a JWK SHA-256 thumbprint (RFC 7638), base64url.
@@ -300,8 +302,9 @@ class AuthorizationEndpoint:
             code_challenge=challenge,
             prompt=prompt,
             max_age=max_age,
-            audience=audience,
+            audience=target.audience,
             dpop_jkt=dpop_jkt,
+            resource=target.resource,
         )
 
     def error_redirect(self, request: web.Request, exc: RedirectError) -> web.Response:
@@ -427,6 +430,7 @@ class AuthorizationEndpoint:
             carried=[*auth.carried(), (CONSENT_PROOF, Sessions.proof(session, auth.carried()))],
             client_name=auth.client.client_name,
             scopes=[{"name": s, "description": self.scope_description(s)} for s in auth.scopes],
+            resource=self.audiences.shown(auth.audience),
             user_name=user.display_name if user else session.record.subject,
             warning=None,
             form_targets=[auth.redirect_uri],

@@ -42,6 +42,7 @@ from ..clock import Clock
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
+from ..protocol.resources import Audiences
 from ..protocol.throttle import Cap
 from ..registry import Client, ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
@@ -97,9 +98,11 @@ class DevicePages:
         guesses: CodeGuesses,
         addresses: ClientAddresses,
         scope_description: Callable[[str], str],
+        audiences: Audiences,
         base_path: str,
         clock: Clock,
     ) -> None:
+        self.audiences = audiences
         self.store = store
         self.clients = clients
         self.users = users
@@ -184,6 +187,7 @@ class DevicePages:
             scopes=[
                 {"name": s, "description": self.scope_description(s)} for s in record.scope.split()
             ],
+            resource=self.audiences.shown(record.audience),
             user_name=user.display_name if user else session.record.subject,
             warning=(
                 f"Allow this only if you started signing in on a device you are holding and it "

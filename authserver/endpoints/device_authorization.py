@@ -19,12 +19,13 @@ from aiohttp import web
 
 from ..clients import ClientAuthenticator
 from ..clock import Clock
-from ..grants.base import audience_for
+from ..grants.base import target_for
 from ..grants.device_code import GRANT_TYPE
 from ..protocol import scopes as scope_rules
 from ..protocol import user_codes
 from ..protocol.errors import ErrorCode, OAuthError
 from ..protocol.lifecycle import Device
+from ..protocol.resources import Audiences
 from ..store.base import AlreadyExists, DeviceRecord, Store
 from ..tokens import digest, random_token
 from .errors import json_no_store, oauth_json_error
@@ -42,7 +43,7 @@ class DeviceAuthorizationEndpoint:
         clients: ClientAuthenticator,
         store: Store,
         *,
-        default_audience: str,
+        audiences: Audiences,
         lifetime: timedelta,
         interval: timedelta,
         verification_uri: str,
@@ -51,7 +52,7 @@ class DeviceAuthorizationEndpoint:
     ) -> None:
         self.clients = clients
         self.store = store
-        self.default_audience = default_audience
+        self.audiences = audiences
         self.lifetime = lifetime.total_seconds()
         self.interval = interval.total_seconds()
         self.verification_uri = verification_uri
@@ -71,7 +72,7 @@ class DeviceAuthorizationEndpoint:
             if not scopes:
                 raise OAuthError(ErrorCode.INVALID_SCOPE, "scope is required")
             scope_rules.require_allowed(scopes, client.scope)
-            audience = audience_for(self.default_audience, client, form.get("resource"))
+            audience = target_for(self.audiences, client, form.get("resource"), scopes).audience
 
             now = self.clock()  # 5
             device_code = random_token()

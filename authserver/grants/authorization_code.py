@@ -1,7 +1,8 @@
 """authorization_code (RFC 6749 §4.1.3, RFC 7636 §4.5, OIDC Core §3.1.3).
 
-Checks happen before the code is consumed, so a wrong verifier or redirect_uri leaves the
-code usable by its rightful holder. A code whose user is gone (disabled, deleted, dropped
+Checks happen before the code is consumed, so a wrong verifier, redirect_uri or resource
+(RFC 8707 §2.2: the one the authorization named, if any is sent) leaves the code usable by
+its rightful holder. A code whose user is gone (disabled, deleted, dropped
 from the configuration) gives nothing: `invalid_grant`, as the device and refresh grants
 answer; a user's cut-off also ends their codes in the store (Store.cut_off), so one issued
 before it gives nothing once they are back either. The code is consumed, its grant created
@@ -21,7 +22,15 @@ from ..protocol.lifecycle import CODE, Effect, Move
 from ..registry import Client, UserDirectory
 from ..store.base import CodeRecord, Issuance, Store
 from ..tokens import TokenPlan, digest
-from .base import ATTEMPTS, TokenRequest, audit, may_refresh, refresh_binding, require_key
+from .base import (
+    ATTEMPTS,
+    TokenRequest,
+    audit,
+    may_refresh,
+    refresh_binding,
+    require_authorized_resource,
+    require_key,
+)
 from .issuance import Terms, TokenIssuer
 
 UNKNOWN = "the code is unknown, expired or was issued to another client"
@@ -54,6 +63,7 @@ class AuthorizationCode:
         if form.get("redirect_uri") != record.redirect_uri:
             raise invalid_grant("redirect_uri does not match the authorization request")
         pkce.check_verifier(form.get("code_verifier"), record.code_challenge)
+        require_authorized_resource(form.get("resource"), record.audience)
         require_key(record.dpop_jkt, request, "the code")
 
         grant_id = family_of_code(code_hash)

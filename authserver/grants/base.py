@@ -8,10 +8,11 @@ one. A grant only answers: given an authenticated client and the request, what t
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from ..protocol.errors import ErrorCode, OAuthError, invalid_grant
+from ..protocol.resources import Audiences, Target, check_scopes
 from ..registry import Client
 
 audit = logging.getLogger("portcullis.authserver.audit")
@@ -44,13 +45,24 @@ class Grant(Protocol):
         ...
 
 
-def audience_for(default_audience: str, client: Client, resource: str | None) -> str:
-    """RFC 8707 §2: `resource` names the audience, and must be one this client may use."""
-    if resource is None:
-        return default_audience
-    if resource not in client.resources:
-        raise OAuthError(ErrorCode.INVALID_TARGET, "resource is not one this client may use")
-    return resource
+def target_for(
+    audiences: Audiences, client: Client, resource: str | None, scopes: Iterable[str]
+) -> Target:
+    """RFC 8707 §2: the audience `resource` names (the default one without it), one of the
+    client's own resources or one registered with the server, else invalid_target; the
+    scopes are then held to a registered resource's (protocol/resources.py)."""
+    target = audiences.target(resource, client.resources)
+    check_scopes(target, scopes)
+    return target
+
+
+def require_authorized_resource(resource: str | None, audience: str) -> None:
+    """At the token endpoint, a code's `resource` (RFC 8707 §2.2) may only name the
+    audience its authorization named: the grant is for that one, and never widens."""
+    if resource is not None and resource != audience:
+        raise OAuthError(
+            ErrorCode.INVALID_TARGET, "resource is not the one this grant was authorized for"
+        )
 
 
 def may_refresh(client: Client, scopes: tuple[str, ...]) -> bool:

@@ -7,9 +7,10 @@ from typing import Any
 
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError
+from ..protocol.resources import Audiences, within
 from ..registry import Client
 from ..tokens import Minter, TokenPlan
-from .base import TokenRequest, audience_for
+from .base import TokenRequest, target_for
 
 _USER_ONLY_SCOPES = frozenset({"openid", "offline_access", "profile", "email", "address", "phone"})
 
@@ -17,9 +18,9 @@ _USER_ONLY_SCOPES = frozenset({"openid", "offline_access", "profile", "email", "
 class ClientCredentials:
     grant_type = "client_credentials"
 
-    def __init__(self, minter: Minter, default_audience: str) -> None:
+    def __init__(self, minter: Minter, audiences: Audiences) -> None:
         self.minter = minter
-        self.default_audience = default_audience
+        self.audiences = audiences
 
     async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
         if client.public:
@@ -28,15 +29,15 @@ class ClientCredentials:
         requested = scope_rules.parse(request.form.get("scope"))
         if requested:
             scope_rules.require_allowed(requested, machine_scopes)
-            granted = requested
-        else:
-            granted = machine_scopes  # RFC 6749 §3.3: the registered default
-        audience = audience_for(self.default_audience, client, request.form.get("resource"))
+        target = target_for(self.audiences, client, request.form.get("resource"), requested)
+        # RFC 6749 §3.3: without `scope`, the registered default, as far as the resource
+        # named accepts it.
+        granted = requested or within(target, machine_scopes)
         claims = self.minter.access_claims(
             subject=client.client_id,
             client_id=client.client_id,
             scope=scope_rules.render(granted),
-            audience=audience,
+            audience=target.audience,
             now=request.now,
             jkt=request.dpop_jkt,  # RFC 9449 §5: bound to the proof's key, if one came
         )

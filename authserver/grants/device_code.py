@@ -24,7 +24,14 @@ from ..protocol.lifecycle import DEVICE, Decision, Effect, device_poll_event
 from ..registry import Client, UserDirectory
 from ..store.base import DeviceRecord, Issuance, Poll, Store
 from ..tokens import TokenPlan, digest
-from .base import ATTEMPTS, TokenRequest, audit, may_refresh, refresh_binding
+from .base import (
+    ATTEMPTS,
+    TokenRequest,
+    audit,
+    may_refresh,
+    refresh_binding,
+    require_authorized_resource,
+)
 from .issuance import Terms, TokenIssuer
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"
@@ -54,6 +61,7 @@ class DeviceCode:
         record = await self._owned(code_hash, client)
         if lifecycle.expired(record.expires_at, now):
             raise OAuthError(ErrorCode.EXPIRED_TOKEN, "the device code has expired")
+        require_authorized_resource(form.get("resource"), record.audience)
         grant_id = family_of_device_code(code_hash)
 
         for _ in range(ATTEMPTS):

@@ -18,8 +18,9 @@ that names such a scope is `invalid_scope`, as one naming a scope the grant neve
 so is one with nothing of its grant left, or whose OpenID grant lost `offline_access`
 (OIDC Core §11: the refresh stands on it). The family's audience is its one resource: a
 request may name it (RFC 8707 §2.2) and no other, and a client no longer registered for it
-gets `invalid_target`. A retry within the grace is repeated only while the client is still
-registered for all it held.
+gets `invalid_target`; a scope its registered resource (protocol/resources.py) no longer
+accepts is dropped as one the client lost. A retry within the grace is repeated only while
+the client is still registered for all it held.
 
 DPoP (RFC 9449 §5): a public client's refresh token is bound to the key of the proof it
 was first issued with, for the life of its family: every use needs a proof of that key. A
@@ -38,6 +39,7 @@ from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError, invalid_grant, invalid_request, invalid_scope
 from ..protocol.lifecycle import REFRESH, Effect, Move
+from ..protocol.resources import Audiences, Target, within
 from ..registry import Client, User, UserDirectory
 from ..store.base import Issuance, RefreshRecord, Store
 from ..tokens import TokenPlan, digest, seal, unseal
@@ -57,14 +59,14 @@ class RefreshToken:
         issuer: TokenIssuer,
         grace: float,
         metrics: Metrics,
-        default_audience: str,
+        audiences: Audiences,
     ) -> None:
         self.store = store
         self.users = users
         self.issuer = issuer
         self.grace = grace  # seconds
         self.metrics = metrics
-        self.default_audience = default_audience
+        self.audiences = audiences
 
     async def issue(self, request: TokenRequest, client: Client) -> dict[str, Any]:
         form, now = request.form, request.now
@@ -78,8 +80,8 @@ class RefreshToken:
         if user is None:
             # The user was removed from the configuration: their grants end with them.
             raise invalid_grant(REFUSED)
-        kept, scopes = still_granted(record, client, scope_rules.parse(form.get("scope")))
-        check_audience(record, client, form.get("resource"), self.default_audience)
+        target = check_audience(record, client, form.get("resource"), self.audiences)
+        kept, scopes = still_granted(record, client, scope_rules.parse(form.get("scope")), target)
 
         for _ in range(ATTEMPTS):
             decision = lifecycle.decide(REFRESH, record.state, await self._event(record, now))
@@ -143,12 +145,13 @@ class RefreshToken:
 
 
 def still_granted(
-    record: RefreshRecord, client: Client, requested: tuple[str, ...]
+    record: RefreshRecord, client: Client, requested: tuple[str, ...], target: Target
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The scopes of the family from now on (its grant, as far as the client is still
-    registered for it) and those of the access token (the request's, else the same)."""
+    registered for it and its registered resource still accepts it) and those of the
+    access token (the request's, else the same)."""
     granted = tuple(record.scope.split())
-    registered = set(client.scope)
+    registered = set(within(target, client.scope))
     kept = tuple(s for s in granted if s in registered)
     if granted and not kept:
         raise invalid_scope("the client is no longer registered for any scope of this grant")
@@ -162,16 +165,18 @@ def still_granted(
 
 
 def check_audience(
-    record: RefreshRecord, client: Client, resource: str | None, default_audience: str
-) -> None:
+    record: RefreshRecord, client: Client, resource: str | None, audiences: Audiences
+) -> Target:
     """The family's audience, named by the request or not, is one the client may still be
-    given (RFC 8707 §2.2: a refresh names a resource of its grant, and a family has one)."""
+    given (RFC 8707 §2.2: a refresh names a resource of its grant, and a family has one):
+    the default, one of the client's own resources, or one still registered."""
     if resource is not None and resource != record.audience:
         raise OAuthError(ErrorCode.INVALID_TARGET, "resource is not the one of this grant")
-    if record.audience != default_audience and record.audience not in client.resources:
+    if not audiences.may_use(record.audience, client.resources):
         raise OAuthError(
             ErrorCode.INVALID_TARGET, "the client is no longer registered for this resource"
         )
+    return Target(record.audience, audiences.registered(record.audience))
 
 
 def _terms(
