@@ -61,6 +61,7 @@ from .endpoints.errors import Handler, json_errors_of
 from .endpoints.introspect import IntrospectionEndpoint
 from .endpoints.logout import LogoutEndpoint
 from .endpoints.pages import Pages, page_environment
+from .endpoints.registration import RegistrationEndpoint
 from .endpoints.revoke import RevocationEndpoint
 from .endpoints.signin import LoginRules, PasswordCheck
 from .endpoints.token import TokenEndpoint
@@ -133,6 +134,7 @@ class Components:
     device: DevicePages
     logout: LogoutEndpoint
     events: EventStream  # GET /revocation_events
+    registration: RegistrationEndpoint | None  # /register, when registration.enabled
     # Revoking every token of a subject or client at once (users disabled, clients deleted).
     revocations: Revocations
     admin: AdminApi
@@ -239,7 +241,7 @@ class AuthServer:
         audiences = settings_module.protected_resources(settings)
         # Read from the store at every lookup: a change made through the admin API, by any
         # replica, is in force at the next request.
-        clients, users = registry.StoredClients(store), registry.StoredUsers(store)
+        clients, users = registry.StoredClients(store, clock), registry.StoredUsers(store)
         minter = token_minter(settings, keyring)
         lifetimes = settings.lifetimes
         issuer_of_tokens = TokenIssuer(
@@ -300,11 +302,22 @@ class AuthServer:
                     [scope.name for scope in settings.scopes],
                     settings.id_token_algs,
                     grants.names(),
+                    registration_endpoint=(
+                        issuer + "/register" if settings.registration.enabled else None
+                    ),
                 ),
                 max_age=3600,
             ),
             jwks=discovery.Jwks(keyring, math.ceil(settings.keys.jwks_max_age.total_seconds())),
-            token=TokenEndpoint(grants, authenticator, issuer + "/token", clock, metrics, proofs),
+            token=TokenEndpoint(
+                grants,
+                authenticator,
+                issuer + "/token",
+                clock,
+                metrics,
+                proofs,
+                keep_client=store.client_used,
+            ),
             introspection=IntrospectionEndpoint(
                 authenticator, access_tokens, store, issuer, issuer + "/introspect", clock
             ),
@@ -375,6 +388,19 @@ class AuthServer:
                 followers=self.event_followers,
             ),
             revocations=revocations,
+            registration=(
+                RegistrationEndpoint(
+                    store=store,
+                    policy=settings_module.registration_policy(settings),
+                    rate=settings_module.registration_cap(settings.registration),
+                    addresses=addresses,
+                    revocations=revocations,
+                    url=issuer + "/register",
+                    clock=clock,
+                )
+                if settings.registration.enabled
+                else None
+            ),
             admin=AdminApi(
                 AdminContext(
                     store=store,
@@ -679,6 +705,10 @@ def build_app(
         json(lambda c: c.device_authorization.handle),
         name="device_authorization",
     )
+    r.add_post(base + "/register", json(lambda c: _registration(c).register), name="register")
+    registered = base + "/register/{client_id}"
+    r.add_get(registered, json(lambda c: _registration(c).read), name="registered_client")
+    r.add_delete(registered, json(lambda c: _registration(c).delete), name="registered_client")
     r.add_get(base + "/device", page(lambda c: c.device.device_page), name="device")
     r.add_post(base + "/device", page(lambda c: c.device.check_code), name="device")
     r.add_post(base + "/device/login", page(lambda c: c.device.login), name="device_login")
@@ -696,6 +726,16 @@ def build_app(
         name="static",
     )
     return app
+
+
+def _registration(components: Components) -> RegistrationEndpoint:
+    """The registration endpoint in force; 404 while registration is not enabled."""
+    if components.registration is None:
+        raise web.HTTPNotFound(
+            text='{"error":"not_found","error_description":"registration is not enabled"}',
+            content_type="application/json",
+        )
+    return components.registration
 
 
 def _current(live: Live, pick: Callable[[Components], Handler]) -> Handler:

@@ -18,11 +18,13 @@ signs in as them, and their sessions and refresh tokens lead nowhere.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .clock import Clock
 from .declarations import DeclaredClient, DeclaredUser
 from .store.base import MANAGED_BY_CONFIG, ClientRecord, Store, UserRecord
 
@@ -48,6 +50,10 @@ class Client:
     # Access tokens issued (iat, whole seconds) in this time's second or before are
     # inactive: the secret was rotated since, or the client deleted and made again.
     tokens_valid_from: float = 0.0
+    managed_by: str = MANAGED_BY_CONFIG
+    # A client that registered itself and has obtained no token yet: gone after this time
+    # (store.base.ClientRecord); its first token keeps it.
+    unused_until: float | None = None
 
     @property
     def public(self) -> bool:
@@ -92,16 +98,19 @@ class StoredClients:
     the `keep` clients looked up last, and given again only while the store answers with a
     record equal to that one in every field: a rotated secret, changed metadata, a moved
     cut-off, a client deleted and made again are other records, in force at the next lookup.
-    Nothing of the store's answer is kept in its place: a deleted client is not found."""
+    Nothing of the store's answer is kept in its place: a deleted client is not found, nor
+    a blocked one, nor one that registered itself and let its time to obtain a token pass
+    (the purge removes it later)."""
 
-    def __init__(self, store: Store, keep: int = 1024) -> None:
+    def __init__(self, store: Store, clock: Clock = time.time, keep: int = 1024) -> None:
         self._store = store
+        self._clock = clock
         self._keep = keep
         self._derived: OrderedDict[str, tuple[ClientRecord, Client]] = OrderedDict()
 
     async def client(self, client_id: str) -> Client | None:
         record = await self._store.get_client(client_id)
-        if record is None:
+        if record is None or not in_force(record, self._clock()):
             self._derived.pop(client_id, None)
             return None
         kept = self._derived.get(client_id)
@@ -115,6 +124,12 @@ class StoredClients:
         if len(self._derived) > self._keep:
             self._derived.popitem(last=False)
         return client
+
+
+def in_force(record: ClientRecord, now: float) -> bool:
+    """Whether a stored client may be used now: not blocked, and not past its time to
+    obtain a first token."""
+    return not record.blocked and (record.unused_until is None or record.unused_until > now)
 
 
 class StoredUsers:
@@ -218,6 +233,8 @@ def client_from_record(r: ClientRecord) -> Client:
         dpop_bound_access_tokens=bool(m.get("dpop_bound_access_tokens", False)),
         application_type=str(m.get("application_type", "web")),
         tokens_valid_from=r.tokens_valid_from,
+        managed_by=r.managed_by,
+        unused_until=r.unused_until,
     )
 
 

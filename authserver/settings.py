@@ -40,13 +40,15 @@ from portcullis.sections import (
     source_file,
 )
 from portcullis.tls import ServerTls
-from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Withheld
+from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Rate, Withheld
 
 from .declarations import DeclaredClient, DeclaredUser, unknown_scopes
 from .keys import RotationPolicy
 from .protocol.cors import origin
 from .protocol.resources import Audiences, ProtectedResource
-from .protocol.scopes import BUILTIN_SCOPES, KNOWN_SCOPES
+from .protocol.scopes import BUILTIN_SCOPES, KNOWN_SCOPES, STANDARD_SCOPES
+from .protocol.throttle import Cap
+from .registration import RegistrationPolicy
 from .stored_keys import ENCRYPTION_KEY_BYTES, encryption_key_bytes
 
 log = logging.getLogger("portcullis.authserver.settings")
@@ -130,6 +132,15 @@ def resource_uri(value: Any) -> str:
     if "#" in text:
         raise ValueError(f"{text!r}: a resource has no fragment (RFC 8707 §2)")
     return text
+
+
+@accepts({"type": "string", "title": "rate", "pattern": "^[0-9]+/[0-9]*(ms|s|m|h|d)$"})
+def registration_rate(value: Any) -> Rate:
+    """A whole number of registrations per period, counted per client address."""
+    result = yamlconf.rate(value)
+    if result.count < 1 or result.count != int(result.count) or result.per < timedelta(seconds=1):
+        raise ValueError(f"{value!r}: a whole number of registrations per period of at least 1s (10/m)")
+    return result
 
 
 @accepts({"type": "string", "title": "origin", "pattern": "^[^:/]+://[^/]+$"})
@@ -300,6 +311,23 @@ class ResourceSettings:
 
 
 @section
+class RegistrationSettings:
+    """Dynamic client registration (RFC 7591) at {issuer}/register, and reading and deleting
+    a registration with its registration access token (RFC 7592). Public clients register
+    freely; a confidential one (a secret or keys) only with the initial access token."""
+
+    enabled: bool = setting("Serve the registration endpoint and advertise it (registration_endpoint).", default=False)
+    rate: Rate = setting("Registrations from one client address: at most this many per period of time (10/m).", default=Rate(10, timedelta(minutes=1)), parser=registration_rate)
+    unused_client_lifetime: timedelta = setting("A registered client that has obtained no token this long after registering is removed.", default=timedelta(days=1), minimum=timedelta(minutes=1))
+    initial_access_token: str | None = setting("The Bearer token a registration of a confidential client must carry (RFC 7591 §3); at least 32 random characters. Without it only public clients register.", default=None, secret=True, from_file=True)
+
+    def validate(self, check: Check) -> None:
+        secret = self.initial_access_token
+        if secret and not isinstance(secret, Withheld) and len(secret) < 32:
+            check.problem("use at least 32 random characters", key="initial_access_token")
+
+
+@section
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
     redirect URIs (protocol/cors.py has the policy)."""
@@ -327,6 +355,7 @@ class Settings:
     dpop: DpopSettings = setting("DPoP proofs (RFC 9449).", default_factory=DpopSettings)
     revocation_events: RevocationEventSettings = setting("The stream of revocation events.", default_factory=RevocationEventSettings)
     scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
+    registration: RegistrationSettings = setting("Dynamic client registration (RFC 7591, 7592).", default_factory=RegistrationSettings)
     resources: tuple[ResourceSettings, ...] = setting("Protected resources any client may ask tokens for (RFC 8707 `resource`).", default=(), label=named("resource", "uri"))
     users: tuple[DeclaredUser, ...] = setting("Users defined here (read-only in the admin API).", default=())
     clients: tuple[DeclaredClient, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
@@ -438,6 +467,27 @@ def protected_resources(settings: Settings) -> Audiences:
         settings.default_audience or settings.issuer,
         [ProtectedResource(r.uri, r.name, frozenset(r.scopes)) for r in settings.resources],
     )
+
+
+def registration_policy(settings: Settings) -> RegistrationPolicy:
+    """What clients that register themselves are offered: the scopes of the registered
+    resources and OpenID Connect's (never `roles` or the admin API's, nor a scope no
+    registered resource accepts)."""
+    reg = settings.registration
+    token = reg.initial_access_token
+    offered = frozenset(STANDARD_SCOPES).union(*(r.scopes for r in settings.resources))
+    return RegistrationPolicy(
+        offered_scopes=offered,
+        unused_lifetime=reg.unused_client_lifetime,
+        initial_access_token_sha256=(
+            hashlib.sha256(token.encode()).digest() if token and not isinstance(token, Withheld) else None
+        ),
+    )
+
+
+def registration_cap(registration: RegistrationSettings) -> Cap:
+    """`registration.rate` as the throttle takes it; the client address is appended to its key."""
+    return Cap("register:", limit=int(registration.rate.count), window=registration.rate.per.total_seconds())
 
 
 def _once(check: Check, items: tuple[T, ...], name: Callable[[T], str], problem: str) -> None:

@@ -266,7 +266,13 @@ def test_the_cycle_check_finds_a_cycle():
 AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("authserver.__main__", "authserver.app"),
     ("authserver.settings",),
-    ("authserver.endpoints", "authserver.admin", "authserver.cors", "authserver.events"),
+    (
+        "authserver.endpoints",
+        "authserver.admin",
+        "authserver.cors",
+        "authserver.events",
+        "authserver.registration",
+    ),
     ("authserver.grants",),
     (
         "authserver.tokens",

@@ -5,7 +5,9 @@ once: in the answer that created it (or made the client confidential) and in the
 `POST /clients/{id}/secret`, which replaces it. The store keeps only its digest. Rotating
 the secret, changing its `tokenEndpointAuthMethod` or deleting the client cuts it off
 (events.Revocations). Clients of the configuration file are listed but read-only (409
-`managed_by_config`).
+`managed_by_config`). Clients that registered themselves (`managedBy: dynamic`, RFC 7591)
+are listed and may be deleted, which cuts them off; their registration is theirs to change
+(409 `managed_by_registration`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from aiohttp import web
 from .. import registry
 from ..declarations import DeclaredClient, unknown_scopes
 from ..events import Reason
-from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, ClientRecord
+from ..store.base import (
+    MANAGED_BY_API,
+    MANAGED_BY_CONFIG,
+    MANAGED_BY_DYNAMIC,
+    AlreadyExists,
+    ClientRecord,
+)
 from . import validation
 from .access import Caller
 from .collection import Collection, page, parse_query
@@ -191,7 +199,7 @@ class Clients:
         return json_answer({**shown, "clientSecret": secret}, headers={"ETag": etag_of(shown)})
 
     async def delete(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
-        old = await self._changeable(request, ids[0])
+        old = await self._changeable(request, ids[0], deleting=True)
         if not await self.c.store.delete_client(old.client_id):
             raise not_found(RESOURCE)
         await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_DELETED)
@@ -206,11 +214,19 @@ class Clients:
             raise not_found(RESOURCE)
         return record
 
-    async def _changeable(self, request: web.Request, client_id: str) -> ClientRecord:
+    async def _changeable(
+        self, request: web.Request, client_id: str, *, deleting: bool = False
+    ) -> ClientRecord:
         record = await self._existing(client_id)
         check_if_match(request, etag_of(represent(record)))
         if record.managed_by == MANAGED_BY_CONFIG:
             raise managed_by_config(RESOURCE)
+        if record.managed_by == MANAGED_BY_DYNAMIC and not deleting:
+            raise conflict(
+                "this client registered itself (RFC 7591) and changes its own registration:"
+                " it can only be deleted here",
+                "managed_by_registration",
+            )
         return record
 
     async def _save(self, request: web.Request, record: ClientRecord, version: int) -> None:

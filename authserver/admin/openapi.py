@@ -15,6 +15,9 @@ _DATE = {"type": "string", "format": "date-time"}
 _NULL_STR = {"type": ["string", "null"]}
 _NULL_DATE = {"type": ["string", "null"], "format": "date-time"}
 _MANAGED = {"type": "string", "enum": ["config", "api"]}
+# A client may also have registered itself (RFC 7591) or be described by its metadata
+# document (its client_id is the document's URL).
+_CLIENT_MANAGED = {"type": "string", "enum": ["config", "api", "dynamic", "metadata_document"]}
 _ALG = {"type": ["string", "null"], "enum": ["ES256", "RS256", "EdDSA", None]}
 
 _CLIENT_WRITABLE: dict[str, Any] = {
@@ -95,7 +98,7 @@ SCHEMAS: dict[str, Any] = {
         {
             "clientId": _STR,
             **_CLIENT_WRITABLE,
-            "managedBy": _MANAGED,
+            "managedBy": _CLIENT_MANAGED,
             "createdAt": _DATE,
             "updatedAt": _DATE,
             "clientSecret": {
@@ -185,7 +188,7 @@ _ERRORS = {
         "403": "insufficient_scope, or forbidden: a user without the admin role",
         "404": "no such resource",
         "406": "Accept rules out JSON",
-        "409": "a duplicate, or managed_by_config",
+        "409": "a duplicate, managed_by_config, or managed_by_registration",
         "412": "If-Match names another version",
         "415": "a body of another media type",
         "422": "validation_error, one detail per problem",

@@ -34,10 +34,16 @@ ASSERTION_ALGS = list(ASSERTION_ALGORITHMS)
 
 
 def metadata(
-    issuer: str, scopes: Iterable[str], id_token_algs: list[str], grant_types: list[str]
+    issuer: str,
+    scopes: Iterable[str],
+    id_token_algs: list[str],
+    grant_types: list[str],
+    *,
+    registration_endpoint: str | None = None,
 ) -> dict[str, Any]:
     """The document of a server that issues as `issuer`, knows `scopes` beyond the built-in
-    ones, signs ID tokens with `id_token_algs` and has `grant_types`."""
+    ones, signs ID tokens with `id_token_algs`, has `grant_types`, and registers clients at
+    `registration_endpoint` (RFC 7591 §3) when it is given."""
     # The admin API's scopes are left out (RFC 8414 §2: a server may omit some): only the
     # clients registered with them use them.
     supported = list(dict.fromkeys([*STANDARD_SCOPES, "roles", *scopes]))
@@ -76,6 +82,8 @@ def metadata(
         "backchannel_logout_supported": False,
         "frontchannel_logout_supported": False,
     }
+    if registration_endpoint is not None:
+        document["registration_endpoint"] = registration_endpoint  # RFC 8414 §2
     if DEVICE_GRANT in grant_types:
         document["device_authorization_endpoint"] = f"{issuer}/device_authorization"  # RFC 8628 §4
     return document

@@ -8,7 +8,8 @@
 5. the client must be registered for the grant, else unauthorized_client; a client
    registered with dpop_bound_access_tokens must have sent a proof (RFC 9449 §5.2);
 6. the grant issues (one store call commits the issuance, then tokens are signed), binding
-   the tokens to the proof's key;
+   the tokens to the proof's key; a client that registered itself is kept from its first
+   token on (it would be removed after `registration.unused_client_lifetime` otherwise);
 7. JSON with Cache-Control: no-store. One `except OAuthError` renders every error; with
    nonces required, every answer carries the current one (DPoP-Nonce, RFC 9449 §8).
 """
@@ -16,7 +17,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -41,7 +42,9 @@ class TokenEndpoint:
         clock: Clock,
         metrics: Metrics,
         dpop: ProofChecker,
+        keep_client: Callable[[str], Awaitable[bool]],
     ) -> None:
+        self.keep_client = keep_client
         self.dpop = dpop
         self.grants = grants
         self.clients = clients
@@ -94,6 +97,8 @@ class TokenEndpoint:
                 dpop_jkt=proof.jkt if proof is not None else None,
             )
             body = await grant.issue(token_request, client)  # 6
+            if client.unused_until is not None:
+                await self.keep_client(client.client_id)
             self.metrics.token_issued(grant_type)
             return json_answer(body, headers=headers)  # 7
         except OAuthError as error:

@@ -162,10 +162,13 @@ def test_the_rows_remembered_are_bounded_the_oldest_forgotten_first(tmp_path: Pa
     conn.execute(
         "CREATE TABLE clients (client_id TEXT PRIMARY KEY, metadata TEXT, secret_sha256 BLOB,"
         " managed_by TEXT, created_at REAL, updated_at REAL, tokens_valid_from REAL,"
-        " version INTEGER)"
+        " version INTEGER, registration_token_sha256 BLOB, unused_until REAL, blocked INTEGER)"
     )
     for i in range(5):
-        conn.execute("INSERT INTO clients VALUES (?, '{}', NULL, 'api', 0, 0, 0, 1)", (f"c{i}",))
+        conn.execute(
+            "INSERT INTO clients VALUES (?, '{}', NULL, 'api', 0, 0, 0, 1, NULL, NULL, 0)",
+            (f"c{i}",),
+        )
     rows = ClientRows(keep=3)
     records = {f"c{i}": rows.read(conn, f"c{i}") for i in range(5)}
     assert list(rows._rows) == ["c2", "c3", "c4"]
@@ -175,3 +178,17 @@ def test_the_rows_remembered_are_bounded_the_oldest_forgotten_first(tmp_path: Pa
     assert list(rows._rows) == ["c3", "c4", "c0"]
     assert rows.read(conn, "nobody") is None
     conn.close()
+
+
+async def test_a_blocked_client_or_one_past_its_time_to_obtain_a_token_is_not_found(
+    store: SQLiteStore,
+) -> None:
+    now = 1_700_000_000.0
+    clients = StoredClients(store, lambda: now)
+    await store.save_client(replace(a_client("blocked"), blocked=True), None)
+    await store.save_client(replace(a_client("late"), unused_until=now), None)
+    await store.save_client(replace(a_client("early"), unused_until=now + 1), None)
+    assert await clients.client("blocked") is None
+    assert await clients.client("late") is None
+    early = await clients.client("early")
+    assert early is not None and early.unused_until == now + 1
