@@ -19,8 +19,11 @@ from .records import (
     Introspection,
     Issuer,
     KeySetTiming,
+    Mcp,
+    McpCall,
     Proofs,
     RequestPath,
+    Resource,
     RevocationEvents,
     Route,
     Scopes,
@@ -32,6 +35,7 @@ from .settings import (
     IntrospectionSettings,
     IssuerSettings,
     LimitRule,
+    McpSettings,
     RevocationEventsSettings,
     RouteSettings,
     ScopeRule,
@@ -174,10 +178,68 @@ def introspection(given: IntrospectionSettings) -> Introspection:
     )
 
 
+def resource_path(given: RouteSettings) -> str:
+    """The path of the protected resource a route belongs to: its own `resource`, else its
+    path's literal segments up to the first `{name}` or `**` ("" for the root)."""
+    return given.resource_path
+
+
+def resources(settings: Settings) -> tuple[Resource, ...]:
+    """The protected resources the routes define (RFC 9728), one per origin and path, in
+    the order their first route comes: what each route's rules accept, brought together."""
+    named = {given.path.rstrip("/"): given for given in settings.resources}
+    every_issuer = tuple(i.issuer for i in settings.issuers)
+    groups: dict[tuple[str | None, str], list[RouteSettings]] = {}
+    for given in settings.routes:
+        if given.auth == "none":
+            continue
+        origin = given.public_url or settings.public_url
+        groups.setdefault((origin, resource_path(given)), []).append(given)
+    made = []
+    for (origin, path), routes in groups.items():
+        issuers = dict.fromkeys(i for r in routes for i in (r.issuers or every_issuer))
+        scopes = {s for r in routes if r.scopes is not None for s in r.scopes.scopes}
+        scopes |= {
+            s for r in routes if r.mcp is not None for c in r.mcp.calls for s in c.scopes.scopes
+        }
+        # RFC 9728 §2: a scope of the authorization server's own (offline_access asks for
+        # refresh tokens) is no scope of this resource.
+        scopes.discard("offline_access")
+        dpop_issuers = {i.issuer for i in settings.issuers if i.dpop == "required"}
+        extra = named.get(path)
+        made.append(
+            Resource(
+                path=path,
+                origin=origin,
+                issuers=tuple(issuers),
+                scopes=tuple(sorted(scopes)),
+                dpop_required=all(
+                    r.dpop_required or set(r.issuers or every_issuer) <= dpop_issuers
+                    for r in routes
+                ),
+                name=extra.name if extra is not None else None,
+                documentation=extra.documentation if extra is not None else None,
+            )
+        )
+    return tuple(made)
+
+
+def mcp(given: McpSettings, settings: Settings) -> Mcp:
+    return Mcp(
+        calls=tuple(
+            McpCall(method=c.method, name=c.name, scopes=scopes(c.scopes)) for c in given.calls
+        ),
+        max_message_size=given.max_message_size or settings.forward.buffer_size,
+    )
+
+
 def route(given: RouteSettings, settings: Settings) -> Route:
     """`given` with what it leaves out taken from the rest of `settings`."""
     limit = settings.rate_limits.default if given.rate_limit is None else given.rate_limit
     given_cors = settings.cors if given.cors is None else given.cors
+    origin = given.public_url or settings.public_url
+    protected = given.auth != "none"
+    path = resource_path(given) if protected else None
     return Route(
         name=given.name,
         path=given.path,
@@ -200,7 +262,10 @@ def route(given: RouteSettings, settings: Settings) -> Route:
         allow_body_on_get=given.allow_body_on_get,
         client_cert=given.needs_client_cert,
         dpop=given.dpop,
-        public_url=given.public_url or settings.public_url,
+        public_url=origin,
+        resource=path,
+        resource_uri=origin + path if path is not None and origin is not None else None,
+        mcp=mcp(given.mcp, settings) if given.mcp is not None else None,
     )
 
 

@@ -301,6 +301,7 @@ class Gateway:
             adapter.request_path(settings),
             adapter.routes(settings),
             issuers,
+            resources=adapter.resources(settings),
             verifier=verification.verifier,
             limiter=Limiter(settings.rate_limits.on_backend_error, buckets, self.clock.monotonic),
             forwarder=Forwarder(

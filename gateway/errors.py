@@ -33,6 +33,12 @@ class Offer:
 
     bearer: bool = True
     dpop_algs: str | None = None
+    # RFC 9728 §5.1: where the route's protected resource metadata is, on every challenge:
+    # its path, and the origin it is reached at (None: the request's own).
+    metadata_path: str | None = None
+    origin: str | None = None
+    # RFC 6750 §3: the scopes the route needs, on a 401's challenges (a client asks for them).
+    scope: str | None = None
 
 
 BEARER_ONLY = Offer()
@@ -45,18 +51,29 @@ def _challenge(scheme: str, realm: str, params: dict[str, str]) -> str:
     return f"{scheme} " + ", ".join(parts)
 
 
-def _challenges(realm: str, offer: Offer, used: str, **params: str) -> CIMultiDict[str]:
+def _challenges(
+    realm: str, offer: Offer, used: str, origin: str | None, status: int, **params: str
+) -> CIMultiDict[str]:
     """One WWW-Authenticate field per scheme offered, Bearer first; the error's parameters
     go on the challenge of the scheme the client `used`, or on DPoP's when the route does
     not take what it used (RFC 9449 §7.2: a protected resource that takes both schemes
-    answers with both challenges)."""
+    answers with both challenges). Every challenge names the resource's metadata (RFC 9728
+    §5.1), from `origin` when the route has none of its own, and a 401's the scopes the
+    route needs (RFC 6750 §3), so that a client finds the authorization server and asks for
+    enough from the first answer."""
     errors_on = used if used == DPOP or offer.bearer else DPOP
+    common = {}
+    if status == 401 and offer.scope and "scope" not in params:
+        common["scope"] = offer.scope
+    at = offer.origin or origin
+    if offer.metadata_path is not None and at is not None:
+        common["resource_metadata"] = at + offer.metadata_path
     headers: CIMultiDict[str] = CIMultiDict()
     if offer.bearer:
-        bearer = params if errors_on == BEARER else {}
+        bearer = {**params, **common} if errors_on == BEARER else dict(common)
         headers.add("WWW-Authenticate", _challenge(BEARER, realm, bearer))
     if offer.dpop_algs is not None:
-        dpop = dict(params) if errors_on == DPOP else {}
+        dpop = {**params, **common} if errors_on == DPOP else dict(common)
         dpop["algs"] = offer.dpop_algs
         headers.add("WWW-Authenticate", _challenge(DPOP, realm, dpop))
     return headers
@@ -96,13 +113,24 @@ class Refusal:
 
 
 def render(
-    refusal: Refusal, realm: str = "", extra: Iterable[tuple[str, str]] = ()
+    refusal: Refusal,
+    realm: str = "",
+    extra: Iterable[tuple[str, str]] = (),
+    origin: str | None = None,
 ) -> web.Response:
-    """The answer a refusal gives: its challenges (in `realm`), its own headers, then `extra`
-    (the CORS fields of the route)."""
+    """The answer a refusal gives: its challenges (in `realm`; `origin`: the request's
+    scheme://host, where the route's resource metadata is when it names no origin of its
+    own), its own headers, then `extra` (the CORS fields of the route)."""
     challenge = refusal.challenge
     headers = (
-        _challenges(realm, challenge.offer, challenge.used, **dict(challenge.params))
+        _challenges(
+            realm,
+            challenge.offer,
+            challenge.used,
+            origin,
+            refusal.status,
+            **dict(challenge.params),
+        )
         if challenge is not None
         else CIMultiDict()
     )

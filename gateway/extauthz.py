@@ -225,7 +225,7 @@ class Decider:
         if isinstance(admitted, Admitted):
             return self.allow(admitted.principal, admitted.extra)
         if isinstance(admitted, Refusal):
-            return pipeline.render(admitted)
+            return pipeline.render(admitted, Described(original, request))
         # A CORS preflight the route's policy allows: the front proxy (or the upstream)
         # answers it.
         return self.allow(None, ())

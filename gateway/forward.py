@@ -127,6 +127,9 @@ _LEFT_OUT_BY_PRESENCE: dict[tuple[bool, bool], tuple[str, ...]] = {
     (False, False): ("Content-Type", "Server"),
 }
 _NONE: frozenset[str] = frozenset()
+# The client's credentials, which never go to an MCP server (the MCP authorization spec:
+# a server that passed on the token it was given would be a confused deputy).
+_CREDENTIALS = frozenset({"authorization", "dpop"})
 _NO_NAMES: frozenset[bytes] = frozenset()
 # The handshake headers of the client's upgrade: the gateway makes its own upstream.
 _WEBSOCKET_HANDSHAKE = frozenset(
@@ -462,7 +465,11 @@ class Forwarder:
         return fresh or tracecontext.RANDOM.take(16).hex()
 
     def upstream_fields(
-        self, request: web.BaseRequest, principal: Principal | None, exchange: Exchange
+        self,
+        request: web.BaseRequest,
+        principal: Principal | None,
+        exchange: Exchange,
+        strip_credentials: bool = False,
     ) -> RequestFields:
         """The header fields the upstream gets, as wire bytes: the client's that may go on,
         in their order and as the bytes the client sent, then the gateway's own, then the
@@ -483,6 +490,8 @@ class Forwarder:
             if kept is None:
                 kept = self._keeps(name)
             if kept and (not excluded or name.lower() not in excluded):
+                if strip_credentials and _fold(name.decode("latin-1")) in _CREDENTIALS:
+                    continue
                 wire += (name, b": ", value, b"\r\n")
 
         # Every header set below was dropped from the client's copy above (`_drop`), so it
@@ -718,18 +727,55 @@ class Forwarder:
         max_body: int | None,
         extra: Sequence[tuple[str, str]] = (),
         own_cors: bool = False,
+        *,
+        body: bytes | None = None,
+        strip_credentials: bool = False,
     ) -> Coroutine[Any, Any, web.StreamResponse]:
         """Forward the request and relay the answer; `extra` headers go on the answer.
-        The time from sending upstream to the end of the answer is the exchange's
-        upstream time.
+        `body`: the whole body, already read (`read_whole`); `strip_credentials`: the
+        client's Authorization and DPoP stay here. The time from sending upstream to the end
+        of the answer is the exchange's upstream time.
 
         Not itself a coroutine: it hands back the one that does the work, so a request
         without a body (the common case) goes through one coroutine, not two.
         """
-        fields = self.upstream_fields(request, principal, exchange)
+        fields = self.upstream_fields(request, principal, exchange, strip_credentials)
+        if body is not None:
+            return self._exchange(request, fields, body, None, exchange, extra, own_cors)
         if not request.body_exists:
             return self._exchange(request, fields, None, None, exchange, extra, own_cors)
         return self._send_with_body(request, fields, exchange, max_body, extra, own_cors)
+
+    async def read_whole(self, request: web.BaseRequest, limit: int) -> bytes | web.Response:
+        """The whole body of a request whose body the gateway must read before it decides
+        (an MCP call), as long as it is at most `limit` bytes; else the answer refusing it
+        (413, 408, 429). Counted against its client while it arrives, as any body is."""
+        if not request.body_exists:
+            return b""
+        length = request.content_length
+        if length is not None and length > limit:
+            return errors.payload_too_large(limit)
+        client = self._client(request)
+        if not self._bodies.enter(client):
+            return errors.too_many_bodies()
+        deadline = asyncio.get_running_loop().time() + self._body_total_timeout
+        upload = _Upload(self._bodies, client, deadline, limit)
+        try:
+            await self._continue(request)
+            if length is not None:
+                return await self._read_small_body(request, length, deadline)
+            parts: list[bytes] = []
+            received = 0
+            while chunk := await self._next_chunk(request, deadline):
+                received += len(chunk)
+                if received > limit:
+                    return errors.payload_too_large(limit)
+                parts.append(chunk)
+            return b"".join(parts)
+        except BodyFailure as exc:
+            return self._body_failure(exc, limit)
+        finally:
+            upload.stopped()
 
     async def _send_with_body(
         self,
@@ -836,7 +882,7 @@ class Forwarder:
         # The interim answer is not the response: the final one is still to be sent whole.
         request.writer.output_size = 0
 
-    def _body_failure(self, exc: BodyFailure, max_body: int | None) -> web.StreamResponse:
+    def _body_failure(self, exc: BodyFailure, max_body: int | None) -> web.Response:
         if exc.kind == "too_large":
             return errors.payload_too_large(max_body or 0)
         if exc.kind == "timeout":

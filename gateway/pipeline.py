@@ -46,7 +46,7 @@ from multidict import CIMultiDictProxy
 
 from portcullis.addresses import ClientAddresses
 
-from . import bearer, clientcert, dpop, errors, policy, rules
+from . import bearer, clientcert, dpop, errors, mcp, policy, resource_metadata, rules
 from .bearer import Credentials
 from .clock import Now
 from .cors import CorsPolicy, CorsRefused
@@ -55,7 +55,8 @@ from .exchange import PREFLIGHT, Exchange
 from .metrics import Metrics
 from .principal import Principal
 from .ratelimit import Limiter, Policy, Verdict
-from .records import Issuer, RequestPath, Route, WebSocket
+from .records import Issuer, Mcp, RequestPath, Route, WebSocket
+from .records import Resource as ProtectedResource
 from .revocations import REVOKED, DenySet
 from .verifiers.base import InvalidToken, Verifier, VerifierUnavailable
 from .verifiers.cache import token_key
@@ -112,7 +113,14 @@ class Forward(Protocol):
         max_body: int | None,
         extra: Sequence[tuple[str, str]] = (),
         own_cors: bool = False,
+        *,
+        body: bytes | None = None,
+        strip_credentials: bool = False,
     ) -> Awaitable[web.StreamResponse]: ...
+
+    def read_whole(
+        self, request: web.BaseRequest, limit: int
+    ) -> Awaitable[bytes | web.Response]: ...
 
 
 class Incoming(Protocol):
@@ -167,6 +175,7 @@ class RoutePlan:
     offer: errors.Offer  # the schemes its 401s name
     dpop_required: bool  # bearer tokens are refused
     origin: str | None  # scheme://host[:port] of its external URI; the request's when None
+    mcp: Mcp | None = None  # an MCP server's route: its calls decided, no token passthrough
 
 
 class Admitted(NamedTuple):
@@ -188,6 +197,7 @@ class Pipeline(Generic[F]):
         routes: Sequence[Route],
         issuers: Sequence[Issuer],
         *,
+        resources: Sequence[ProtectedResource] = (),
         verifier: Verifier,
         limiter: Limiter,
         forwarder: F,
@@ -236,6 +246,7 @@ class Pipeline(Generic[F]):
         self._offer = errors.Offer(dpop_algs=self.proofs.policy.challenge_algorithms)
         self._dpop_only = errors.Offer(False, self._offer.dpop_algs)
         self._dpop_issuers = frozenset(i.issuer for i in issuers if i.dpop_required)
+        self.documents = resource_metadata.Documents(resources, proofs.algorithms)
         self._plans = tuple(self._plan(rule) for rule in self.router.rules)
         self._unmatched = RoutePlan(
             None, True, None, None, None, self._max_body, False, False, self._offer, False, None
@@ -249,6 +260,14 @@ class Pipeline(Generic[F]):
 
     def _plan(self, rule: rules.Rule[Route]) -> RoutePlan:
         route = rule.settings
+        offer = self._dpop_only if route.dpop_required else self._offer
+        if route.resource is not None:
+            offer = replace(
+                offer,
+                metadata_path=resource_metadata.WELL_KNOWN + route.resource,
+                origin=route.public_url,
+                scope=" ".join(sorted(route.scopes.scopes)) if route.scopes else None,
+            )
         return RoutePlan(
             rule=rule,
             monitor=route.monitor,
@@ -262,9 +281,10 @@ class Pipeline(Generic[F]):
             max_body=route.max_body_size,
             allow_body_on_get=route.allow_body_on_get,
             client_cert=route.client_cert,
-            offer=self._dpop_only if route.dpop_required else self._offer,
+            offer=offer,
             dpop_required=route.dpop_required,
             origin=route.public_url,
+            mcp=route.mcp,
         )
 
     async def handle(
@@ -275,10 +295,11 @@ class Pipeline(Generic[F]):
         sent before, see LastToken)."""
         admitted = await self.admit(request, exchange, last)
         if isinstance(admitted, Refusal):
-            return self.render(admitted)
+            return self.render(admitted, request)
         if not isinstance(admitted, Admitted):
             return admitted
         plan, principal, extra = admitted
+        forwarder = self.forwarder
 
         # 9. forward
         if request.body_exists:
@@ -286,16 +307,92 @@ class Pipeline(Generic[F]):
             if refused is not None:
                 exchange.deny(refused.reason, False)  # in monitor mode too: unread
                 return errors.render(refused, self.realm, extra)
-        forwarder = self.forwarder
+        if plan.mcp is not None:
+            return await self.forward_mcp(request, exchange, admitted)
         if plan.websocket is not None and forwarder.is_websocket_upgrade(request):
             return await forwarder.websocket(request, principal, exchange, plan.websocket, extra)
         return await forwarder.send(
             request, principal, exchange, plan.max_body, extra, plan.cors is not None
         )
 
-    def render(self, refusal: Refusal) -> web.Response:
-        """The answer a refusal gives (its challenges in this configuration's realm)."""
-        return errors.render(refusal, self.realm)
+    async def forward_mcp(
+        self, request: web.BaseRequest, exchange: Exchange, admitted: Admitted
+    ) -> web.StreamResponse:
+        """Steps 7b and 9 on a route that serves an MCP server: a POST's JSON-RPC message is
+        read (up to the route's limit) and its call decided by the route's rules; then the
+        request goes upstream without the client's credentials."""
+        plan, principal, extra = admitted
+        assert plan.mcp is not None
+        body = None
+        if request.method == "POST":
+            read = await self.forwarder.read_whole(request, plan.mcp.max_message_size)
+            if isinstance(read, web.Response):
+                exchange.deny("mcp_message_unread", False)
+                read.headers.extend(extra)
+                return read
+            body = read
+            refused = self.decide_call(plan, request.headers, body, principal)
+            if refused is not None:
+                exchange.deny(refused.reason, plan.monitor and refused.status != 400)
+                if not plan.monitor or refused.status == 400:
+                    return self.render(_with_headers(refused, extra), request)
+        return await self.forwarder.send(
+            request,
+            principal,
+            exchange,
+            plan.max_body,
+            extra,
+            plan.cors is not None,
+            body=body,
+            strip_credentials=True,
+        )
+
+    def decide_call(
+        self,
+        plan: RoutePlan,
+        headers: CIMultiDictProxy[str],
+        body: bytes,
+        principal: Principal | None,
+    ) -> Refusal | None:
+        """7b. The scopes the MCP call in `body` needs beyond the route's (RFC 6750 §3.1: a
+        403 insufficient_scope naming every scope the call needs, so that a client asks for
+        them at once); a message that cannot be judged is a 400."""
+        assert plan.mcp is not None
+        try:
+            call = mcp.read_call(body, headers)
+        except mcp.BadMessage as exc:
+            return errors.refused(
+                "mcp_bad_message", 400, "bad_request", f"The MCP request is refused: {exc}."
+            )
+        needed = mcp.scopes_for(call, plan.mcp.calls)
+        if needed is None or principal is None:
+            return None
+        if needed.mode == "all":
+            allowed = needed.scopes <= principal.scopes
+        else:
+            allowed = not needed.scopes.isdisjoint(principal.scopes)
+        if allowed:
+            return None
+        scope = " ".join(sorted(needed.scopes))
+        what = "all of" if needed.mode == "all" else "one of"
+        scheme = bearer.DPOP if principal.jkt is not None else bearer.BEARER
+        return errors.insufficient_scope(
+            f"{call.method} {call.name or ''}".rstrip() + f" needs {what}: {scope}",
+            scope,
+            plan.offer,
+            scheme,
+            principal,
+        )
+
+    def render(self, refusal: Refusal, request: Incoming | None = None) -> web.Response:
+        """The answer a refusal gives (its challenges in this configuration's realm; the
+        resource metadata named in them at the request's origin when the route has none)."""
+        origin = (
+            resource_metadata.request_origin(request.scheme, request.host)
+            if request is not None
+            else None
+        )
+        return errors.render(refusal, self.realm, origin=origin)
 
     async def admit(
         self, request: Incoming, exchange: Exchange, last: LastToken | None = None
@@ -414,6 +511,14 @@ class Pipeline(Generic[F]):
                 "fragment", 400, "bad_request", "The request target must not contain '#'."
             )
         headers = request.headers
+        path_only = target.partition("?")[0]
+        if self.documents.asks(path_only):
+            # RFC 9728 §3: a resource's metadata, whatever the rules and `unmatched` say.
+            origin = resource_metadata.request_origin(request.scheme, request.host)
+            document = self.documents.answer(
+                request.method, path_only, origin, headers.get("If-None-Match")
+            )
+            return Preflight(METADATA_ROUTE, document)
         noted = None
         try:
             path = self.router.read(target.partition("?")[0])
@@ -661,8 +766,13 @@ def _with_headers(refusal: Refusal, extra: Sequence[tuple[str, str]]) -> Refusal
     return replace(refusal, headers=(*refusal.headers, *extra))
 
 
+# The route name the access log and the metrics give requests for resource metadata.
+METADATA_ROUTE = "oauth-protected-resource"
+
+
 class Preflight(NamedTuple):
-    """A CORS preflight the route it asks about allows: its route's name and the answer."""
+    """An answer the gateway gives itself before any rule (a CORS preflight the route it
+    asks about allows, a resource's metadata): the route's name and the answer."""
 
     route: str
     response: web.Response

@@ -245,6 +245,42 @@ class Scopes:
 
 
 @dataclass(frozen=True, slots=True)
+class McpCall:
+    """Scopes a JSON-RPC call needs: by its method and, for tools/call, prompts/get and
+    resources/read, a glob on the name (or URI) it acts on (None: every name)."""
+
+    method: str
+    name: str | None
+    scopes: Scopes
+
+
+@dataclass(frozen=True, slots=True)
+class Mcp:
+    """A route that serves an MCP server (Streamable HTTP)."""
+
+    calls: tuple[McpCall, ...]  # the first that matches decides
+    max_message_size: int  # the most of a POST body read to decide its call
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A protected resource (RFC 9728): where its routes are, and what its metadata says."""
+
+    path: str  # "" for the root; no trailing slash
+    origin: str | None  # scheme://host[:port] it is reached at; None: each request's own
+    issuers: tuple[str, ...]  # authorization_servers
+    scopes: tuple[str, ...]  # scopes_supported, sorted
+    dpop_required: bool  # every route of it takes DPoP-bound tokens only
+    name: str | None
+    documentation: str | None
+
+    @property
+    def metadata_path(self) -> str:
+        """RFC 9728 §3.1: the well-known path, with the resource's path after it."""
+        return "/.well-known/oauth-protected-resource" + self.path
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     """A route rule with its options resolved against the configuration's defaults. The
     first eight fields are what rules.py compiles (`rules.RouteSpec`)."""
@@ -267,6 +303,9 @@ class Route:
     client_cert: bool  # a verified TLS client certificate is required
     dpop: Literal["required", "allowed"]  # required: DPoP-bound tokens with their proof only
     public_url: str | None  # scheme://host[:port] clients reach it at; None: the request's
+    resource: str | None = None  # its protected resource's path (None: a public route)
+    resource_uri: str | None = None  # that resource's canonical URI, when the origin is known
+    mcp: Mcp | None = None  # None: not an MCP server
 
     @property
     def dpop_required(self) -> bool:

@@ -58,6 +58,8 @@ class RouteSpec(Protocol):
     @property
     def audience(self) -> str | None: ...  # None: the issuer's audiences
     @property
+    def resource_uri(self) -> str | None: ...  # its resource's canonical URI, when known
+    @property
     def path_params(self) -> str: ...  # refuse | allow
     @property
     def line(self) -> int: ...
@@ -386,8 +388,11 @@ def compile_rules(
     compiled = []
     for index, route in enumerate(routes):
         allowed = route.issuers if route.issuers is not None else tuple(i.issuer for i in issuers)
+        # RFC 8707 §2, RFC 9068 §4: a resource's canonical URI is an audience its tokens
+        # may name, beside the configured ones.
+        own = (route.resource_uri,) if route.resource_uri else ()
         audiences = {
-            i.issuer: frozenset((route.audience,) if route.audience else i.audiences)
+            i.issuer: frozenset(((route.audience,) if route.audience else i.audiences) + own)
             for i in issuers
             if i.issuer in allowed
         }

@@ -14,6 +14,7 @@ A key is one line in the section that holds it; what spans several keys is its `
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 import re
 from collections.abc import Mapping
@@ -224,6 +225,16 @@ def origin(value: Any) -> str:
 
 
 @accepts({"type": "string", "title": "URL", "pattern": "^https?://[^/]+/?$"})
+@accepts({"type": "string", "pattern": r"^(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)*/?$"})
+def resource_path(value: Any) -> str:
+    """A resource's path: literal segments, no trailing slash (RFC 9728 §1.2: the resource
+    identifier has no fragment, and its canonical form no trailing slash)."""
+    text = yamlconf.non_empty_string(value)
+    if not re.fullmatch(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)*/?", text) or "/." in text:
+        raise ValueError(f"{text!r} is not a path of literal segments")
+    return text.rstrip("/")
+
+
 def public_url(value: Any) -> str:
     """scheme://host[:port], as clients write it: where the gateway is reached from outside."""
     text, parts = split_url(value)
@@ -632,6 +643,88 @@ class ScopeRule:
             check.problem("give exactly one of any or all")
 
 
+# MCP methods (Model Context Protocol, 2025-06-18 to 2026-07-28) a client sends a server;
+# a rule naming another is reported by `check` (a typo would never match).
+MCP_METHODS = frozenset({
+    "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read",
+    "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list",
+    "prompts/get", "completion/complete", "logging/setLevel", "tasks/get", "tasks/list",
+    "tasks/result", "tasks/cancel", "subscriptions/listen", "notifications/initialized",
+    "notifications/cancelled", "notifications/progress", "notifications/roots/list_changed",
+})
+# The methods whose params name what they act on (`Mcp-Name`): a tool, a prompt, a resource.
+MCP_NAMED_METHODS = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri",
+                     "resources/subscribe": "uri", "resources/unsubscribe": "uri"}
+
+
+@accepts({"type": "string", "pattern": r"^[A-Za-z0-9_./:*?-]+$"})
+def mcp_name(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if not re.fullmatch(r"[A-Za-z0-9_./:*?-]+", text):
+        raise ValueError(f"{text!r} is not a name pattern (letters, digits, _ . / : - and * ?)")
+    return text
+
+
+@section
+class McpCallRule:
+    """Scopes a JSON-RPC call needs, by method and, for a tool, prompt or resource, its name."""
+
+    method: str = setting("The JSON-RPC method, as tools/call.", parser=yamlconf.non_empty_string)
+    scopes: ScopeRule = setting("Scopes the call needs, beyond the route's.")
+    name: str | None = setting("A glob (* and ?) on the tool or prompt name, or the resource URI; every name when absent.", default=None, parser=mcp_name)
+    line: int = section_line()
+
+    def validate(self, check: Check) -> None:
+        if self.method not in MCP_METHODS:
+            check.problem(f"{self.method} is not an MCP method a client sends", key="method")
+        if self.name is not None and self.method not in MCP_NAMED_METHODS:
+            check.problem(f"{self.method} names nothing to match", key="name")
+
+
+@section
+class McpSettings:
+    """The route serves an MCP server (Streamable HTTP): the client's credentials never go
+    upstream, and each JSON-RPC call can need scopes of its own."""
+
+    calls: tuple[McpCallRule, ...] = setting("Rules in order, the first that matches a call decides; calls no rule matches need only the route's scopes.", default=())
+    max_message_size: int | None = setting("Largest JSON-RPC message read to decide a call (413 over it); forward.buffer_size when absent.", default=None, parser=yamlconf.size)
+
+    def validate(self, check: Check) -> None:
+        for later_index, later in enumerate(self.calls):
+            for earlier in self.calls[:later_index]:
+                if earlier.method == later.method and _name_covers(earlier.name, later.name):
+                    check.problem_at(
+                        later.line,
+                        f"{check.where}.calls: the rule for {later.method} "
+                        f"{later.name or '(every name)'} is never reached: the rule on line "
+                        f"{earlier.line} takes its calls first",
+                    )
+                    break
+
+
+def _name_covers(outer: str | None, inner: str | None) -> bool:
+    """Whether every name `inner` matches is matched by `outer` (decided for the common
+    shapes: every name, the same pattern, a prefix with `*`)."""
+    if outer is None or outer == "*" or outer == inner:
+        return True
+    if inner is None:
+        return False
+    if outer.endswith("*") and not any(c in outer[:-1] for c in "*?"):
+        return inner.startswith(outer[:-1])
+    return not any(c in inner for c in "*?") and fnmatch.fnmatchcase(inner, outer)
+
+
+@section
+class ResourceSettings:
+    """What the protected resource metadata (RFC 9728) says of a resource beyond what the
+    routes give: its name and documentation."""
+
+    path: str = setting("The resource's path, as its routes give it (/mcp for routes under /mcp).", parser=yamlconf.non_empty_string)
+    name: str | None = setting("resource_name: a name for people.", default=None, parser=yamlconf.non_empty_string)
+    documentation: str | None = setting("resource_documentation: a URL of documentation for developers.", default=None, parser=yamlconf.non_empty_string)
+    line: int = section_line()
+
+
 @section
 class RouteSettings:
     """A rule for the requests it matches; the first rule that matches decides."""
@@ -654,6 +747,8 @@ class RouteSettings:
     client_cert: Literal["required", "optional"] = setting("required: a verified client certificate.", default="optional")
     dpop: Literal["required", "allowed"] = setting("required: DPoP-bound tokens only; allowed: bearer tokens too (a bound token always needs its proof).", default="allowed")
     public_url: str | None = setting("scheme://host[:port] clients reach this route at; the global public_url when absent.", default=None, parser=public_url)
+    resource: str | None = setting("The path of the protected resource it belongs to (RFC 9728); its path up to the first {name} or ** when absent.", default=None, parser=resource_path)
+    mcp: McpSettings | None = setting("An MCP server: no token passthrough, scopes per JSON-RPC call.", default=None)
 
     @property
     def dpop_required(self) -> bool:
@@ -663,11 +758,29 @@ class RouteSettings:
     def needs_client_cert(self) -> bool:
         return self.client_cert == "required"
 
+    @property
+    def resource_path(self) -> str:
+        """The path of the protected resource it belongs to: its own `resource`, else its
+        path's literal segments up to the first `{name}` or `**` ("" for the root)."""
+        if self.resource is not None:
+            return self.resource
+        literal = []
+        for segment in self.path.strip("/").split("/"):
+            if not segment or "{" in segment or "*" in segment:
+                break
+            literal.append(segment)
+        return "".join("/" + segment for segment in literal)
+
+    @property
+    def resource_uri(self) -> str | None:
+        """Known once the routes are resolved against the public URL (adapter.py)."""
+        return None
+
     def validate(self, check: Check) -> None:
         if self.issuers == ():
             check.problem("list at least one issuer (or leave the key out for all)", key="issuers")
         if self.auth == "none":
-            for key in ("issuers", "audience", "scopes", "dpop", "public_url"):
+            for key in ("issuers", "audience", "scopes", "dpop", "public_url", "resource", "mcp"):
                 if check.has(key):
                     check.problem("means nothing with auth: none", key=key)
             if isinstance(self.rate_limit, LimitRule) and self.rate_limit.needs_token:
@@ -713,6 +826,7 @@ class Settings:
     ext_authz: ExtAuthzSettings | None = setting("Decisions for front proxies; off when absent.", default=None)
     dpop: DpopSettings = setting("DPoP-bound tokens (RFC 9449).", default_factory=DpopSettings)
     public_url: str | None = setting("scheme://host[:port] clients reach the gateway at (behind a TLS terminator); the request's own when absent.", default=None, parser=public_url)
+    resources: tuple[ResourceSettings, ...] = setting("Names and documentation of the protected resources the routes define.", default=())
 
     def issuer(self, url: str) -> IssuerSettings | None:
         return next((i for i in self.issuers if i.issuer == url), None)
@@ -736,6 +850,15 @@ class Settings:
         return dataclasses.replace(self.websocket, **changes)
 
     def validate(self, check: Check) -> None:
+        defined = {route.resource_path for route in self.routes if route.auth != "none"}
+        for resource in self.resources:
+            if resource.path.rstrip("/") not in defined:
+                check.problem_at(
+                    resource.line,
+                    f"resources: no protected route belongs to {resource.path or '/'} "
+                    "(a route's resource is its path up to the first {name} or **, or its "
+                    "own `resource`)",
+                )
         if _overlap(self.listen, self.admin_listen):
             check.problem_at(check.line_of("admin_listen"), "admin_listen must differ from listen")
         if self.ext_authz is not None:

@@ -28,6 +28,7 @@ from tests.support import (
     EchoUpstream,
     RunningGateway,
     TestIssuer,
+    challenges_of,
     gateway_yaml,
     header_values,
     reserve_port,
@@ -195,8 +196,13 @@ async def enforces_the_decisions(
     assert refused.status == 401, refused.body
     # The Bearer challenge first; a DPoP one may follow (nginx passes only the first).
     bearer, *others = refused.headers.getall("WWW-Authenticate")
-    assert bearer == 'Bearer realm="portcullis"'
-    assert all(other.startswith('DPoP realm="portcullis", algs="') for other in others), others
+    assert challenges_of(refused.headers)[0] == 'Bearer realm="portcullis"'
+    # Where the resource's metadata is, at the address the client used (RFC 9728 §5.1).
+    assert bearer.endswith('/.well-known/oauth-protected-resource/orders"'), bearer
+    assert all(
+        other.startswith('DPoP realm="portcullis", algs="')
+        for other in challenges_of(refused.headers)[1:]
+    ), others
     if denied_body:
         assert b'"code":"unauthorized"' in refused.body.replace(b" ", b"")
 

@@ -26,6 +26,7 @@ from tests.support import (
     IntrospectionServer,
     ManualClock,
     RunningGateway,
+    challenges_of,
     compact,
     ecdsa_twin,
     gateway_yaml,
@@ -76,7 +77,7 @@ def assert_dpop_refused(
     ]
     if bearer:
         challenges.insert(0, 'Bearer realm="portcullis"')
-    assert answer.headers.getall("WWW-Authenticate") == challenges
+    assert challenges_of(answer.headers) == challenges
     prefix = "The access token" if error == "invalid_token" else "The DPoP proof"
     assert answer.body == {
         "error": {"code": error, "message": f"{prefix} was refused: {description}.", "details": []}
@@ -365,7 +366,7 @@ async def test_bearer_tokens_keep_working_and_401s_offer_both_schemes(gateway, i
     assert (await send(client, gateway, token, scheme="Bearer")).status == 200
     async with client.get(url(gateway)) as resp:
         assert resp.status == 401
-        assert resp.headers.getall("WWW-Authenticate") == [
+        assert challenges_of(resp.headers) == [
             'Bearer realm="portcullis"',
             f'DPoP realm="portcullis", algs="{DPOP_ALGS}"',
         ]
@@ -386,9 +387,7 @@ async def test_a_route_with_dpop_required_refuses_bearer_tokens(required, issuer
     )
     # Its 401s offer DPoP alone; other routes still take bearer tokens.
     async with client.get(url(required, "/payments/1")) as resp:
-        assert resp.headers.getall("WWW-Authenticate") == [
-            f'DPoP realm="portcullis", algs="{DPOP_ALGS}"'
-        ]
+        assert challenges_of(resp.headers) == [f'DPoP realm="portcullis", algs="{DPOP_ALGS}"']
         assert (await resp.json())["error"]["message"] == (
             "This API needs a DPoP-bound access token (Authorization: DPoP) and its proof "
             "(a DPoP header)."
@@ -415,7 +414,7 @@ async def test_insufficient_scope_is_told_on_the_dpop_challenge(gateway, issuer,
     token = issuer.token("ES256", cnf=key.cnf, scope="profile")
     answer = await send(client, gateway, token, key.proof("GET", url(gateway), token))
     assert answer.status == 403
-    challenges = answer.headers.getall("WWW-Authenticate")
+    challenges = challenges_of(answer.headers, keep_scope=True)
     assert challenges[0] == 'Bearer realm="portcullis"'
     assert challenges[1].startswith('DPoP realm="portcullis", error="insufficient_scope"')
 

@@ -262,8 +262,9 @@ def test_unknown_key_message_names_the_keys_that_are_known() -> None:
     found = problems(config(routes="  - {name: r, path: /**, scope: {any: [a]}}\n"))
     assert found == [
         f"{FILE}:5: route 'r': unknown key 'scope'; known keys: allow_body_on_get, audience, "
-        "auth, client_cert, cors, dpop, issuers, max_body_size, methods, mode, name, path, "
-        "path_params, public_url, rate_limit, scopes, websocket; did you mean 'scopes'?"
+        "auth, client_cert, cors, dpop, issuers, max_body_size, mcp, methods, mode, name, "
+        "path, path_params, public_url, rate_limit, resource, scopes, websocket; "
+        "did you mean 'scopes'?"
     ]
 
 
@@ -674,8 +675,8 @@ def test_check_lists_every_problem_as_file_line_message(tmp_path: Path) -> None:
     assert settings.check(str(path), {}) == [
         f"{path}:4: config.workers: expected an integer, got str 'x'",
         f"{path}:6: route 'r': unknown key 'colour'; known keys: allow_body_on_get, audience, "
-        "auth, client_cert, cors, dpop, issuers, max_body_size, methods, mode, name, path, "
-        "path_params, public_url, rate_limit, scopes, websocket",
+        "auth, client_cert, cors, dpop, issuers, max_body_size, mcp, methods, mode, name, "
+        "path, path_params, public_url, rate_limit, resource, scopes, websocket",
     ]
 
 
