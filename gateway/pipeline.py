@@ -16,8 +16,14 @@
                max_stream_lag with on_stream_down: fail
  7. decide     policy.decide(route, principal)     401 audience/issuer, 403 insufficient_scope
  8. limit      limiter.take(policy, key)           429 with Retry-After and the RateLimit fields
+ 7b. call      mcp.read_call(body)                 on an MCP server's route, a POST's JSON-RPC
+                                                   call and the scopes its rules give it (403);
+                                                   a message that cannot be judged: 400, 413
  9. forward    forward.send(request, principal)    a body on GET/HEAD refused unless the route
-                                                   allows it, one too large refused (413)
+                                                   allows it, one too large refused (413); on
+                                                   an MCP route without the client's credentials
+Before step 1, a request for a resource's metadata (RFC 9728: resource_metadata.py) is
+answered, whatever the rules say.
 Each step gives its value or a `Refusal` (errors.py): data saying what the answer is to
 be, recorded once on the exchange by `admit` and rendered once, where the request ends
 (`handle`, or the decision listener). In monitor mode (global or per route) a refusal at
