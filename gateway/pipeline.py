@@ -98,7 +98,7 @@ class LastToken:
 
 
 class Forward(Protocol):
-    """Step 8: where an admitted request goes."""
+    """Step 9: where an admitted request goes."""
 
     def is_websocket_upgrade(self, request: web.BaseRequest) -> bool: ...
 
