@@ -74,6 +74,7 @@ from .grants.device_code import DeviceCode
 from .grants.issuance import RefreshLifetimes, TokenIssuer
 from .grants.refresh_token import RefreshToken
 from .keys import Event, KeyRing, SigningRing
+from .metadata_documents import DocumentFetcher, MetadataDocuments
 from .metrics import CONTENT_TYPE, Metrics, timed_store
 from .protocol.cors import CorsPolicy
 from .resource_tokens import AccessTokens, ResourceTokens
@@ -241,7 +242,25 @@ class AuthServer:
         audiences = settings_module.protected_resources(settings)
         # Read from the store at every lookup: a change made through the admin API, by any
         # replica, is in force at the next request.
-        clients, users = registry.StoredClients(store, clock), registry.StoredUsers(store)
+        stored_clients, users = registry.StoredClients(store, clock), registry.StoredUsers(store)
+        revocations = Revocations(store, clock, settings.lifetimes.access_token)
+        # With metadata document clients, their URLs are clients too (fetched when named).
+        documents = (
+            MetadataDocuments(
+                store=store,
+                stored=stored_clients,
+                fetcher=DocumentFetcher(
+                    settings_module.document_rules(settings.client_id_metadata_documents)
+                ),
+                policy=settings_module.document_policy(settings),
+                revocations=revocations,
+                metrics=metrics,
+                clock=clock,
+            )
+            if settings.client_id_metadata_documents.enabled
+            else None
+        )
+        clients: registry.ClientRegistry = documents or stored_clients
         minter = token_minter(settings, keyring)
         lifetimes = settings.lifetimes
         issuer_of_tokens = TokenIssuer(
@@ -274,7 +293,6 @@ class AuthServer:
             keyring, settings.keys.access_token_alg, issuer, store, clients, users
         )
         admin_url = issuer + ADMIN_PREFIX
-        revocations = Revocations(store, clock, settings.lifetimes.access_token)
         proofs = proof_checker(settings.dpop, store, clock, metrics)
         # The one check of a token presented to this server's own resources.
         resource_tokens = ResourceTokens(access_tokens, proofs)
@@ -305,6 +323,7 @@ class AuthServer:
                     registration_endpoint=(
                         issuer + "/register" if settings.registration.enabled else None
                     ),
+                    metadata_documents=documents is not None,
                 ),
                 max_age=3600,
             ),
@@ -348,6 +367,7 @@ class AuthServer:
                 scope_description=settings.scope_description,
                 base_path=base,
                 clock=clock,
+                documents=documents,
             ),
             device=DevicePages(
                 store=store,

@@ -79,6 +79,9 @@ class Reason:
     CLIENT_SECRET_ROTATED = "client_secret_rotated"  # noqa: S105 - a reason, not a secret
     CLIENT_AUTH_METHOD_CHANGED = "client_auth_method_changed"  # RFC 9700 §4.14.2
     UNCONFIGURED = "removed_from_configuration"  # a seeded client or user the file dropped
+    CLIENT_BLOCKED = "client_blocked"  # a metadata document client the operator blocked
+    # A metadata document now names other keys or another authentication method.
+    CLIENT_REKEYED = "client_rekeyed"
 
 
 def set_claims(event: RevocationEvent, issuer: str, now: float) -> dict[str, Any]:

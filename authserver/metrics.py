@@ -9,6 +9,12 @@ turned into metric families by prometheus-client when scraped:
   portcullis_authserver_logins_throttled_total              refused by login_throttle
   portcullis_authserver_store_call_duration_seconds{operation}   histogram
   portcullis_authserver_config_reloads_total{result}        applied | rejected
+  portcullis_authserver_client_metadata_documents_total{result}   fetched | timeout |
+                                                            too_large | redirect | status |
+                                                            not_json | invalid | address_refused |
+                                                            host_denied | dns_failed |
+                                                            connect_failed | server_error |
+                                                            blocked | invalid_url
   portcullis_authserver_dpop_proofs_total{endpoint, result}  token | userinfo | admin; accepted |
                                                             invalid | nonce_required | replayed
   portcullis_build_info{version}                            always 1
@@ -71,6 +77,7 @@ class Metrics:
         self.store_calls: dict[str, PlainHistogram] = {}
         self.reloads: dict[str, int] = {"applied": 0, "rejected": 0}
         self.dpop_proofs: dict[tuple[str, str], int] = {}
+        self.metadata_documents: dict[str, int] = {}
         self.registry.register(_Collector(self))
         self.registry.register(BuildInfo())
 
@@ -99,6 +106,10 @@ class Metrics:
     def dpop_proof(self, endpoint: str, result: str) -> None:
         key = (endpoint, result)
         self.dpop_proofs[key] = self.dpop_proofs.get(key, 0) + 1
+
+    def metadata_document(self, result: str) -> None:
+        """A Client ID Metadata Document fetched (`fetched`) or refused (why)."""
+        self.metadata_documents[result] = self.metadata_documents.get(result, 0) + 1
 
     def reloaded(self, applied: bool) -> None:
         self.reloads["applied" if applied else "rejected"] += 1
@@ -172,6 +183,14 @@ class _Collector(Collector):
         for (endpoint, result), value in list(m.dpop_proofs.items()):
             proofs.add_metric([endpoint, result], value)
         yield proofs
+        documents = CounterMetricFamily(
+            PREFIX + "client_metadata_documents",
+            "Client ID Metadata Documents fetched, or refused and why.",
+            labels=["result"],
+        )
+        for result, value in list(m.metadata_documents.items()):
+            documents.add_metric([result], value)
+        yield documents
 
 
 class _TimedStore:

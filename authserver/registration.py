@@ -151,7 +151,7 @@ def register(
     secret = secrets.token_urlsafe(32) if data["token_endpoint_auth_method"] in _SECRET else None
     if secret is not None:
         data["client_secret"] = secret
-    declared = _declared(client_id, data)
+    declared = declared_client(client_id, data)
     token = secrets.token_urlsafe(32)
     record = replace(
         client_record(declared, MANAGED_BY_DYNAMIC, now),
@@ -250,7 +250,7 @@ def _loopback_literal(host: str | None) -> bool:
         return False
 
 
-def _declared(client_id: str, data: dict[str, Any]) -> DeclaredClient:
+def declared_client(client_id: str, data: dict[str, Any]) -> DeclaredClient:
     """The client as every client's rules read it (declarations.py), or RegistrationError
     naming the first problem, at the RFC 7591 name it was found under."""
     try:

@@ -26,7 +26,13 @@ from typing import Any, Protocol
 
 from .clock import Clock
 from .declarations import DeclaredClient, DeclaredUser
-from .store.base import MANAGED_BY_CONFIG, ClientRecord, Store, UserRecord
+from .store.base import (
+    MANAGED_BY_CONFIG,
+    MANAGED_BY_METADATA_DOCUMENT,
+    ClientRecord,
+    Store,
+    UserRecord,
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,13 @@ class Client:
         """Whether a loopback IP redirect URI matches on any port. RFC 8252 §7.3 gives that
         to native apps, which are public clients (§8.4): the port is picked when the app
         runs. A native app registered with a secret or keys is held to exact matching like
-        every other client (RFC 9700 §2.1)."""
-        return self.application_type == "native" and self.public
+        every other client (RFC 9700 §2.1), and so is a client of a metadata document,
+        whose redirect URIs are matched exactly against the document."""
+        return (
+            self.application_type == "native"
+            and self.public
+            and self.managed_by != MANAGED_BY_METADATA_DOCUMENT
+        )
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from portcullis import sections, yamlconf
+from portcullis import sections, tls, yamlconf
 from portcullis.addresses import Address, IPNetwork, address, is_loopback, network, split_url
 from portcullis.extras import missing_driver
 from portcullis.sections import (
@@ -44,6 +44,7 @@ from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Rate, Withheld
 
 from .declarations import DeclaredClient, DeclaredUser, unknown_scopes
 from .keys import RotationPolicy
+from .metadata_documents import DocumentPolicy, FetchRules
 from .protocol.cors import origin
 from .protocol.resources import Audiences, ProtectedResource
 from .protocol.scopes import BUILTIN_SCOPES, KNOWN_SCOPES, STANDARD_SCOPES
@@ -141,6 +142,26 @@ def registration_rate(value: Any) -> Rate:
     if result.count < 1 or result.count != int(result.count) or result.per < timedelta(seconds=1):
         raise ValueError(f"{value!r}: a whole number of registrations per period of at least 1s (10/m)")
     return result
+
+
+@accepts({"type": "string", "title": "host pattern", "pattern": "^(\\*|(\\*\\.)?[^*/:@ ]+)$"})
+def host_pattern(value: Any) -> str:
+    text = yamlconf.non_empty_string(value).lower()
+    bare = text.removeprefix("*.")
+    if text != "*" and ("*" in bare or any(c in bare for c in "/:@ ") or not bare.strip(".")):
+        raise ValueError(f"{text!r} is not a host pattern: *, *.example.com or a host")
+    return text
+
+
+@accepts({"type": "string", "title": "https origin", "pattern": "^https://[^/]+$"})
+def document_origin(value: Any) -> str:
+    """An https origin whose documents may be fetched from a special-use address."""
+    text = yamlconf.non_empty_string(value)
+    parts = urlsplit(text)
+    serialized = origin(text)
+    if parts.scheme.lower() != "https" or serialized is None or parts.path or parts.query or "@" in text:
+        raise ValueError(f"{text!r} is not an https origin (https://host[:port], no path)")
+    return serialized
 
 
 @accepts({"type": "string", "title": "origin", "pattern": "^[^:/]+://[^/]+$"})
@@ -328,6 +349,37 @@ class RegistrationSettings:
 
 
 @section
+class HostPolicy:
+    """A rule on the hosts Client ID Metadata Documents are fetched from."""
+
+    pattern: str = setting("`*` any host, `*.example.com` its subdomains (not itself), else one host.", parser=host_pattern)
+    policy: Literal["allow", "deny"] = setting("allow: fetched (the address checks still apply); deny: refused before any lookup.")
+
+
+@section
+class MetadataDocumentSettings:
+    """Clients whose client_id is the https URL of their own metadata document
+    (draft-ietf-oauth-client-id-metadata-document), as MCP clients are: fetched when named,
+    checked, cached. Off by default: turned on, anyone may make the server fetch a URL and
+    ask its users to consent to a client nobody registered (README, MCP clients)."""
+
+    enabled: bool = setting("Accept such clients, and advertise client_id_metadata_document_supported.", default=False)
+    timeout: timedelta = setting("A fetch, from the address lookup to the last byte; then the request is refused.", default=timedelta(seconds=3), more_than=ZERO, maximum=timedelta(seconds=30))
+    max_size: int = setting("Largest document in bytes (the draft recommends 5 KB); a larger one is refused.", default=5120, minimum=256, maximum=65536)
+    cache_min: timedelta = setting("A document is kept at least this long, whatever its Cache-Control says (no-store, max-age=0).", default=timedelta(minutes=5), minimum=ZERO)
+    cache_max: timedelta = setting("A document is kept at most this long, whatever its Cache-Control says.", default=timedelta(days=1), more_than=ZERO)
+    hosts: tuple[HostPolicy, ...] = setting("Host policies; the first whose pattern matches decides, none matching: allowed.", default=())
+    allow_origins: tuple[str, ...] = setting("https origins fetched even from special-use addresses (loopback, private): for development only, e.g. https://127.0.0.1:8443.", default=(), parser=document_origin)
+    ca_file: str | None = setting("CA certificates documents' servers are verified against, instead of the system's.", default=None)
+
+    def validate(self, check: Check) -> None:
+        if self.cache_min > self.cache_max:
+            check.problem("exceeds cache_max", key="cache_min")
+        if check.secrets and self.ca_file is not None:
+            tls.check_ca(check, "ca_file", self.ca_file)
+
+
+@section
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
     redirect URIs (protocol/cors.py has the policy)."""
@@ -355,6 +407,7 @@ class Settings:
     dpop: DpopSettings = setting("DPoP proofs (RFC 9449).", default_factory=DpopSettings)
     revocation_events: RevocationEventSettings = setting("The stream of revocation events.", default_factory=RevocationEventSettings)
     scopes: tuple[ScopeSettings, ...] = setting("Scopes beyond the OpenID Connect ones.", default=())
+    client_id_metadata_documents: MetadataDocumentSettings = setting("Clients identified by the URL of their metadata document.", default_factory=MetadataDocumentSettings)
     registration: RegistrationSettings = setting("Dynamic client registration (RFC 7591, 7592).", default_factory=RegistrationSettings)
     resources: tuple[ResourceSettings, ...] = setting("Protected resources any client may ask tokens for (RFC 8707 `resource`).", default=(), label=named("resource", "uri"))
     users: tuple[DeclaredUser, ...] = setting("Users defined here (read-only in the admin API).", default=())
@@ -470,19 +523,40 @@ def protected_resources(settings: Settings) -> Audiences:
 
 
 def registration_policy(settings: Settings) -> RegistrationPolicy:
-    """What clients that register themselves are offered: the scopes of the registered
-    resources and OpenID Connect's (never `roles` or the admin API's, nor a scope no
-    registered resource accepts)."""
+    """What clients that register themselves are offered (`offered_scopes`), how long they
+    have to obtain a token, and the initial access token."""
     reg = settings.registration
     token = reg.initial_access_token
-    offered = frozenset(STANDARD_SCOPES).union(*(r.scopes for r in settings.resources))
     return RegistrationPolicy(
-        offered_scopes=offered,
+        offered_scopes=offered_scopes(settings),
         unused_lifetime=reg.unused_client_lifetime,
         initial_access_token_sha256=(
             hashlib.sha256(token.encode()).digest() if token and not isinstance(token, Withheld) else None
         ),
     )
+
+
+def offered_scopes(settings: Settings) -> frozenset[str]:
+    """What clients that register themselves, or are described by a metadata document, may
+    ask for: the scopes of the registered resources and OpenID Connect's (never `roles` or
+    the admin API's, nor a scope no registered resource accepts)."""
+    return frozenset(STANDARD_SCOPES).union(*(r.scopes for r in settings.resources))
+
+
+def document_rules(documents: MetadataDocumentSettings) -> FetchRules:
+    """`client_id_metadata_documents`, as the fetcher takes it."""
+    return FetchRules(
+        timeout=documents.timeout,
+        max_size=documents.max_size,
+        hosts=tuple((h.pattern, h.policy == "allow") for h in documents.hosts),
+        allow_origins=frozenset(documents.allow_origins),
+        tls=tls.client_context(documents.ca_file),
+    )
+
+
+def document_policy(settings: Settings) -> DocumentPolicy:
+    documents = settings.client_id_metadata_documents
+    return DocumentPolicy(offered_scopes(settings), documents.cache_min, documents.cache_max)
 
 
 def registration_cap(registration: RegistrationSettings) -> Cap:

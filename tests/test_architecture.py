@@ -272,6 +272,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.cors",
         "authserver.events",
         "authserver.registration",
+        "authserver.metadata_documents",
     ),
     ("authserver.grants",),
     (

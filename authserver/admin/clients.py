@@ -7,7 +7,11 @@ the secret, changing its `tokenEndpointAuthMethod` or deleting the client cuts i
 (events.Revocations). Clients of the configuration file are listed but read-only (409
 `managed_by_config`). Clients that registered themselves (`managedBy: dynamic`, RFC 7591)
 are listed and may be deleted, which cuts them off; their registration is theirs to change
-(409 `managed_by_registration`).
+(409 `managed_by_registration`). Clients described by their metadata document
+(`managedBy: metadata_document`, their clientId the document's URL) are listed as last
+fetched; only `blocked` may be set (PUT or PATCH): a blocked one is refused wherever it is
+named and nothing is fetched for it, and blocking cuts off its tokens. Deleting one forgets
+it until it is next used.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..store.base import (
     MANAGED_BY_API,
     MANAGED_BY_CONFIG,
     MANAGED_BY_DYNAMIC,
+    MANAGED_BY_METADATA_DOCUMENT,
     AlreadyExists,
     ClientRecord,
 )
@@ -53,8 +58,8 @@ from .http import (
 
 RESOURCE = "client"
 WRITABLE = tuple(camel(name) for name in registry.CLIENT_METADATA)
-READ_ONLY = ("clientId", "managedBy", "createdAt", "updatedAt")
-FIELDS = ("clientId", *WRITABLE, "managedBy", "createdAt", "updatedAt")
+READ_ONLY = ("clientId", "managedBy", "blocked", "createdAt", "updatedAt")
+FIELDS = ("clientId", *WRITABLE, "managedBy", "blocked", "createdAt", "updatedAt")
 _SECRET_METHODS = ("client_secret_basic", "client_secret_post")
 # RFC 7591 §2: a client registered without a method authenticates with client_secret_basic.
 DEFAULT_METHOD = "client_secret_basic"
@@ -78,6 +83,7 @@ def represent(r: ClientRecord) -> dict[str, Any]:
         "clientId": r.client_id,
         **{camel(name): value for name, value in values.items()},
         "managedBy": r.managed_by,
+        "blocked": r.blocked,
         "createdAt": iso(r.created_at),
         "updatedAt": iso(r.updated_at),
     }
@@ -145,8 +151,10 @@ class Clients:
     async def _update(
         self, request: web.Request, caller: Caller, client_id: str, change: Any
     ) -> web.Response:
-        old = await self._changeable(request, client_id)
+        old = await self._changeable(request, client_id, documents=True)
         current = represent(old)
+        if old.managed_by == MANAGED_BY_METADATA_DOCUMENT:
+            return await self._block(request, caller, old, change(current))
         fields = self._writable(change(current), current)
         secret = secrets.token_urlsafe(32)
         checked = self._check(client_id, fields, secret)
@@ -176,6 +184,30 @@ class Clients:
         shown = represent(record)
         answer = {**shown, "clientSecret": secret} if new_secret else shown
         return json_answer(answer, headers={"ETag": etag_of(shown)})
+
+    async def _block(
+        self, request: web.Request, caller: Caller, old: ClientRecord, body: Any
+    ) -> web.Response:
+        """A metadata document's client: `blocked` set, nothing else changed."""
+        current = represent(old)
+        if not isinstance(body, dict):
+            raise invalid([("", "the body must be a JSON object")])
+        changed = sorted(k for k in set(body) | set(current) if body.get(k) != current.get(k))
+        if changed != ["blocked"] and changed:
+            raise conflict(
+                "this client is described by its metadata document: only blocked may be set",
+                "managed_by_metadata_document",
+            )
+        blocked = body.get("blocked", old.blocked)
+        if not isinstance(blocked, bool):
+            raise invalid([("blocked", "must be true or false")])
+        record = replace(old, blocked=blocked, updated_at=self.c.clock())
+        await self._save(request, record, old.version)
+        if blocked and not old.blocked:
+            await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_BLOCKED)
+        self.c.audit(caller, "blocked" if blocked else "unblocked", RESOURCE, old.client_id)
+        shown = represent(replace(record, version=old.version + 1))
+        return json_answer(shown, headers={"ETag": etag_of(shown)})
 
     async def rotate_secret(
         self, request: web.Request, caller: Caller, ids: list[str]
@@ -215,12 +247,24 @@ class Clients:
         return record
 
     async def _changeable(
-        self, request: web.Request, client_id: str, *, deleting: bool = False
+        self,
+        request: web.Request,
+        client_id: str,
+        *,
+        deleting: bool = False,
+        documents: bool = False,
     ) -> ClientRecord:
+        """The client, if this request may change it: `deleting` it, or setting what a
+        metadata document's client lets be set (`documents`)."""
         record = await self._existing(client_id)
         check_if_match(request, etag_of(represent(record)))
         if record.managed_by == MANAGED_BY_CONFIG:
             raise managed_by_config(RESOURCE)
+        if record.managed_by == MANAGED_BY_METADATA_DOCUMENT and not (deleting or documents):
+            raise conflict(
+                "this client is described by its metadata document: only blocked may be set",
+                "managed_by_metadata_document",
+            )
         if record.managed_by == MANAGED_BY_DYNAMIC and not deleting:
             raise conflict(
                 "this client registered itself (RFC 7591) and changes its own registration:"

@@ -99,6 +99,11 @@ SCHEMAS: dict[str, Any] = {
             "clientId": _STR,
             **_CLIENT_WRITABLE,
             "managedBy": _CLIENT_MANAGED,
+            "blocked": {
+                "type": "boolean",
+                "description": "refused wherever it is named; settable on metadata_document"
+                " clients only",
+            },
             "createdAt": _DATE,
             "updatedAt": _DATE,
             "clientSecret": {
@@ -109,7 +114,7 @@ SCHEMAS: dict[str, Any] = {
         },
         ("clientId", "managedBy", "createdAt", "updatedAt"),
     ),
-    "ClientInput": _object({"clientId": _STR, **_CLIENT_WRITABLE}),
+    "ClientInput": _object({"clientId": _STR, **_CLIENT_WRITABLE, "blocked": _BOOL}),
     "User": _object(
         {
             "id": _STR,
@@ -188,7 +193,8 @@ _ERRORS = {
         "403": "insufficient_scope, or forbidden: a user without the admin role",
         "404": "no such resource",
         "406": "Accept rules out JSON",
-        "409": "a duplicate, managed_by_config, or managed_by_registration",
+        "409": "a duplicate, managed_by_config, managed_by_registration or"
+        " managed_by_metadata_document",
         "412": "If-Match names another version",
         "415": "a body of another media type",
         "422": "validation_error, one detail per problem",

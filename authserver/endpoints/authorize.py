@@ -2,9 +2,11 @@
 pages.
 
 Order of checks:
- 1. client_id known and redirect_uri registered (exactly, or for a public native client by
-    the loopback rule of RFC 8252 §7.3, and free of control characters and spaces), neither
-    given twice — else a 400 page, never a redirect to an unverified URI (RFC 6749 §4.1.2.1);
+ 1. client_id known (a metadata document's URL: fetched and checked by
+    authserver/metadata_documents.py, a refusal shown on the page) and redirect_uri
+    registered (exactly, or for a public native client by the loopback rule of RFC 8252
+    §7.3, and free of control characters and spaces), neither given twice — else a 400
+    page, never a redirect to an unverified URI (RFC 6749 §4.1.2.1);
  2. everything else — errors now redirect to the client with `error`, `error_description`,
     `state` and `iss` (RFC 9207): repeated parameters, request objects, response_type,
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
@@ -27,17 +29,20 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from portcullis.addresses import is_loopback
 from portcullis.jose import is_thumbprint
 
 from ..clock import Clock
 from ..grants.base import target_for
+from ..metadata_documents import DocumentRefused, MetadataDocuments
 from ..protocol import pkce
 from ..protocol import scopes as scope_rules
+from ..protocol.client_ids import document_url
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
 from ..protocol.resources import Audiences, ProtectedResource
 from ..registry import Client, ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
-from ..store.base import CodeRecord, Store
+from ..store.base import MANAGED_BY_METADATA_DOCUMENT, CodeRecord, Store
 from ..tokens import digest, random_token
 from . import signin
 from .forms import form_items, given_more_than_once, query_items, with_query
@@ -177,6 +182,35 @@ def redirect_uri_registered(client: Client, uri: str) -> bool:
     return False
 
 
+# MCP authorization, security considerations: a document cannot stop another program on the
+# user's machine from claiming a localhost redirect; the user is told.
+LOOPBACK_ONLY = (
+    "This application returns you only to addresses on your own computer. Any program "
+    "running there could claim to be it: allow access only if you just started it yourself."
+)
+
+
+def described_by(client: Client) -> str | None:
+    """The host of the metadata document that describes `client`, shown first on its
+    consent page (draft §"OAuth Phishing Attacks"); None for any other client."""
+    if client.managed_by != MANAGED_BY_METADATA_DOCUMENT:
+        return None
+    return document_url(client.client_id).shown_host
+
+
+def loopback_only(client: Client) -> bool:
+    """Whether every redirect URI of `client` goes to this machine."""
+    return bool(client.redirect_uris) and all(
+        urlsplit(uri).scheme == "http" and is_loopback(urlsplit(uri).hostname)
+        for uri in client.redirect_uris
+    )
+
+
+def _shown_host(uri: str) -> str:
+    parts = urlsplit(uri)
+    return parts.netloc.rpartition("@")[2] or uri
+
+
 def _redirect(request: web.Request, location: str) -> web.Response:
     # 303 after a POST so the browser does not re-post to the client; 302 after a GET.
     # Never 307, which would replay the form (with the password) to the client.
@@ -208,7 +242,9 @@ class AuthorizationEndpoint:
         scope_description: Callable[[str], str],
         base_path: str,
         clock: Clock,
+        documents: MetadataDocuments | None = None,
     ) -> None:
+        self.documents = documents
         self.clients = clients
         self.users = users
         self.store = store
@@ -228,7 +264,7 @@ class AuthorizationEndpoint:
         if trusted_first:
             raise PageError(f"The request gives {' and '.join(trusted_first)} more than once.")
         client_id = params.get("client_id")
-        client = await self.clients.client(client_id) if client_id else None
+        client = await self._client(client_id) if client_id else None
         if client is None:
             raise PageError("The application that sent you here is not registered.")
         if "authorization_code" not in client.grant_types:
@@ -306,6 +342,14 @@ class AuthorizationEndpoint:
             dpop_jkt=dpop_jkt,
             resource=target.resource,
         )
+
+    async def _client(self, client_id: str) -> Client | None:
+        if self.documents is None:
+            return await self.clients.client(client_id)
+        try:
+            return await self.documents.for_authorization(client_id)
+        except DocumentRefused as refused:
+            raise PageError(refused.message) from None
 
     def error_redirect(self, request: web.Request, exc: RedirectError) -> web.Response:
         return _redirect(
@@ -422,6 +466,7 @@ class AuthorizationEndpoint:
 
     async def consent_page(self, auth: AuthorizationRequest, session: Session) -> web.Response:
         user = await self.users.by_subject(session.record.subject)
+        document = described_by(auth.client)
         response = self.pages.render(
             "consent.html",
             title="Allow access",
@@ -429,10 +474,12 @@ class AuthorizationEndpoint:
             csrf_token=Sessions.csrf_token(session),
             carried=[*auth.carried(), (CONSENT_PROOF, Sessions.proof(session, auth.carried()))],
             client_name=auth.client.client_name,
+            client_host=document,
+            redirect_host=_shown_host(auth.redirect_uri) if document else None,
             scopes=[{"name": s, "description": self.scope_description(s)} for s in auth.scopes],
             resource=self.audiences.shown(auth.audience),
             user_name=user.display_name if user else session.record.subject,
-            warning=None,
+            warning=LOOPBACK_ONLY if document and loopback_only(auth.client) else None,
             form_targets=[auth.redirect_uri],
         )
         self.sessions.set_cookie(response, session)

@@ -184,6 +184,7 @@ class DevicePages:
             csrf_token=Sessions.csrf_token(session),
             carried=[("user_code", record.user_code), (PROOF, _proof(session, record.user_code))],
             client_name=client.client_name,
+            client_host=None,  # no metadata document client has the device grant
             scopes=[
                 {"name": s, "description": self.scope_description(s)} for s in record.scope.split()
             ],

@@ -40,10 +40,12 @@ def metadata(
     grant_types: list[str],
     *,
     registration_endpoint: str | None = None,
+    metadata_documents: bool = False,
 ) -> dict[str, Any]:
     """The document of a server that issues as `issuer`, knows `scopes` beyond the built-in
-    ones, signs ID tokens with `id_token_algs`, has `grant_types`, and registers clients at
-    `registration_endpoint` (RFC 7591 §3) when it is given."""
+    ones, signs ID tokens with `id_token_algs`, has `grant_types`, registers clients at
+    `registration_endpoint` (RFC 7591 §3) when it is given, and takes clients identified by
+    the URL of their metadata document when `metadata_documents`."""
     # The admin API's scopes are left out (RFC 8414 §2: a server may omit some): only the
     # clients registered with them use them.
     supported = list(dict.fromkeys([*STANDARD_SCOPES, "roles", *scopes]))
@@ -82,6 +84,9 @@ def metadata(
         "backchannel_logout_supported": False,
         "frontchannel_logout_supported": False,
     }
+    if metadata_documents:
+        # draft-ietf-oauth-client-id-metadata-document §"Authorization Server Metadata".
+        document["client_id_metadata_document_supported"] = True
     if registration_endpoint is not None:
         document["registration_endpoint"] = registration_endpoint  # RFC 8414 §2
     if DEVICE_GRANT in grant_types:
