@@ -457,6 +457,7 @@ class AuthorizationEndpoint:
             csrf_token=Sessions.csrf_token(session),
             carried=auth.carried(),
             client_name=auth.client.client_name,
+            client_host=described_by(auth.client),  # the name is the document's to choose
             error=error,
             username=username or auth.params.get("login_hint"),
             form_targets=[auth.redirect_uri],

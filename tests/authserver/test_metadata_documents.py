@@ -256,6 +256,8 @@ async def test_a_client_named_by_its_document_signs_a_user_in_and_gets_a_token_f
     assert claims["scope"] == f"openid offline_access {TOOLS}"
     consent = next(page for page in pages if 'value="approve"' in page)
     host = client_id.removeprefix("https://").removesuffix("/client.json")
+    # The login page already says where the name it shows comes from.
+    assert f'described at <strong class="document-host">{host}</strong>' in pages[0]
     # The document's host first, then the name as the document gives it, the redirect
     # host, and the warning that only this machine is redirected to.
     assert f'<strong class="document-host">{host}</strong>' in consent
