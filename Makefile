@@ -2,13 +2,15 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# One stamp per extra installed into the venv (pyproject.toml): `dev` for `make demo`, `test`
-# (which holds dev) for the rest. Installing test stamps both, so a demo after the tests
-# installs nothing.
+# One stamp per extra installed into the venv (pyproject.toml): `dev` for `make demo`, `dev`
+# and `mcp` for `make mcp-demo`, `test` (which holds both) for the rest. Installing test
+# stamps them all, so a demo after the tests installs nothing.
 DEV_STAMP := $(VENV)/.installed-dev
+MCP_STAMP := $(VENV)/.installed-mcp
 TEST_STAMP := $(VENV)/.installed-test
+MCP_EXTRAS := dev,mcp
 
-.PHONY: test test-fast lint bench bench-instructions demo clean constraints image schema
+.PHONY: test test-fast lint bench bench-instructions demo mcp-demo clean constraints image schema
 
 define install_extra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,9 +22,13 @@ $(DEV_STAMP): pyproject.toml
 	$(call install_extra,dev)
 	touch $(DEV_STAMP)
 
+$(MCP_STAMP): pyproject.toml
+	$(call install_extra,$(MCP_EXTRAS))
+	touch $(MCP_STAMP) $(DEV_STAMP)
+
 $(TEST_STAMP): pyproject.toml
 	$(call install_extra,test)
-	touch $(TEST_STAMP) $(DEV_STAMP)
+	touch $(TEST_STAMP) $(DEV_STAMP) $(MCP_STAMP)
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
@@ -42,18 +48,19 @@ $(CHROMIUM):
 	  { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
 	else echo "chromium not installed (needs root and apt-get): browser tests will skip"; fi
 
-# The end-to-end DPoP test drives oauth4webapi on Debian's Node.js; the test installs the
-# package itself (npm ci from tests/e2e/dpop_client/package-lock.json). Node.js and npm are
-# installed here when missing and we may; otherwise that test skips (fails under CI=true).
+# The end-to-end DPoP test drives oauth4webapi on Debian's Node.js, and the MCP clients test
+# the MCP TypeScript SDK; each test installs its package itself (npm ci from the lock file in
+# tests/e2e/dpop_client, tests/e2e/mcp_ts_client). Node.js and npm are installed here when
+# missing and we may; otherwise those tests skip (fail under CI=true).
 NPM := /usr/bin/npm
 
 $(NPM):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing Debian nodejs and npm for the DPoP client-library test"; \
+	  echo "installing Debian nodejs and npm for the Node.js client tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q nodejs npm >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null; }; \
-	else echo "npm not installed (needs root and apt-get): the oauth4webapi test will skip"; fi
+	else echo "npm not installed (needs root and apt-get): the Node.js client tests will skip"; fi
 
 # The nginx tests of the decision listener (examples/forward-auth) run Debian's nginx, installed
 # here like chromium (its packaged service is not started: the tests run their own); without
@@ -107,6 +114,12 @@ DEMO_KEEP_LOGS ?= 1
 
 demo: $(DEV_STAMP)
 	DEMO_PYTHON=$(abspath $(PY)) DEMO_KEEP_LOGS=$(DEMO_KEEP_LOGS) bash examples/demo.sh
+
+# An MCP server that checks no tokens (examples/mcp), the gateway in front of it and the
+# authorization server its clients register with, on 127.0.0.1 until Ctrl-C
+# (examples/mcp/demo.sh; examples/mcp/README.md says what an MCP client meets there).
+mcp-demo: $(MCP_STAMP)
+	MCP_DEMO_PYTHON=$(abspath $(PY)) bash examples/mcp/demo.sh
 
 # The container image's pinned dependencies: pyproject.toml's dependencies and the extras
 # the image installs (redis, postgres), resolved for every Python the image may have (3.11

@@ -99,7 +99,7 @@ class ConfigFile:
 
 def config_files() -> Iterator[ConfigFile]:
     """Every gateway and authserver configuration in the repository."""
-    for folder in ("config", "examples/compose"):
+    for folder in ("config", "examples/compose", "examples/mcp"):
         for path in sorted((ROOT / folder).glob("*.yaml")):
             # authserver.yaml, and variants such as authserver.replicated.yaml
             kind = path.name.split(".")[0]
@@ -128,6 +128,8 @@ def test_the_example_files_are_all_found() -> None:
         ("examples/compose/gateway.yaml", "gateway"),
         ("examples/compose/authserver.yaml", "authserver"),
         ("examples/compose/authserver.replicated.yaml", "authserver"),
+        ("examples/mcp/gateway.yaml", "gateway"),
+        ("examples/mcp/authserver.yaml", "authserver"),
         ("examples/kubernetes/orders.yaml", "gateway"),
         ("examples/kubernetes/authserver.yaml", "authserver"),
         ("examples/kubernetes-replicated/authserver-replicated.yaml", "authserver"),
