@@ -75,7 +75,7 @@ from .grants.issuance import RefreshLifetimes, TokenIssuer
 from .grants.refresh_token import RefreshToken
 from .keys import Event, KeyRing, SigningRing
 from .metadata_documents import DocumentFetcher, MetadataDocuments
-from .metrics import CONTENT_TYPE, Metrics, timed_store
+from .metrics import CONTENT_TYPE, Metrics
 from .protocol.cors import CorsPolicy
 from .resource_tokens import AccessTokens, ResourceTokens
 from .sessions import Sessions
@@ -185,8 +185,8 @@ class AuthServer:
         """Open the store and the key ring, then serve the configuration; StartupError with
         one line when either cannot be used."""
         settings, clock = self.settings, self.clock
-        store = timed_store(
-            open_store(settings.storage, pool_limits(settings.storage_pool)), self.metrics
+        store = open_store(
+            settings.storage, pool_limits(settings.storage_pool), self.metrics.store_call
         )
         try:
             await store.open()

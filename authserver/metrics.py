@@ -26,10 +26,7 @@ endpoint dispatches to, operations are the Store's method names.
 
 from __future__ import annotations
 
-import inspect
-import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -38,12 +35,10 @@ from prometheus_client.registry import Collector
 from portcullis.buildinfo import BuildInfo
 from portcullis.histogram import Bounds, PlainHistogram
 
-if TYPE_CHECKING:
-    from .store.base import Store
-
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "portcullis_authserver_"
-# Store calls take from tens of microseconds (SQLite, page in cache) to the busy timeout.
+# From a read that SQLite answers from its page cache to a write that waits out the busy
+# timeout: every store call falls within the buckets.
 STORE_BUCKETS = (
     0.0001,
     0.00025,
@@ -191,35 +186,3 @@ class _Collector(Collector):
         for result, value in list(m.metadata_documents.items()):
             documents.add_metric([result], value)
         yield documents
-
-
-class _TimedStore:
-    """A Store that times every coroutine call into `metrics`, by the operation's name.
-
-    Generic over the protocol's methods, so a method added to the Store is timed without
-    an edit here; anything that is not a coroutine function (attributes) passes through."""
-
-    def __init__(self, store: Store, metrics: Metrics) -> None:
-        self._store = store
-        self._metrics = metrics
-
-    def __getattr__(self, name: str) -> Any:
-        target = getattr(self._store, name)
-        if not inspect.iscoroutinefunction(target):
-            return target
-        observe = self._metrics.store_call
-
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return await target(*args, **kwargs)
-            finally:
-                observe(name, time.perf_counter() - started)
-
-        setattr(self, name, timed)  # wrapped once per method
-        return timed
-
-
-def timed_store(store: Store, metrics: Metrics) -> Store:
-    """`store` with every call timed into `metrics`."""
-    return cast("Store", _TimedStore(store, metrics))
