@@ -242,7 +242,10 @@ class AuthServer:
         audiences = settings_module.protected_resources(settings)
         # Read from the store at every lookup: a change made through the admin API, by any
         # replica, is in force at the next request.
-        stored_clients, users = registry.StoredClients(store, clock), registry.StoredUsers(store)
+        stored_clients = registry.StoredClients(
+            store, clock, self_registered_scopes=settings_module.offered_scopes(settings)
+        )
+        users = registry.StoredUsers(store)
         revocations = Revocations(store, clock, settings.lifetimes.access_token)
         # With metadata document clients, their URLs are clients too (fetched when named).
         documents = (

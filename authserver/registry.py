@@ -21,18 +21,22 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .clock import Clock
 from .declarations import DeclaredClient, DeclaredUser
 from .store.base import (
     MANAGED_BY_CONFIG,
+    MANAGED_BY_DYNAMIC,
     MANAGED_BY_METADATA_DOCUMENT,
     ClientRecord,
     Store,
     UserRecord,
 )
+
+# Clients nobody configured: registered by themselves (RFC 7591) or by a metadata document.
+_SELF_REGISTERED = frozenset({MANAGED_BY_DYNAMIC, MANAGED_BY_METADATA_DOCUMENT})
 
 
 @dataclass(frozen=True)
@@ -113,10 +117,19 @@ class StoredClients:
     a blocked one, nor one that registered itself and let its time to obtain a token pass
     (the purge removes it later)."""
 
-    def __init__(self, store: Store, clock: Clock = time.time, keep: int = 1024) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock = time.time,
+        keep: int = 1024,
+        self_registered_scopes: frozenset[str] = frozenset(),
+    ) -> None:
+        """`self_registered_scopes`: what a client that registered itself, or that a
+        metadata document describes, may ask for, whatever scope its registration named."""
         self._store = store
         self._clock = clock
         self._keep = keep
+        self._self_registered = self_registered_scopes
         self._derived: OrderedDict[str, tuple[ClientRecord, Client]] = OrderedDict()
 
     async def client(self, client_id: str) -> Client | None:
@@ -130,6 +143,11 @@ class StoredClients:
             self._derived.move_to_end(client_id)
             return kept[1]
         client = client_from_record(record)
+        if record.managed_by in _SELF_REGISTERED and self._self_registered:
+            # Its registration could not know the scopes a resource would challenge it for
+            # later (MCP: a 403 insufficient_scope naming more); it keeps its registration
+            # and asks again, and the user's consent decides what is granted.
+            client = replace(client, scope=tuple(sorted(self._self_registered)))
         self._derived[client_id] = (record, client)
         self._derived.move_to_end(client_id)
         if len(self._derived) > self._keep:

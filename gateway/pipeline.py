@@ -379,11 +379,18 @@ class Pipeline(Generic[F]):
             allowed = not needed.scopes.isdisjoint(principal.scopes)
         if allowed:
             return None
-        scope = " ".join(sorted(needed.scopes))
+        # Every scope the request needs, the route's (as far as the token meets them, for
+        # `any`) with the call's: a client that asks for these alone keeps what it had.
+        route = plan.rule.settings.scopes if plan.rule is not None else None
+        kept: frozenset[str] = frozenset()
+        if route is not None:
+            kept = route.scopes if route.mode == "all" else route.scopes & principal.scopes
+        scope = " ".join(sorted(needed.scopes | kept))
         what = "all of" if needed.mode == "all" else "one of"
         scheme = bearer.DPOP if principal.jkt is not None else bearer.BEARER
         return errors.insufficient_scope(
-            f"{call.method} {call.name or ''}".rstrip() + f" needs {what}: {scope}",
+            f"{call.method} {call.name or ''}".rstrip()
+            + f" needs {what}: {' '.join(sorted(needed.scopes))}",
             scope,
             plan.offer,
             scheme,
