@@ -437,9 +437,11 @@ class Gateway:
         status = 500
         last = cast(_Connection, request.protocol).last_token
         try:
-            refused = framing.refusal(
-                cast(_PublicRequest, request).sent_version,
-                request.headers.getall("Transfer-Encoding", ()),
+            sent = cast(_PublicRequest, request).sent_version
+            refused = (
+                framing.refusal(sent, request.headers.getall("Transfer-Encoding", ()))
+                if sent != _HTTP11 or "Transfer-Encoding" in request.headers
+                else None  # the common case: nothing to refuse, nothing more to read
             )
             if refused is None:
                 response = await pipeline.handle(request, exchange, last)
@@ -808,6 +810,9 @@ def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int
     if isinstance(exc, BadHttpMessage) and exc.message == _TOO_MANY_HEADERS:
         return 431
     return 400
+
+
+_HTTP11 = (1, 1)
 
 
 class _PublicRequest(HeadSettlingRequest):

@@ -253,6 +253,7 @@ class Pipeline(Generic[F]):
         self._dpop_only = errors.Offer(False, self._offer.dpop_algs)
         self._dpop_issuers = frozenset(i.issuer for i in issuers if i.dpop_required)
         self.documents = resource_metadata.Documents(resources, proofs.algorithms)
+        self._documents = bool(self.documents)
         self._plans = tuple(self._plan(rule) for rule in self.router.rules)
         self._unmatched = RoutePlan(
             None, True, None, None, None, self._max_body, False, False, self._offer, False, None
@@ -525,7 +526,7 @@ class Pipeline(Generic[F]):
             )
         headers = request.headers
         path_only = target.partition("?")[0]
-        if self.documents.asks(path_only):
+        if self._documents and target.startswith(_WELL_KNOWN) and self.documents.asks(path_only):
             # RFC 9728 §3: a resource's metadata, whatever the rules and `unmatched` say.
             origin = resource_metadata.request_origin(request.scheme, request.host)
             document = self.documents.answer(
@@ -534,7 +535,7 @@ class Pipeline(Generic[F]):
             return Preflight(METADATA_ROUTE, document)
         noted = None
         try:
-            path = self.router.read(target.partition("?")[0])
+            path = self.router.read(path_only)
             # A CORS preflight is matched by the method it asks about.
             if (
                 self._preflights
@@ -779,6 +780,7 @@ def _with_headers(refusal: Refusal, extra: Sequence[tuple[str, str]]) -> Refusal
     return replace(refusal, headers=(*refusal.headers, *extra))
 
 
+_WELL_KNOWN = resource_metadata.WELL_KNOWN
 # The route name the access log and the metrics give requests for resource metadata.
 METADATA_ROUTE = "oauth-protected-resource"
 
