@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     explain.add_argument("--token", help="an access token to verify against the live key sets")
     explain.add_argument("--origin", help="a browser Origin: would it get CORS headers?")
     explain.add_argument(
+        "--call",
+        metavar="METHOD[:NAME]",
+        help="on an MCP route, a JSON-RPC call (tools/call:delete_order): the scopes it needs",
+    )
+    explain.add_argument(
         "--ext-authz",
         action="store_true",
         help="also show the decision listener's answer and what each front proxy makes of it",
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         from .explain import explain as run_explain
 
         return run_explain(
-            settings, args.method, args.path, args.token, args.origin, args.ext_authz
+            settings, args.method, args.path, args.token, args.origin, args.ext_authz, args.call
         )
 
     runtime.configure_logging(settings.log_level)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 
-from . import adapter, bearer, extauthz, policy, rules
+from . import adapter, bearer, extauthz, mcp, policy, rules
 from .cors import CorsPolicy
 from .jwks import keys_session
 from .principal import Principal
-from .records import Route
+from .records import Route, Scopes
 from .settings import CorsSettings, LimitRule, Settings
 from .verifiers import dispatch
 from .verifiers.base import InvalidToken, VerifierUnavailable
@@ -91,8 +91,35 @@ def describe(
     max_body = route.max_body_size or settings.limits.max_body_size
     if max_body is not None:
         lines.append(f"  max body: {max_body} bytes")
+    if rule.settings.mcp is not None:
+        lines.extend(_mcp(rule.settings))
     lines.extend(_extras(rule, settings, origin))
     return lines
+
+
+def _mcp(route: Route) -> list[str]:
+    """What an MCP server's route does with its requests' calls."""
+    assert route.mcp is not None
+    lines = [
+        "  mcp: the client's Authorization and DPoP are not forwarded; a POST's JSON-RPC "
+        f"message is read (at most {route.mcp.max_message_size} bytes) and its call judged",
+    ]
+    for call in route.mcp.calls:
+        what = "all of" if call.scopes.mode == "all" else "any of"
+        lines.append(
+            f"    {call.method} {call.name or '(every name)'}: "
+            f"{what} {' '.join(sorted(call.scopes.scopes))}"
+        )
+    if not route.mcp.calls:
+        lines.append("    no call rules: every call needs the route's scopes only")
+    return lines
+
+
+def _call_needs(route: Route, call: str) -> tuple[mcp.Call, Scopes | None]:
+    method, _, name = call.partition(":")
+    asked = mcp.Call(method, name or None)
+    assert route.mcp is not None
+    return asked, mcp.scopes_for(asked, route.mcp.calls)
 
 
 def _dpop(rule: rules.Rule[Route], settings: Settings) -> list[str]:
@@ -232,6 +259,7 @@ def explain(
     token: str | None,
     origin: str | None = None,
     ext_authz: bool = False,
+    call: str | None = None,
 ) -> int:
     front = _Front(settings) if ext_authz else None
     path = target.partition("?")[0]
@@ -254,6 +282,18 @@ def explain(
     for line in describe(rule, segments, settings, origin):
         print(line)
     monitor = rule.settings.monitor
+    needs: Scopes | None = None
+    if call is not None:
+        if rule.settings.mcp is None:
+            print(f"call {call}: this route serves no MCP server (no `mcp:`); calls are not read")
+        else:
+            asked, needs = _call_needs(rule.settings, call)
+            named = f"{asked.method} {asked.name}" if asked.name else asked.method
+            if needs is None:
+                print(f"call {named}: no call rule matches; the route's scopes are enough")
+            else:
+                what = "all of" if needs.mode == "all" else "any of"
+                print(f"call {named}: needs {what} {' '.join(sorted(needs.scopes))}")
     if rule.public:
         print("decision: forward")
         if front is not None:
@@ -292,6 +332,18 @@ def explain(
     decision = policy.decide(rule, principal)
     if isinstance(decision, policy.Deny):
         return _decided(f"{decision.status} {decision.code} — {decision.reason}", monitor, front)
+    if needs is not None:
+        met = (
+            needs.scopes <= principal.scopes
+            if needs.mode == "all"
+            else not needs.scopes.isdisjoint(principal.scopes)
+        )
+        if not met:
+            return _decided(
+                "403 insufficient_scope — the call needs " + " ".join(sorted(needs.scopes)),
+                monitor,
+                front,
+            )
     print("decision: forward, with the identity headers of this token")
     if front is not None:
         front.allow(principal)

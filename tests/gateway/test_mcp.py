@@ -14,6 +14,7 @@ import pytest
 
 from gateway import settings as gateway_settings
 from portcullis.yamlconf import ConfigError
+from tests.gateway.test_cli import gateway_cli
 from tests.support import (
     UNBOUND_ADMIN_LISTEN,
     UNBOUND_LISTEN,
@@ -357,3 +358,29 @@ def test_check_refuses_a_resource_no_route_defines():
     with pytest.raises(ConfigError) as caught:
         gateway_settings.load_text(text, "gw.yaml")
     assert any("no protected route belongs to /mcpp" in str(p) for p in caught.value.problems)
+
+
+# ---------------------------------------------------------------------------- explain
+
+
+async def test_explain_tells_what_a_tool_call_needs_and_decides_it_for_a_token(issuer, tmp_path):
+    path = tmp_path / "gateway.yaml"
+    path.write_text(config(issuer.url, "http://127.0.0.1:9"))
+
+    async def explain(*extra: str) -> tuple[int, str]:
+        result = await gateway_cli("explain", "--config", str(path), "POST", "/mcp", *extra)
+        return result.code, result.stdout
+
+    code, out = await explain("--call", "tools/call:delete_order")
+    assert code == 0
+    assert "mcp: the client's Authorization and DPoP are not forwarded" in out
+    assert "    tools/call delete_*: all of mcp:admin" in out
+    assert "call tools/call delete_order: needs all of mcp:admin" in out
+    code, out = await explain("--call", "tools/list")
+    assert "call tools/list: no call rule matches; the route's scopes are enough" in out
+    worker = token(issuer, "mcp:tools", PUBLIC + "/mcp")
+    code, out = await explain("--call", "tools/call:delete_order", "--token", worker)
+    assert code == 1
+    assert "decision: 403 insufficient_scope — the call needs mcp:admin" in out
+    code, out = await explain("--call", "tools/call:list_orders", "--token", worker)
+    assert code == 0 and "decision: forward" in out
