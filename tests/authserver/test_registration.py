@@ -284,6 +284,37 @@ REFUSED = {
 }
 
 
+async def test_a_client_registered_for_less_may_ask_later_for_any_scope_offered(
+    server: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    """Step-up: a client that registered itself with the scope of a first challenge is
+    challenged for more later, keeps its registration and asks again; what it may ask for
+    is what clients that register themselves are offered, and consent decides."""
+    status, body, _ = await register(http, server, {**NATIVE, "scope": "openid"})
+    assert status == 201, body
+    assert body["scope"] == "openid"  # registered as asked
+    tokens = await code_flow(
+        http, server, body["client_id"], "http://127.0.0.1:51234/callback", scope=TOOLS
+    )
+    claims = await verify_jwt(http, server, tokens["access_token"], audience=MCP)
+    assert claims["scope"] == TOOLS
+    # Never beyond what is offered: `roles` is a configured client's scope only.
+    _, challenge = pkce_pair()
+    params = {
+        "response_type": "code",
+        "client_id": body["client_id"],
+        "redirect_uri": "http://127.0.0.1:51234/callback",
+        "scope": f"{TOOLS} roles",
+        "state": "st",
+        "code_challenge": challenge,
+        "code_challenge_method": "S256",
+    }
+    response = await http.get(
+        server.endpoint("/authorize?" + urlencode(params)), allow_redirects=False
+    )
+    assert query_of(response.headers["Location"])["error"] == "invalid_scope"
+
+
 @pytest.mark.parametrize(("changes", "error"), REFUSED.values(), ids=REFUSED)
 async def test_what_a_client_may_not_register_is_refused_and_nothing_is_stored(
     server: RunningAuthServer, http: aiohttp.ClientSession, changes: dict[str, Any], error: str
