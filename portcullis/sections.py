@@ -481,9 +481,17 @@ class _Section(_Kind):
                 own["properties"][f.key] = f.schema()
                 if f.file_key:
                     own["properties"][f.file_key] = f.file_schema()
-        required = [f.key for f in fields if f.required and f.spec.source == "yaml"]
+        yaml_fields = [f for f in fields if f.required and f.spec.source == "yaml"]
+        required = [f.key for f in yaml_fields if not f.file_key]
         if required:
             own["required"] = required
+        # A required value that may come from a file instead: the key or its KEY_file.
+        either = [f for f in yaml_fields if f.file_key]
+        if len(either) > 1:
+            raise TypeError(f"{self.cls.__name__}: one required KEY_file alternative at most")
+        if either:
+            f = either[0]
+            own["anyOf"] = [{"required": [f.key]}, {"required": [f.file_key]}]
         own["additionalProperties"] = False
         return own
 

@@ -151,6 +151,34 @@ def test_the_schema_and_the_loader_both_accept_each_file(file: ConfigFile) -> No
     file.deployable.load_text(file.text, file.where, ENV, secrets=False)
 
 
+@pytest.mark.parametrize("given", ["client_secret", "client_secret_file", None])
+def test_a_secret_given_as_its_key_file_is_valid_to_schema_and_loader_alike(
+    given: str | None, tmp_path: Path
+) -> None:
+    """`client_secret_file`, the recommended way, is as valid as `client_secret` for an
+    issuer's introspection and revocation events; neither is refused by both."""
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-s3cret-s3cret-s3cret\n")
+    original = next(f for f in CONFIG_FILES if f.where == "config/gateway.yaml")
+    data = yaml.safe_load(original.text)
+    issuer = data["issuers"][0]
+    for section in ("introspection", "revocation_events"):
+        issuer[section] = {"client_id": "gateway"}
+        if given == "client_secret":
+            issuer[section]["client_secret"] = "s3cret-s3cret-s3cret-s3cret"
+        elif given == "client_secret_file":
+            issuer[section]["client_secret_file"] = str(secret)
+    issuer["mode"] = "auto"
+    found = schema_subset.errors(GATEWAY.schema(), data)
+    if given is None:
+        assert any("matches none of anyOf" in p for p in found), found
+        with pytest.raises(ConfigError):
+            GATEWAY.load_text(yaml.safe_dump(data), "x.yaml", ENV)
+    else:
+        assert found == []
+        GATEWAY.load_text(yaml.safe_dump(data), "x.yaml", ENV)
+
+
 @pytest.mark.parametrize(
     ("deployable", "key", "value", "problem"),
     [

@@ -47,14 +47,20 @@ def check_schema(schema: Any, where: str = "#") -> None:
             assert isinstance(value, int | float) and not isinstance(value, bool), where
     if "minItems" in schema:
         assert isinstance(schema["minItems"], int) and schema["minItems"] >= 0, where
+    properties = set(schema.get("properties", {}))
     for index, member in enumerate(schema.get("anyOf", [])):
+        if set(member) == {"required"}:
+            # A member that only requires keys: the keys of the object around it (a value
+            # given as KEY or as KEY_file).
+            assert set(member["required"]) <= properties, f"{where}/anyOf/{index}: required"
+            continue
         check_schema(member, f"{where}/anyOf/{index}")
     for name, member in schema.get("properties", {}).items():
         check_schema(member, f"{where}/properties/{name}")
     if "required" in schema:
         required = schema["required"]
         assert isinstance(required, list) and len(set(required)) == len(required), where
-        assert set(required) <= set(schema.get("properties", {})), f"{where}: required"
+        assert set(required) <= properties, f"{where}: required"
     extra = schema.get("additionalProperties", True)
     if not isinstance(extra, bool):
         check_schema(extra, f"{where}/additionalProperties")
