@@ -76,7 +76,8 @@ def build(cls: type[T], data: Mapping[str, Any], path_of: Callable[[str], str] =
 
 
 _PREFIX = re.compile(r"^" + re.escape(sections.ROOT) + r"[^:]*:\s*")
-_NAME = re.compile(r"\b[a-z]+(?:_[a-z]+)+\b")
+# A key as the file names it; not the end of a URN or URL (`...:grant-type:device_code`).
+_NAME = re.compile(r"(?<![:/\w-])[a-z]+(?:_[a-z]+)+\b")
 
 
 def _issue(message: str, path_of: Callable[[str], str]) -> str:
@@ -94,6 +95,7 @@ _VALUES = {
     "client_secret_basic",
     "client_secret_post",
     "private_key_jwt",
+    "device_code",
 }
 
 

@@ -368,6 +368,10 @@ async def test_client_validation_uses_the_configuration_rules_with_json_paths(
     assert {"redirectUris[1]", "grantTypes[1]", "requirePkce"} <= found, body
     issues = " ".join(d["issue"] for d in body["error"]["details"])
     assert "loopback" in issues and "config" not in issues
+    # The accepted values are named as they are sent, the device grant's URN whole.
+    (grant,) = [d["issue"] for d in body["error"]["details"] if d["field"] == "grantTypes[1]"]
+    assert "urn:ietf:params:oauth:grant-type:device_code" in grant, grant
+    assert "deviceCode" not in grant and "clientCredentials" not in grant
     status, body, _ = await admin.post(
         "/clients", {"grantTypes": ["client_credentials"], "scope": "openid nonsense"}
     )
