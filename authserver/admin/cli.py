@@ -8,6 +8,8 @@ from the environment, never from arguments (which other users of the machine can
     PORTCULLIS_ISSUER                   the server's issuer, like https://auth.example.com
     PORTCULLIS_ADMIN_CLIENT_ID          a client registered with admin:read / admin:write
     PORTCULLIS_ADMIN_CLIENT_SECRET      and the audience {issuer}/admin/v1 in its resources
+    PORTCULLIS_ADMIN_CA_FILE            optional: the CA (PEM) to trust for the issuer's TLS
+                                        certificate, for a private CA (or `--ca-file FILE`)
 
 Tables for people; `--json` prints the API's JSON for scripts. A refusal prints its code,
 message and details on stderr, and the command exits 1.
@@ -20,6 +22,7 @@ import base64
 import getpass
 import json
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -30,6 +33,7 @@ from typing import Any
 ISSUER = "PORTCULLIS_ISSUER"
 CLIENT_ID = "PORTCULLIS_ADMIN_CLIENT_ID"
 CLIENT_SECRET = "PORTCULLIS_ADMIN_CLIENT_SECRET"  # noqa: S105 - a variable's name
+CA_FILE = "PORTCULLIS_ADMIN_CA_FILE"
 TIMEOUT = 30.0
 PAGE = 200
 
@@ -85,12 +89,17 @@ def add_commands(commands: Any) -> None:
 
 def _with_json(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--ca-file",
+        help=f"the CA (PEM) to trust for the issuer's certificate (else ${CA_FILE}, else the "
+        "system's CAs)",
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        api = AdminClient.from_environment()
+        api = AdminClient.from_environment(getattr(args, "ca_file", None))
         if args.command == "clients":
             _clients(api, args)
         else:
@@ -105,22 +114,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 class AdminClient:
-    def __init__(self, issuer: str, client_id: str, secret: str) -> None:
+    def __init__(
+        self, issuer: str, client_id: str, secret: str, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.issuer = issuer.rstrip("/")
         self.base = self.issuer + "/admin/v1"
         self.client_id = client_id
         self.secret = secret
+        self._tls = tls  # None: the system's CAs
         self._token: str | None = None
 
     @classmethod
-    def from_environment(cls) -> AdminClient:
+    def from_environment(cls, ca_file: str | None = None) -> AdminClient:
         missing = [v for v in (ISSUER, CLIENT_ID, CLIENT_SECRET) if not os.environ.get(v)]
         if missing:
             raise Refused(f"set {', '.join(missing)} (see portcullis-authserver clients --help)")
         issuer = os.environ[ISSUER]
         if urllib.parse.urlsplit(issuer).scheme not in ("https", "http"):
             raise Refused(f"{ISSUER} must be the server's https:// issuer URL")
-        return cls(issuer, os.environ[CLIENT_ID], os.environ[CLIENT_SECRET])
+        ca_file = ca_file or os.environ.get(CA_FILE) or None
+        tls = None
+        if ca_file is not None:
+            try:
+                tls = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise Refused(f"cannot read the CA file {ca_file}: {exc}") from None
+        return cls(issuer, os.environ[CLIENT_ID], os.environ[CLIENT_SECRET], tls)
 
     def token(self) -> str:
         if self._token is None:
@@ -131,7 +150,7 @@ class AdminClient:
             form = urllib.parse.urlencode(
                 {"grant_type": "client_credentials", "resource": self.base}
             )
-            status, body = _send(
+            status, body = self._send(
                 urllib.request.Request(  # noqa: S310 - an http(s) URL, checked
                     self.issuer + "/token",
                     data=form.encode(),
@@ -155,7 +174,7 @@ class AdminClient:
         headers = {"Authorization": f"Bearer {self.token()}", "Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = media
-        status, answer = _send(
+        status, answer = self._send(
             urllib.request.Request(self.base + path, data=data, headers=headers, method=method)  # noqa: S310
         )
         if status >= 400:
@@ -176,17 +195,21 @@ class AdminClient:
                 return items
             query["cursor"] = cursor
 
-
-def _send(request: urllib.request.Request) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 - the issuer's URL
-            raw = response.read()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        raw, status = error.read(), error.code
-    except urllib.error.URLError as error:
-        raise Refused(f"cannot reach {request.full_url}: {error.reason}") from None
-    return status, json.loads(raw) if raw else None
+    def _send(self, request: urllib.request.Request) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT, context=self._tls) as response:  # noqa: S310 - the issuer's URL
+                raw = response.read()
+                status = response.status
+        except urllib.error.HTTPError as error:
+            raw, status = error.read(), error.code
+        except urllib.error.URLError as error:
+            hint = (
+                f" (a private CA: --ca-file FILE or {CA_FILE})"
+                if isinstance(error.reason, ssl.SSLCertVerificationError)
+                else ""
+            )
+            raise Refused(f"cannot reach {request.full_url}: {error.reason}{hint}") from None
+        return status, json.loads(raw) if raw else None
 
 
 def _item(collection: str, item_id: str) -> str:

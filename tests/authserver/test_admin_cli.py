@@ -8,12 +8,14 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.authserver.admin_support import StartAdminServer, start_admin_server
 from tests.authserver.conftest import SECRET, RunningAuthServer, client_credentials
+from tests.certificates import CertificateAuthority
 
 __all__ = ["start_admin_server"]  # fixtures
 
@@ -22,7 +24,11 @@ pytestmark = pytest.mark.parametrize("start_admin_server", ["sqlite"], indirect=
 
 
 async def cli(
-    server: RunningAuthServer, *args: str, stdin: str = "", secret: str = SECRET
+    server: RunningAuthServer,
+    *args: str,
+    stdin: str = "",
+    secret: str = SECRET,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str, str]:
     env = {
         **os.environ,
@@ -30,6 +36,7 @@ async def cli(
         "PORTCULLIS_ISSUER": server.settings.issuer,
         "PORTCULLIS_ADMIN_CLIENT_ID": "admin-cli",
         "PORTCULLIS_ADMIN_CLIENT_SECRET": secret,
+        **(env or {}),
     }
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -146,3 +153,32 @@ async def test_wrong_credentials_are_reported_without_a_traceback(
     code, out, err = await cli(server, "clients", "list", secret="wrong-" + SECRET)
     assert code == 1 and out == ""
     assert err.startswith("no admin token: invalid_client") and "Traceback" not in err
+
+
+async def test_the_commands_trust_a_private_ca_when_told_to_and_say_how_when_not(
+    start_admin_server: StartAdminServer, tmp_path: Path
+) -> None:
+    ca = CertificateAuthority()
+    cert_file, key_file = ca.server("auth-admin").write(tmp_path, "auth")
+    ca_file = ca.write(tmp_path)
+
+    def on_tls(config: dict[str, Any]) -> None:
+        config["issuer"] = "https://127.0.0.1:{port}"
+        config["tls"] = {"cert_file": str(cert_file), "key_file": str(key_file)}
+        for client in config["clients"]:
+            resources = client.get("resources", [])
+            client["resources"] = [r.replace("http://", "https://") for r in resources]
+
+    server = await start_admin_server(on_tls)
+    assert server.settings.issuer.startswith("https://127.0.0.1:")
+    code, out, err = await cli(server, "clients", "list")
+    assert code == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in err and "--ca-file" in err, err
+    assert "Traceback" not in err
+    code, out, err = await cli(server, "clients", "list", "--ca-file", str(ca_file))
+    assert (code, err) == (0, ""), err
+    assert "admin-cli" in out
+    code, out, err = await cli(
+        server, "clients", "list", env={"PORTCULLIS_ADMIN_CA_FILE": str(ca_file)}
+    )
+    assert (code, err) == (0, ""), err
