@@ -653,6 +653,12 @@ def login_rules(throttle: LoginThrottle) -> LoginRules:
     )
 
 
+async def _without_server_field(_: web.Request, response: web.StreamResponse) -> None:
+    """No Server field on any answer (aiohttp adds `Python/… aiohttp/…`): the software and
+    its version are nothing a client needs, and a list to look vulnerabilities up by."""
+    response.headers.popall("Server", None)
+
+
 def build_app(
     settings: Settings, server: AuthServer | None = None, *, clock: Clock = time.time
 ) -> web.Application:
@@ -661,6 +667,7 @@ def build_app(
     server = server or AuthServer(settings, clock)
     live = server.live
     app = web.Application(client_max_size=1024 * 1024, middlewares=[_counted(server.metrics)])
+    app.on_response_prepare.append(_without_server_field)
     app[LIVE] = live
     base = server.base
     # Preflights are answered there, before routing.
@@ -813,6 +820,7 @@ def admin_app(server: AuthServer) -> web.Application:
         )
 
     app = web.Application()
+    app.on_response_prepare.append(_without_server_field)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -161,6 +161,22 @@ async def test_admin_listener_answers_health_readiness_and_metrics_the_public_on
             assert response.status == 404
 
 
+async def test_no_answer_names_the_software_behind_it(
+    running: Server, http: aiohttp.ClientSession
+) -> None:
+    """Neither listener sends aiohttp's `Server: Python/… aiohttp/…`: pages, JSON, errors,
+    404s and the admin listener alike."""
+    for url, method in (
+        (running.url + "/.well-known/openid-configuration", "GET"),
+        (running.url + "/token", "POST"),  # an OAuth error
+        (running.url + "/nothing-here", "GET"),  # aiohttp's own 404
+        (running.admin_url + "/healthz", "GET"),
+        (running.admin_url + "/metrics", "GET"),
+    ):
+        async with http.request(method, url) as response:
+            assert "Server" not in response.headers, (url, response.headers["Server"])
+
+
 async def test_metrics_count_requests_tokens_refresh_reuse_logins_and_store_calls(
     servers: Callable[..., Server], http: aiohttp.ClientSession
 ) -> None:
