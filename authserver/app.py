@@ -848,16 +848,23 @@ async def _purge(store: Store, clock: Clock) -> None:
 async def _watch_keys(keyring: SigningRing, clock: Clock, every: timedelta) -> None:
     """Pick up keys other processes wrote (another replica, `keys rotate`) and write the
     transitions that are due: activation, retirement, removal, automatic rotation."""
+    outage = runtime.Outage()
     while True:
         await asyncio.sleep(every.total_seconds())
         try:
             _log_key_events(await keyring.tick(clock()))
         except StoreUnavailable as exc:
-            log.warning(
-                "key ring check postponed: the store is unavailable", extra={"reason": str(exc)}
-            )
+            if outage.failed():
+                log.warning(
+                    "key ring check postponed: the store is unavailable",
+                    extra={"reason": str(exc), "failures": outage.failures},
+                )
+            continue
         except Exception:
             log.exception("key ring check failed")
+            continue
+        if (failures := outage.succeeded()) is not None:
+            log.info("key ring check resumed", extra={"failures": failures})
 
 
 def key_ring(settings: Settings, store: Store | None, clock: Clock = time.time) -> SigningRing:

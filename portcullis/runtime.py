@@ -78,6 +78,41 @@ def settle_memory() -> None:
     gc.set_threshold(10_000, 20, 20)
 
 
+class Outage:
+    """When a background task's failing dependency is worth a log line: the first failure,
+    then at most one line every `every` while it lasts (with how many failures it counted),
+    and one when it is over; never a line per retry (a database down for a minute would
+    otherwise fill the log)."""
+
+    def __init__(
+        self, every: timedelta = timedelta(minutes=1), now: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._every = every.total_seconds()
+        self._now = now
+        self._since: float | None = None
+        self._logged_at = 0.0
+        self.failures = 0
+
+    def failed(self) -> bool:
+        """Count a failure; whether to log it."""
+        now = self._now()
+        self.failures += 1
+        if self._since is None:
+            self._since = self._logged_at = now
+            return True
+        if now - self._logged_at >= self._every:
+            self._logged_at = now
+            return True
+        return False
+
+    def succeeded(self) -> int | None:
+        """The failures the outage counted, when one just ended (to log); else None."""
+        if self._since is None:
+            return None
+        failures, self._since, self.failures = self.failures, None, 0
+        return failures
+
+
 class StartupError(Exception):
     """What kept the service from starting, in one line for the operator: what and why."""
 

@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from portcullis import runtime
+from portcullis.runtime import Outage
 from portcullis.tls import RotatingCertificate, ServerTls
 from tests.certificates import CertificateAuthority, client_context
 from tests.support import reserve_port
@@ -292,3 +293,19 @@ async def test_sighup_reloads_the_certificate_of_a_tls_listener_and_calls_on_rel
     )
     assert names == ["first", "first", "second"]
     assert certificate.reloads == 1
+
+
+def test_an_outage_is_logged_when_it_starts_once_a_minute_while_it_lasts_and_when_it_ends():
+    now = [1000.0]
+    outage = Outage(timedelta(minutes=1), lambda: now[0])
+    assert outage.succeeded() is None  # nothing to end
+    logged = []
+    for _ in range(18):  # a retry every 5 s for 90 s
+        logged.append(outage.failed())
+        now[0] += 5
+    assert logged[0] is True
+    assert logged.count(True) == 2  # the start, and once after a minute
+    assert logged.index(True, 1) == 12  # 60 s on
+    assert outage.succeeded() == 18
+    assert outage.succeeded() is None
+    assert outage.failed() is True  # a new outage is told again
