@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from portcullis import cli
 from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
@@ -30,6 +31,10 @@ CONFIG_HELP = f"the config file (default: ${CONFIG_VARIABLE})"
 
 
 def main(argv: list[str] | None = None) -> int:
+    return cli.command(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis-authserver", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from multiprocessing.queues import SimpleQueue
 
-from portcullis import runtime
+from portcullis import cli, runtime
 from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
@@ -27,6 +27,10 @@ CONFIG_HELP = f"the config file (default: ${CONFIG_VARIABLE})"
 
 
 def main(argv: list[str] | None = None) -> int:
+    return cli.command(_main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="portcullis-gateway", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)

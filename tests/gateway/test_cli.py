@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from importlib import metadata
@@ -625,3 +627,24 @@ async def test_explain_ext_authz_tells_what_each_front_proxy_makes_of_a_denial(
         f"  Caddy forward_auth: {status}, answer returned as is",
         f"  Envoy ext_authz: {status} and the body; headers in allowed_client_headers only",
     ]
+
+
+@pytest.mark.parametrize("command", ["check", "explain"])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path: Path, command: str) -> None:
+    """`check | head -1`: the pipe closes under the command; it ends with SIGPIPE's status
+    and no traceback (before, two: at the print, and at the interpreter's last flush)."""
+    path = write(tmp_path, explain_config("https://auth.example.com"))
+    args = ["--config", path] + (["GET", "/orders/1"] if command == "explain" else [])
+    reader, writer = os.pipe()
+    os.close(reader)  # nobody reads: the first write meets a closed pipe
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", command, *args],
+        stdout=writer,
+        stderr=subprocess.PIPE,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    os.close(writer)
+    assert "Traceback" not in result.stderr.decode(), result.stderr.decode()
+    assert result.returncode == 128 + signal.SIGPIPE
