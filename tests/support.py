@@ -18,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -652,6 +653,24 @@ class ManualClock:
         just issued at its real time, which a gateway with no leeway would otherwise find
         issued in its future."""
         self.advance(max(0.0, time.time() - self.wall))
+
+
+class Background:
+    """An event loop on a thread of its own: for servers a module's hypothesis examples
+    share, since the examples themselves run one after another in the test's thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Any, timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
 
 
 async def wait_for(condition: Any, timeout: float = 5.0, what: str = "condition") -> None:

@@ -22,7 +22,6 @@ revocations, which both gateways receive from the issuer's event stream.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from tests.support import (
     UNBOUND_ADMIN_LISTEN,
     UNBOUND_LISTEN,
     UNBOUND_PORT,
+    Background,
     ManualClock,
     RunningGateway,
     TestIssuer,
@@ -587,23 +587,6 @@ async def scenario(world: World, sequence: list[Step]) -> set[str]:
 
 
 # ---------------------------------------------------------------------------- the property
-
-
-class Background:
-    """An event loop on a thread of its own, for the servers every example shares."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coroutine: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import asyncio
 import gzip
 import hashlib
 import os
-import threading
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from tests.hypothesis_profiles import examples
 from tests.support import (
     UNBOUND_ADMIN_LISTEN,
     UNBOUND_LISTEN,
+    Background,
     RawConnection,
     RawResponse,
     RunningGateway,
@@ -296,21 +296,6 @@ async def _exchange(setup: Setup, request: bytes) -> RawResponse:
 
 # A gateway, its issuer and the recording upstream on an event loop of their own, for the
 # whole module: hypothesis runs its examples one after another against the same processes.
-
-
-class Background:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coroutine: Any, timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")
