@@ -237,10 +237,13 @@ class KeySet:
         session: aiohttp.ClientSession,
         now: Now = time.monotonic,
         sleep: Sleep = asyncio.sleep,
+        purpose: str = "access tokens",
     ) -> None:
         """`now` reads a monotonic clock (the schedule, the cool-downs) and `sleep` waits on
-        it (between scheduled refreshes)."""
+        it (between scheduled refreshes); `purpose` names in its log lines what the keys
+        verify (an issuer with revocation events has a key set for those too)."""
         self.issuer = issuer
+        self.purpose = purpose
         self.settings = settings
         self._session = session
         self._now = now
@@ -350,7 +353,10 @@ class KeySet:
             # Whatever went wrong (FetchError and ValueError are the expected kinds), the
             # refresher must live on: a dead one would never load or refresh keys again.
             if not isinstance(exc, FetchError | ValueError):
-                log.exception("jwks fetch crashed", extra={"issuer": self.issuer.issuer})
+                log.exception(
+                    "jwks fetch crashed",
+                    extra={"issuer": self.issuer.issuer, "for": self.purpose},
+                )
             self.failures += 1
             self.last_error = str(exc) or type(exc).__name__
             if self.issuer.jwks_uri is None:
@@ -359,13 +365,17 @@ class KeySet:
                 "jwks fetch failed",
                 extra={
                     "issuer": self.issuer.issuer,
+                    "for": self.purpose,
                     "reason": str(exc),
                     "serving_stale_keys": self.loaded,
                 },
             )
             return False
         if not keys:
-            log.warning("jwks has no usable signing keys", extra={"issuer": self.issuer.issuer})
+            log.warning(
+                "jwks has no usable signing keys",
+                extra={"issuer": self.issuer.issuer, "for": self.purpose},
+            )
         self._keys = keys
         self._all = tuple(k for found in keys.values() for k in found)
         self.loaded = True
@@ -374,7 +384,12 @@ class KeySet:
         self._next_refresh = self._now() + ttl
         log.info(
             "jwks loaded",
-            extra={"issuer": self.issuer.issuer, "keys": len(self._all), "next_refresh_s": ttl},
+            extra={
+                "issuer": self.issuer.issuer,
+                "for": self.purpose,
+                "keys": len(self._all),
+                "next_refresh_s": ttl,
+            },
         )
         return True
 

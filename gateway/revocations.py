@@ -441,7 +441,7 @@ class RevocationStream:
         self.issuer = issuer
         self.settings = settings
         self.deny = deny
-        self.keys = KeySet(issuer, jwks, session, monotonic)
+        self.keys = KeySet(issuer, jwks, session, monotonic, purpose="revocation events")
         self._session = session
         self._monotonic = monotonic
         self._tls = issuer_tls(issuer)

@@ -3,6 +3,7 @@ server (the stream end to end is in tests/e2e/test_revocation_events.py)."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from itertools import pairwise
 from types import MappingProxyType
@@ -385,3 +386,19 @@ async def test_the_other_spelling_of_a_sets_signature_is_refused(
     assert (await verify_set(token, target, keys))["jti"] == "1"
     with pytest.raises(RejectedEvent, match="signature invalid"):
         await verify_set(ecdsa_twin(token), target, keys)
+
+
+async def test_the_two_key_sets_of_an_issuer_with_revocation_events_say_which_they_are(
+    issuer: TestIssuer, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An issuer whose revocation events are followed has a key set for its tokens and one
+    for its events: their log lines tell them apart instead of saying the same twice."""
+    target = issuer_at(issuer.url)
+    caplog.set_level(logging.INFO, logger="portcullis.gateway.jwks")
+    for keys in (
+        KeySet(target, JwksSettings(), client),
+        KeySet(target, JwksSettings(), client, purpose="revocation events"),
+    ):
+        assert await keys.refresh()
+    loaded = [r for r in caplog.records if r.getMessage() == "jwks loaded"]
+    assert [getattr(r, "for") for r in loaded] == ["access tokens", "revocation events"]
