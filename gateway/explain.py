@@ -332,18 +332,12 @@ def explain(
     decision = policy.decide(rule, principal)
     if isinstance(decision, policy.Deny):
         return _decided(f"{decision.status} {decision.code} — {decision.reason}", monitor, front)
-    if needs is not None:
-        met = (
-            needs.scopes <= principal.scopes
-            if needs.mode == "all"
-            else not needs.scopes.isdisjoint(principal.scopes)
+    if needs is not None and not policy.holds(needs, principal.scopes):
+        return _decided(
+            "403 insufficient_scope — the call needs " + " ".join(sorted(needs.scopes)),
+            monitor,
+            front,
         )
-        if not met:
-            return _decided(
-                "403 insufficient_scope — the call needs " + " ".join(sorted(needs.scopes)),
-                monitor,
-                front,
-            )
     print("decision: forward, with the identity headers of this token")
     if front is not None:
         front.allow(principal)

@@ -372,13 +372,7 @@ class Pipeline(Generic[F]):
                 "mcp_bad_message", 400, "bad_request", f"The MCP request is refused: {exc}."
             )
         needed = mcp.scopes_for(call, plan.mcp.calls)
-        if needed is None or principal is None:
-            return None
-        if needed.mode == "all":
-            allowed = needed.scopes <= principal.scopes
-        else:
-            allowed = not needed.scopes.isdisjoint(principal.scopes)
-        if allowed:
+        if needed is None or principal is None or policy.holds(needed, principal.scopes):
             return None
         # Every scope the request needs, the route's (as far as the token meets them, for
         # `any`) with the call's: a client that asks for these alone keeps what it had.
@@ -387,11 +381,9 @@ class Pipeline(Generic[F]):
         if route is not None:
             kept = route.scopes if route.mode == "all" else route.scopes & principal.scopes
         scope = " ".join(sorted(needed.scopes | kept))
-        what = "all of" if needed.mode == "all" else "one of"
         scheme = bearer.DPOP if principal.jkt is not None else bearer.BEARER
         return errors.insufficient_scope(
-            f"{call.method} {call.name or ''}".rstrip()
-            + f" needs {what}: {' '.join(sorted(needed.scopes))}",
+            f"{call.method} {call.name or ''}".rstrip() + f" needs {policy.wording(needed)}",
             scope,
             plan.offer,
             scheme,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .principal import Principal
-from .records import Route
+from .records import Route, Scopes
 from .rules import Rule
 
 
@@ -29,6 +29,19 @@ class Deny:
 ALLOW = Allow()
 
 
+def holds(needed: Scopes, scopes: frozenset[str]) -> bool:
+    """Whether `scopes` meet what is `needed`: every one (`all`), or one of them (`any`)."""
+    if needed.mode == "all":
+        return needed.scopes <= scopes
+    return not needed.scopes.isdisjoint(scopes)
+
+
+def wording(needed: Scopes) -> str:
+    """How a refusal names what is needed: "all of: a b", "one of: a b"."""
+    what = "all of" if needed.mode == "all" else "one of"
+    return f"{what}: {' '.join(sorted(needed.scopes))}"
+
+
 def decide(rule: Rule[Route], principal: Principal) -> Allow | Deny:
     audiences = rule.audiences_by_issuer.get(principal.issuer)
     if audiences is None:
@@ -36,13 +49,7 @@ def decide(rule: Rule[Route], principal: Principal) -> Allow | Deny:
     if audiences.isdisjoint(principal.audiences):
         return Deny(401, "invalid_token", "the token is not meant for this API (audience)")
     scopes = rule.settings.scopes
-    if scopes is not None:
-        if scopes.mode == "all":
-            ok = scopes.scopes <= principal.scopes
-        else:
-            ok = not scopes.scopes.isdisjoint(principal.scopes)
-        if not ok:
-            needed = " ".join(sorted(scopes.scopes))
-            what = "all of" if scopes.mode == "all" else "one of"
-            return Deny(403, "insufficient_scope", f"the token needs {what}: {needed}", needed)
+    if scopes is not None and not holds(scopes, principal.scopes):
+        needed = " ".join(sorted(scopes.scopes))
+        return Deny(403, "insufficient_scope", f"the token needs {wording(scopes)}", needed)
     return ALLOW

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from portcullis.addresses import IPNetwork
 from portcullis.yamlconf import Rate
@@ -115,13 +115,19 @@ class IdentityHeaders:
     client_cert_san: str | None
 
     def names(self) -> tuple[str, ...]:
-        certificate = (self.client_cert_subject, self.client_cert_san)
-        fixed = (self.subject, self.client_id, self.scopes, self.issuer)
-        return (*fixed, *self.claims, *(h for h in certificate if h is not None))
+        return identity_header_names(self)
 
     @property
     def client_cert(self) -> bool:
         return self.client_cert_subject is not None or self.client_cert_san is not None
+
+
+def identity_header_names(ids: IdentityHeaders | Any) -> tuple[str, ...]:
+    """Every identity header's name, in order: the four fixed ones, the claims', the
+    certificate's (for the record and for the settings section of the same fields)."""
+    certificate = (ids.client_cert_subject, ids.client_cert_san)
+    fixed = (ids.subject, ids.client_id, ids.scopes, ids.issuer)
+    return (*fixed, *ids.claims, *(h for h in certificate if h is not None))
 
 
 @dataclass(frozen=True, slots=True)

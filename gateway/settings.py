@@ -39,7 +39,7 @@ from portcullis.tls import VerifyingServerTls
 from portcullis.yamlconf import ConfigError, LocatedList, Rate
 
 from . import rules
-from .records import IDENTITY_LIMIT_KEYS
+from .records import IDENTITY_LIMIT_KEYS, identity_header_names
 from .rules import HTTP_METHOD
 
 # RFC 7518 §3.1 asymmetric algorithms plus EdDSA (RFC 8037). Symmetric (HS*) and `none` can
@@ -411,9 +411,7 @@ class IdentityHeaders:
     client_cert_san: str | None = setting("For its subject alternative names.", default=None, parser=header)
 
     def names(self) -> tuple[str, ...]:
-        certificate = (self.client_cert_subject, self.client_cert_san)
-        fixed = (self.subject, self.client_id, self.scopes, self.issuer)
-        return (*fixed, *self.claims, *(h for h in certificate if h is not None))
+        return identity_header_names(self)
 
     @property
     def client_cert(self) -> bool:
