@@ -64,9 +64,11 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway import jwks, ratelimit, settings  # noqa: E402
-from gateway.capacity import BodiesInFlight, Slots  # noqa: E402
+from gateway import settings  # noqa: E402
 from gateway.forward import Forwarder, Upstream  # noqa: E402
+from gateway.steps import ratelimit  # noqa: E402
+from gateway.transport.capacity import BodiesInFlight, Slots  # noqa: E402
+from gateway.verifiers import jwks  # noqa: E402
 from gateway.verifiers.base import InvalidToken  # noqa: E402
 from gateway.verifiers.cache import TokenCache, token_key  # noqa: E402
 from gateway.verifiers.introspection import Introspector  # noqa: E402

@@ -203,8 +203,8 @@ def check_cost(entries: int, calls: int = 1_000_000) -> float:
     from types import MappingProxyType
 
     sys.path.insert(0, str(ROOT))
-    from gateway.principal import Principal
-    from gateway.revocations import DenySet
+    from gateway.core.principal import Principal
+    from gateway.steps.revocations import DenySet
 
     deny = DenySet()
     issuer = "https://auth.example.com"

@@ -1,5 +1,5 @@
-"""CPU time per exchange: gateway/upstream_client.py against an aiohttp ClientSession set up
-as the forward path set it up before, both to the same local aiohttp upstream (small GET
+"""CPU time per exchange: gateway/transport/upstream_client.py against an aiohttp ClientSession
+set up as the forward path set it up before, both to the same local aiohttp upstream (small GET
 answers, keep-alive), on uvloop.
 
     PYTHONPATH=. .venv/bin/python bench/upstream_client.py [exchanges] [concurrency]
@@ -23,7 +23,7 @@ import uvloop
 from aiohttp import web
 from multidict import CIMultiDict
 
-from gateway.upstream_client import Origin, UpstreamClient
+from gateway.transport.upstream_client import Origin, UpstreamClient
 
 HEADERS = [
     ("Accept", "application/json"),

@@ -17,8 +17,8 @@ from portcullis import cli, runtime
 from portcullis.version import version
 from portcullis.yamlconf import ConfigError
 
-from . import metrics
 from . import settings as settings_module
+from .ops import metrics
 
 log = logging.getLogger("portcullis.gateway")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from .records import (
+from .core.records import (
     AccessLogOptions,
     Bucket,
     BucketStore,

@@ -39,17 +39,14 @@ from portcullis import runtime, tls
 from portcullis.http import json_response
 from portcullis.yamlconf import ConfigError
 
-from . import adapter, errors, extauthz, framing, tracecontext
+from . import adapter, extauthz
 from . import settings as settings_module
-from .accesslog import AccessLog
-from .aiohttp_private import HeadSettlingRequest, http11_if_unparsable
-from .capacity import BodiesInFlight, Slots
-from .clock import SYSTEM_CLOCK, Clock
-from .dpop import MemoryReplayCache, ReplayCache
-from .exchange import EXT_AUTHZ, Exchange
+from .core.clock import SYSTEM_CLOCK, Clock
+from .core.dpop import MemoryReplayCache, ReplayCache
+from .core.exchange import EXT_AUTHZ, Exchange
 from .forward import LEFT_OUT, Forwarder, Upstream
-from .jwks import KeySet, keys_session
-from .metrics import (
+from .ops.accesslog import AccessLog
+from .ops.metrics import (
     CONTENT_TYPE,
     IssuerCounts,
     Metrics,
@@ -57,15 +54,20 @@ from .metrics import (
     SharedMetrics,
     StateCounts,
 )
-from .pipeline import LastToken, Pipeline, Resource
-from .ratelimit import Buckets, Limiter, buckets_for
-from .replay import RedisReplayCache
-from .revocations import Revocations
 from .settings import IssuerSettings, Settings
-from .upstream_client import Origin, UpstreamClient
+from .steps import errors
+from .steps.pipeline import LastToken, Pipeline, Resource
+from .steps.ratelimit import Buckets, Limiter, buckets_for
+from .steps.replay import RedisReplayCache
+from .steps.revocations import Revocations
+from .transport import framing, tracecontext
+from .transport.aiohttp_private import HeadSettlingRequest, http11_if_unparsable
+from .transport.capacity import BodiesInFlight, Slots
+from .transport.upstream_client import Origin, UpstreamClient
 from .verifiers import dispatch
 from .verifiers.cache import TokenCache
 from .verifiers.introspection import Introspector
+from .verifiers.jwks import KeySet, keys_session
 
 log = logging.getLogger("portcullis.gateway")
 

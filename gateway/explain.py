@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 
-from . import adapter, bearer, extauthz, mcp, policy, rules
-from .cors import CorsPolicy
-from .jwks import keys_session
-from .principal import Principal
-from .records import Route, Scopes
+from . import adapter, extauthz
+from .core import bearer, policy, rules
+from .core.principal import Principal
+from .core.records import Route, Scopes
 from .settings import CorsSettings, LimitRule, Settings
+from .steps import mcp
+from .steps.cors import CorsPolicy
 from .verifiers import dispatch
 from .verifiers.base import InvalidToken, VerifierUnavailable
 from .verifiers.cache import TokenCache
+from .verifiers.jwks import keys_session
 
 
 def _limit(rule: LimitRule, what: str) -> str:

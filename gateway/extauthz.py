@@ -43,14 +43,14 @@ from multidict import CIMultiDictProxy
 from portcullis.addresses import ClientAddresses, IPNetwork
 from portcullis.http import error_response
 
-from . import errors
-from .errors import Refusal
-from .exchange import Exchange
+from .core.exchange import Exchange
+from .core.principal import Derived, Principal
+from .core.records import IdentityHeaders
+from .core.rules import HTTP_METHOD
 from .forward import header_value, string_header_value
-from .pipeline import Admitted, Pipeline
-from .principal import Derived, Principal
-from .records import IdentityHeaders
-from .rules import HTTP_METHOD
+from .steps import errors
+from .steps.errors import Refusal
+from .steps.pipeline import Admitted, Pipeline
 
 FORWARD_AUTH = "/forward-auth"
 AUTH_REQUEST = "/auth-request"

@@ -61,13 +61,14 @@ from yarl import URL
 
 from portcullis.addresses import ClientAddresses
 
-from . import clientcert, errors, tracecontext
-from .capacity import BodiesInFlight, Slots
-from .clock import Now
-from .exchange import Exchange
-from .principal import Derived, Principal
-from .records import Forwarding, WebSocket
-from .upstream_client import (
+from .core.clock import Now
+from .core.exchange import Exchange
+from .core.principal import Derived, Principal
+from .core.records import Forwarding, WebSocket
+from .steps import errors
+from .transport import clientcert, tracecontext
+from .transport.capacity import BodiesInFlight, Slots
+from .transport.upstream_client import (
     RequestFields,
     UpstreamBroken,
     UpstreamClient,

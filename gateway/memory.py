@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .dpop import REPLAY_ENTRY_BYTES
-from .jwks import KEY_SET_BYTES
-from .pipeline import REMEMBERED_AUTHORIZATION_CHARS
-from .ratelimit import BUCKET_BYTES
-from .revocations import DENY_ENTRY_BYTES
+from .core.dpop import REPLAY_ENTRY_BYTES
 from .settings import Settings
+from .steps.pipeline import REMEMBERED_AUTHORIZATION_CHARS
+from .steps.ratelimit import BUCKET_BYTES
+from .steps.revocations import DENY_ENTRY_BYTES
 from .verifiers.cache import ENTRY_BYTES
 from .verifiers.introspection import ACTIVE_ENTRY_BYTES, INACTIVE_ENTRY_BYTES
+from .verifiers.jwks import KEY_SET_BYTES
 
 KiB = 1024
 MiB = 1024 * KiB

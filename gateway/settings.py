@@ -4,7 +4,7 @@ FILE:LINE problems, and describes them as JSON Schema and the README's reference
 
 `load(path)` reads, interpolates `${VAR}` and `${file:PATH}`, validates every key (unknown
 keys are errors), and checks the route table for duplicates and rules shadowed by an earlier
-one (gateway.rules). Nothing here does I/O beyond reading the file and the files it names
+one (gateway.core.rules). Nothing here does I/O beyond reading the file and the files it names
 (secrets, certificates and keys, which are loaded as the gateway would load them), so
 `portcullis-gateway check` and the running gateway agree.
 
@@ -38,9 +38,9 @@ from portcullis.sections import (
 from portcullis.tls import VerifyingServerTls
 from portcullis.yamlconf import ConfigError, LocatedList, Rate
 
-from . import rules
-from .records import IDENTITY_LIMIT_KEYS, identity_header_names
-from .rules import HTTP_METHOD
+from .core import rules
+from .core.records import IDENTITY_LIMIT_KEYS, identity_header_names
+from .core.rules import HTTP_METHOD
 
 # RFC 7518 §3.1 asymmetric algorithms plus EdDSA (RFC 8037). Symmetric (HS*) and `none` can
 # never be verified against a public key set (RFC 8725 §3.1, §3.2), so they are not offered.

@@ -35,8 +35,8 @@ from multidict import CIMultiDict
 
 from gateway import settings as gateway_settings
 from gateway.app import Gateway, admin_app, decision_server, public_server, upstream_session
-from gateway.clock import SYSTEM_CLOCK, Clock
-from gateway.jwks import keys_session
+from gateway.core.clock import SYSTEM_CLOCK, Clock
+from gateway.verifiers.jwks import keys_session
 from portcullis.jose import ECDSA_CURVES, low_s
 from portcullis.tls import RotatingCertificate
 

@@ -9,13 +9,16 @@
 - gateway and authserver never import each other;
 - the gateway's pure modules (rules, policy, bearer, principal) reach no aiohttp, even
   through other modules of the package, so they are tested without a server;
-- inside the gateway, `app → {pipeline, forward}`, `pipeline → {verifiers, rules, policy,
-  ratelimit}`, `verifiers → {jwks, bearer, principal}`: the request path knows nothing of
-  forwarding (its last step is given to it), verifiers nothing of the path they serve, and
-  nothing imports the composition root but the command line that runs it.
-- the gateway's running code reads records (records.py), not the configuration file's shape:
-  only the adapter that builds them, the composition root and the commands that read a
-  configuration whole (`check`'s memory bound, `explain`) import the settings at all;
+- the gateway is layered as docs/architecture.md draws it: app and the command line →
+  settings, adapter and the commands that read a configuration whole → forward, extauthz →
+  steps/ → verifiers/ → ops/, transport/ → core/. A module imports only from its own layer
+  or those below, even for type checking; the page draws every module, each in its layer;
+  `steps.pipeline → {core.rules, core.policy, steps.ratelimit}`, the request path knows
+  nothing of forwarding (its last step is given to it), verifiers nothing of the path they
+  serve, and nothing imports the composition root but the command line that runs it.
+- the gateway's running code reads records (core/records.py), not the configuration file's
+  shape: only the adapter that builds them, the composition root and the commands that read
+  a configuration whole (`check`'s memory bound, `explain`) import the settings at all;
 - no module of the gateway or the kernel reaches itself through its imports, not even
   through imports made only for type checking (settings.py reads rules.py, never back);
 - the authserver is layered: app (the composition root) → settings → endpoints, the admin
@@ -41,12 +44,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PURE_GATEWAY_MODULES = (
-    "gateway.rules",
-    "gateway.policy",
-    "gateway.bearer",
-    "gateway.principal",
-    "gateway.dpop",
-    "gateway.records",
+    "gateway.core.rules",
+    "gateway.core.policy",
+    "gateway.core.bearer",
+    "gateway.core.principal",
+    "gateway.core.dpop",
+    "gateway.core.records",
 )
 # The kernel's pure standards code, which both services call on their request paths, and the
 # libraries it may use beside the standard library: cryptographic primitives, PyJWT's JWK
@@ -194,19 +197,24 @@ def test_nothing_in_the_gateway_imports_its_composition_root(module):
 # What the request path, the verifiers and the step modules must never reach, even
 # through other modules.
 _FORBIDDEN = {
-    "gateway.pipeline": {"gateway.app", "gateway.forward", "gateway.extauthz"},
+    "gateway.steps.pipeline": {"gateway.app", "gateway.forward", "gateway.extauthz"},
     "gateway.extauthz": {"gateway.app"},
     "gateway.verifiers": {
         "gateway.app",
-        "gateway.pipeline",
+        "gateway.steps.pipeline",
         "gateway.forward",
-        "gateway.ratelimit",
-        "gateway.policy",
+        "gateway.steps.ratelimit",
+        "gateway.core.policy",
     },
-    "gateway.ratelimit": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
-    "gateway.policy": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
-    "gateway.forward": {"gateway.app", "gateway.pipeline", "gateway.verifiers"},
-    "gateway.dpop": {"gateway.app", "gateway.pipeline", "gateway.verifiers", "gateway.settings"},
+    "gateway.steps.ratelimit": {"gateway.app", "gateway.steps.pipeline", "gateway.verifiers"},
+    "gateway.core.policy": {"gateway.app", "gateway.steps.pipeline", "gateway.verifiers"},
+    "gateway.forward": {"gateway.app", "gateway.steps.pipeline", "gateway.verifiers"},
+    "gateway.core.dpop": {
+        "gateway.app",
+        "gateway.steps.pipeline",
+        "gateway.verifiers",
+        "gateway.settings",
+    },
 }
 
 
@@ -224,13 +232,110 @@ def test_gateway_layers_import_only_downwards(module, forbidden):
 
 
 def test_the_composition_root_builds_the_pipeline_and_the_forwarder():
-    assert {"gateway.pipeline", "gateway.forward"} <= _gateway_imports("gateway.app")
-    assert "gateway.verifiers.dispatch" in _closure("gateway.pipeline") | _gateway_imports(
+    assert {"gateway.steps.pipeline", "gateway.forward"} <= _gateway_imports("gateway.app")
+    assert "gateway.verifiers.dispatch" in _closure("gateway.steps.pipeline") | _gateway_imports(
         "gateway.app"
     )
-    assert {"gateway.rules", "gateway.policy", "gateway.ratelimit"} <= _gateway_imports(
-        "gateway.pipeline"
+    assert {
+        "gateway.core.rules",
+        "gateway.core.policy",
+        "gateway.steps.ratelimit",
+    } <= _gateway_imports("gateway.steps.pipeline")
+
+
+# The gateway's layers, top to bottom, as docs/architecture.md draws them; a module belongs to
+# the first entry it falls under and imports (even for type checking) only from its own layer
+# or those below.
+GATEWAY_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("gateway.__main__", "gateway.app"),
+    ("gateway.adapter", "gateway.settings", "gateway.explain", "gateway.memory"),
+    ("gateway.extauthz", "gateway.forward"),
+    ("gateway.steps",),
+    ("gateway.verifiers",),
+    ("gateway.ops", "gateway.transport"),
+    ("gateway.core",),
+)
+GATEWAY_MODULES = sorted(m for m in GRAPH if m.startswith("gateway."))
+
+
+def _gateway_layer(module: str) -> int | None:
+    for index, members in enumerate(GATEWAY_LAYERS):
+        if any(_under(module, member) for member in members):
+            return index
+    return None
+
+
+@pytest.mark.parametrize("module", GATEWAY_MODULES)
+def test_every_gateway_module_has_a_layer(module):
+    assert _gateway_layer(module) is not None
+
+
+@pytest.mark.parametrize("module", GATEWAY_MODULES)
+def test_gateway_modules_import_only_their_own_layer_or_those_below(module):
+    layer = _gateway_layer(module)
+    assert layer is not None
+    imported = {
+        name
+        for name in TYPED_GRAPH[module]
+        if name in GRAPH and name.startswith("gateway.") and name != module
+    }
+    upward = {name for name in imported if (_gateway_layer(name) or 0) < layer}
+    assert not upward, f"{module} imports from a layer above it: {sorted(upward)}"
+
+
+def test_the_gateway_layer_scan_sees_imports_across_layers():
+    # The request path reaches down through every layer below it: the rule is not vacuous.
+    reached = _closure("gateway.steps.pipeline")
+    assert {"gateway.verifiers.cache", "gateway.ops.metrics", "gateway.transport.clientcert"} <= (
+        reached
     )
+    assert "gateway.core.records" in reached
+    assert _gateway_layer("gateway.steps.pipeline") < _gateway_layer("gateway.core.records")
+
+
+ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"
+
+
+def _drawn_layout() -> dict[str, int]:
+    """The modules the architecture page's layout block draws, each with its layer."""
+    block = ARCHITECTURE_PAGE.read_text().split("<!-- layout -->")[1]
+    drawn: dict[str, int] = {}
+    layer, package = -1, ""
+    for line in block.splitlines():
+        if row := re.match(r"^(\d+)\s+(gateway/\S*)\s+(.*)$", line):
+            layer, package, rest = int(row[1]), row[2].rstrip("/").replace("/", "."), row[3]
+        elif more := re.match(r"^\s+(\S+\.py\b.*)$", line):
+            rest = more[1]
+        else:
+            continue
+        for word in rest.split():
+            if not word.endswith(".py"):
+                break
+            drawn[f"{package}.{word[:-3]}"] = layer
+    return drawn
+
+
+def _gateway_files() -> set[str]:
+    return {
+        _module_name(path)
+        for path in (ROOT / "gateway").rglob("*.py")
+        if path.name != "__init__.py"
+    }
+
+
+def test_the_architecture_page_draws_every_gateway_module_and_nothing_else():
+    drawn, actual = set(_drawn_layout()), _gateway_files()
+    assert drawn == actual, (
+        f"missing from the page: {sorted(actual - drawn)}; "
+        f"on the page but not in the tree: {sorted(drawn - actual)}"
+    )
+
+
+def test_the_architecture_page_draws_each_module_in_its_layer():
+    drawn = _drawn_layout()
+    assert sorted(set(drawn.values())) == list(range(len(GATEWAY_LAYERS)))
+    misplaced = {m: n for m, n in drawn.items() if _gateway_layer(m) != n}
+    assert not misplaced, f"drawn in another layer than the test's: {misplaced}"
 
 
 def _cycle_through(module: str, graph: dict[str, set[str]]) -> list[str] | None:
@@ -432,7 +537,7 @@ _NAMING_SETTINGS_WITH_RECORDS = {"gateway.settings", "gateway.adapter", "gateway
 )
 def test_only_the_adapter_and_the_composition_root_name_issuer_and_route_settings(module):
     named = TYPED_GRAPH[module] & _SETTINGS_WITH_RECORDS
-    assert not named, f"{module} imports {sorted(named)}: take gateway.records instead"
+    assert not named, f"{module} imports {sorted(named)}: take gateway.core.records instead"
 
 
 @pytest.mark.parametrize("module", PURE_GATEWAY_MODULES)
@@ -459,12 +564,12 @@ _READING_SETTINGS = {
 )
 def test_below_the_composition_root_nothing_imports_the_settings(module):
     named = {name for name in TYPED_GRAPH[module] if _under(name, "gateway.settings")}
-    assert not named, f"{module} imports {sorted(named)}: give it a record (gateway.records)"
+    assert not named, f"{module} imports {sorted(named)}: give it a record (gateway.core.records)"
 
 
 def test_the_settings_scan_sees_the_adapter_name_them():
     assert TYPED_GRAPH["gateway.adapter"] >= _SETTINGS_WITH_RECORDS
-    assert "gateway.records" in GRAPH["gateway.adapter"]
+    assert "gateway.core.records" in GRAPH["gateway.adapter"]
     assert "gateway.adapter" in _gateway_imports("gateway.app")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..principal import Principal
+from ..core.principal import Principal
 
 
 class InvalidToken(Exception):

@@ -28,8 +28,8 @@ from portcullis.jose import (
     low_s,
 )
 
-from ..clock import Now
-from ..principal import Principal
+from ..core.clock import Now
+from ..core.principal import Principal
 
 # Memory one entry holds at most, as measured by bench/memory.py (token-cache): the digest,
 # the principal with its claims of a typical RFC 9068 access token, and what forwarding adds

@@ -27,14 +27,14 @@ import orjson
 
 from portcullis.jose import b64url_decode
 
-from ..bearer import looks_like_jwt
-from ..clock import SYSTEM_CLOCK, Clock
-from ..jwks import KeySet
-from ..principal import Principal
-from ..records import Issuer, KeySetTiming
+from ..core.bearer import looks_like_jwt
+from ..core.clock import SYSTEM_CLOCK, Clock
+from ..core.principal import Principal
+from ..core.records import Issuer, KeySetTiming
 from .base import Verifier
 from .cache import TokenCache, token_key
 from .introspection import Introspector
+from .jwks import KeySet
 from .jwt import JwtVerifier, TrustedIssuer
 
 

@@ -47,9 +47,8 @@ from urllib.parse import quote_plus, urlsplit
 import aiohttp
 import orjson
 
-from ..clock import SYSTEM_CLOCK, Clock
-from ..jwks import FetchError, discovery_urls, fetch_json, issuer_tls, read_bounded
-from ..principal import (
+from ..core.clock import SYSTEM_CLOCK, Clock
+from ..core.principal import (
     MalformedScope,
     Principal,
     UnsupportedBinding,
@@ -57,9 +56,10 @@ from ..principal import (
     bound_key,
     normalise_scopes,
 )
-from ..records import Introspection, Issuer
+from ..core.records import Introspection, Issuer
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache
+from .jwks import FetchError, discovery_urls, fetch_json, issuer_tls, read_bounded
 from .shared_cache import NoSharedAnswers, RedisAnswers, SharedAnswers, cache_secret
 from .validity import check_validity
 

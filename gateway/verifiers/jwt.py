@@ -36,11 +36,11 @@ from typing import Any
 from portcullis.jose import NotAnObject, compact_parts, decode_checked_alphabet, json_object
 from portcullis.jose import b64url_decode as b64url_decode  # the canonical decoder, re-exported
 
-from ..clock import Now
-from ..jwks import KeySet, VerifyKey
-from ..principal import MalformedScope, Principal, UnsupportedBinding, from_claims
+from ..core.clock import Now
+from ..core.principal import MalformedScope, Principal, UnsupportedBinding, from_claims
 from .base import InvalidToken, VerifierUnavailable
 from .cache import TokenCache, token_key
+from .jwks import KeySet, VerifyKey
 from .signatures import SignatureBatch
 from .validity import check_validity
 

@@ -33,8 +33,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..clock import Now
-from ..redis_pool import redis_client, redis_failures
+from ..core.clock import Now
+from ..transport.redis_pool import redis_client, redis_failures
 from .cache import canonical_spelling
 
 log = logging.getLogger("portcullis.gateway.introspection")

@@ -26,8 +26,8 @@ import pytest
 
 from authserver import settings as authserver_settings
 from authserver import users
-from gateway import rules
 from gateway import settings as gateway_settings
+from gateway.core import rules
 from tests.support import reserve_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-from gateway import adapter, policy, rules, settings
-from gateway.principal import Principal
-from gateway.records import Bucket, Cors, Introspection, Issuer, Route, Scopes, WebSocket
+from gateway import adapter, settings
+from gateway.core import policy, rules
+from gateway.core.principal import Principal
+from gateway.core.records import Bucket, Cors, Introspection, Issuer, Route, Scopes, WebSocket
 from portcullis.yamlconf import Rate
 
 AUTH = "https://auth.example.com"

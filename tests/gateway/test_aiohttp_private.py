@@ -1,4 +1,4 @@
-"""gateway.aiohttp_private: the two parts of aiohttp the public listener relies on that
+"""gateway.transport.aiohttp_private: the two parts of aiohttp the public listener relies on that
 aiohttp does not promise. Each test names what changed when it fails, on a real low-level
 server and socket, apart from the gateway."""
 
@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 
-from gateway.aiohttp_private import HeadSettlingRequest, http11_if_unparsable
+from gateway.transport.aiohttp_private import HeadSettlingRequest, http11_if_unparsable
 from tests.support import raw_exchange, raw_request, start_site
 
 

@@ -1,10 +1,10 @@
-"""gateway.bearer: the token comes from one Authorization header with the Bearer scheme only."""
+"""gateway.core.bearer: the token comes from one Authorization header, Bearer scheme only."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.bearer import MalformedAuthorization, extract, looks_like_jwt
+from gateway.core.bearer import MalformedAuthorization, extract, looks_like_jwt
 
 JWT = "eyJhbGciOiJFUzI1NiIsInR5cCI6ImF0K2p3dCJ9.eyJzdWIiOiJ1c2VyLTEyMyJ9.c2lnbmF0dXJl"
 

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.capacity import BodiesInFlight, Slots
+from gateway.transport.capacity import BodiesInFlight, Slots
 from tests.support import (
     CountingUpstream,
     EchoUpstream,

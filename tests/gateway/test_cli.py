@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ratelimit import BUCKET_BYTES
+from gateway.steps.ratelimit import BUCKET_BYTES
 from gateway.verifiers.cache import ENTRY_BYTES
 from gateway.verifiers.introspection import ACTIVE_ENTRY_BYTES, INACTIVE_ENTRY_BYTES
 from tests.support import TestIssuer

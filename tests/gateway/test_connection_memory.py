@@ -35,10 +35,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.exchange import Exchange
-from gateway.pipeline import REMEMBERED_AUTHORIZATION_CHARS, Admitted, LastToken
-from gateway.principal import Principal
-from gateway.revocations import SUBJECT_TOKENS_REVOKED, TOKENS_REVOKED
+from gateway.core.exchange import Exchange
+from gateway.core.principal import Principal
+from gateway.steps.pipeline import REMEMBERED_AUTHORIZATION_CHARS, Admitted, LastToken
+from gateway.steps.revocations import SUBJECT_TOKENS_REVOKED, TOKENS_REVOKED
 from tests.dpop_proofs import DpopKey
 from tests.support import (
     UNBOUND_ADMIN_LISTEN,

@@ -1,4 +1,4 @@
-"""The gateway's own part of DPoP (gateway/dpop.py): the memory replay cache, which
+"""The gateway's own part of DPoP (gateway/core/dpop.py): the memory replay cache, which
 accepts a proof once while it lives and refuses rather than forgets. The proof checks are
 the kernel's, tested in tests/portcullis/test_dpop.py, and through a running gateway in
 test_dpop_gateway.py."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.dpop import MemoryReplayCache, ReplayCacheUnavailable
+from gateway.core.dpop import MemoryReplayCache, ReplayCacheUnavailable
 
 
 async def test_memory_replay_cache_accepts_a_key_once_until_it_expires():
@@ -46,7 +46,7 @@ def test_memory_replay_cache_full_makes_room_of_entries_expired_behind_a_live_on
 
 def test_the_request_path_checks_proofs_with_the_kernels_code():
     # One implementation of RFC 9449 for both services (portcullis/dpop.py).
-    from gateway import dpop
+    from gateway.core import dpop
     from portcullis import dpop as kernel
 
     for name in ("ProofChecker", "ProofPolicy", "NonceMaker", "check_binding", "UseNonce"):

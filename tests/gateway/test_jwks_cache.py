@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
-from gateway.jwks import MIN_REFETCH_GAP, cache_lifetime, discovery_urls
 from gateway.settings import JwksSettings
+from gateway.verifiers.jwks import MIN_REFETCH_GAP, cache_lifetime, discovery_urls
 from tests.support import (
     Answer,
     EchoUpstream,

@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from jwt.algorithms import get_default_algorithms
 
 from gateway import adapter
-from gateway.jwks import KeySet
 from gateway.settings import IssuerSettings, JwksSettings
 from gateway.verifiers import jwt as jwt_verifier
 from gateway.verifiers.base import InvalidToken
 from gateway.verifiers.cache import TokenCache, canonical_spelling, token_key
+from gateway.verifiers.jwks import KeySet
 from gateway.verifiers.jwt import JwtVerifier, TrustedIssuer, b64url_decode
 from tests.support import (
     EchoUpstream,

@@ -13,7 +13,7 @@ import textwrap
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import _BOUNDS, LATENCY_BUCKETS, add_observations
+from gateway.ops.metrics import _BOUNDS, LATENCY_BUCKETS, add_observations
 from portcullis.histogram import PlainHistogram
 
 # Values on bucket bounds, between them, below the first and above the last.
@@ -61,10 +61,10 @@ WORKER = textwrap.dedent(
     import asyncio, json, os, sys, tempfile
     directory = tempfile.mkdtemp()
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-    from gateway.exchange import Exchange
+    from gateway.core.exchange import Exchange
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
-    from gateway.metrics import SharedMetrics, StateCounts
+    from gateway.ops.metrics import SharedMetrics, StateCounts
     files = CollectorRegistry()
     MultiProcessCollector(files, path=directory)
 

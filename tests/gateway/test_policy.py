@@ -1,12 +1,13 @@
-"""gateway.policy: issuer, audience and scope decisions for a verified principal on a route."""
+"""gateway.core.policy: issuer, audience and scope decisions for a verified principal on a route."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gateway import policy, rules, settings
-from gateway.policy import Allow, Deny
-from gateway.principal import Principal
+from gateway import settings
+from gateway.core import policy, rules
+from gateway.core.policy import Allow, Deny
+from gateway.core.principal import Principal
 
 AUTH = "https://auth.example.com"
 PARTNER = "https://partner.example.com"

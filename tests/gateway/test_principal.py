@@ -1,4 +1,4 @@
-"""gateway.principal: scopes, audiences and client from the claim shapes issuers use."""
+"""gateway.core.principal: scopes, audiences and client from the claim shapes issuers use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.principal import (
+from gateway.core.principal import (
     MalformedScope,
     Principal,
     audiences_of,

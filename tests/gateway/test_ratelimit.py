@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.ratelimit import MemoryBuckets, Policy
 from gateway.settings import LimitRule
+from gateway.steps.ratelimit import MemoryBuckets, Policy
 from portcullis.addresses import ClientAddresses
 from portcullis.yamlconf import rate
 from tests.hypothesis_profiles import examples

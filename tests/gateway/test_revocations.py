@@ -1,4 +1,4 @@
-"""The deny-set, the SSE parser and the SET checks of gateway/revocations.py, without a
+"""The deny-set, the SSE parser and the SET checks of gateway/steps/revocations.py, without a
 server (the stream end to end is in tests/e2e/test_revocation_events.py)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway import adapter
-from gateway.jwks import KeySet
-from gateway.principal import Principal
-from gateway.records import Issuer
-from gateway.revocations import (
+from gateway.core.principal import Principal
+from gateway.core.records import Issuer
+from gateway.settings import IssuerSettings, JwksSettings
+from gateway.steps.revocations import (
     CLIENT_TOKENS_REVOKED,
     MAX_EVENT_BYTES,
     REVOKED,
@@ -33,7 +33,7 @@ from gateway.revocations import (
     apply_event,
     verify_set,
 )
-from gateway.settings import IssuerSettings, JwksSettings
+from gateway.verifiers.jwks import KeySet
 from tests.support import TestIssuer, ecdsa_twin, low_s_jws
 
 ISSUER = "https://auth.example.com"

@@ -1,4 +1,4 @@
-"""gateway.rules: path templates, the indexed router, conflict detection, path splitting and
+"""gateway.core.rules: path templates, the indexed router, conflict detection, path splitting and
 reading (`;` parameters, letter case), and HEAD going with GET."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import rules
-from gateway.rules import (
+from gateway.core import rules
+from gateway.core.rules import (
     BadPath,
     Pattern,
     RequestPath,

@@ -751,7 +751,7 @@ def test_server_header_is_none_by_default_and_must_be_a_plain_header_value() -> 
 def test_every_algorithm_a_configuration_may_name_has_a_key_type_and_a_signature_check():
     # The issuers' `algorithms` and `dpop.algorithms` take these; tokens, events and proofs
     # are all checked by the kernel's JOSE (portcullis/jose.py).
-    from gateway.jwks import KEY_TYPE_OF_ALG
+    from gateway.verifiers.jwks import KEY_TYPE_OF_ALG
     from portcullis.dpop import ASYMMETRIC_ALGORITHMS
     from portcullis.jose import SIGNATURE_ALGORITHMS
 

@@ -11,9 +11,9 @@ import aiohttp
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.exchange import Exchange
-from gateway.pipeline import REMEMBERED_AUTHORIZATION_CHARS, Admitted, LastToken
-from gateway.principal import Principal
+from gateway.core.exchange import Exchange
+from gateway.core.principal import Principal
+from gateway.steps.pipeline import REMEMBERED_AUTHORIZATION_CHARS, Admitted, LastToken
 from gateway.verifiers.cache import TokenCache
 from tests.support import (
     Answer,

@@ -9,7 +9,7 @@ import re
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gateway.bearer import is_b64token
+from gateway.core.bearer import is_b64token
 from portcullis.jose import compact_parts
 from tests.hypothesis_profiles import examples
 

@@ -1,5 +1,5 @@
-"""gateway.upstream_client: keep-alive reuse, framing both ways, strict parsing, flow control,
-timeouts and cancellation, against upstreams written in bytes on 127.0.0.1 (and, for the
+"""gateway.transport.upstream_client: keep-alive reuse, framing both ways, strict parsing, flow
+control, timeouts and cancellation, against upstreams written in bytes on 127.0.0.1 (and, for the
 smuggling cases, through a running gateway); and the table of a connection's phases."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import uvloop
 from multidict import CIMultiDict
 
-from gateway.upstream_client import (
+from gateway.transport.upstream_client import (
     EVENTS,
     TRANSITIONS,
     Event,

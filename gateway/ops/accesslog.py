@@ -25,8 +25,8 @@ from typing import IO, Any
 
 import orjson
 
-from .exchange import Exchange
-from .records import AccessLogOptions
+from ..core.exchange import Exchange
+from ..core.records import AccessLogOptions
 
 _MILLISECONDS = tuple(f".{ms:03d}Z" for ms in range(1000))
 _MAX_WAITING = 256 * 1024  # bytes of lines held before writing at once

@@ -64,7 +64,7 @@ from prometheus_client.registry import Collector
 from portcullis.buildinfo import BuildInfo
 from portcullis.histogram import Bounds, PlainHistogram
 
-from .exchange import DENY, PROXY, UNMATCHED, Exchange
+from ..core.exchange import DENY, PROXY, UNMATCHED, Exchange
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (

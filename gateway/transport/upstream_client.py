@@ -278,13 +278,27 @@ def _ending_in(phase: Phase) -> dict[Event, Phase]:
     return {"ended": phase, "reset": phase, "aborted": phase}
 
 
+class _Moves(dict[Event, Phase]):
+    """One phase's rules. An event it does not list raises LifecycleError, so the hot path
+    looks a move up inline (`TRANSITIONS[phase][event]`), with no call to `next_phase`."""
+
+    __slots__ = ("phase",)
+
+    def __init__(self, phase: Phase, moves: Mapping[Event, Phase]) -> None:
+        super().__init__(moves)
+        self.phase = phase
+
+    def __missing__(self, event: Event) -> Phase:
+        raise LifecycleError(f"{event!r} in {self.phase.name}")
+
+
 # Every rule that moves a connection from one phase to another. What is not here may not
-# happen: `next_phase` raises. "bytes" is missing wherever no answer is awaited (idle,
-# ready, after the answer): `data_received` closes the connection then (RFC 9112 §9.3.2:
-# nothing may follow the answer to the last request sent). "ended" and "reset" are missing
-# in DONE and MUST_CLOSE, which last no longer than the synchronous `_release`, and in
-# OPENING: the loop reports the end only of a connection it has reported made.
-TRANSITIONS: Mapping[Phase, Mapping[Event, Phase]] = {
+# happen: looking it up raises LifecycleError. "bytes" is missing wherever no answer is
+# awaited (idle, ready, after the answer): `data_received` closes the connection then (RFC
+# 9112 §9.3.2: nothing may follow the answer to the last request sent). "ended" and "reset"
+# are missing in DONE and MUST_CLOSE, which last no longer than the synchronous `_release`,
+# and in OPENING: the loop reports the end only of a connection it has reported made.
+_RULES: Mapping[Phase, Mapping[Event, Phase]] = {
     Phase.OPENING: {
         "connected": Phase.READY,
         # No transport to close yet: the client is closed by then, and `_connect` closes the
@@ -356,14 +370,14 @@ TRANSITIONS: Mapping[Phase, Mapping[Event, Phase]] = {
         "released_closing": Phase.CLOSED,
     },
 }
+TRANSITIONS: Mapping[Phase, Mapping[Event, Phase]] = {
+    phase: _Moves(phase, moves) for phase, moves in _RULES.items()
+}
 
 
 def next_phase(phase: Phase, event: Event) -> Phase:
     """The phase `event` leads to from `phase` (LifecycleError: it may not happen there)."""
-    try:
-        return TRANSITIONS[phase][event]
-    except KeyError:
-        raise LifecycleError(f"{event!r} in {phase.name}") from None
+    return TRANSITIONS[phase][event]
 
 
 # What the code asks of a phase (these sets say what the phases are; they move nothing).
@@ -474,7 +488,7 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ the transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._phase = next_phase(self._phase, "connected")
+        self._phase = TRANSITIONS[self._phase]["connected"]
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
         self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
@@ -527,7 +541,7 @@ class _Connection(asyncio.Protocol):
     # the connection (a second message after the answer, body bytes where it has none).
 
     def on_message_begin(self) -> None:
-        self._phase = next_phase(self._phase, "message_begin")
+        self._phase = TRANSITIONS[self._phase]["message_begin"]
 
     def on_status(self, status: bytes) -> None:
         self.reason = status.decode("utf-8", "surrogateescape")
@@ -542,7 +556,7 @@ class _Connection(asyncio.Protocol):
         parser = self._parser
         status = parser.get_status_code()
         if status < _FINAL:
-            self._phase = next_phase(self._phase, "interim_head")
+            self._phase = TRANSITIONS[self._phase]["interim_head"]
             self.headers = CIMultiDict()  # 1xx: skipped, the final answer follows
             return
         headers = self.headers
@@ -550,7 +564,7 @@ class _Connection(asyncio.Protocol):
             # RFC 9112 §6.3 (1): no body, whatever the fields say. llhttp does not know the
             # request was HEAD, so its state is dropped with its parser, and so is its view
             # of keep-alive (it may expect a body until the end of the connection).
-            self._phase = next_phase(self._phase, "head_no_body")
+            self._phase = TRANSITIONS[self._phase]["head_no_body"]
             self.status = status
             self.content_length = None
             self._fresh_parser = True
@@ -566,13 +580,13 @@ class _Connection(asyncio.Protocol):
             # RFC 9112 §6.3 (4, 8): chunked when it is the last coding, else until the end.
             codings = ",".join(headers.getall("Transfer-Encoding", ())).rstrip().lower()
             event = "head" if codings.endswith("chunked") else "head_until_close"
-        self._phase = next_phase(self._phase, event)
+        self._phase = TRANSITIONS[self._phase][event]
         self.status = status
         if not parser.should_keep_alive():
             self.reusable = False
 
     def on_body(self, body: bytes) -> None:
-        self._phase = next_phase(self._phase, "body")
+        self._phase = TRANSITIONS[self._phase]["body"]
         self._body.append(body)
         self._buffered += len(body)
         if self._buffered > self._high_water and not self._reading_paused:
@@ -582,14 +596,14 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         phase = self._phase
-        self._phase = next_phase(phase, "message_end")
+        self._phase = TRANSITIONS[phase]["message_end"]
         if phase is Phase.READING_BODY and not self._parser.should_keep_alive():
             self.reusable = False
 
     # ------------------------------------------------------------------ the exchange
 
     def begin(self, head_only: bool) -> None:
-        self._phase = next_phase(self._phase, "request")
+        self._phase = TRANSITIONS[self._phase]["request"]
         if self._fresh_parser:
             self._parser = httptools.HttpResponseParser(self)
             self._fresh_parser = False
@@ -611,15 +625,15 @@ class _Connection(asyncio.Protocol):
                 self.reusable = False
         # Whether the answer was read whole is the phase's to say (the table).
         released = self.reusable and not self._body and not self._reading_paused
-        phase = next_phase(self._phase, "released" if released else "released_closing")
+        phase = TRANSITIONS[self._phase]["released" if released else "released_closing"]
         self._phase = phase
         return phase is Phase.DONE
 
     def pool(self) -> None:
-        self._phase = next_phase(self._phase, "pooled")
+        self._phase = TRANSITIONS[self._phase]["pooled"]
 
     def take(self) -> None:
-        self._phase = next_phase(self._phase, "taken")
+        self._phase = TRANSITIONS[self._phase]["taken"]
 
     async def send_body(self, chunks: AsyncIterator[bytes], length: int | None) -> None:
         """Write a streamed body, each chunk once the socket can take it: chunked when its
@@ -746,7 +760,7 @@ class _Connection(asyncio.Protocol):
         """The end of the connection ("ended", "reset": the upstream's; "aborted": this side's).
         An exchange it leaves failed (UNANSWERED, BROKEN) fails with `reason`."""
         phase = self._phase
-        ended = self._phase = next_phase(phase, event)
+        ended = self._phase = TRANSITIONS[phase][event]
         if phase in _OPEN:  # else: not open yet, or closed already (and reported since)
             if ended in _FAILED:
                 self._failure = UpstreamBroken(reason)

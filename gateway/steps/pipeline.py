@@ -52,20 +52,22 @@ from multidict import CIMultiDictProxy
 
 from portcullis.addresses import ClientAddresses
 
-from . import bearer, clientcert, dpop, errors, mcp, policy, resource_metadata, rules
-from .bearer import Credentials
-from .clock import Now
+from ..core import bearer, dpop, policy, rules
+from ..core.bearer import Credentials
+from ..core.clock import Now
+from ..core.exchange import PREFLIGHT, Exchange
+from ..core.principal import Principal
+from ..core.records import Issuer, Mcp, RequestPath, Route, WebSocket
+from ..core.records import Resource as ProtectedResource
+from ..ops.metrics import Metrics
+from ..transport import clientcert
+from ..verifiers.base import InvalidToken, Verifier, VerifierUnavailable
+from ..verifiers.cache import token_key
+from . import errors, mcp, resource_metadata
 from .cors import CorsPolicy, CorsRefused
 from .errors import Refusal
-from .exchange import PREFLIGHT, Exchange
-from .metrics import Metrics
-from .principal import Principal
 from .ratelimit import Limiter, Policy, Verdict
-from .records import Issuer, Mcp, RequestPath, Route, WebSocket
-from .records import Resource as ProtectedResource
 from .revocations import REVOKED, DenySet
-from .verifiers.base import InvalidToken, Verifier, VerifierUnavailable
-from .verifiers.cache import token_key
 
 _VERIFIER_RETRY_AFTER = 5  # seconds, on a 503 when tokens cannot be verified
 # The key of DPoP nonces when dpop.nonce_key is not set: this process's own, the same for

@@ -57,10 +57,10 @@ from portcullis.jose import (
     verify_signature,
 )
 
-from .clock import Now
-from .jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
-from .principal import Principal
-from .records import Issuer, KeySetTiming, RevocationEvents
+from ..core.clock import Now
+from ..core.principal import Principal
+from ..core.records import Issuer, KeySetTiming, RevocationEvents
+from ..verifiers.jwks import FetchError, KeySet, discovery_urls, fetch_json, issuer_tls
 
 log = logging.getLogger("portcullis.gateway.revocations")
 

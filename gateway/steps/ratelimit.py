@@ -39,10 +39,10 @@ from multidict import MultiMapping
 
 from portcullis.addresses import ClientAddresses
 
-from .clock import Now
-from .principal import Principal
-from .records import Bucket, BucketStore
-from .redis_pool import redis_client, redis_failures
+from ..core.clock import Now
+from ..core.principal import Principal
+from ..core.records import Bucket, BucketStore
+from ..transport.redis_pool import redis_client, redis_failures
 
 log = logging.getLogger("portcullis.gateway.ratelimit")
 

@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from portcullis.http import error_response
 
-from .principal import Principal
+from ..core.principal import Principal
 
 # RFC 6750 §3: error_description and scope values exclude `"` and `\`.
 _UNSAFE = re.compile(r"[^\x20\x21\x23-\x5B\x5D-\x7E]")

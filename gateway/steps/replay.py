@@ -19,8 +19,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .dpop import ReplayCacheUnavailable
-from .redis_pool import redis_client, redis_failures
+from ..core.dpop import ReplayCacheUnavailable
+from ..transport.redis_pool import redis_client, redis_failures
 
 log = logging.getLogger("portcullis.gateway.dpop")
 _WARNING_INTERVAL = timedelta(seconds=10)  # a Redis outage must not flood the log

@@ -4,7 +4,7 @@ gateway's own is the replay cache a proof is recorded in.
 
 A proof that passed `ProofChecker.check` is recorded by the caller in a `ReplayCache` until
 `Proof.replay_until` (§11.1): `MemoryReplayCache` here, the one shared by workers and
-replicas in gateway/replay.py. Pure: no I/O here either.
+replicas in gateway/steps/replay.py. Pure: no I/O here either.
 """
 
 from __future__ import annotations

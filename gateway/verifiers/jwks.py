@@ -35,8 +35,8 @@ from jwt.exceptions import InvalidKeyError
 
 from portcullis import tls
 
-from .clock import Now, Sleep
-from .records import Issuer, KeySetTiming
+from ..core.clock import Now, Sleep
+from ..core.records import Issuer, KeySetTiming
 
 log = logging.getLogger("portcullis.gateway.jwks")
 

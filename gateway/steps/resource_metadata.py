@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import orjson
 from aiohttp import web
 
-from .records import Resource
+from ..core.records import Resource
 
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 _CACHE_CONTROL = "public, max-age=300"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import orjson
 from multidict import CIMultiDictProxy
 
-from .records import McpCall, Scopes
+from ..core.records import McpCall, Scopes
 
 # What each named method's params name.
 NAMED = {

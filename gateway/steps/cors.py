@@ -13,7 +13,7 @@ Pure: works on header values, not on a request object.
 
 from __future__ import annotations
 
-from .records import Cors
+from ..core.records import Cors
 
 _PREFLIGHT_VARY = ("Vary", "Origin, Access-Control-Request-Method, Access-Control-Request-Headers")
 _VARY = ("Vary", "Origin")
