@@ -364,8 +364,7 @@ def admin_api_page(document: dict[str, Any]) -> str:
         if parameters:
             out += ["| Parameter | In | Type | Notes |", "| --- | --- | --- | --- |"]
             for p in parameters:
-                notes = _notes(p) + ("; repeat for OR" if p.get("explode") else "")
-                notes = notes.replace("repeat for OR; repeat for OR", "repeat for OR")
+                notes = "; ".join(filter(None, [_notes(p), _notes(p["schema"])]))
                 required = " (required)" if p.get("required") else ""
                 out.append(
                     f"| `{p['name']}`{required} | {p['in']} | {_cell(_type(p['schema']))} "

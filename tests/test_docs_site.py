@@ -161,3 +161,24 @@ def test_every_page_is_in_the_navigation_and_the_architecture_page_has_its_place
         assert re.search(r"^\s*# - Architecture: architecture\.md", config_text, re.MULTILINE)
     assert config["theme"]["font"] is False
     assert config["strict"] is True
+
+
+def _slug(heading: str) -> str:
+    """The id a heading gets, on the site as on the repository's web view."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_front_page_links_to_pages_and_headings_that_exist() -> None:
+    """The README is outside the site, so the build does not check it: every relative link
+    it holds names a file of the repository, and a heading of that page when it says one."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    relative = [(path, anchor) for path, anchor in links if "://" not in path]
+    assert len(relative) >= 12
+    for path, anchor in relative:
+        target = ROOT / path
+        assert target.is_file(), path
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(encoding="utf-8"), re.MULTILINE)
+            assert anchor in {_slug(h) for h in headings}, f"{path}#{anchor}"
