@@ -54,7 +54,9 @@ def _main(argv: list[str] | None) -> int:
     )
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
-    keys = commands.add_parser("keys", help="signing keys in the configured key directory")
+    keys = commands.add_parser(
+        "keys", help="signing keys, in the key directory or kept in the storage"
+    )
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
     rotate = key_commands.add_parser(
         "rotate",

@@ -16,6 +16,7 @@ declarations give now (`make docs` and the tests run it).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 import sys
@@ -48,14 +49,12 @@ def pages() -> dict[Path, str]:
         REFERENCE / "gateway-configuration.md": configuration_page(
             "The gateway's configuration file",
             gateway_settings.Settings,
-            "gateway/settings.py",
             "config/schema/gateway.schema.json",
             "gateway.md#configuration",
         ),
         REFERENCE / "authserver-configuration.md": configuration_page(
             "The authorization server's configuration file",
             authserver_settings.Settings,
-            "authserver/settings.py",
             "config/schema/authserver.schema.json",
             "authserver.md#configuration",
         ),
@@ -71,7 +70,9 @@ def pages() -> dict[Path, str]:
 # ---------------------------------------------------------------------------- configuration
 
 
-def configuration_page(title: str, settings: type, source: str, schema: str, guide: str) -> str:
+def configuration_page(title: str, settings: type, schema: str, guide: str) -> str:
+    # Named as it is found, wherever the package keeps its declarations.
+    source = Path(inspect.getfile(settings)).resolve().relative_to(ROOT).as_posix()
     intro = f"""# {title}
 
 {GENERATED.format(source=f"the declarations in `{source}`")}

@@ -20,8 +20,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.support import service_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 MKDOCS_TIMEOUT = 300  # seconds; a build takes a few on an idle machine
@@ -50,7 +51,7 @@ def mkdocs_command() -> list[str]:
         import material  # noqa: F401
         import mkdocs  # noqa: F401
     except ImportError:
-        pytest.fail("mkdocs-material is not installed: pip install 'portcullis[docs]'")
+        service_missing("mkdocs-material is not installed: pip install 'portcullis[docs]'")
     return [sys.executable, "-m", "mkdocs"]
 
 
