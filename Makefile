@@ -3,14 +3,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # One stamp per extra installed into the venv (pyproject.toml): `dev` for `make demo`, `dev`
-# and `mcp` for `make mcp-demo`, `test` (which holds both) for the rest. Installing test
-# stamps them all, so a demo after the tests installs nothing.
+# and `mcp` for `make mcp-demo`, `docs` for `make docs`, `test` (which holds them all) for
+# the rest. Installing test stamps them all, so a demo after the tests installs nothing.
 DEV_STAMP := $(VENV)/.installed-dev
 MCP_STAMP := $(VENV)/.installed-mcp
+DOCS_STAMP := $(VENV)/.installed-docs
 TEST_STAMP := $(VENV)/.installed-test
 MCP_EXTRAS := dev,mcp
 
-.PHONY: test test-fast lint bench bench-instructions demo mcp-demo clean constraints image schema
+.PHONY: test test-fast lint bench bench-instructions demo mcp-demo clean constraints image schema \
+	docs reference
 
 define install_extra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,9 +28,13 @@ $(MCP_STAMP): pyproject.toml
 	$(call install_extra,$(MCP_EXTRAS))
 	touch $(MCP_STAMP) $(DEV_STAMP)
 
+$(DOCS_STAMP): pyproject.toml
+	$(call install_extra,docs)
+	touch $(DOCS_STAMP)
+
 $(TEST_STAMP): pyproject.toml
 	$(call install_extra,test)
-	touch $(TEST_STAMP) $(DEV_STAMP) $(MCP_STAMP)
+	touch $(TEST_STAMP) $(DEV_STAMP) $(MCP_STAMP) $(DOCS_STAMP)
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
@@ -101,6 +107,19 @@ schema: $(DEV_STAMP)
 	$(PY) -m portcullis.sections gateway.settings:Settings "Portcullis gateway configuration" config/schema/gateway.schema.json
 	$(PY) -m portcullis.sections authserver.settings:Settings "Portcullis authorization server configuration" config/schema/authserver.schema.json
 
+# The documentation site (mkdocs.yml, docs/) in site/, strict: a warning fails the build (a
+# broken link or anchor, a page left out of the navigation), and so does a generated
+# reference page that is stale. Offline: nothing is fetched while it builds.
+docs: $(DOCS_STAMP)
+	$(PY) docs/generate.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The generated reference pages (docs/reference/): the configuration of both files from the
+# settings declarations, the command lines from their parsers, the admin API from its
+# OpenAPI document. A test fails when the committed pages are stale.
+reference: $(DOCS_STAMP)
+	$(PY) docs/generate.py
+
 bench: $(TEST_STAMP)
 	bash bench/run.sh
 
@@ -137,4 +156,4 @@ image:
 	docker build -t portcullis .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

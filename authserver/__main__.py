@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     return cli.command(_main, argv)
 
 
-def _main(argv: list[str] | None) -> int:
+def command_line() -> argparse.ArgumentParser:
+    """The command line's parser (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="portcullis-authserver", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -54,7 +55,9 @@ def _main(argv: list[str] | None) -> int:
     )
     hashing = commands.add_parser("hash-password", help="print a password hash for the config")
     hashing.add_argument("--stdin", action="store_true", help="read the password from stdin")
-    keys = commands.add_parser("keys", help="signing keys in the configured key directory")
+    keys = commands.add_parser(
+        "keys", help="signing keys, in the key directory or kept in the storage"
+    )
     key_commands = keys.add_subparsers(dest="keys_command", required=True)
     rotate = key_commands.add_parser(
         "rotate",
@@ -73,6 +76,13 @@ def _main(argv: list[str] | None) -> int:
     from .admin import cli as admin_cli
 
     admin_cli.add_commands(commands)
+    return parser
+
+
+def _main(argv: list[str] | None) -> int:
+    from .admin import cli as admin_cli
+
+    parser = command_line()
     args = parser.parse_args(argv)
 
     if args.command in ("clients", "users"):

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     return cli.command(_main, argv)
 
 
-def _main(argv: list[str] | None) -> int:
+def command_line() -> argparse.ArgumentParser:
+    """The command line's parser (the docs' command reference is generated from it)."""
     parser = argparse.ArgumentParser(prog="portcullis-gateway", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -57,6 +58,11 @@ def _main(argv: list[str] | None) -> int:
         action="store_true",
         help="also show the decision listener's answer and what each front proxy makes of it",
     )
+    return parser
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = command_line()
     args = parser.parse_args(argv)
     args.config = args.config or os.environ.get(CONFIG_VARIABLE)
     if not args.config:

@@ -1035,8 +1035,13 @@ def _default_cell(f: _Field) -> str:
     if value is None or value == [] or isinstance(value, dict):
         return ""
     if isinstance(value, list):
-        return ", ".join(f"`{_yaml_text(v)}`" for v in value)
-    return f"`{_yaml_text(value)}`"
+        return ", ".join(_code(_yaml_text(v)) for v in value)
+    return _code(_yaml_text(value))
+
+
+def _code(text: str) -> str:
+    # An empty string is written as YAML would quote it: an empty code span shows nothing.
+    return f"`{text}`" if text else '`""`'
 
 
 def keys(cls: type) -> list[tuple[str, type, str]]:

@@ -3,8 +3,10 @@
 - config/schema/*.schema.json (what editors validate with) are the schemas the declarations
   give now: a declaration changed without `make schema` fails here;
 - every configuration file in the repository names its schema on its first line, and the
-  schema and the loader both accept it (the Kubernetes ConfigMaps' embedded files too);
-- the README's configuration reference shows every key the declarations know, and no key
+  schema and the loader both accept it (the Kubernetes ConfigMaps' embedded files too, and
+  the whole files the docs pages show); every other YAML file there is well-formed;
+- the guides' annotated configuration (the YAML blocks of docs/gateway.md and
+  docs/authserver.md, with TLS and MCP) shows every key the declarations know, and no key
   they do not: a key added without its documentation fails here.
 """
 
@@ -27,6 +29,7 @@ from portcullis.yamlconf import ConfigError
 from tests.portcullis import schema_subset
 
 ROOT = Path(__file__).resolve().parent.parent
+PLACEHOLDER = re.compile(r"\$\{[A-Z_][A-Z0-9_]*\}")
 SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
 # What the example files leave to their environment, as a deployment would set it; secrets
 # are not needed (the files are loaded as `explain` and `keys list` load them).
@@ -44,7 +47,8 @@ class Deployable:
     name: str  # as in the file names: gateway.yaml, gateway.schema.json
     settings: type
     load_text: Callable[..., Any]
-    readme_sections: tuple[str, ...]  # `## ` headings whose YAML blocks are its reference
+    # (page under docs/, `## ` heading) of each section whose YAML blocks annotate its keys
+    guide_sections: tuple[tuple[str, str], ...]
 
     @property
     def schema_file(self) -> Path:
@@ -58,13 +62,21 @@ GATEWAY = Deployable(
     "gateway",
     gateway_settings.Settings,
     gateway_settings.load_text,
-    ("Gateway configuration reference", "Production features of the gateway", "TLS"),
+    (
+        ("gateway.md", "Configuration"),
+        ("gateway.md", "Production features"),
+        ("operations.md", "TLS"),
+    ),
 )
 AUTHSERVER = Deployable(
     "authserver",
     authserver_settings.Settings,
     authserver_settings.load_text,
-    ("Authorization server configuration reference", "TLS"),
+    (
+        ("authserver.md", "Configuration"),
+        ("mcp.md", "MCP clients of the authorization server"),
+        ("operations.md", "TLS"),
+    ),
 )
 DEPLOYABLES = {d.name: d for d in (GATEWAY, AUTHSERVER)}
 
@@ -97,24 +109,64 @@ class ConfigFile:
     path: Path | None  # the file itself, when it is one (not embedded)
 
 
+# Where configuration files live: every YAML file under these folders is read, and every
+# YAML block of the docs pages (docs/*.md) that is titled with a configuration file's name
+# (```yaml title="gateway.yaml"), which says it is a whole file and not a fragment.
+YAML_FOLDERS = ("config", "examples", "docs")
+TITLED_BLOCK = re.compile(
+    r'^```yaml title="((?:gateway|authserver)[\w.-]*\.yaml)"\n(.*?)^```', re.MULTILINE | re.DOTALL
+)
+
+
+def yaml_files() -> list[Path]:
+    return sorted(
+        path
+        for folder in YAML_FOLDERS
+        for pattern in ("*.yaml", "*.yml")
+        for path in (ROOT / folder).rglob(pattern)
+        if "node_modules" not in path.parts
+    )
+
+
+def _kind(path: Path, text: str) -> Deployable | None:
+    """The deployable a file configures: the schema its first line names or, for a file
+    that names none, its name (gateway.yaml, authserver.replicated.yaml), unless it is a
+    Kubernetes manifest (the examples' authserver.yaml is one)."""
+    named = SCHEMA_LINE.match(text.splitlines()[0]) if text else None
+    if named:
+        return next(d for d in DEPLOYABLES.values() if named.group(1).endswith(d.schema_file.name))
+    kind = path.name.split(".")[0]
+    if kind not in DEPLOYABLES:
+        return None
+    manifest = re.search(r"^apiVersion:", text, flags=re.MULTILINE)
+    return None if manifest else DEPLOYABLES[kind]
+
+
 def config_files() -> Iterator[ConfigFile]:
-    """Every gateway and authserver configuration in the repository."""
-    for folder in ("config", "examples/compose", "examples/mcp"):
-        for path in sorted((ROOT / folder).glob("*.yaml")):
-            # authserver.yaml, and variants such as authserver.replicated.yaml
-            kind = path.name.split(".")[0]
-            if kind in DEPLOYABLES:
-                text = path.read_text(encoding="utf-8")
-                yield ConfigFile(str(path.relative_to(ROOT)), DEPLOYABLES[kind], text, path)
-    manifests = ("kubernetes", "kubernetes-replicated")
-    for path in sorted(p for m in manifests for p in (ROOT / "examples" / m).glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+    """Every gateway and authserver configuration in the repository: the files themselves,
+    those embedded in Kubernetes ConfigMaps, and the whole files the docs pages show."""
+    for path in yaml_files():
+        text = path.read_text(encoding="utf-8")
+        where = str(path.relative_to(ROOT))
+        deployable = _kind(path, text)
+        if deployable is not None:
+            yield ConfigFile(where, deployable, text, path)
+            continue
+        if "kind: ConfigMap" not in text:
+            continue  # Compose, front proxies (templates, some of them: see below)
+        for document in yaml.safe_load_all(text):
             if isinstance(document, dict) and document.get("kind") == "ConfigMap":
-                for key, text in document.get("data", {}).items():
+                for key, embedded in document.get("data", {}).items():
                     name = key.removesuffix(".yaml")
                     if name in DEPLOYABLES:
-                        where = f"{path.relative_to(ROOT)}:{key}"
-                        yield ConfigFile(where, DEPLOYABLES[name], text, None)
+                        yield ConfigFile(f"{where}:{key}", DEPLOYABLES[name], embedded, None)
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for found in TITLED_BLOCK.finditer(text):
+            line = text.count("\n", 0, found.start()) + 2
+            where = f"{page.relative_to(ROOT)}:{line}"
+            name = found.group(1).split(".")[0]
+            yield ConfigFile(where, DEPLOYABLES[name], found.group(2), None)
 
 
 CONFIG_FILES = list(config_files())
@@ -133,7 +185,34 @@ def test_the_example_files_are_all_found() -> None:
         ("examples/kubernetes/orders.yaml", "gateway"),
         ("examples/kubernetes/authserver.yaml", "authserver"),
         ("examples/kubernetes-replicated/authserver-replicated.yaml", "authserver"),
+        ("examples/forward-auth/gateway.yaml", "gateway"),
+        ("examples/forward-auth/kubernetes-gateway.yaml", "gateway"),
+        ("docs/quick-start.md", "gateway"),
+        ("docs/quick-start.md", "authserver"),
     } <= found
+
+
+def test_every_yaml_file_is_well_formed_and_the_portcullis_ones_are_all_checked() -> None:
+    """Every YAML under config/, examples/ and docs/ parses; those that are not Portcullis
+    configuration (Compose, Kubernetes, front proxies) are the other tools' to check."""
+    checked = {f.where.split(":")[0] for f in CONFIG_FILES}
+    others = []
+    for path in yaml_files():
+        text = path.read_text(encoding="utf-8")
+        # The front proxies' files are templates whose `${NAME}` placeholders the tests fill
+        # in (tests/examples/forward_auth.py), numbers some of them: any value will do here.
+        documents = list(yaml.safe_load_all(PLACEHOLDER.sub("0", text)))
+        assert documents, path
+        where = str(path.relative_to(ROOT))
+        if where not in checked:
+            others.append(where)
+    # A new Portcullis file that the rules above miss would land here: name it, or give it
+    # its schema line.
+    assert all(
+        name.startswith(("compose.", "envoy", "ingress-nginx", "istio", "traefik", "kustomization"))
+        or name.endswith(("authserver.yaml", "orders.yaml", "disruption-budget.yaml"))
+        for name in (Path(o).name for o in others)
+    ), others
 
 
 @pytest.mark.parametrize("file", [f for f in CONFIG_FILES if f.path], ids=lambda f: f.where)
@@ -202,16 +281,18 @@ def test_a_mistake_in_an_example_file_is_refused_by_both(
         deployable.load_text(yaml.safe_dump(data), "x.yaml", ENV, secrets=False)
 
 
-# ---------------------------------------------------------------------------- the README
+# ---------------------------------------------------------------------------- the guides
 
 
-def readme_keys(deployable: Deployable) -> set[str]:
-    """Key paths (`routes[].cors.allow_origins`) of the YAML blocks in the README's reference
-    sections of `deployable`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    parts = re.split(r"^## ", readme, flags=re.MULTILINE)
-    chosen = [p for p in parts if p.splitlines()[0].strip() in deployable.readme_sections]
-    assert len(chosen) == len(deployable.readme_sections), "a reference section was renamed"
+def guide_keys(deployable: Deployable) -> set[str]:
+    """Key paths (`routes[].cors.allow_origins`) of the YAML blocks in the guides' sections
+    that annotate the configuration of `deployable`."""
+    chosen = []
+    for page, heading in deployable.guide_sections:
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        parts = re.split(r"^## ", text, flags=re.MULTILINE)
+        chosen += [p for p in parts if p.splitlines()[0].strip() == heading]
+    assert len(chosen) == len(deployable.guide_sections), "a guide's section was renamed"
     paths: set[str] = set()
     for part in chosen:
         for block in re.findall(r"^```yaml\n(.*?)^```", part, flags=re.MULTILINE | re.DOTALL):
@@ -246,26 +327,26 @@ def _inside_a_value(path: str, declared: set[str]) -> bool:
 
 
 @pytest.mark.parametrize("deployable", DEPLOYABLES.values(), ids=DEPLOYABLES)
-def test_the_readme_reference_shows_only_keys_that_exist(deployable: Deployable) -> None:
+def test_the_guides_show_only_keys_that_exist(deployable: Deployable) -> None:
     declared = {path for path, _, _ in sections.keys(deployable.settings)}
     unknown = sorted(
         path
-        for path in readme_keys(deployable)
+        for path in guide_keys(deployable)
         if path not in declared and not _inside_a_value(path, declared)
     )
-    assert unknown == [], f"README.md shows keys the {deployable.name} does not know"
+    assert unknown == [], f"the guides show keys the {deployable.name} does not know"
 
 
 @pytest.mark.parametrize("deployable", DEPLOYABLES.values(), ids=DEPLOYABLES)
-def test_the_readme_reference_shows_every_key_of_every_section(deployable: Deployable) -> None:
+def test_the_guides_show_every_key_of_every_section(deployable: Deployable) -> None:
     """Each key of each section is shown at least once, wherever that section is used (the
     `cors` keys under `cors:` serve a route's `cors:` too). `KEY_file` variants are
     documented once for all, beside the `${file:...}` interpolation."""
     declared = {path: (cls, key) for path, cls, key in sections.keys(deployable.settings)}
-    shown = {declared[path] for path in readme_keys(deployable) if path in declared}
+    shown = {declared[path] for path in guide_keys(deployable) if path in declared}
     missing = {
         f"{cls.__name__}.{key} (as {path})"
         for path, (cls, key) in declared.items()
         if (cls, key) not in shown and not key.endswith("_file")
     }
-    assert sorted(missing) == [], f"README.md's reference lacks these {deployable.name} keys"
+    assert sorted(missing) == [], f"the guides lack these {deployable.name} keys"
