@@ -43,6 +43,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -232,6 +233,14 @@ def _forwarded_node(address: str | None) -> str:
 def _fold(name: str) -> str:
     """A header name as CGI/WSGI servers see it: `X_Forwarded_Host` is `x-forwarded-host`."""
     return name.lower().replace("_", "-")
+
+
+@functools.lru_cache(maxsize=256)
+def _names_credential(name: bytes) -> bool:
+    """Whether a header named `name` (as the client spelt it) carries its credentials, by
+    any spelling a server behind might read as Authorization or DPoP. Remembered per
+    spelling: a few on any route, and the cache's bound holds whatever clients send."""
+    return _fold(name.decode("latin-1")) in _CREDENTIALS
 
 
 class BodyFailure(Exception):
@@ -491,7 +500,7 @@ class Forwarder:
             if kept is None:
                 kept = self._keeps(name)
             if kept and (not excluded or name.lower() not in excluded):
-                if strip_credentials and _fold(name.decode("latin-1")) in _CREDENTIALS:
+                if strip_credentials and _names_credential(name):
                     continue
                 wire += (name, b": ", value, b"\r\n")
 

@@ -258,11 +258,26 @@ GATEWAY_LAYERS: tuple[tuple[str, ...], ...] = (
 GATEWAY_MODULES = sorted(m for m in GRAPH if m.startswith("gateway."))
 
 
-def _gateway_layer(module: str) -> int | None:
-    for index, members in enumerate(GATEWAY_LAYERS):
+def _layer_of(module: str, layers: tuple[tuple[str, ...], ...]) -> int | None:
+    for index, members in enumerate(layers):
         if any(_under(module, member) for member in members):
             return index
     return None
+
+
+def _upward(
+    module: str, layers: tuple[tuple[str, ...], ...], graph: dict[str, set[str]]
+) -> set[str]:
+    """The modules of its own service `module` imports (in `graph`) from a layer above."""
+    layer = _layer_of(module, layers)
+    assert layer is not None, f"{module} has no layer"
+    own = module.split(".")[0] + "."
+    imported = {n for n in graph[module] if n in GRAPH and n.startswith(own) and n != module}
+    return {name for name in imported if (_layer_of(name, layers) or 0) < layer}
+
+
+def _gateway_layer(module: str) -> int | None:
+    return _layer_of(module, GATEWAY_LAYERS)
 
 
 @pytest.mark.parametrize("module", GATEWAY_MODULES)
@@ -272,14 +287,7 @@ def test_every_gateway_module_has_a_layer(module):
 
 @pytest.mark.parametrize("module", GATEWAY_MODULES)
 def test_gateway_modules_import_only_their_own_layer_or_those_below(module):
-    layer = _gateway_layer(module)
-    assert layer is not None
-    imported = {
-        name
-        for name in TYPED_GRAPH[module]
-        if name in GRAPH and name.startswith("gateway.") and name != module
-    }
-    upward = {name for name in imported if (_gateway_layer(name) or 0) < layer}
+    upward = _upward(module, GATEWAY_LAYERS, TYPED_GRAPH)
     assert not upward, f"{module} imports from a layer above it: {sorted(upward)}"
 
 
@@ -405,19 +413,7 @@ def _under(module: str, package: str) -> bool:
 
 
 def _layer(module: str) -> int | None:
-    for index, members in enumerate(AUTHSERVER_LAYERS):
-        if any(_under(module, member) for member in members):
-            return index
-    return None
-
-
-def _authserver_imports(module: str) -> set[str]:
-    """The authserver modules `module` imports (names imported from them dropped)."""
-    return {
-        name
-        for name in GRAPH[module]
-        if name in GRAPH and name.startswith("authserver.") and name != module
-    }
+    return _layer_of(module, AUTHSERVER_LAYERS)
 
 
 @pytest.mark.parametrize("module", AUTHSERVER_MODULES)
@@ -427,9 +423,7 @@ def test_every_authserver_module_has_a_layer(module):
 
 @pytest.mark.parametrize("module", AUTHSERVER_MODULES)
 def test_authserver_modules_import_only_their_own_layer_or_those_below(module):
-    layer = _layer(module)
-    assert layer is not None
-    upward = {name for name in _authserver_imports(module) if (_layer(name) or 0) < layer}
+    upward = _upward(module, AUTHSERVER_LAYERS, GRAPH)
     assert not upward, f"{module} imports from a layer above it: {sorted(upward)}"
 
 

@@ -16,8 +16,10 @@ Pure: no aiohttp, no I/O.
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -258,6 +260,12 @@ class McpCall:
     method: str
     name: str | None
     scopes: Scopes
+    # The glob compiled once, by fnmatch's case-sensitive rules (fnmatch.fnmatchcase).
+    pattern: re.Pattern[str] | None = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        glob = None if self.name is None else re.compile(fnmatch.translate(self.name))
+        object.__setattr__(self, "pattern", glob)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ or `error`). The gateway reads it within the body it buffers anyway, to decide t
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -97,8 +96,6 @@ def scopes_for(call: Call, rules: Sequence[McpCall]) -> Scopes | None:
     for rule in rules:
         if rule.method != call.method:
             continue
-        if rule.name is None or (
-            call.name is not None and fnmatch.fnmatchcase(call.name, rule.name)
-        ):
+        if rule.pattern is None or (call.name is not None and rule.pattern.match(call.name)):
             return rule.scopes
     return None
