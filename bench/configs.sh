@@ -79,6 +79,7 @@ issuers:
 routes:
   - {name: public, path: "/public/**", auth: none}
   - {name: api, path: "/api/**", scopes: {any: ["bench:read"]}}
+${BENCH_EXTRA_ROUTES:-}
 token_cache_size: $2
 workers: ${3:-1}
 shutdown_grace: 1s

@@ -10,7 +10,10 @@
 # the warm scenario (bench/configs.sh gateway_config) under callgrind with counting off.
 # After a warm-up of both routes, each round counts the gateway's instructions over exactly
 # BENCH_INSTRUCTION_REQUESTS requests of the auth-none route, then of the warm route (the
-# same request bytes, bench/keepalive_client.py), and prints them per request. Installs
+# same request bytes, bench/keepalive_client.py), and prints them per request. A second table
+# counts the MCP figures the same way: the RFC 9728 metadata document against auth none, and
+# a tools/call POST on a route with per-call rules against the same POST on a route without
+# them (BENCH_INSTRUCTION_MCP=0 leaves it out). Installs
 # valgrind, nginx and curl with apt-get when they are missing. Everything it starts is
 # stopped on exit.
 #
@@ -18,6 +21,7 @@
 #   BENCH_INSTRUCTION_REQUESTS=2000    requests per route and round
 #   BENCH_INSTRUCTION_CONNECTIONS=8    keep-alive connections they are spread over
 #   BENCH_INSTRUCTION_ROUNDS=3         rounds (auth none, then warm, each round)
+#   BENCH_INSTRUCTION_MCP=1            also count the MCP routes (0: not)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +30,7 @@ PY=$ROOT/.venv/bin/python
 REQUESTS=${BENCH_INSTRUCTION_REQUESTS:-2000}
 CONNECTIONS=${BENCH_INSTRUCTION_CONNECTIONS:-8}
 ROUNDS=${BENCH_INSTRUCTION_ROUNDS:-3}
+MCP=${BENCH_INSTRUCTION_MCP:-1}
 
 log() { echo "[instructions] $*" >&2; }
 die() {
@@ -90,6 +95,21 @@ wait_for "$ISSUER/.well-known/openid-configuration" issuer "${PIDS[-1]}"
 TOKEN=$("$PY" bench/mktoken.py --key "$TMP/issuer-private.pem" --kid bench-es256 \
     --issuer "$ISSUER" --audience bench-api --scope "bench:read")
 
+# The MCP routes, with the same scopes as api: a plain route (the body streamed on, as to
+# any API), an MCP route without per-call rules (the message read and checked), and one with
+# three rules, the second of which the bench's call meets.
+export BENCH_EXTRA_ROUTES='  - {name: mcp-plain, path: /plain/mcp, scopes: {any: ["bench:read"]}}
+  - {name: mcp-bare, path: /bare/mcp, scopes: {any: ["bench:read"]}, mcp: {}}
+  - name: mcp
+    path: /mcp
+    scopes: {any: ["bench:read"]}
+    mcp:
+      calls:
+        - {method: tools/call, name: "delete_*", scopes: {all: ["bench:admin"]}}
+        - {method: tools/call, name: "get_*", scopes: {all: ["bench:read"]}}
+        - {method: resources/read, scopes: {all: ["bench:read"]}}'
+printf '%s' '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_item","arguments":{"id":42}}}' \
+    >"$TMP/call.json"
 gateway_config "$TMP/gateway.yaml" 100000
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
     "$PY" -m gateway run --config "$TMP/gateway.yaml" >"$TMP/gateway.log" 2>&1 &
@@ -98,9 +118,22 @@ PIDS+=("$GATEWAY_PID")
 log "gateway under callgrind (pid $GATEWAY_PID), waiting for it"
 wait_for "http://127.0.0.1:$P_GW_ADMIN/readyz" gateway "$GATEWAY_PID"
 
+# load ROUTE N: N requests of ROUTE: public and api (GETs of /ROUTE/items), metadata (the
+# api resource's RFC 9728 document, no token), mcp, mcp-bare and mcp-plain (the tools/call
+# POST).
 load() {
-    "$PY" bench/keepalive_client.py --port "$P_GW" --path "/$1/items" \
-        --authorization "Bearer $TOKEN" --requests "$2" --connections "$CONNECTIONS"
+    local args=(--port "$P_GW" --requests "$2" --connections "$CONNECTIONS")
+    case $1 in
+    metadata) args+=(--path /.well-known/oauth-protected-resource/api) ;;
+    mcp | mcp-plain | mcp-bare)
+        args+=(--path "$(case $1 in mcp) echo /mcp ;; mcp-plain) echo /plain/mcp ;;
+            *) echo /bare/mcp ;; esac)" --method POST
+            --body "$TMP/call.json" --header "Content-Type: application/json"
+            --header "Accept: application/json, text/event-stream"
+            --authorization "Bearer $TOKEN") ;;
+    *) args+=(--path "/$1/items" --authorization "Bearer $TOKEN") ;;
+    esac
+    "$PY" bench/keepalive_client.py "${args[@]}"
 }
 
 # count ROUTE: the gateway's instructions per request over REQUESTS requests of ROUTE.
@@ -126,6 +159,9 @@ count() {
 log "warm-up: $REQUESTS requests of each route, not counted"
 load public "$REQUESTS"
 load api "$REQUESTS"
+if [ "$MCP" = 1 ]; then
+    for route in metadata mcp-plain mcp-bare mcp; do load "$route" "$REQUESTS"; done
+fi
 echo "| round | auth none: instructions per request | warm JWT | warm − none | none / warm |"
 echo "| ---: | ---: | ---: | ---: | ---: |"
 gaps=()
@@ -140,3 +176,22 @@ median=$(printf '%s\n' "${gaps[@]}" | sort -n | awk '{ v[NR] = $1 } END { print 
 echo
 echo "Median gap: $median instructions per request ($REQUESTS requests per route and round," \
     "$CONNECTIONS connections; the rest of a request is the same on both routes)."
+
+[ "$MCP" = 1 ] || exit 0
+ratio() { "$PY" -c "print(f'{$1 / $2:.3f}')"; }
+echo
+echo "| round | auth none | metadata document | none / metadata | POST, plain route | POST, MCP route, no call rules | POST, MCP route, call rules | plain / rules | no rules / rules |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+for round in $(seq "$ROUNDS"); do
+    none=$(count public)
+    metadata=$(count metadata)
+    plain=$(count mcp-plain)
+    bare=$(count mcp-bare)
+    rules=$(count mcp)
+    printf '| %d | %d | %d | %s | %d | %d | %d | %s | %s |\n' "$round" "$none" "$metadata" \
+        "$(ratio "$none" "$metadata")" "$plain" "$bare" "$rules" "$(ratio "$plain" "$rules")" \
+        "$(ratio "$bare" "$rules")"
+done
+echo
+echo "A ratio of 1 or more: the metadata document costs no more than auth none, the call rules"
+echo "nothing beyond the route without them (instructions per request, not time)."
