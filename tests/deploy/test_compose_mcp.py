@@ -8,18 +8,32 @@ checks ask `/readyz` and `/healthz`; the gateway drains within the stop grace; t
 in a named volume. Then what makes it the MCP example: the rules of examples/mcp, one
 resource URI the gateway and the authorization server agree on, and an MCP server image on
 the SDK version the example is tested with.
+
+Last, the three services run as their containers would (each one's command, environment and
+mounted config, on this machine's Python, with the container addresses moved to free
+loopback ports and the public addresses given through MCP_PUBLIC_URL and
+PORTCULLIS_ISSUER, as a user reaching them elsewhere would set them), and the official
+Python SDK's client, given the gateway's /mcp URL alone, registers, signs alice in, calls
+the tools and steps up for delete_order (tests/e2e/test_mcp_clients.py's user and client).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 
 from authserver import settings as authserver_settings
@@ -27,6 +41,7 @@ from gateway import settings as gateway_settings
 from portcullis.yamlconf import duration
 from tests.deploy import compose
 from tests.deploy.dockerfile import ROOT, parse, with_data_volume
+from tests.e2e.test_mcp_clients import NATIVE_APP, Browser, Recorder, connected
 from tests.examples.test_compose import (
     IMAGE_TAG,
     gateway_config,
@@ -34,6 +49,7 @@ from tests.examples.test_compose import (
     published,
     sidecars,
 )
+from tests.support import reserve_port
 
 MCP_COMPOSE = "compose.mcp.yaml"
 DOCKERFILE = compose.COMPOSE_DIR / "mcp-server.Dockerfile"
@@ -266,3 +282,150 @@ def test_the_readme_and_the_docs_give_the_commands_and_the_url():
         text = path.read_text()
         assert all(command in text for command in commands), path
         assert "http://localhost:8080/mcp" in text, path
+
+
+# ---------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Free loopback ports for the container addresses."""
+
+    gateway: int
+    admin: int
+    server: int
+    auth: int
+    auth_admin: int
+
+    def move(self, text: str) -> str:
+        for old, new in (
+            ("0.0.0.0:8080", f"127.0.0.1:{self.gateway}"),
+            ("127.0.0.1:9901", f"127.0.0.1:{self.admin}"),
+            (f"127.0.0.1:{SERVER_PORT}", f"127.0.0.1:{self.server}"),
+            ("0.0.0.0:9000", f"127.0.0.1:{self.auth}"),
+            ("127.0.0.1:9000", f"127.0.0.1:{self.auth}"),
+            ("authserver:9000", f"127.0.0.1:{self.auth}"),
+        ):
+            text = text.replace(old, new)
+        return text
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def wait_until_answers(service: Service, url: str, timeout: float = 30) -> None:
+    """Until `url` answers 2xx, as the services' health checks ask."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert service.process.poll() is None, f"{service.name} exited:\n{service.output()}"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        assert time.monotonic() < deadline, f"{service.name} never ready:\n{service.output()}"
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def services_running(tmp_path: Path) -> Iterator[tuple[Ports, dict[str, Any]]]:
+    """The three services, each as its container runs it, on fresh state."""
+    ports = Ports(*(reserve_port() for _ in range(5)))
+    public = {
+        "MCP_PUBLIC_URL": f"http://127.0.0.1:{ports.gateway}",
+        "PORTCULLIS_ISSUER": f"http://127.0.0.1:{ports.auth}",
+    }
+    model = compose.load(MCP_COMPOSE, env=public)
+    data = tmp_path / "var-lib-portcullis"
+    data.mkdir()
+    started: list[Service] = []
+
+    def start(name: str, command: list[str], env: dict[str, str]) -> Service:
+        log = tmp_path / f"{name}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        started.append(Service(name, process, log))
+        return started[-1]
+
+    def portcullis(name: str) -> Service:
+        service = model["services"][name]
+        command = list(service["command"])
+        command[0] = str(Path(sys.executable).parent / command[0])  # on the image's PATH
+        target = command[command.index("--config") + 1]
+        source, _ = compose.mounts(service)[target]
+        text = ports.move(compose.config_file(source).read_text())
+        if name == "authserver":  # its admin listener, which the file leaves at its default
+            text += f'\nadmin_listen: "127.0.0.1:{ports.auth_admin}"\n'
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(text.replace("/var/lib/portcullis", str(data)))
+        command[command.index("--config") + 1] = str(config)
+        env = {k: ports.move(v) for k, v in compose.environment(service).items()}
+        return start(name, command, env)
+
+    try:
+        server = model["services"]["mcp-server"]
+        command = list(server["command"])
+        command[command.index("--port") + 1] = str(ports.server)
+        start("mcp-server", [sys.executable, *command[1:]], {})
+        auth = portcullis("authserver")
+        health = compose.environment(model["services"]["authserver"])["PORTCULLIS_HEALTH_URL"]
+        wait_until_answers(auth, ports.move(health))
+        gateway = portcullis("gateway")
+        # The image's default health check: /readyz on the gateway's admin port.
+        wait_until_answers(gateway, f"http://127.0.0.1:{ports.admin}/readyz")
+        yield ports, model
+    finally:
+        for service in reversed(started):
+            service.process.terminate()
+        for service in started:
+            try:
+                service.process.wait(20)
+            except subprocess.TimeoutExpired:
+                service.process.kill()
+                service.process.wait()
+
+
+@pytest.mark.slow
+async def test_an_mcp_client_given_the_one_url_signs_in_and_calls_the_tools(tmp_path):
+    with services_running(tmp_path) as (ports, _):
+        mcp_url = f"http://127.0.0.1:{ports.gateway}/mcp"
+        recorder = Recorder()
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+            browser = Browser(session)
+            async with connected(mcp_url, browser, recorder, NATIVE_APP) as (client, storage):
+                whoami = await client.call_tool("whoami", {})
+                deleted = await client.call_tool("delete_order", {"order_id": "1001"})
+                orders = await client.call_tool("list_orders", {})
+    assert not whoami.is_error, whoami
+    caller = whoami.structured_content
+    assert caller is not None and storage.client_info is not None
+    assert caller["subject"] == "alice"
+    assert caller["clientId"] == storage.client_info.client_id
+    assert caller["tokenReceived"] is False
+    # delete_order needed mcp:admin: a 403 naming it, the user asked again, the call made.
+    assert [e.status for e in recorder.exchanges].count(403) == 1
+    assert len(browser.asked) == 2
+    assert "mcp:admin" in browser.asked[1]["scope"].split()
+    assert not deleted.is_error, deleted
+    assert orders.structured_content is not None
+    assert "1001" not in [o["id"] for o in orders.structured_content["result"]]
+    # Discovery went to the addresses the two variables gave.
+    auth = f"http://127.0.0.1:{ports.auth}"
+    assert recorder.exchanges[1].url == (
+        f"http://127.0.0.1:{ports.gateway}/.well-known/oauth-protected-resource/mcp"
+    )
+    assert recorder.exchanges[2].url == f"{auth}/.well-known/oauth-authorization-server"
+    assert recorder.exchanges[3].url == f"{auth}/register"

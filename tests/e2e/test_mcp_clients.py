@@ -286,20 +286,20 @@ NATIVE_APP = OAuthClientMetadata(
 
 @contextlib.asynccontextmanager
 async def connected(
-    demo: McpDemo,
+    mcp_url: str,
     browser: Browser,
     recorder: Recorder,
     metadata: OAuthClientMetadata,
     client_metadata_url: str | None = None,
 ) -> AsyncIterator[tuple[Client, MemoryStorage]]:
-    """The SDK's client connected to the MCP server through the gateway: the provider on an
-    httpx2 client, that client under the Streamable HTTP transport, as the SDK documents
-    (docs/client/oauth-clients.md); with `client_metadata_url`, the URL of the client's
-    metadata document, which the SDK uses as its client_id where the authorization server
-    says it may."""
+    """The SDK's client connected to the MCP server at `mcp_url` (through the gateway): the
+    provider on an httpx2 client, that client under the Streamable HTTP transport, as the SDK
+    documents (docs/client/oauth-clients.md); with `client_metadata_url`, the URL of the
+    client's metadata document, which the SDK uses as its client_id where the authorization
+    server says it may."""
     storage = MemoryStorage()
     provider = OAuthClientProvider(
-        server_url=demo.mcp_url,
+        server_url=mcp_url,
         client_metadata=metadata.model_copy(deep=True),
         storage=storage,
         redirect_handler=browser.open,
@@ -309,7 +309,7 @@ async def connected(
     http = httpx2.AsyncClient(
         auth=provider, follow_redirects=True, event_hooks={"response": [recorder]}
     )
-    async with http, Client(streamable_http_client(demo.mcp_url, http_client=http)) as client:
+    async with http, Client(streamable_http_client(mcp_url, http_client=http)) as client:
         yield client, storage
 
 
@@ -335,7 +335,7 @@ async def test_the_python_sdk_finds_registers_signs_in_and_calls_tools_as_the_us
     recorder = Recorder()
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         browser = Browser(session)
-        async with connected(demo, browser, recorder, NATIVE_APP) as (client, storage):
+        async with connected(demo.mcp_url, browser, recorder, NATIVE_APP) as (client, storage):
             whoami = await client.call_tool("whoami", {})
             orders = await client.call_tool("list_orders", {})
 
@@ -409,7 +409,7 @@ async def test_the_python_sdk_steps_up_to_a_tools_scope_when_the_gateway_asks_fo
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         browser = Browser(session)
         try:
-            async with connected(demo, browser, recorder, NATIVE_APP) as (client, _):
+            async with connected(demo.mcp_url, browser, recorder, NATIVE_APP) as (client, _):
                 before = await client.call_tool("whoami", {})
                 assert not before.is_error, before
                 deleted = await client.call_tool("delete_order", {"order_id": "1001"})
@@ -457,7 +457,7 @@ async def test_the_python_sdk_with_the_metadata_it_documents_is_refused_registra
     async with aiohttp.ClientSession() as session:
         browser = Browser(session)
         with pytest.raises(BaseException) as raised:  # examined below
-            async with connected(demo, browser, recorder, metadata) as (client, _):
+            async with connected(demo.mcp_url, browser, recorder, metadata) as (client, _):
                 await client.call_tool("whoami", {})
     error = cause(raised.value, OAuthRegistrationError)
     assert error is not None, raised.value
@@ -577,7 +577,7 @@ async def test_the_python_sdk_named_by_its_metadata_document_signs_in_and_calls_
     recorder = Recorder()
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         browser = Browser(session)
-        async with connected(documents_demo, browser, recorder, NATIVE_APP, document) as (
+        async with connected(documents_demo.mcp_url, browser, recorder, NATIVE_APP, document) as (
             client,
             storage,
         ):
