@@ -41,6 +41,7 @@ from gateway import settings as gateway_settings
 from portcullis.yamlconf import duration
 from tests.deploy import compose
 from tests.deploy.dockerfile import ROOT, parse, with_data_volume
+from tests.deploy.test_dockerfile import hadolint
 from tests.e2e.test_mcp_clients import NATIVE_APP, Browser, Recorder, connected
 from tests.examples.test_compose import (
     IMAGE_TAG,
@@ -245,9 +246,22 @@ def test_the_gateway_and_the_authserver_agree_on_the_mcp_servers_uri_and_issuer(
     assert authserver_config(moved).resources[0].uri == "https://mcp.example.com/mcp"
 
 
+def test_hadolint_finds_nothing_in_the_mcp_servers_dockerfile():
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--failure-threshold", "style", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout == ""
+    lint = (ROOT / "Makefile").read_text()
+    assert f"examples/compose/{DOCKERFILE.name}" in lint  # `make lint` runs it too
+
+
 def test_the_mcp_servers_image_runs_the_example_unchanged_on_the_tested_sdk():
     (stage,) = parse(DOCKERFILE)
-    assert stage.base == parse()[-1].base
+    assert stage.base == parse()[-1].base, "build on Portcullis's base image, pinned alike"
     assert re.fullmatch(r"[1-9]\d*:[1-9]\d*", stage.one("USER").args)
     # The SDK version of the `mcp` extra, which the example and its end-to-end tests use.
     pyproject = (ROOT / "pyproject.toml").read_text()
