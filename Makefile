@@ -40,7 +40,8 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/hadolint --no-color --failure-threshold style Dockerfile examples/compose/legacy-api.Dockerfile
+	$(VENV)/bin/hadolint --no-color --failure-threshold style Dockerfile examples/compose/legacy-api.Dockerfile \
+	  examples/compose/mcp-server.Dockerfile
 
 # Browser tests drive Debian's chromium (never a downloaded browser). Installed here when
 # missing and we may; otherwise those tests skip with a reason (and fail under CI=true).

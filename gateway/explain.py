@@ -207,7 +207,7 @@ class _Front:
         self.listen = settings.ext_authz.listen if settings.ext_authz is not None else None
 
     def allow(self, principal: Principal | None) -> None:
-        self._listener()
+        self.listener()
         print("  answer: 200, empty body, with every identity header (empty without a value):")
         if principal is None:
             answer = tuple((name, "") for name in self.identity.names())
@@ -221,7 +221,7 @@ class _Front:
         print("  Envoy ext_authz: the request goes on with allowed_upstream_headers")
 
     def deny(self, status: int) -> None:
-        self._listener()
+        self.listener()
         print(f"  answer: {status}, as in proxy mode (challenge, Retry-After, error body)")
         if status in (401, 403):
             nginx = f"{status}" + (
@@ -236,7 +236,13 @@ class _Front:
         print(f"  Caddy forward_auth: {status}, answer returned as is")
         print(f"  Envoy ext_authz: {status} and the body; headers in allowed_client_headers only")
 
-    def _listener(self) -> None:
+    def unjudged(self) -> None:
+        self.listener()
+        print("  answer: 403 mcp_calls_unjudged, whatever the call: the question carries no body,")
+        print("  so this route's call rules cannot be applied; have the front proxy send its")
+        print("  requests to the gateway's own listener")
+
+    def listener(self) -> None:
         where = f"{self.listen.host}:{self.listen.port}" if self.listen else "not configured"
         print(f"ext_authz (decision listener: {where}):")
 
@@ -334,13 +340,23 @@ def explain(
     decision = policy.decide(rule, principal)
     if isinstance(decision, policy.Deny):
         return _decided(f"{decision.status} {decision.code} — {decision.reason}", monitor, front)
+    # The decision listener cannot read a POST's call: it refuses what the proxy decides.
+    mcp = rule.settings.mcp
+    unjudged = front is not None and method.upper() == "POST" and bool(mcp and mcp.calls)
     if needs is not None and not policy.holds(needs, principal.scopes):
-        return _decided(
+        code = _decided(
             "403 insufficient_scope — the call needs " + " ".join(sorted(needs.scopes)),
             monitor,
-            front,
+            None if unjudged else front,
         )
-    print("decision: forward, with the identity headers of this token")
-    if front is not None:
-        front.allow(principal)
-    return 0
+        if not unjudged:
+            return code
+    else:
+        print("decision: forward, with the identity headers of this token")
+        if not unjudged:
+            if front is not None:
+                front.allow(principal)
+            return 0
+    assert front is not None
+    front.unjudged()
+    return 1

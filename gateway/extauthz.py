@@ -20,10 +20,12 @@ ignored (a client can send `X-Original-URI` through Traefik, `X-Forwarded-Uri` t
 Then the pipeline's steps 1 to 8 run on the described request, exactly as for the public
 listener: match (with the same refusals of ambiguous paths), certificate, extract, verify,
 the checks every request gets (DPoP, revocations), decide, limit (counted once per
-decision). Step 9 is the answer: 200 with an empty body and every identity header present,
-empty when the token has no value for it, so that a client's forged copy cannot survive in a
-proxy that copies only the headers present in the answer; or the refusal the proxy mode
-would give (status, challenge, error body).
+decision). Step 7b cannot: a POST's body is not in the question, so a POST to an MCP server
+whose route has call rules is refused (403 mcp_calls_unjudged, in monitor mode too) rather
+than allowed on the route's scopes alone. Step 9 is the answer: 200 with an empty body and
+every identity header present, empty when the token has no value for it, so that a client's
+forged copy cannot survive in a proxy that copies only the headers present in the answer; or
+the refusal the proxy mode would give (status, challenge, error body).
 
 Only callers in `trusted_callers` are answered: anyone else gets 403 before anything is
 read, since an allow answer says which identity a token carries.
@@ -223,6 +225,10 @@ class Decider:
         exchange.method, exchange.path = original.method, original.target
         admitted = await pipeline.admit(Described(original, request), exchange)
         if isinstance(admitted, Admitted):
+            if calls_unjudged(admitted, original.method):
+                refusal = errors.mcp_calls_unjudged()
+                exchange.deny(refusal.reason, False)
+                return pipeline.render(refusal, Described(original, request))
             return self.allow(admitted.principal, admitted.extra)
         if isinstance(admitted, Refusal):
             return pipeline.render(admitted, Described(original, request))
@@ -248,6 +254,14 @@ class Decider:
 
 
 _REMEMBERED = 16_384  # principals whose answers are remembered
+
+
+def calls_unjudged(admitted: Admitted, method: str) -> bool:
+    """Whether the request is a POST to an MCP server whose route gives calls scopes of their
+    own: its JSON-RPC call is in the body, which no front proxy's question carries, so the
+    decision listener refuses it rather than allow it on the route's scopes alone."""
+    mcp = admitted.plan.mcp
+    return mcp is not None and bool(mcp.calls) and method == "POST"
 
 
 def identity_answer(ids: IdentityHeaders, principal: Principal) -> tuple[tuple[str, str], ...]:

@@ -989,6 +989,7 @@ def warnings(settings: Settings) -> list[str]:
             "the others'; set nonce_key (the same on every replica)"
         )
     found += _unlocated_dpop_routes(settings)
+    found += _unjudged_mcp_routes(settings)
     if settings.upstream.path_case == "insensitive":
         return found
     return found + [
@@ -1023,6 +1024,25 @@ def _unlocated_dpop_routes(settings: Settings) -> list[str]:
                 "proofs; set public_url (or the route's)"
             )
     return found
+
+
+def _unjudged_mcp_routes(settings: Settings) -> list[str]:
+    """Routes with MCP call rules while the decision listener is on.
+
+    A call is judged from the POST's JSON-RPC body, which no front proxy's question carries:
+    asked about such a POST, the decision listener refuses it (it would otherwise allow every
+    call on the route's scopes). The route is right for the gateway's own listener, which
+    the front proxy may route it to, so this is a warning, not a refusal of the file."""
+    if settings.ext_authz is None:
+        return []
+    return [
+        f"{settings.file}:{route.line}: warning: route {route.name} has mcp.calls and ext_authz "
+        "is on: the decision listener never sees a request's body, so it refuses this "
+        "route's POSTs (403 mcp_calls_unjudged); have the front proxy send the route's "
+        "requests to the gateway's own listener instead of asking about them"
+        for route in settings.routes
+        if route.mcp is not None and route.mcp.calls
+    ]
 
 
 def check(path: str, env: Mapping[str, str] | None = None) -> list[str]:

@@ -36,6 +36,7 @@ SCHEMA_LINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
 ENV = {
     "PORTCULLIS_ISSUER": "https://auth.example.com",
     "AUTHSERVER_URL": "http://authserver:9000",
+    "MCP_PUBLIC_URL": "https://mcp.example.com",
     # Storage URLs are not secret settings: their variables are read by every command.
     "POSTGRES_PASSWORD": "example",
     "POSTGRES_URL": "postgresql://portcullis:example@postgres:5432/portcullis",
@@ -180,6 +181,8 @@ def test_the_example_files_are_all_found() -> None:
         ("examples/compose/gateway.yaml", "gateway"),
         ("examples/compose/authserver.yaml", "authserver"),
         ("examples/compose/authserver.replicated.yaml", "authserver"),
+        ("examples/compose/gateway.mcp.yaml", "gateway"),
+        ("examples/compose/authserver.mcp.yaml", "authserver"),
         ("examples/mcp/gateway.yaml", "gateway"),
         ("examples/mcp/authserver.yaml", "authserver"),
         ("examples/kubernetes/orders.yaml", "gateway"),

@@ -11,6 +11,8 @@
 #
 # Environment:
 #   MCP_DEMO_PYTHON           the interpreter (.venv/bin/python)
+#   MCP_DEMO_AUTH_CONFIG      the authorization server's configuration, in place of
+#                             examples/mcp/authserver.yaml (to try its other settings)
 #   MCP_DEMO_STATE_DIR        where the authorization server keeps its database and keys
 #   MCP_DEMO_GATEWAY_PORT 8090   MCP_DEMO_ADMIN_PORT 9911   MCP_DEMO_SERVER_PORT 8091
 #   MCP_DEMO_AUTH_PORT    9010   MCP_DEMO_AUTH_ADMIN_PORT 9912
@@ -19,6 +21,11 @@ set -euo pipefail
 case ${MCP_DEMO_STATE_DIR:-} in
     /*) STATE=$MCP_DEMO_STATE_DIR ;;
     ?*) STATE=$PWD/$MCP_DEMO_STATE_DIR ;;
+esac
+AUTH_CONFIG=
+case ${MCP_DEMO_AUTH_CONFIG:-} in
+    /*) AUTH_CONFIG=$MCP_DEMO_AUTH_CONFIG ;;
+    ?*) AUTH_CONFIG=$PWD/$MCP_DEMO_AUTH_CONFIG ;;
 esac
 case ${MCP_DEMO_PYTHON:-} in
     /*) PYTHON=$MCP_DEMO_PYTHON ;;
@@ -30,7 +37,7 @@ ROOT=$(pwd)
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 START_TIMEOUT=${MCP_DEMO_START_TIMEOUT:-20}
 CONFIG=examples/mcp/gateway.yaml
-AUTH_CONFIG=examples/mcp/authserver.yaml
+AUTH_CONFIG=${AUTH_CONFIG:-examples/mcp/authserver.yaml}
 # The configs read these through ${MCP_DEMO_...:-default}, with the same defaults.
 export MCP_DEMO_GATEWAY_PORT=${MCP_DEMO_GATEWAY_PORT:-8090}
 export MCP_DEMO_ADMIN_PORT=${MCP_DEMO_ADMIN_PORT:-9911}

@@ -404,6 +404,20 @@ def body_on_get(method: str) -> Refusal:
     )
 
 
+def mcp_calls_unjudged() -> Refusal:
+    """A POST to an MCP server whose route has call rules, asked about by a front proxy: the
+    decision listener never sees the body, so the call's scopes cannot be decided, and an
+    allow on the route's scopes alone would let every call through. No challenge: no token
+    would help. Refused in monitor mode too, as a message that cannot be judged is."""
+    return refused(
+        "mcp_calls_unjudged",
+        403,
+        "mcp_calls_unjudged",
+        "The calls of this MCP server are decided only by the gateway's own listener: send "
+        "its requests there, not through a front proxy's authorization request.",
+    )
+
+
 def cors_refused(reason: str) -> Refusal:
     """A preflight the route's CORS policy does not allow: no CORS header, so the browser
     stops the actual request; the body says why for whoever reads it."""

@@ -9,12 +9,10 @@ and what a document may say."""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -48,83 +46,20 @@ from tests.authserver.conftest import (
     query_of,
     verify_jwt,
 )
-from tests.certificates import CertificateAuthority, server_context
-from tests.support import start_site
+from tests.authserver.document_sites import CALLBACK, TOOLS, ClientSite, client_site
 
 __all__ = ["start_admin_server"]  # a fixture
 
 MCP = "https://mcp.example.com/mcp"
-TOOLS = "mcp:tools"
-CALLBACK = "http://127.0.0.1:7777/callback"
 
 
 # ---------------------------------------------------------------------------- the client's site
 
 
-@dataclass
-class ClientSite:
-    """The MCP client's web server: documents by path, what each answer carries, and how
-    many requests each path got."""
-
-    base: str
-    ca_file: Path
-    documents: dict[str, Any] = field(default_factory=dict)
-    behaviours: dict[str, Callable[[web.Request], Any]] = field(default_factory=dict)
-    hits: dict[str, int] = field(default_factory=dict)
-    cache_control: str = "max-age=600"
-    stalled: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def url(self, path: str = "/client.json") -> str:
-        return self.base + path
-
-    def publish(self, path: str = "/client.json", **changes: Any) -> str:
-        """A valid document at `path` (with `changes`; a None value drops a member)."""
-        url = self.url(path)
-        document = {
-            "client_id": url,
-            "client_name": "Agent Smith",
-            "client_uri": "https://agent.example",
-            "redirect_uris": [CALLBACK],
-            "grant_types": ["authorization_code", "refresh_token"],
-            "response_types": ["code"],
-            "token_endpoint_auth_method": "none",
-            "scope": f"openid offline_access {TOOLS}",
-        }
-        document.update(changes)
-        self.documents[path] = {k: v for k, v in document.items() if v is not None}
-        return url
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
-        self.hits[path] = self.hits.get(path, 0) + 1
-        behaviour = self.behaviours.get(path)
-        if behaviour is not None:
-            answer = behaviour(request)
-            return await answer if asyncio.iscoroutine(answer) else answer
-        if path not in self.documents:
-            return web.Response(status=404)
-        return web.json_response(
-            self.documents[path], headers={"Cache-Control": self.cache_control}
-        )
-
-
 @pytest.fixture
 async def site(tmp_path: Path) -> AsyncIterator[ClientSite]:
-    ca = CertificateAuthority()
-    context = server_context(ca.server("agent"), tmp_path, "agent")
-    holder: list[ClientSite] = []
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return await holder[0].handle(request)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner, url = await start_site(app, ssl_context=context)
-    port = urlsplit(url).port
-    holder.append(ClientSite(f"https://127.0.0.1:{port}", ca.write(tmp_path)))
-    yield holder[0]
-    holder[0].stalled.set()
-    await runner.cleanup()
+    async with client_site(tmp_path) as running:
+        yield running
 
 
 def documents_config(site: ClientSite, **documents: Any) -> dict[str, Any]:
@@ -133,8 +68,7 @@ def documents_config(site: ClientSite, **documents: Any) -> dict[str, Any]:
     config["resources"] = [{"uri": MCP, "name": "Tools", "scopes": [TOOLS]}]
     config["client_id_metadata_documents"] = {
         "enabled": True,
-        "allow_origins": [site.base],  # the draft's loopback exception, for development
-        "ca_file": str(site.ca_file),
+        **site.allowed(),  # the draft's loopback exception, for development
         "timeout": "1s",
         **documents,
     }

@@ -17,6 +17,13 @@ from the committed lock file) goes the same way, the user's part played over its
 A tool whose scope the token lacks gets 403 insufficient_scope; what each SDK does next is
 checked: the Python SDK steps up (the user approves again, and the call succeeds); this
 TypeScript SDK refreshes and gives up.
+
+Then each SDK is named by the URL of its Client ID Metadata Document instead (the Python
+SDK's `client_metadata_url`, the TypeScript provider's `clientMetadataUrl`), against the demo
+run with examples/mcp/authserver.yaml plus `client_id_metadata_documents` on: the documents
+are served over TLS from loopback by tests/authserver/document_sites.py, whose origin and CA
+the authorization server is given. Neither SDK registers; the admin API shows the document's
+client and no client registered by RFC 7591.
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import parse_qsl, urljoin, urlsplit
 
 import aiohttp
 import httpx2  # the MCP SDK's HTTP client
 import pytest
+import yaml
 from mcp import Client
 from mcp.client.auth import (
     AuthorizationCodeResult,
@@ -55,8 +63,9 @@ from mcp.shared.auth import (
 )
 from pydantic import AnyUrl
 
-from tests.authserver.conftest import parse_form, query_of
-from tests.support import UNBOUND_PORT, reserve_port, service_missing
+from tests.authserver.conftest import basic_auth, parse_form, query_of
+from tests.authserver.document_sites import ClientSite, client_site
+from tests.support import UNBOUND_PORT, Background, reserve_port, service_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "mcp" / "demo.sh"
@@ -133,18 +142,17 @@ class McpDemo:
             return None
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpDemo]:
-    """`make mcp-demo`'s script on reserved ports; its logs and state under the test's own
-    temporary directory. Ctrl-C must stop it cleanly, whatever the tests found."""
+@contextlib.contextmanager
+def running_demo(work: Path, **env: str) -> Iterator[McpDemo]:
+    """`make mcp-demo`'s script on reserved ports (with `env` besides); its logs and state
+    under `work`. Ctrl-C must stop it cleanly, whatever the tests found."""
     ports = {name: str(reserve_port()) for name in PORT_VARIABLES}
-    work = tmp_path_factory.mktemp("mcp-demo")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_DEMO_")}
-    env.update(ports, MCP_DEMO_PYTHON=sys.executable, TMPDIR=str(work))
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MCP_DEMO_")}
+    full.update(ports, MCP_DEMO_PYTHON=sys.executable, TMPDIR=str(work), **env)
     process = subprocess.Popen(
         ["bash", str(DEMO)],
         cwd=ROOT,
-        env=env,
+        env=full,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -156,6 +164,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpDemo]:
     finally:
         status = running.interrupt()
         assert status == 0, f"Ctrl-C did not stop the demo cleanly ({status}):\n{running.logs()}"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[McpDemo]:
+    """The demo as `make mcp-demo` runs it: examples/mcp's three configurations as they are."""
+    with running_demo(tmp_path_factory.mktemp("mcp-demo")) as running:
+        yield running
 
 
 # ---------------------------------------------------------------------------- the user
@@ -232,6 +247,10 @@ class Exchange:
     url: str  # without the query
     status: int
     challenge: str  # WWW-Authenticate, joined
+    form: dict[str, str] = field(default_factory=dict)  # a form-encoded request's parameters
+
+
+FORM = "application/x-www-form-urlencoded"
 
 
 @dataclass
@@ -242,12 +261,16 @@ class Recorder:
 
     async def __call__(self, response: httpx2.Response) -> None:
         request = response.request
+        form = {}
+        if request.headers.get("Content-Type", "").startswith(FORM):
+            form = dict(parse_qsl(request.content.decode()))
         self.exchanges.append(
             Exchange(
                 request.method,
                 str(request.url.copy_with(query=None)),
                 response.status_code,
                 ", ".join(response.headers.get_list("WWW-Authenticate")),
+                form,
             )
         )
 
@@ -263,23 +286,30 @@ NATIVE_APP = OAuthClientMetadata(
 
 @contextlib.asynccontextmanager
 async def connected(
-    demo: McpDemo, browser: Browser, recorder: Recorder, metadata: OAuthClientMetadata
+    mcp_url: str,
+    browser: Browser,
+    recorder: Recorder,
+    metadata: OAuthClientMetadata,
+    client_metadata_url: str | None = None,
 ) -> AsyncIterator[tuple[Client, MemoryStorage]]:
-    """The SDK's client connected to the MCP server through the gateway: the provider on an
-    httpx2 client, that client under the Streamable HTTP transport, as the SDK documents
-    (docs/client/oauth-clients.md)."""
+    """The SDK's client connected to the MCP server at `mcp_url` (through the gateway): the
+    provider on an httpx2 client, that client under the Streamable HTTP transport, as the SDK
+    documents (docs/client/oauth-clients.md); with `client_metadata_url`, the URL of the
+    client's metadata document, which the SDK uses as its client_id where the authorization
+    server says it may."""
     storage = MemoryStorage()
     provider = OAuthClientProvider(
-        server_url=demo.mcp_url,
+        server_url=mcp_url,
         client_metadata=metadata.model_copy(deep=True),
         storage=storage,
         redirect_handler=browser.open,
         callback_handler=browser.callback,
+        client_metadata_url=client_metadata_url,
     )
     http = httpx2.AsyncClient(
         auth=provider, follow_redirects=True, event_hooks={"response": [recorder]}
     )
-    async with http, Client(streamable_http_client(demo.mcp_url, http_client=http)) as client:
+    async with http, Client(streamable_http_client(mcp_url, http_client=http)) as client:
         yield client, storage
 
 
@@ -305,7 +335,7 @@ async def test_the_python_sdk_finds_registers_signs_in_and_calls_tools_as_the_us
     recorder = Recorder()
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         browser = Browser(session)
-        async with connected(demo, browser, recorder, NATIVE_APP) as (client, storage):
+        async with connected(demo.mcp_url, browser, recorder, NATIVE_APP) as (client, storage):
             whoami = await client.call_tool("whoami", {})
             orders = await client.call_tool("list_orders", {})
 
@@ -379,7 +409,7 @@ async def test_the_python_sdk_steps_up_to_a_tools_scope_when_the_gateway_asks_fo
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
         browser = Browser(session)
         try:
-            async with connected(demo, browser, recorder, NATIVE_APP) as (client, _):
+            async with connected(demo.mcp_url, browser, recorder, NATIVE_APP) as (client, _):
                 before = await client.call_tool("whoami", {})
                 assert not before.is_error, before
                 deleted = await client.call_tool("delete_order", {"order_id": "1001"})
@@ -427,7 +457,7 @@ async def test_the_python_sdk_with_the_metadata_it_documents_is_refused_registra
     async with aiohttp.ClientSession() as session:
         browser = Browser(session)
         with pytest.raises(BaseException) as raised:  # examined below
-            async with connected(demo, browser, recorder, metadata) as (client, _):
+            async with connected(demo.mcp_url, browser, recorder, metadata) as (client, _):
                 await client.call_tool("whoami", {})
     error = cause(raised.value, OAuthRegistrationError)
     assert error is not None, raised.value
@@ -435,6 +465,151 @@ async def test_the_python_sdk_with_the_metadata_it_documents_is_refused_registra
     assert recorder.exchanges[-1].url == f"{demo.issuer}/register"
     assert recorder.exchanges[-1].status == 400
     assert browser.asked == []
+
+
+# ---------------------------------------------------------------------------- metadata documents
+
+AUTH_CONFIG = ROOT / "examples" / "mcp" / "authserver.yaml"
+ADMIN_CLIENT, ADMIN_SECRET = "admin-reader", "mcp-e2e-admin-reader-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def document_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientSite]:
+    """The MCP clients' web site, publishing their metadata documents over TLS on loopback
+    (tests/authserver/document_sites.py), served from an event loop of its own thread so
+    that it outlives each test's loop."""
+    background = Background()
+    site = client_site(tmp_path_factory.mktemp("client-site"))
+    try:
+        yield background.run(site.__aenter__())
+    finally:
+        background.run(site.__aexit__(None, None, None))
+        background.close()
+
+
+@pytest.fixture(scope="module")
+def documents_demo(
+    tmp_path_factory: pytest.TempPathFactory, document_site: ClientSite
+) -> Iterator[McpDemo]:
+    """The demo with Client ID Metadata Documents on: examples/mcp/authserver.yaml as it is,
+    with `client_id_metadata_documents` enabled for the client site (its loopback origin
+    allowed, its CA trusted), and a client that may read the admin API."""
+    work = tmp_path_factory.mktemp("mcp-demo-documents")
+    config = work / "authserver.yaml"
+    added = {
+        "client_id_metadata_documents": {"enabled": True, **document_site.allowed()},
+        "clients": [
+            {
+                "client_id": ADMIN_CLIENT,
+                "client_secret": ADMIN_SECRET,
+                "grant_types": ["client_credentials"],
+                "scope": "admin:read",
+                "resources": ["http://127.0.0.1:${MCP_DEMO_AUTH_PORT}/admin/v1"],
+            }
+        ],
+    }
+    example = AUTH_CONFIG.read_text()
+    assert not set(added) & set(yaml.safe_load(example)), "the example now sets these itself"
+    config.write_text(example + "\n" + yaml.safe_dump(added, sort_keys=False))
+    with running_demo(work, MCP_DEMO_AUTH_CONFIG=str(config)) as running:
+        yield running
+
+
+def publish_document(site: ClientSite, path: str, name: str) -> str:
+    """A native MCP client's metadata document, redirected to on loopback; its URL."""
+    return site.publish(path, client_name=name, client_uri=None, redirect_uris=[REDIRECT])
+
+
+async def known_clients(session: aiohttp.ClientSession, demo: McpDemo) -> dict[str, str]:
+    """clientId → managedBy of every client the authorization server knows, from its admin
+    API."""
+    admin = f"{demo.issuer}/admin/v1"
+    async with session.post(
+        f"{demo.issuer}/token",
+        data={"grant_type": "client_credentials", "scope": "admin:read", "resource": admin},
+        headers={"Authorization": basic_auth(ADMIN_CLIENT, ADMIN_SECRET)},
+    ) as response:
+        tokens = await response.json()
+        assert response.status == 200, tokens
+    async with session.get(
+        f"{admin}/clients",
+        params={"limit": "100", "fields": "clientId,managedBy"},
+        headers={"Authorization": f"Bearer {tokens['access_token']}"},
+    ) as response:
+        listed = await response.json()
+        assert response.status == 200, listed
+    assert listed["pagination"]["hasMore"] is False
+    return {c["clientId"]: c["managedBy"] for c in listed["data"]}
+
+
+def assert_signed_in_by_document(
+    demo: McpDemo, browser: Browser, document: str, name: str, caller: dict[str, Any]
+) -> None:
+    """One authorization, with the document's URL as client_id and the MCP server as
+    resource; a consent page naming the document's host and the name it gives; a tool that
+    sees alice and that client."""
+    (asked,) = browser.asked
+    assert asked["client_id"] == document
+    assert asked["redirect_uri"] == REDIRECT
+    assert asked["resource"] == demo.mcp_url
+    assert asked["code_challenge_method"] == "S256"
+    assert "mcp:tools" in asked["scope"].split()
+    (consent,) = browser.consent_pages
+    host = urlsplit(document).netloc
+    assert f'<strong class="document-host">{host}</strong>' in consent
+    assert f"<strong>{name}</strong>" in consent
+    assert "Example orders MCP server" in consent
+    assert caller["subject"] == "alice"
+    assert caller["clientId"] == document
+    assert "mcp:tools" in caller["scopes"]
+    assert caller["tokenReceived"] is False
+
+
+async def test_the_python_sdk_named_by_its_metadata_document_signs_in_and_calls_tools(
+    documents_demo: McpDemo, document_site: ClientSite
+) -> None:
+    """Given the URL of its metadata document (`client_metadata_url`), the SDK uses it as
+    its client_id because the authorization server's metadata says
+    client_id_metadata_document_supported, and registers nothing: the authorization server
+    fetches the document when the user is sent to it."""
+    name = "Portcullis end-to-end test (MCP Python SDK, by its document)"
+    document = publish_document(document_site, "/python-sdk.json", name)
+    recorder = Recorder()
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+        browser = Browser(session)
+        async with connected(documents_demo.mcp_url, browser, recorder, NATIVE_APP, document) as (
+            client,
+            storage,
+        ):
+            whoami = await client.call_tool("whoami", {})
+        clients = await known_clients(session, documents_demo)
+
+    assert not whoami.is_error, whoami
+    assert whoami.structured_content is not None
+    assert_signed_in_by_document(documents_demo, browser, document, name, whoami.structured_content)
+    assert storage.client_info is not None and storage.client_info.client_id == document
+
+    # 401, the resource's metadata, the authorization server's (which advertises documents),
+    # no registration, the token (for the MCP server as resource), the retried request.
+    gw, auth = documents_demo.gateway, documents_demo.issuer
+    first = recorder.exchanges[:5]
+    assert [(e.method, e.url, e.status) for e in first] == [
+        ("POST", f"{gw}/mcp", 401),
+        ("GET", f"{gw}/.well-known/oauth-protected-resource/mcp", 200),
+        ("GET", f"{auth}/.well-known/oauth-authorization-server", 200),
+        ("POST", f"{auth}/token", 200),
+        ("POST", f"{gw}/mcp", 200),
+    ], recorder.exchanges
+    assert not [e for e in recorder.exchanges if e.url.startswith(f"{auth}/register")]
+    token_request = first[3].form
+    assert token_request["grant_type"] == "authorization_code"
+    assert token_request["client_id"] == document
+    assert token_request["resource"] == documents_demo.mcp_url
+    assert "client_secret" not in token_request
+    # Fetched once by the authorization server, for the authorization and the token alike.
+    assert document_site.hits["/python-sdk.json"] == 1
+    # Nothing registered itself: besides the configured reader, the document's client only.
+    assert clients == {ADMIN_CLIENT: "config", document: "metadata_document"}
 
 
 # ---------------------------------------------------------------------------- TypeScript SDK
@@ -464,7 +639,11 @@ def ts_client() -> Path:
 
 
 async def run_ts_client(
-    script: Path, demo: McpDemo, browser: Browser, calls: list[dict[str, Any]]
+    script: Path,
+    demo: McpDemo,
+    browser: Browser,
+    calls: list[dict[str, Any]],
+    client_metadata_url: str | None = None,
 ) -> dict[str, Any]:
     """The script's last line, the user playing her part whenever it asks for her."""
     request = {
@@ -473,6 +652,8 @@ async def run_ts_client(
         "clientName": "Portcullis end-to-end test (MCP TypeScript SDK)",
         "calls": calls,
     }
+    if client_metadata_url is not None:
+        request["clientMetadataUrl"] = client_metadata_url
     process = await asyncio.create_subprocess_exec(
         "node",
         str(script),
@@ -561,3 +742,52 @@ async def test_the_typescript_sdk_finds_registers_signs_in_and_calls_tools_as_th
     assert "403 after trying upscoping" in delete["error"]
     assert len(browser.asked) == 1  # the user was never asked for mcp:admin
     assert "1002" in [o["id"] for o in orders["result"]["structuredContent"]["result"]]
+
+
+async def test_the_typescript_sdk_named_by_its_metadata_document_signs_in_and_calls_tools(
+    documents_demo: McpDemo, document_site: ClientSite, ts_client: Path
+) -> None:
+    """The provider's `clientMetadataUrl`: used as the client_id, since the authorization
+    server supports metadata documents, and nothing is registered."""
+    name = "Portcullis end-to-end test (MCP TypeScript SDK, by its document)"
+    document = publish_document(document_site, "/typescript-sdk.json", name)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+        browser = Browser(session)
+        answer = await run_ts_client(
+            ts_client, documents_demo, browser, [{"name": "whoami"}], document
+        )
+        clients = await known_clients(session, documents_demo)
+
+    (whoami,) = answer["results"]
+    assert "result" in whoami, whoami
+    assert_signed_in_by_document(
+        documents_demo, browser, document, name, whoami["result"]["structuredContent"]
+    )
+    assert answer["clientInformation"]["client_id"] == document
+    assert query_of(answer["authorizations"][0])["client_id"] == document
+
+    exchanges = answer["exchanges"]
+    gw, auth = documents_demo.gateway, documents_demo.issuer
+    # As without a document, but no registration; after the user's part, the SDK's
+    # finishAuth discovers both documents again before it asks for the token.
+    discovery = [
+        ("GET", f"{gw}/.well-known/oauth-protected-resource/mcp", 200),
+        ("GET", f"{auth}/.well-known/oauth-authorization-server", 200),
+    ]
+    assert [(e["method"], e["url"], e["status"]) for e in exchanges[:7]] == [
+        ("POST", f"{gw}/mcp", 401),
+        *discovery,
+        *discovery,
+        ("POST", f"{auth}/token", 200),
+        ("POST", f"{gw}/mcp", 200),
+    ], exchanges
+    assert not [e for e in exchanges if e["url"].startswith(f"{auth}/register")]
+    token_request = exchanges[5]["form"]
+    assert token_request["grant_type"] == "authorization_code"
+    assert token_request["client_id"] == document
+    assert token_request["resource"] == documents_demo.mcp_url
+    assert "client_secret" not in token_request
+    assert document_site.hits["/typescript-sdk.json"] == 1
+    # This module's other document client may be there too: none registered by RFC 7591.
+    assert clients[document] == "metadata_document"
+    assert set(clients.values()) <= {"config", "metadata_document"}, clients

@@ -2,7 +2,8 @@
 // OAuthClientProvider of its own (here in memory) on the Streamable HTTP transport, given
 // the MCP server's URL and nothing else. Driven by tests/e2e/test_mcp_clients.py.
 //
-// Input: argv[2], JSON {url, redirect, clientName, calls: [{name, arguments}]}.
+// Input: argv[2], JSON {url, redirect, clientName, calls: [{name, arguments}]}, and
+// clientMetadataUrl when the client is named by the URL of its metadata document.
 // The user's part goes over stdio: for each authorization the SDK asks for, this prints
 // {"authorize": URL} and reads back one line, the query of the redirect that ended it
 // (JSON), as an app's local callback page would receive it. Last line printed: {"done":
@@ -29,6 +30,8 @@ async function recordingFetch(input, init) {
     url: url.href,
     status: response.status,
     challenge: response.headers.get('www-authenticate') ?? '',
+    // A form-encoded request's parameters (the SDK's OAuth requests).
+    form: init?.body instanceof URLSearchParams ? Object.fromEntries(init.body) : {},
   });
   return response;
 }
@@ -39,6 +42,8 @@ class MemoryProvider {
     this.pending = undefined; // the state of the authorization the user is at
   }
   get redirectUrl() { return request.redirect; }
+  // Used as the client_id where the authorization server supports metadata documents.
+  get clientMetadataUrl() { return request.clientMetadataUrl; }
   get clientMetadata() {
     // A public native app receiving the redirect on a loopback port.
     return {
