@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import users as passwords
+from ..audit import Event
 from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
 from ..registry import plain
@@ -138,7 +139,7 @@ class Users:
             await self.c.store.save_user(record, None)
         except AlreadyExists:
             raise conflict("a user with this id or username exists already") from None
-        self.c.audit(caller, "created", RESOURCE, subject)
+        self.c.audit(caller, Event.USER_CREATED, subject=subject)
         shown = represent(record)
         return json_answer(
             shown,
@@ -184,7 +185,9 @@ class Users:
         if disabled and not old.disabled:
             await self.c.revocations.cut_off_subject(subject, Reason.USER_DISABLED)
         self.c.audit(
-            caller, "disabled" if disabled and not old.disabled else "updated", RESOURCE, subject
+            caller,
+            Event.USER_DISABLED if disabled and not old.disabled else Event.USER_UPDATED,
+            subject=subject,
         )
         shown = represent(record)
         return json_answer(shown, headers={"ETag": etag_of(shown)})
@@ -204,7 +207,7 @@ class Users:
             updated_at=self.c.clock(),
         )
         await self._save(request, record, old.version)
-        self.c.audit(caller, "password set", RESOURCE, old.subject)
+        self.c.audit(caller, Event.USER_PASSWORD_SET, subject=old.subject)
         return no_content()
 
     async def delete(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
@@ -212,7 +215,7 @@ class Users:
         if not await self.c.store.delete_user(old.subject):
             raise not_found(RESOURCE)
         await self.c.revocations.cut_off_subject(old.subject, Reason.USER_DELETED)
-        self.c.audit(caller, "deleted", RESOURCE, old.subject)
+        self.c.audit(caller, Event.USER_DELETED, subject=old.subject)
         return no_content()
 
     # ------------------------------------------------------------------ steps

@@ -18,12 +18,13 @@ The bounds, with the defaults: 5 guesses per username and 20 in all per address 
 minutes; for one username from any number of addresses, 74 in any hour (10 at once, 6 more
 within the next minute, then one a minute).
 
-Used by the authorization endpoint's login page and the device page's.
+Used by the authorization endpoint's login page and the device page's. Each attempt is an
+audit event (audit.py): `signin.succeeded`, `signin.failed` (with the user's subject when
+the username names one, never the username typed) or `signin.throttled`.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,14 +32,14 @@ from aiohttp import web
 
 from portcullis.addresses import ClientAddresses
 
+from .. import audit
+from ..audit import Event
 from ..clock import Clock
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
 from ..store.base import Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
-
-log = logging.getLogger("portcullis.authserver.signin")
 
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
 # One answer for an unknown user and a wrong password.
@@ -116,9 +117,10 @@ class PasswordCheck:
         self.metrics = metrics
 
     async def check(
-        self, request: web.Request, username: str, password: str
+        self, request: web.Request, username: str, password: str, client_id: str
     ) -> User | Throttled | None:
-        """The user, Throttled, or None when the username or password is wrong."""
+        """The user, Throttled, or None when the username or password is wrong; signing in
+        to `client_id`."""
         now = self.clock()
         address = client_address(self.addresses, request)
         limits = LoginLimits.of(self.rules, username, address)
@@ -127,7 +129,13 @@ class PasswordCheck:
         )
         if refused is not None:
             self.metrics.login_throttled()
-            log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
+            audit.record(
+                Event.SIGNIN_THROTTLED,
+                audit.USER,
+                client_id=client_id,
+                reason=refused.key.split(":")[1],  # which count: user-at-ip, ip or user
+                address=address,
+            )
             return Throttled(max(1, int(refused.retry_after)))
         keys = (limits.at_address.key, limits.address.key, limits.username.key)
         user = await self.users.by_username(username)
@@ -141,7 +149,22 @@ class PasswordCheck:
             raise
         if user is None or not ok:
             self.metrics.login_failed()
+            audit.record(
+                Event.SIGNIN_FAILED,
+                audit.USER,
+                client_id=client_id,
+                subject=user.subject if user is not None else None,
+                username_known=user is not None,
+                address=address,
+            )
             return None  # the attempt stays charged: it was a failure
         await self.store.clear_failures(limits.at_address.key)
         await self.store.release_attempt((limits.address.key, limits.username.key), now)
+        audit.record(
+            Event.SIGNIN_SUCCEEDED,
+            audit.USER,
+            client_id=client_id,
+            subject=user.subject,
+            address=address,
+        )
         return user
