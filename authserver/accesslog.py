@@ -51,7 +51,8 @@ RANDOM = UniqueBytes()
 
 # Parameter names the server's endpoints read from a query: the authorization request's
 # (RFC 6749 §4.1.1, OIDC Core §3.1.2.1, RFC 7636, RFC 8707, RFC 9396), the logout's (OIDC
-# RP-Initiated Logout §2), the device page's, and the admin API's collection parameters.
+# RP-Initiated Logout §2), the device and account pages', and the admin API's collection
+# parameters.
 QUERY_NAMES = frozenset(
     {
         "response_type",
@@ -80,6 +81,7 @@ QUERY_NAMES = frozenset(
         "post_logout_redirect_uri",
         "logout_hint",
         "user_code",
+        "done",
         "limit",
         "cursor",
         "sort",

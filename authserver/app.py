@@ -55,6 +55,7 @@ from .clients import ClientAuthenticator, assertion_audiences
 from .clock import Clock
 from .dpop import NonceMaker, ProofChecker
 from .endpoints import discovery
+from .endpoints.account import AccountPages
 from .endpoints.authorize import AuthorizationEndpoint
 from .endpoints.device import CodeGuesses, DevicePages
 from .endpoints.device_authorization import DeviceAuthorizationEndpoint
@@ -137,6 +138,7 @@ class Components:
     authorize: AuthorizationEndpoint
     device: DevicePages
     logout: LogoutEndpoint
+    account: AccountPages  # /account: the signed-in user's grants, sessions and password
     events: EventStream  # GET /revocation_events
     registration: RegistrationEndpoint | None  # /register, when registration.enabled
     # Revoking every token of a subject or client at once (users disabled, clients deleted).
@@ -411,6 +413,18 @@ class AuthServer:
                 issuer=issuer,
                 id_token_algs=settings.id_token_algs,
                 base_path=base,
+            ),
+            account=AccountPages(
+                store=store,
+                clients=clients,
+                users=users,
+                sessions=sessions,
+                pages=pages,
+                passwords=passwords,
+                hasher=hasher,
+                scope_description=settings.scope_description,
+                base_path=base,
+                clock=clock,
             ),
             events=EventStream(
                 authenticator,
@@ -767,6 +781,21 @@ def build_app(
     logout = page(lambda c: c.logout.handle)
     r.add_route("GET", base + "/logout", logout, name="logout")
     r.add_route("POST", base + "/logout", logout, name="logout")
+    r.add_get(base + "/account", page(lambda c: c.account.show), name="account")
+    r.add_post(base + "/account/login", page(lambda c: c.account.login), name="account_login")
+    r.add_post(
+        base + "/account/apps/revoke", page(lambda c: c.account.revoke), name="account_revoke"
+    )
+    r.add_post(
+        base + "/account/sessions/end",
+        page(lambda c: c.account.end_sessions),
+        name="account_sessions",
+    )
+    r.add_post(
+        base + "/account/password",
+        page(lambda c: c.account.change_password),
+        name="account_password",
+    )
     admin = _current(live, lambda c: c.admin.handle)
     r.add_route("*", base + ADMIN_PREFIX + "{tail:(/.*)?}", admin, name="admin")
     r.add_get(base + "/healthz", _healthz, name="healthz")

@@ -53,6 +53,7 @@ class Event(enum.StrEnum):
     USER_DISABLED = "user.disabled"
     USER_PASSWORD_SET = "user.password_set"  # noqa: S105 - an event name
     USER_DELETED = "user.deleted"
+    SESSIONS_ENDED = "sessions.ended"  # signed out by the user elsewhere (account page)
     USER_CUT_OFF = "user.cut_off"  # every token of the user revoked, sessions ended
     CLIENT_CREATED = "client.created"
     CLIENT_REGISTERED = "client.registered"  # by the client itself (RFC 7591)

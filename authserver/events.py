@@ -83,6 +83,7 @@ class Reason:
     CLIENT_BLOCKED = "client_blocked"  # a metadata document client the operator blocked
     # A metadata document now names other keys or another authentication method.
     CLIENT_REKEYED = "client_rekeyed"
+    CONSENT_WITHDRAWN = "consent_withdrawn"  # by the user, on the account page
 
 
 def set_claims(event: RevocationEvent, issuer: str, now: float) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
 from ..registry import plain
 from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, UserRecord
+from ..users import password_problems
 from . import validation
 from .access import Caller
 from .collection import Collection, page, parse_query
@@ -46,7 +47,6 @@ from .http import (
 )
 
 RESOURCE = "user"
-MIN_PASSWORD = 8
 CLAIMS = tuple(camel(name) for name in claim_names())
 WRITABLE = ("username", *CLAIMS, "roles", "disabled")
 READ_ONLY = ("id", "managedBy", "createdAt", "updatedAt")
@@ -72,18 +72,6 @@ def represent(r: UserRecord) -> dict[str, Any]:
         "createdAt": iso(r.created_at),
         "updatedAt": iso(r.updated_at),
     }
-
-
-def password_problems(
-    password: Any, username: str, field: str = "password"
-) -> list[tuple[str, str]]:
-    if not isinstance(password, str):
-        return [(field, "must be a string")]
-    if len(password) < MIN_PASSWORD:
-        return [(field, f"must have at least {MIN_PASSWORD} characters")]
-    if password == username:
-        return [(field, "must not be the username")]
-    return []
 
 
 def new_user_id() -> str:

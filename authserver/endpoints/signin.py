@@ -117,10 +117,10 @@ class PasswordCheck:
         self.metrics = metrics
 
     async def check(
-        self, request: web.Request, username: str, password: str, client_id: str
+        self, request: web.Request, username: str, password: str, client_id: str | None
     ) -> User | Throttled | None:
         """The user, Throttled, or None when the username or password is wrong; signing in
-        to `client_id`."""
+        to `client_id` (None: to the account page)."""
         now = self.clock()
         address = client_address(self.addresses, request)
         limits = LoginLimits.of(self.rules, username, address)

@@ -270,6 +270,19 @@ class Poll:
     interval: float
 
 
+CONSENT_WITHDRAWN = "consent_withdrawn"  # the reason of the events withdraw_consent records
+
+
+@dataclass(frozen=True)
+class Consent:
+    """What a user consented to for one client: the scopes, and when consent was first
+    given (later consents add scopes to it)."""
+
+    client_id: str
+    scopes: tuple[str, ...]  # sorted
+    granted_at: float
+
+
 @dataclass(frozen=True)
 class GrantSummary:
     """A grant as the admin API shows it: what the user granted the client, and when its
@@ -436,6 +449,14 @@ class Store(Protocol):
     ) -> None:
         """Add scopes to the consent (a union: concurrent grants lose none)."""
 
+    async def consents_of(self, subject: str) -> list[Consent]:
+        """Every client the subject consented to, ordered by client_id."""
+
+    async def withdraw_consent(self, subject: str, client_id: str, now: float) -> list[str]:
+        """In one transaction: forget the subject's consent to the client, and revoke every
+        grant of theirs to it still in force, recording a revocation event for the access
+        tokens of each (as revoke_grant does). The ids of the grants revoked, sorted."""
+
     # -- login sessions
     async def save_session(self, record: SessionRecord) -> None: ...
 
@@ -443,6 +464,12 @@ class Store(Protocol):
         """The session, unless it expired at `now`."""
 
     async def delete_session(self, session_hash: bytes) -> None: ...
+
+    async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
+        """The subject's sessions not expired at `now`, the most recent sign-in first."""
+
+    async def delete_other_sessions(self, subject: str, keep: bytes) -> int:
+        """End every session of the subject but the one hashed `keep`; how many."""
 
     # -- throttles on guessing: passwords and device user codes (protocol/throttle.py)
     async def reserve_attempt(self, rules: Sequence[Rule], now: float) -> Refuse | None:
