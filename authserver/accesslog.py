@@ -151,62 +151,45 @@ def logged_path(raw_path: str) -> str:
     return path + "?" + "&".join(names) if names else path
 
 
-@dataclass(frozen=True, slots=True)
-class AccessLogOptions:
-    output: str  # stderr, stdout or a file path (appended to)
-    flush_interval: timedelta
+class JsonLines:
+    """JSON objects written a line each to stderr, stdout or a file, in batches: every
+    `interval` seconds, or at the end of the event loop's turn when it is zero (what
+    requests served in one turn wrote goes out in one write). The caller only appends to a
+    buffer. Without a running event loop a line is written at once."""
 
-
-class AccessLog:
-    def __init__(self, options: AccessLogOptions) -> None:
-        self.output = options.output
+    def __init__(self, output: str, interval: float) -> None:
+        self.output = output
+        self._interval = interval
         # One growing buffer, written out whole (as in the gateway's access log).
         self._buffer = bytearray()
         self._file: IO[bytes] | None = None
-        if options.output not in ("stderr", "stdout"):
-            self._file = open(options.output, "ab")  # noqa: SIM115 - closed by close()
-        self._flush_handle: asyncio.TimerHandle | None = None
-        self._interval = options.flush_interval.total_seconds()
+        if output not in ("stderr", "stdout"):
+            self._file = open(output, "ab")  # noqa: SIM115 - closed by close()
+        self._flush_handle: asyncio.Handle | None = None
         self._second = -1
         self._second_text = ""
         # Wall-clock time from the monotonic clock requests are timed with.
         self._clock_offset = time.time() - time.perf_counter()
 
-    def record(
-        self,
-        exchange: Exchange,
-        *,
-        client: str,
-        method: str,
-        raw_path: str,
-        route: str,
-        status: int,
-        started: float,
-        finished: float,
-    ) -> None:
-        """One line for a request answered at `finished` (time.perf_counter)."""
-        entry: dict[str, Any] = {
-            "time": self._time(finished),
-            "level": "info",
-            "logger": LOGGER,
-            "message": "request",
-            "request_id": exchange.request_id,
-            "client": client,
-            "method": method,
-            "path": logged_path(raw_path),
-            "route": route,
-            "status": status,
-            "client_id": exchange.client_id,
-            "total_ms": int((finished - started) * 1_000_000) / 1000,
-        }
-        self._buffer += orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+    def write(self, entry: dict[str, Any]) -> None:
+        self._buffer += orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE, default=str)
         if len(self._buffer) >= _MAX_WAITING:
             self.flush()
         elif self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_later(self._interval, self.flush)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._flush_handle = (
+                loop.call_later(self._interval, self.flush)
+                if self._interval > 0
+                else loop.call_soon(self.flush)
+            )
 
-    def _time(self, finished: float) -> str:
-        now = finished + self._clock_offset
+    def time_of(self, counter: float) -> str:
+        """ISO 8601 UTC, to the millisecond, of a time.perf_counter() value."""
+        now = counter + self._clock_offset
         second = int(now)
         if second != self._second:
             self._second = second
@@ -237,3 +220,51 @@ class AccessLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+@dataclass(frozen=True, slots=True)
+class AccessLogOptions:
+    output: str  # stderr, stdout or a file path (appended to)
+    flush_interval: timedelta
+
+
+class AccessLog:
+    def __init__(self, options: AccessLogOptions) -> None:
+        self.output = options.output
+        self._lines = JsonLines(options.output, options.flush_interval.total_seconds())
+
+    def record(
+        self,
+        exchange: Exchange,
+        *,
+        client: str,
+        method: str,
+        raw_path: str,
+        route: str,
+        status: int,
+        started: float,
+        finished: float,
+    ) -> None:
+        """One line for a request answered at `finished` (time.perf_counter)."""
+        self._lines.write(
+            {
+                "time": self._lines.time_of(finished),
+                "level": "info",
+                "logger": LOGGER,
+                "message": "request",
+                "request_id": exchange.request_id,
+                "client": client,
+                "method": method,
+                "path": logged_path(raw_path),
+                "route": route,
+                "status": status,
+                "client_id": exchange.client_id,
+                "total_ms": int((finished - started) * 1_000_000) / 1000,
+            }
+        )
+
+    def flush(self) -> None:
+        self._lines.flush()
+
+    def close(self) -> None:
+        self._lines.close()

@@ -44,7 +44,7 @@ from portcullis.http import json_response
 from portcullis.tls import RotatingCertificate
 from portcullis.yamlconf import ConfigError, Withheld
 
-from . import accesslog, cors, registry
+from . import accesslog, audit, cors, registry
 from . import settings as settings_module
 from .accesslog import AccessLog, AccessLogOptions, Exchange
 from .admin.access import AdminAccess
@@ -243,6 +243,7 @@ class AuthServer:
             await self._store.close()
         if self.access_log is not None:
             self.access_log.close()
+        audit.LINES.flush()
 
     def _components(self, settings: Settings) -> Components:
         """Everything a request uses that the configuration decides, built from `settings`."""
