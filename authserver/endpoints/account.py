@@ -9,6 +9,8 @@ and their password.
   them; the next authorization asks for consent again.
 - Sessions: this browser's and the others', by when they signed in; ending one, or every
   other.
+- Recent sign-ins: the latest successes and failures (a wrong password) of the user, when,
+  from which address and to which application (signin.py keeps them).
 - Password: the current one is checked as a sign-in is (the same throttle), the new one held
   to the admin API's rule; the other sessions end. Only for users kept in the store: one
   defined in the configuration file changes there.
@@ -298,6 +300,25 @@ class AccountPages:
                     ),
                 }
             )
+        names = {app["client_id"]: app["name"] for app in apps}
+        sign_ins = []
+        for sign_in in await self.store.sign_ins_of(subject, now):
+            name = None
+            if sign_in.client_id is not None:
+                name = names.get(sign_in.client_id)
+                if name is None:
+                    client = await self.clients.client(sign_in.client_id)
+                    name = names[sign_in.client_id] = (
+                        client.client_name if client is not None else sign_in.client_id
+                    )
+            sign_ins.append(
+                {
+                    "at": shown_time(sign_in.at),
+                    "succeeded": sign_in.outcome == "succeeded",
+                    "address": sign_in.address,
+                    "client": name,
+                }
+            )
         this = session.record.session_hash
         sessions = [
             {
@@ -318,6 +339,7 @@ class AccountPages:
             user_name=user.display_name if user is not None else subject,
             apps=apps,
             sessions=sessions,
+            sign_ins=sign_ins,
             others=sum(1 for s in sessions if not s["current"]),
             username=record.username if record is not None else "",
             password_changeable=record is not None and record.managed_by == MANAGED_BY_API,

@@ -18,9 +18,11 @@ The bounds, with the defaults: 5 guesses per username and 20 in all per address 
 minutes; for one username from any number of addresses, 74 in any hour (10 at once, 6 more
 within the next minute, then one a minute).
 
-Used by the authorization endpoint's login page and the device page's. Each attempt is an
-audit event (audit.py): `signin.succeeded`, `signin.failed` (with the user's subject when
-the username names one, never the username typed) or `signin.throttled`.
+Used by the authorization endpoint's login page, the device page's and the account page's.
+Each attempt is an audit event (audit.py): `signin.succeeded`, `signin.failed` (with the
+user's subject when the username names one, never the username typed) or
+`signin.throttled`. A success or a failure of a known user is also kept in the store for
+`SIGN_IN_RETENTION` (the latest few), for their account page.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from ..clock import Clock
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
-from ..store.base import Store
+from ..store.base import SignInRecord, Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
 
+SIGN_IN_RETENTION = timedelta(days=90)
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
 # One answer for an unknown user and a wrong password.
 WRONG = "The username or password is not correct."
@@ -149,6 +152,8 @@ class PasswordCheck:
             raise
         if user is None or not ok:
             self.metrics.login_failed()
+            if user is not None:
+                await self._keep(user.subject, now, "failed", address, client_id)
             audit.record(
                 Event.SIGNIN_FAILED,
                 audit.USER,
@@ -160,6 +165,7 @@ class PasswordCheck:
             return None  # the attempt stays charged: it was a failure
         await self.store.clear_failures(limits.at_address.key)
         await self.store.release_attempt((limits.address.key, limits.username.key), now)
+        await self._keep(user.subject, now, "succeeded", address, client_id)
         audit.record(
             Event.SIGNIN_SUCCEEDED,
             audit.USER,
@@ -168,3 +174,11 @@ class PasswordCheck:
             address=address,
         )
         return user
+
+    async def _keep(
+        self, subject: str, now: float, outcome: str, address: str, client_id: str | None
+    ) -> None:
+        expires_at = now + SIGN_IN_RETENTION.total_seconds()
+        await self.store.record_sign_in(
+            SignInRecord(subject, now, outcome, address, client_id, expires_at)
+        )

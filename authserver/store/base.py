@@ -270,6 +270,21 @@ class Poll:
     interval: float
 
 
+SIGN_INS_KEPT = 20  # the latest sign-ins kept per user; older ones are trimmed at insert
+
+
+@dataclass(frozen=True)
+class SignInRecord:
+    """One sign-in of a known user: `succeeded` or `failed` (a wrong password)."""
+
+    subject: str
+    at: float
+    outcome: str
+    address: str  # the client address, as the throttles count it
+    client_id: str | None  # the client signed in to; None for the account page
+    expires_at: float
+
+
 CONSENT_WITHDRAWN = "consent_withdrawn"  # the reason of the events withdraw_consent records
 
 
@@ -464,6 +479,12 @@ class Store(Protocol):
         """The session, unless it expired at `now`."""
 
     async def delete_session(self, session_hash: bytes) -> None: ...
+
+    async def record_sign_in(self, record: SignInRecord) -> None:
+        """Keep a sign-in; of the subject's, only the latest SIGN_INS_KEPT stay."""
+
+    async def sign_ins_of(self, subject: str, now: float) -> list[SignInRecord]:
+        """The subject's kept sign-ins not expired at `now`, the latest first."""
 
     async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
         """The subject's sessions not expired at `now`, the most recent sign-in first."""

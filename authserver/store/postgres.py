@@ -98,6 +98,7 @@ from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
     CONSENT_WITHDRAWN,
     MANAGED_BY_CONFIG,
+    SIGN_INS_KEPT,
     AlreadyExists,
     ClientRecord,
     CodeRecord,
@@ -116,6 +117,7 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    SignInRecord,
     StoreObserver,
     StoreUnavailable,
     UserRecord,
@@ -639,6 +641,37 @@ class PostgresStore:
         async with self._connection("delete_session") as conn:
             await conn.execute("DELETE FROM sessions WHERE session_hash = $1", session_hash)
 
+    async def record_sign_in(self, record: SignInRecord) -> None:
+        r = record
+        async with self._transaction("record_sign_in") as conn:
+            await conn.execute(
+                "INSERT INTO sign_ins (subject, at, outcome, address, client_id, expires_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                r.subject,
+                r.at,
+                r.outcome,
+                r.address,
+                r.client_id,
+                r.expires_at,
+            )
+            await conn.execute(
+                "DELETE FROM sign_ins WHERE subject = $1 AND id NOT IN"
+                " (SELECT id FROM sign_ins WHERE subject = $1 ORDER BY at DESC, id DESC"
+                "  LIMIT $2)",
+                r.subject,
+                SIGN_INS_KEPT,
+            )
+
+    async def sign_ins_of(self, subject: str, now: float) -> list[SignInRecord]:
+        async with self._connection("sign_ins_of") as conn:
+            rows = await conn.fetch(
+                "SELECT subject, at, outcome, address, client_id, expires_at FROM sign_ins"
+                " WHERE subject = $1 AND expires_at > $2 ORDER BY at DESC, id DESC",
+                subject,
+                now,
+            )
+        return [SignInRecord(*row) for row in rows]
+
     async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
         async with self._connection("sessions_of") as conn:
             rows = await conn.fetch(
@@ -1007,7 +1040,7 @@ class PostgresStore:
 
         The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
         device codes, throttle keys, access tokens, revocation events, clients that never
-        obtained a token); grants are bookkeeping and not counted.
+        obtained a token, sign-ins); grants are bookkeeping and not counted.
         """
         deleted = 0
         async with self._connection("purge_expired") as conn:
@@ -1067,6 +1100,8 @@ _PURGE_BY_EXPIRY = (
     "WITH gone AS (DELETE FROM access_tokens WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
     "WITH gone AS (DELETE FROM revocation_events WHERE expires_at <= $1 RETURNING 1)"
+    " SELECT count(*) FROM gone",
+    "WITH gone AS (DELETE FROM sign_ins WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
 )
 

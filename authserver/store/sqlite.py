@@ -73,6 +73,7 @@ from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
     CONSENT_WITHDRAWN,
     MANAGED_BY_CONFIG,
+    SIGN_INS_KEPT,
     AlreadyExists,
     ClientRecord,
     CodeRecord,
@@ -90,6 +91,7 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    SignInRecord,
     StoreObserver,
     StoreUnavailable,
     UserRecord,
@@ -307,6 +309,12 @@ class SQLiteStore:
 
     async def delete_session(self, session_hash: bytes) -> None:
         await self._call("delete_session", lambda conn: _delete_session(conn, session_hash))
+
+    async def record_sign_in(self, record: SignInRecord) -> None:
+        await self._call("record_sign_in", lambda conn: _record_sign_in(conn, record))
+
+    async def sign_ins_of(self, subject: str, now: float) -> list[SignInRecord]:
+        return await self._call("sign_ins_of", lambda conn: _sign_ins_of(conn, subject, now))
 
     async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
         return await self._call("sessions_of", lambda conn: _sessions_of(conn, subject, now))
@@ -969,6 +977,30 @@ def _delete_session(conn: sqlite3.Connection, session_hash: bytes) -> None:
         conn.execute("DELETE FROM sessions WHERE session_hash = ?", (session_hash,))
 
 
+def _record_sign_in(conn: sqlite3.Connection, r: SignInRecord) -> None:
+    with _transaction(conn):
+        conn.execute(
+            "INSERT INTO sign_ins (subject, at, outcome, address, client_id, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (r.subject, r.at, r.outcome, r.address, r.client_id, r.expires_at),
+        )
+        conn.execute(
+            "DELETE FROM sign_ins WHERE subject = ? AND rowid NOT IN"
+            " (SELECT rowid FROM sign_ins WHERE subject = ? ORDER BY at DESC, rowid DESC"
+            "  LIMIT ?)",
+            (r.subject, r.subject, SIGN_INS_KEPT),
+        )
+
+
+def _sign_ins_of(conn: sqlite3.Connection, subject: str, now: float) -> list[SignInRecord]:
+    rows = conn.execute(
+        "SELECT subject, at, outcome, address, client_id, expires_at FROM sign_ins"
+        " WHERE subject = ? AND expires_at > ? ORDER BY at DESC, rowid DESC",
+        (subject, now),
+    )
+    return [SignInRecord(*row) for row in rows]
+
+
 def _sessions_of(conn: sqlite3.Connection, subject: str, now: float) -> list[SessionRecord]:
     rows = conn.execute(
         "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
@@ -1500,7 +1532,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
 
     The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
     device codes, throttle keys, access tokens, revocation events, clients that never
-    obtained a token); grants are bookkeeping and not counted.
+    obtained a token, sign-ins); grants are bookkeeping and not counted.
     """
     deleted = 0
     for statement in (
@@ -1512,6 +1544,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
         "DELETE FROM failures WHERE expires_at <= :now",
         "DELETE FROM access_tokens WHERE expires_at <= :now",
         "DELETE FROM revocation_events WHERE expires_at <= :now",
+        "DELETE FROM sign_ins WHERE expires_at <= :now",
     ):
         with _transaction(conn):
             deleted += conn.execute(statement, {"now": now}).rowcount

@@ -36,6 +36,7 @@ from authserver.store.base import (
     MANAGED_BY_CONFIG,
     MANAGED_BY_DYNAMIC,
     MANAGED_BY_METADATA_DOCUMENT,
+    SIGN_INS_KEPT,
     AccessTokenRecord,
     AlreadyExists,
     ClientRecord,
@@ -52,6 +53,7 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    SignInRecord,
     Store,
     StoreObserver,
     UserRecord,
@@ -841,6 +843,30 @@ class StoreConformance:
         assert sessions[0] == a_session("s2", auth_time=T0 + HOUR, expires_at=T0 + 2 * HOUR)
         later = await store.sessions_of("alice", T0 + 2 * HOUR)
         assert [s.session_hash for s in later] == [digest("s1")]
+
+    async def test_sign_ins_are_kept_latest_first_only_the_latest_few_and_until_they_expire(
+        self, store: Store
+    ) -> None:
+        def sign_in(at: float, outcome: str = "succeeded", subject: str = "alice") -> SignInRecord:
+            return SignInRecord(subject, at, outcome, "192.0.2.7", "webapp", at + DAY)
+
+        await store.record_sign_in(sign_in(T0, "failed"))
+        await store.record_sign_in(sign_in(T0 + 1))
+        await store.record_sign_in(sign_in(T0 + 2, subject="bob"))
+        await store.record_sign_in(SignInRecord("alice", T0 + 3, "failed", "::1", None, T0 + 10))
+        assert await store.sign_ins_of("alice", T0 + 3) == [
+            SignInRecord("alice", T0 + 3, "failed", "::1", None, T0 + 10),
+            sign_in(T0 + 1),
+            sign_in(T0, "failed"),
+        ]
+        assert [s.at for s in await store.sign_ins_of("alice", T0 + 10)] == [T0 + 1, T0]
+        assert await store.purge_expired(T0 + 10) == 1
+        for n in range(SIGN_INS_KEPT + 5):
+            await store.record_sign_in(sign_in(T0 + 100 + n))
+        kept = await store.sign_ins_of("alice", T0 + 100)
+        assert len(kept) == SIGN_INS_KEPT
+        assert kept[0].at == T0 + 100 + SIGN_INS_KEPT + 4  # the latest stay
+        assert [s.subject for s in await store.sign_ins_of("bob", T0)] == ["bob"]
 
     async def test_ending_the_other_sessions_keeps_this_one_and_other_subjects(
         self, store: Store

@@ -87,6 +87,8 @@ async def test_revoking_an_app_ends_its_grant_tells_the_gateways_and_asks_consen
     shown = await app.locator(".scopes code").all_inner_texts()
     assert shown == ["email", "openid", "orders:read", "profile"]
     assert "last used" in await app.locator(".dates").inner_text()
+    (signed_in,) = await page.locator("li.sign-in").all_inner_texts()
+    assert signed_in.endswith(": signed in from 127.0.0.1 to Desktop App")
     store = authserver.services.store
     (grant,) = await store.list_grants(subject=grace["id"])
     assert grant.grant.revoked_at is None
@@ -170,6 +172,13 @@ async def test_the_password_changes_only_with_the_current_one_and_guesses_are_th
         assert await change("a-third-guess", NEW_PASSWORD) == "The current password is not correct."
         # The sign-in throttle counts these guesses too: even the right one waits now.
         assert "Too many failed attempts" in await change(PASSWORD, NEW_PASSWORD)
+        # Each wrong guess shows among the recent sign-ins, the latest first.
+        await page.goto(account(authserver))
+        shown = await page.locator("li.sign-in").all_inner_texts()
+        assert [line.split(": ", 1)[1] for line in shown] == [
+            *["wrong password from 127.0.0.1 to this account page"] * 3,
+            *["signed in from 127.0.0.1 to this account page"] * 2,
+        ]
     finally:
         await elsewhere.close()
 
