@@ -44,8 +44,9 @@ from portcullis.http import json_response
 from portcullis.tls import RotatingCertificate
 from portcullis.yamlconf import ConfigError, Withheld
 
-from . import cors, registry
+from . import accesslog, audit, cors, registry
 from . import settings as settings_module
+from .accesslog import AccessLog, AccessLogOptions, Exchange
 from .admin.access import AdminAccess
 from .admin.api import PREFIX as ADMIN_PREFIX
 from .admin.api import AdminApi
@@ -54,6 +55,7 @@ from .clients import ClientAuthenticator, assertion_audiences
 from .clock import Clock
 from .dpop import NonceMaker, ProofChecker
 from .endpoints import discovery
+from .endpoints.account import AccountPages
 from .endpoints.authorize import AuthorizationEndpoint
 from .endpoints.device import CodeGuesses, DevicePages
 from .endpoints.device_authorization import DeviceAuthorizationEndpoint
@@ -110,6 +112,7 @@ _RESTART_ONLY: dict[str, Callable[[Settings], object]] = {
     "issuer": lambda s: s.issuer,
     "keys": lambda s: s.keys,
     "password_hashing": lambda s: s.password_hashing,
+    "access_log": lambda s: s.request_log,
 }
 
 
@@ -124,6 +127,7 @@ class Components:
     minter: Minter
     hasher: PasswordHasher
     cors: CorsPolicy  # which browser pages may read which answers
+    addresses: ClientAddresses  # who a request is from, through trusted proxies
     document: discovery.Document  # the metadata document
     jwks: discovery.Jwks
     token: TokenEndpoint
@@ -134,6 +138,7 @@ class Components:
     authorize: AuthorizationEndpoint
     device: DevicePages
     logout: LogoutEndpoint
+    account: AccountPages  # /account: the signed-in user's grants, sessions and password
     events: EventStream  # GET /revocation_events
     registration: RegistrationEndpoint | None  # /register, when registration.enabled
     # Revoking every token of a subject or client at once (users disabled, clients deleted).
@@ -166,6 +171,12 @@ class AuthServer:
         self.settings = settings
         self.clock = clock
         self.metrics = Metrics()
+        log_settings = settings.request_log
+        self.access_log = (
+            AccessLog(AccessLogOptions(log_settings.output, log_settings.flush_interval))
+            if log_settings.enabled
+            else None
+        )
         self.live = Live()
         self.draining = False
         self.base = urlsplit(settings.issuer).path.rstrip("/")
@@ -230,6 +241,9 @@ class AuthServer:
             self._hasher.close()
         if self._store is not None:
             await self._store.close()
+        if self.access_log is not None:
+            self.access_log.close()
+        audit.LINES.flush()
 
     def _components(self, settings: Settings) -> Components:
         """Everything a request uses that the configuration decides, built from `settings`."""
@@ -317,6 +331,7 @@ class AuthServer:
             minter=minter,
             hasher=hasher,
             cors=cors.policy(settings.clients, settings.cors.allow_origins),
+            addresses=addresses,
             document=discovery.Document(
                 discovery.metadata(
                     issuer,
@@ -399,6 +414,18 @@ class AuthServer:
                 issuer=issuer,
                 id_token_algs=settings.id_token_algs,
                 base_path=base,
+            ),
+            account=AccountPages(
+                store=store,
+                clients=clients,
+                users=users,
+                sessions=sessions,
+                pages=pages,
+                passwords=passwords,
+                hasher=hasher,
+                scope_description=settings.scope_description,
+                base_path=base,
+                clock=clock,
             ),
             events=EventStream(
                 authenticator,
@@ -659,6 +686,15 @@ async def _without_server_field(_: web.Request, response: web.StreamResponse) ->
     response.headers.popall("Server", None)
 
 
+async def _answer_fields(request: web.Request, response: web.StreamResponse) -> None:
+    """The public listener's answers: no Server field, and the request's id (accesslog.py),
+    streamed answers included (they are prepared inside their handler)."""
+    response.headers.popall("Server", None)
+    exchange = accesslog.CURRENT.get()
+    if exchange is not None:
+        response.headers[accesslog.REQUEST_ID_HEADER] = exchange.request_id
+
+
 def build_app(
     settings: Settings, server: AuthServer | None = None, *, clock: Clock = time.time
 ) -> web.Application:
@@ -666,8 +702,8 @@ def build_app(
     is opened when the application starts and closed when it is cleaned up."""
     server = server or AuthServer(settings, clock)
     live = server.live
-    app = web.Application(client_max_size=1024 * 1024, middlewares=[_counted(server.metrics)])
-    app.on_response_prepare.append(_without_server_field)
+    app = web.Application(client_max_size=1024 * 1024, middlewares=[_observed(server)])
+    app.on_response_prepare.append(_answer_fields)
     app[LIVE] = live
     base = server.base
     # Preflights are answered there, before routing.
@@ -746,6 +782,21 @@ def build_app(
     logout = page(lambda c: c.logout.handle)
     r.add_route("GET", base + "/logout", logout, name="logout")
     r.add_route("POST", base + "/logout", logout, name="logout")
+    r.add_get(base + "/account", page(lambda c: c.account.show), name="account")
+    r.add_post(base + "/account/login", page(lambda c: c.account.login), name="account_login")
+    r.add_post(
+        base + "/account/apps/revoke", page(lambda c: c.account.revoke), name="account_revoke"
+    )
+    r.add_post(
+        base + "/account/sessions/end",
+        page(lambda c: c.account.end_sessions),
+        name="account_sessions",
+    )
+    r.add_post(
+        base + "/account/password",
+        page(lambda c: c.account.change_password),
+        name="account_password",
+    )
     admin = _current(live, lambda c: c.admin.handle)
     r.add_route("*", base + ADMIN_PREFIX + "{tail:(/.*)?}", admin, name="admin")
     r.add_get(base + "/healthz", _healthz, name="healthz")
@@ -778,11 +829,21 @@ def _current(live: Live, pick: Callable[[Components], Handler]) -> Handler:
     return handle
 
 
-def _counted(metrics: Metrics) -> Middleware:
-    """Middleware counting every answer by route name and status."""
+def _observed(server: AuthServer) -> Middleware:
+    """Middleware that gives each request its id, and counts, times and logs (when the
+    access log is on) every answer by route. The request's state lives in a context
+    variable (accesslog.py): each request is served in a task of its own, so it is the
+    request's alone and is still there when the answer is prepared."""
+    metrics, access_log, live = server.metrics, server.access_log, server.live
+    perf_counter = time.perf_counter
 
     @web.middleware
-    async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = perf_counter()
+        exchange = Exchange(
+            accesslog.request_id_of(request.headers.get(accesslog.REQUEST_ID_HEADER))
+        )
+        accesslog.CURRENT.set(exchange)
         status = 500
         try:
             response = await handler(request)
@@ -795,10 +856,33 @@ def _counted(metrics: Metrics) -> Middleware:
             status = 499  # the client went away before the answer
             raise
         finally:
+            finished = perf_counter()
+            route = request.match_info.route
             # A path no route serves has a system route without a name.
-            metrics.request(request.match_info.route.name or "unmatched", status)
+            name = route.name or "unmatched"
+            metrics.request(name, status)
+            metrics.request_time(name, route, request.method, status, finished - started)
+            if access_log is not None:
+                components = live.components
+                peer = request.remote
+                access_log.record(
+                    exchange,
+                    client=(
+                        components.addresses.client(
+                            peer, request.headers.getall("X-Forwarded-For", ())
+                        )
+                        if components is not None
+                        else peer or "unknown"
+                    ),
+                    method=request.method,
+                    raw_path=request.raw_path,
+                    route=name,
+                    status=status,
+                    started=started,
+                    finished=finished,
+                )
 
-    return count
+    return observe
 
 
 def admin_app(server: AuthServer) -> web.Application:

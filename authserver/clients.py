@@ -33,6 +33,7 @@ from urllib.parse import unquote_plus
 
 import jwt
 
+from . import accesslog
 from .clock import Clock
 from .protocol.errors import ErrorCode, OAuthError, invalid_request
 from .registry import Client, ClientRegistry
@@ -196,7 +197,7 @@ class ClientAuthenticator:
         offer: Presented | None = None
         try:
             offer = presented(form, authorization)
-            return await self._authenticate(offer)
+            client = await self._authenticate(offer)
         except ClientAuthError as error:
             client_id = offer.client_id if offer is not None else form.get("client_id", "")
             log.info(
@@ -210,6 +211,8 @@ class ClientAuthenticator:
                 },
             )
             raise
+        accesslog.client_known(client.client_id)
+        return client
 
     async def _authenticate(self, offer: Presented) -> Client:
         basic = offer.method == "client_secret_basic"

@@ -42,6 +42,8 @@ from typing import Any
 
 from aiohttp import web
 
+from . import audit
+from .audit import Event
 from .clients import ClientAuthenticator
 from .clock import Clock
 from .endpoints.errors import oauth_json_error
@@ -51,7 +53,6 @@ from .registry import Client
 from .store.base import CutOff, EventKind, RevocationEvent, Store, StoreUnavailable
 
 log = logging.getLogger("portcullis.authserver.events")
-audit = logging.getLogger("portcullis.authserver.audit")
 
 TOKENS_REVOKED = "https://portcullis.dev/secevent/tokens-revoked"
 SUBJECT_TOKENS_REVOKED = "https://portcullis.dev/secevent/subject-tokens-revoked"
@@ -82,6 +83,7 @@ class Reason:
     CLIENT_BLOCKED = "client_blocked"  # a metadata document client the operator blocked
     # A metadata document now names other keys or another authentication method.
     CLIENT_REKEYED = "client_rekeyed"
+    CONSENT_WITHDRAWN = "consent_withdrawn"  # by the user, on the account page
 
 
 def set_claims(event: RevocationEvent, issuer: str, now: float) -> dict[str, Any]:
@@ -138,9 +140,13 @@ class Revocations:
         until now; the event's id."""
         sessions = await self.store.delete_sessions(subject)
         event = await self.store.cut_off(self._cut(EventKind.SUBJECT, subject, reason))
-        audit.info(
-            "user cut off",
-            extra={"subject": subject, "reason": reason, "sessions": sessions, "event": event},
+        audit.record(
+            Event.USER_CUT_OFF,
+            audit.SERVER,
+            subject=subject,
+            reason=reason,
+            sessions=sessions,
+            revocation_event=event,
         )
         return event
 
@@ -149,8 +155,12 @@ class Revocations:
         tokens recorded nowhere, of client_credentials, are refused by this server through
         the client itself: registry.Client.tokens_valid_from, resource_tokens.py.)"""
         event = await self.store.cut_off(self._cut(EventKind.CLIENT, client_id, reason))
-        audit.info(
-            "client cut off", extra={"client_id": client_id, "reason": reason, "event": event}
+        audit.record(
+            Event.CLIENT_CUT_OFF,
+            audit.SERVER,
+            client_id=client_id,
+            reason=reason,
+            revocation_event=event,
         )
         return event
 

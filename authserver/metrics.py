@@ -3,6 +3,9 @@
 Counted in plain dicts as things happen (a request costs a dict lookup and an addition) and
 turned into metric families by prometheus-client when scraped:
   portcullis_authserver_requests_total{endpoint, status}    endpoint: the route's name
+  portcullis_authserver_request_duration_seconds{endpoint, path, method, status_class}
+                                                            histogram; path: the route's
+                                                            template (/register/{client_id})
   portcullis_authserver_tokens_issued_total{grant_type}
   portcullis_authserver_refresh_reuse_detected_total         a rotated token shown again
   portcullis_authserver_logins_failed_total                 wrong username or password
@@ -20,14 +23,17 @@ turned into metric families by prometheus-client when scraped:
   portcullis_build_info{version}                            always 1
 
 Every label has a bounded set of values: endpoints are the names of the routes (`unmatched`
-for paths no route serves), statuses are three digits, grant types are the ones the token
-endpoint dispatches to, operations are the Store's method names.
+for paths no route serves), paths the templates of the routes (never the path a request
+named: `unmatched` again), methods the standard ones (any other is `OTHER`), statuses three
+digits and status classes `1xx` to `5xx`, grant types the ones the token endpoint dispatches
+to, operations the Store's method names.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from aiohttp.web import AbstractRoute
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -57,6 +63,26 @@ STORE_BUCKETS = (
     5.0,
 )
 _BOUNDS = Bounds(STORE_BUCKETS)
+# From a discovery document served from memory to a sign-in's password check queued behind
+# others (scrypt, tens of milliseconds each) or a store call waiting out its timeout.
+REQUEST_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+_REQUEST_BOUNDS = Bounds(REQUEST_BUCKETS)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class Metrics:
@@ -65,6 +91,10 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests: dict[tuple[str, int], int] = {}
+        # (endpoint, method, status // 100) -> its histogram; the path label is the
+        # endpoint's route template, learnt at its first request.
+        self.request_times: dict[tuple[str, str, int], PlainHistogram] = {}
+        self.route_templates: dict[str, str] = {}
         self.tokens_issued: dict[str, int] = {}
         self.refresh_reuse_detected = 0
         self.logins_failed = 0
@@ -79,6 +109,20 @@ class Metrics:
     def request(self, endpoint: str, status: int) -> None:
         key = (endpoint, status)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def request_time(
+        self, endpoint: str, route: AbstractRoute, method: str, status: int, seconds: float
+    ) -> None:
+        key = (endpoint, method if method in _METHODS else "OTHER", status // 100)
+        histogram = self.request_times.get(key)
+        if histogram is None:
+            histogram = self.request_times[key] = PlainHistogram(_REQUEST_BOUNDS)
+            if endpoint not in self.route_templates:
+                resource = route.resource if route.name else None
+                self.route_templates[endpoint] = (
+                    resource.canonical if resource is not None else "unmatched"
+                )
+        histogram.observe(seconds)
 
     def token_issued(self, grant_type: str) -> None:
         self.tokens_issued[grant_type] = self.tokens_issued.get(grant_type, 0) + 1
@@ -130,6 +174,20 @@ class _Collector(Collector):
         for (endpoint, status), value in list(m.requests.items()):
             requests.add_metric([endpoint, str(status)], value)
         yield requests
+        durations = HistogramMetricFamily(
+            PREFIX + "request_duration_seconds",
+            "Time from a request's arrival to its answer, by endpoint (route name), path (the"
+            " route's template), method and status class.",
+            labels=["endpoint", "path", "method", "status_class"],
+        )
+        templates = m.route_templates
+        for (endpoint, method, status_class), histogram in list(m.request_times.items()):
+            durations.add_metric(
+                [endpoint, templates.get(endpoint, "unmatched"), method, f"{status_class}xx"],
+                histogram.buckets(),
+                histogram.sum,
+            )
+        yield durations
         tokens = CounterMetricFamily(
             PREFIX + "tokens_issued",
             "Successful token responses, by grant type.",

@@ -35,6 +35,7 @@ import jwt
 from aiohttp import web
 from multidict import CIMultiDict
 
+from . import accesslog
 from .dpop import ProofChecker
 from .keys import SigningRing
 from .protocol.errors import ErrorCode, OAuthError
@@ -185,6 +186,9 @@ class ResourceTokens:
                 credential.scheme,
             )
         await self._possession(request, credential, found.claims, url, endpoint)  # 3
+        client_id = found.claims.get("client_id")
+        if isinstance(client_id, str):
+            accesslog.client_known(client_id)
         return found
 
     async def _possession(

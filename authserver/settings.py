@@ -388,6 +388,16 @@ class CorsSettings:
 
 
 @section
+class AccessLogSettings:
+    """A line per request on the public listener (accesslog.py): never a query value, a
+    secret or a token."""
+
+    enabled: bool = setting("Whether lines are written.", default=True)
+    output: str = setting("stderr, stdout or a file path (appended to).", default="stderr")
+    flush_interval: timedelta = setting("How often lines are written out.", default=timedelta(milliseconds=200), more_than=ZERO, maximum=timedelta(seconds=10))
+
+
+@section
 class Settings:
     """Configuration of the Portcullis authorization server."""
 
@@ -414,6 +424,7 @@ class Settings:
     clients: tuple[DeclaredClient, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
     cors: CorsSettings = setting("CORS.", default_factory=CorsSettings)
     log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
+    access_log: AccessLogSettings | Literal[True, False] = setting("A line per request: true, false, or a mapping; on when absent; restart to change.", default=True)
     admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9902), parser=address)
     client_assertion_max_lifetime: timedelta = setting("Longest private_key_jwt assertion; each jti is kept that long.", default=timedelta(hours=1), parser=assertion_lifetime)
     client_assertion_audience: Literal["strict", "compat"] = setting("private_key_jwt `aud`: strict, the issuer alone; compat, also the token endpoint URL alone (for clients that send it).", default="strict")
@@ -433,6 +444,13 @@ class Settings:
     def signing_algs(self) -> list[str]:
         """Every algorithm the server signs with: access tokens', then ID tokens'."""
         return list(dict.fromkeys([self.keys.access_token_alg, *self.id_token_algs]))
+
+    @property
+    def request_log(self) -> AccessLogSettings:
+        """The access log's settings (`enabled` false when it is off)."""
+        if isinstance(self.access_log, AccessLogSettings):
+            return self.access_log
+        return AccessLogSettings(enabled=self.access_log)
 
     @property
     def secure_cookies(self) -> bool:

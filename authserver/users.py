@@ -16,11 +16,26 @@ import hashlib
 import hmac
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from .protocol.errors import TemporarilyUnavailable
 
+MIN_PASSWORD = 8
 _LOG2_N, _R, _P = 15, 8, 1  # about 32 MiB and ~50 ms per hash on a current core
 _LENGTH = 32
+
+
+def password_problems(
+    password: Any, username: str, field: str = "password"
+) -> list[tuple[str, str]]:
+    """What is wrong with a new password (the admin API's and the account page's rule)."""
+    if not isinstance(password, str):
+        return [(field, "must be a string")]
+    if len(password) < MIN_PASSWORD:
+        return [(field, f"must have at least {MIN_PASSWORD} characters")]
+    if password == username:
+        return [(field, "must not be the username")]
+    return []
 
 
 def _b64(data: bytes) -> str:

@@ -24,7 +24,8 @@
 - the authserver is layered: app (the composition root) → settings → endpoints, the admin
   API, CORS, revocation events → grants → tokens, client authentication, sessions, DPoP
   proofs, resource tokens → key ring, store protocol, registry, metrics → declarations of
-  clients and users, password hashing, clock → protocol.
+  clients and users, password hashing, clock, audit events → the access log's request state
+  → protocol.
   A module imports only from its own layer or those below; `protocol/` imports the standard
   library alone; only app.py names a concrete store;
 - the authserver's settings are read where it is composed (app.py, the command line):
@@ -402,7 +403,8 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.registry",
         "authserver.metrics",
     ),
-    ("authserver.declarations", "authserver.users", "authserver.clock"),
+    ("authserver.declarations", "authserver.users", "authserver.clock", "authserver.audit"),
+    ("authserver.accesslog",),
     ("authserver.protocol",),
 )
 AUTHSERVER_MODULES = sorted(m for m in GRAPH if m.startswith("authserver."))

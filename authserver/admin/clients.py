@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import registry
+from ..audit import Event
 from ..declarations import DeclaredClient, unknown_scopes
 from ..events import Reason
 from ..store.base import (
@@ -129,7 +130,7 @@ class Clients:
             await self.c.store.save_client(record, None)
         except AlreadyExists:
             raise conflict(f"a client {client_id!r} exists already") from None
-        self.c.audit(caller, "created", RESOURCE, client_id)
+        self.c.audit(caller, Event.CLIENT_CREATED, client_id=client_id)
         shown = represent(record)
         answer = {**shown, "clientSecret": secret} if needs_secret else shown
         return json_answer(
@@ -180,7 +181,7 @@ class Clients:
         await self._save(request, record, old.version)
         if method_changed:
             await self.c.revocations.cut_off_client(client_id, Reason.CLIENT_AUTH_METHOD_CHANGED)
-        self.c.audit(caller, "updated", RESOURCE, client_id)
+        self.c.audit(caller, Event.CLIENT_UPDATED, client_id=client_id)
         shown = represent(record)
         answer = {**shown, "clientSecret": secret} if new_secret else shown
         return json_answer(answer, headers={"ETag": etag_of(shown)})
@@ -205,7 +206,11 @@ class Clients:
         await self._save(request, record, old.version)
         if blocked and not old.blocked:
             await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_BLOCKED)
-        self.c.audit(caller, "blocked" if blocked else "unblocked", RESOURCE, old.client_id)
+        self.c.audit(
+            caller,
+            Event.CLIENT_BLOCKED if blocked else Event.CLIENT_UNBLOCKED,
+            client_id=old.client_id,
+        )
         shown = represent(replace(record, version=old.version + 1))
         return json_answer(shown, headers={"ETag": etag_of(shown)})
 
@@ -226,7 +231,7 @@ class Clients:
         await self._save(request, record, old.version)
         # The old secret is refused from now on; what was obtained with it ends too.
         await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_SECRET_ROTATED)
-        self.c.audit(caller, "secret rotated", RESOURCE, old.client_id)
+        self.c.audit(caller, Event.CLIENT_SECRET_ROTATED, client_id=old.client_id)
         shown = represent(record)
         return json_answer({**shown, "clientSecret": secret}, headers={"ETag": etag_of(shown)})
 
@@ -235,7 +240,7 @@ class Clients:
         if not await self.c.store.delete_client(old.client_id):
             raise not_found(RESOURCE)
         await self.c.revocations.cut_off_client(old.client_id, Reason.CLIENT_DELETED)
-        self.c.audit(caller, "deleted", RESOURCE, old.client_id)
+        self.c.audit(caller, Event.CLIENT_DELETED, client_id=old.client_id)
         return no_content()
 
     # ------------------------------------------------------------------ steps

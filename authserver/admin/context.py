@@ -4,18 +4,17 @@ they write every change to."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from .. import audit
+from ..audit import Event
 from ..clock import Clock
 from ..events import Revocations
 from ..keys import SigningRing
 from ..store.base import Store
 from ..users import PasswordHasher
 from .access import Caller
-
-audit_log = logging.getLogger("portcullis.authserver.audit")
 
 
 @dataclass(frozen=True)
@@ -34,16 +33,24 @@ class Context:
     def location(self, collection: str, item_id: str) -> str:
         return f"{self.base_url}/{collection}/{quote(item_id, safe='')}"
 
-    def audit(self, caller: Caller, action: str, resource: str, item_id: str) -> None:
-        """One line per change: who (the token's client and user), what, which resource.
-        Never a secret or a password: callers pass names and ids only."""
-        audit_log.info(
-            f"admin: {resource} {action}",
-            extra={
-                "actor_client_id": caller.client_id,
-                "actor_subject": caller.subject,
-                "action": action,
-                "resource": resource,
-                "id": item_id,
-            },
+    def audit(
+        self,
+        caller: Caller,
+        event: Event,
+        *,
+        client_id: str | None = None,
+        subject: str | None = None,
+        grant_id: str | None = None,
+        kid: str | None = None,
+    ) -> None:
+        """One audit event per change (audit.py): who (the token's client and user), what,
+        and the id of what changed (`client_id`, `subject`, `grant_id` or `kid`). Never a
+        secret or a password: callers pass ids only."""
+        audit.record(
+            event,
+            audit.admin(caller.client_id, caller.subject),
+            client_id=client_id,
+            subject=subject,
+            grant_id=grant_id,
+            kid=kid,
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..audit import Event
 from ..store.base import GrantSummary
 from .access import Caller
 from .collection import Collection, page, parse_query
@@ -74,7 +75,14 @@ class Grants:
         check_if_match(request, etag_of(represent(summary)))
         # Revoking a revoked grant changes nothing: DELETE is idempotent.
         await self.c.store.revoke_grant(summary.grant.grant_id, self.c.clock())
-        self.c.audit(caller, "revoked", RESOURCE, summary.grant.grant_id)
+        grant = summary.grant
+        self.c.audit(
+            caller,
+            Event.GRANT_REVOKED,
+            grant_id=grant.grant_id,
+            client_id=grant.client_id,
+            subject=grant.subject,
+        )
         return no_content()
 
     async def _existing(self, grant_id: str) -> GrantSummary:

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..audit import Event
 from ..keys import KeyInfo
 from .access import Caller
 from .collection import Collection, page, parse_query
@@ -88,7 +89,7 @@ class Keys:
         shown = represent(rotation.info)
         if not rotation.created:
             raise conflict(f"a successor for {alg} is waiting already: {rotation.info.kid}")
-        self.c.audit(caller, "published", RESOURCE, rotation.info.kid)
+        self.c.audit(caller, Event.KEY_PUBLISHED, kid=rotation.info.kid)
         return json_answer(
             shown,
             status=201,

@@ -17,10 +17,12 @@ from typing import Any
 from aiohttp import web
 
 from .. import users as passwords
+from ..audit import Event
 from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
 from ..registry import plain
 from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, UserRecord
+from ..users import password_problems
 from . import validation
 from .access import Caller
 from .collection import Collection, page, parse_query
@@ -45,7 +47,6 @@ from .http import (
 )
 
 RESOURCE = "user"
-MIN_PASSWORD = 8
 CLAIMS = tuple(camel(name) for name in claim_names())
 WRITABLE = ("username", *CLAIMS, "roles", "disabled")
 READ_ONLY = ("id", "managedBy", "createdAt", "updatedAt")
@@ -71,18 +72,6 @@ def represent(r: UserRecord) -> dict[str, Any]:
         "createdAt": iso(r.created_at),
         "updatedAt": iso(r.updated_at),
     }
-
-
-def password_problems(
-    password: Any, username: str, field: str = "password"
-) -> list[tuple[str, str]]:
-    if not isinstance(password, str):
-        return [(field, "must be a string")]
-    if len(password) < MIN_PASSWORD:
-        return [(field, f"must have at least {MIN_PASSWORD} characters")]
-    if password == username:
-        return [(field, "must not be the username")]
-    return []
 
 
 def new_user_id() -> str:
@@ -138,7 +127,7 @@ class Users:
             await self.c.store.save_user(record, None)
         except AlreadyExists:
             raise conflict("a user with this id or username exists already") from None
-        self.c.audit(caller, "created", RESOURCE, subject)
+        self.c.audit(caller, Event.USER_CREATED, subject=subject)
         shown = represent(record)
         return json_answer(
             shown,
@@ -184,7 +173,9 @@ class Users:
         if disabled and not old.disabled:
             await self.c.revocations.cut_off_subject(subject, Reason.USER_DISABLED)
         self.c.audit(
-            caller, "disabled" if disabled and not old.disabled else "updated", RESOURCE, subject
+            caller,
+            Event.USER_DISABLED if disabled and not old.disabled else Event.USER_UPDATED,
+            subject=subject,
         )
         shown = represent(record)
         return json_answer(shown, headers={"ETag": etag_of(shown)})
@@ -204,7 +195,7 @@ class Users:
             updated_at=self.c.clock(),
         )
         await self._save(request, record, old.version)
-        self.c.audit(caller, "password set", RESOURCE, old.subject)
+        self.c.audit(caller, Event.USER_PASSWORD_SET, subject=old.subject)
         return no_content()
 
     async def delete(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
@@ -212,7 +203,7 @@ class Users:
         if not await self.c.store.delete_user(old.subject):
             raise not_found(RESOURCE)
         await self.c.revocations.cut_off_subject(old.subject, Reason.USER_DELETED)
-        self.c.audit(caller, "deleted", RESOURCE, old.subject)
+        self.c.audit(caller, Event.USER_DELETED, subject=old.subject)
         return no_content()
 
     # ------------------------------------------------------------------ steps

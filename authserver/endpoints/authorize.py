@@ -32,6 +32,8 @@ from aiohttp import web
 from portcullis.addresses import is_loopback
 from portcullis.jose import is_thumbprint
 
+from .. import accesslog, audit
+from ..audit import Event
 from ..clock import Clock
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
@@ -267,6 +269,7 @@ class AuthorizationEndpoint:
         client = await self._client(client_id) if client_id else None
         if client is None:
             raise PageError("The application that sent you here is not registered.")
+        accesslog.client_known(client.client_id)
         if "authorization_code" not in client.grant_types:
             raise PageError("This application may not ask for sign-in.")
         redirect_uri = params.get("redirect_uri")
@@ -523,7 +526,9 @@ class AuthorizationEndpoint:
             if not Sessions.csrf_valid(session, form.get("csrf_token")):
                 return self._expired_session()
             username = form.get("username", "")
-            outcome = await self.passwords.check(request, username, form.get("password", ""))
+            outcome = await self.passwords.check(
+                request, username, form.get("password", ""), auth.client.client_id
+            )
             if isinstance(outcome, signin.Throttled):
                 response = await self.login_page(
                     request, auth, error=signin.THROTTLED, status=429, username=username
@@ -560,6 +565,13 @@ class AuthorizationEndpoint:
                 return self._expired_session()
             decision = form.get("decision")
             if decision == "deny":
+                audit.record(
+                    Event.CONSENT_DENIED,
+                    audit.USER,
+                    client_id=auth.client.client_id,
+                    subject=session.record.subject,
+                    scope=scope_rules.render(auth.scopes),
+                )
                 raise RedirectError(
                     auth,
                     auth.redirect_uri,
@@ -577,6 +589,13 @@ class AuthorizationEndpoint:
                     auth.client.client_id,
                     frozenset(auth.scopes),
                     self.clock(),
+                )
+                audit.record(
+                    Event.CONSENT_GIVEN,
+                    audit.USER,
+                    client_id=auth.client.client_id,
+                    subject=session.record.subject,
+                    scope=scope_rules.render(auth.scopes),
                 )
             return await self.proceed(
                 request, auth, session, login_done=checked, consent_given=checked

@@ -38,6 +38,8 @@ from aiohttp import web
 
 from portcullis.addresses import ClientAddresses
 
+from .. import audit
+from ..audit import Event
 from ..clock import Clock
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
@@ -282,7 +284,9 @@ class DevicePages:
             return self.pages.error(400, "This code cannot be used", GONE)
         record, client = found
         username = form.get("username", "")
-        outcome = await self.passwords.check(request, username, form.get("password", ""))
+        outcome = await self.passwords.check(
+            request, username, form.get("password", ""), client.client_id
+        )
         if isinstance(outcome, signin.Throttled):
             response = self._login_page(
                 session, client, code, error=signin.THROTTLED, status=429, username=username
@@ -325,9 +329,13 @@ class DevicePages:
         )
         if not decided:
             return self.pages.error(400, "This code cannot be used", GONE)
-        log.info(
-            "device decided",
-            extra={"client_id": client.client_id, "decision": decision},
+        audit.record(
+            Event.CONSENT_GIVEN if decision == "approve" else Event.CONSENT_DENIED,
+            audit.USER,
+            client_id=client.client_id,
+            subject=session.record.subject,
+            scope=record.scope,
+            grant_type="urn:ietf:params:oauth:grant-type:device_code",
         )
         if decision == "deny":
             return self._done_page(

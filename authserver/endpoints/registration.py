@@ -26,6 +26,8 @@ from aiohttp import web
 
 from portcullis.addresses import ClientAddresses
 
+from .. import audit
+from ..audit import Event
 from ..clock import Clock
 from ..events import Reason, Revocations
 from ..protocol.throttle import Cap
@@ -104,13 +106,7 @@ class RegistrationEndpoint:
             log.info("registration refused", extra={"error": exc.code})
             return _error(400, exc.code, exc.description)
         record = made.record
-        log.info(
-            "client registered",
-            extra={
-                "client_id": record.client_id,
-                "method": record.metadata.get("token_endpoint_auth_method"),
-            },
-        )
+        audit.record(Event.CLIENT_REGISTERED, audit.CLIENT, client_id=record.client_id)
         answer = {
             **represent(record, self._client_uri(record.client_id)),
             "registration_access_token": made.registration_access_token,
@@ -134,7 +130,7 @@ class RegistrationEndpoint:
             return _invalid_token()
         if await self.store.delete_client(record.client_id):
             await self.revocations.cut_off_client(record.client_id, Reason.CLIENT_DELETED)
-            log.info("registration deleted", extra={"client_id": record.client_id})
+            audit.record(Event.CLIENT_DELETED, audit.CLIENT, client_id=record.client_id)
         return web.Response(status=204, headers={"Cache-Control": "no-store"})
 
     async def _authorized(self, request: web.Request) -> ClientRecord | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .. import audit
+from ..audit import Event
 from ..clients import ClientAuthenticator
 from ..clock import Clock
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
@@ -57,6 +59,14 @@ class RevocationEndpoint:
                     ErrorCode.UNAUTHORIZED_CLIENT, "the token belongs to another client"
                 )
             await self.store.revoke_grant(record.family_id, now)
+            audit.record(
+                Event.GRANT_REVOKED,
+                audit.CLIENT,
+                client_id=client_id,
+                subject=record.subject,
+                grant_id=record.family_id,
+                reason="revoked",
+            )
             return
         claims = self.access_tokens.signed(token) if token.count(".") == 2 else None
         if claims is None:
@@ -65,3 +75,11 @@ class RevocationEndpoint:
             raise OAuthError(ErrorCode.UNAUTHORIZED_CLIENT, "the token belongs to another client")
         if claims["exp"] > now:
             await self.store.revoke_access_token(str(claims["jti"]), float(claims["exp"]), now)
+            audit.record(
+                Event.TOKEN_REVOKED,
+                audit.CLIENT,
+                client_id=client_id,
+                subject=str(claims.get("sub", "")) or None,
+                jti=str(claims["jti"]),
+                reason="revoked",
+            )

@@ -18,12 +18,15 @@ The bounds, with the defaults: 5 guesses per username and 20 in all per address 
 minutes; for one username from any number of addresses, 74 in any hour (10 at once, 6 more
 within the next minute, then one a minute).
 
-Used by the authorization endpoint's login page and the device page's.
+Used by the authorization endpoint's login page, the device page's and the account page's.
+Each attempt is an audit event (audit.py): `signin.succeeded`, `signin.failed` (with the
+user's subject when the username names one, never the username typed) or
+`signin.throttled`. A success or a failure of a known user is also kept in the store for
+`SIGN_IN_RETENTION` (the latest few), for their account page.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,15 +34,16 @@ from aiohttp import web
 
 from portcullis.addresses import ClientAddresses
 
+from .. import audit
+from ..audit import Event
 from ..clock import Clock
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
-from ..store.base import Store
+from ..store.base import SignInRecord, Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
 
-log = logging.getLogger("portcullis.authserver.signin")
-
+SIGN_IN_RETENTION = timedelta(days=90)
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
 # One answer for an unknown user and a wrong password.
 WRONG = "The username or password is not correct."
@@ -116,9 +120,10 @@ class PasswordCheck:
         self.metrics = metrics
 
     async def check(
-        self, request: web.Request, username: str, password: str
+        self, request: web.Request, username: str, password: str, client_id: str | None
     ) -> User | Throttled | None:
-        """The user, Throttled, or None when the username or password is wrong."""
+        """The user, Throttled, or None when the username or password is wrong; signing in
+        to `client_id` (None: to the account page)."""
         now = self.clock()
         address = client_address(self.addresses, request)
         limits = LoginLimits.of(self.rules, username, address)
@@ -127,7 +132,13 @@ class PasswordCheck:
         )
         if refused is not None:
             self.metrics.login_throttled()
-            log.warning("login throttled", extra={"key_kind": refused.key.split(":")[1]})
+            audit.record(
+                Event.SIGNIN_THROTTLED,
+                audit.USER,
+                client_id=client_id,
+                reason=refused.key.split(":")[1],  # which count: user-at-ip, ip or user
+                address=address,
+            )
             return Throttled(max(1, int(refused.retry_after)))
         keys = (limits.at_address.key, limits.address.key, limits.username.key)
         user = await self.users.by_username(username)
@@ -141,7 +152,33 @@ class PasswordCheck:
             raise
         if user is None or not ok:
             self.metrics.login_failed()
+            if user is not None:
+                await self._keep(user.subject, now, "failed", address, client_id)
+            audit.record(
+                Event.SIGNIN_FAILED,
+                audit.USER,
+                client_id=client_id,
+                subject=user.subject if user is not None else None,
+                username_known=user is not None,
+                address=address,
+            )
             return None  # the attempt stays charged: it was a failure
         await self.store.clear_failures(limits.at_address.key)
         await self.store.release_attempt((limits.address.key, limits.username.key), now)
+        await self._keep(user.subject, now, "succeeded", address, client_id)
+        audit.record(
+            Event.SIGNIN_SUCCEEDED,
+            audit.USER,
+            client_id=client_id,
+            subject=user.subject,
+            address=address,
+        )
         return user
+
+    async def _keep(
+        self, subject: str, now: float, outcome: str, address: str, client_id: str | None
+    ) -> None:
+        expires_at = now + SIGN_IN_RETENTION.total_seconds()
+        await self.store.record_sign_in(
+            SignInRecord(subject, now, outcome, address, client_id, expires_at)
+        )

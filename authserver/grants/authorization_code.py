@@ -16,6 +16,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from .. import audit
+from ..audit import Event
 from ..protocol import lifecycle, pkce
 from ..protocol.errors import invalid_grant, invalid_request
 from ..protocol.lifecycle import CODE, Effect, Move
@@ -25,7 +27,6 @@ from ..tokens import TokenPlan, digest
 from .base import (
     ATTEMPTS,
     TokenRequest,
-    audit,
     may_refresh,
     refresh_binding,
     require_authorized_resource,
@@ -71,9 +72,13 @@ class AuthorizationCode:
             decision = lifecycle.decide(CODE, record.state, "redeem")
             if decision.effect is Effect.REVOKE_ISSUED:
                 await self.store.revoke_grant(grant_id, now, "code_replay")
-                audit.warning(
-                    "authorization code replayed: tokens issued from it revoked",
-                    extra={"client_id": client.client_id, "family_id": grant_id},
+                audit.record(
+                    Event.CODE_REPLAYED,
+                    audit.SERVER,
+                    client_id=client.client_id,
+                    subject=record.subject,
+                    grant_id=grant_id,
+                    reason="code_replay",
                 )
                 raise invalid_grant("the code was already used")
             response = await self.issuer.issue_tokens(
@@ -112,6 +117,7 @@ class AuthorizationCode:
             grant_id=grant_id,
             now=now,
             user_claims=user.claims,
+            grant_type=request.grant_type,
             nonce=record.nonce,
             family=self.issuer.new_family(record.scope, now) if refresh else None,
             dpop_jkt=request.dpop_jkt,

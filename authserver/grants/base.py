@@ -7,15 +7,12 @@ one. A grant only answers: given an authenticated client and the request, what t
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from ..protocol.errors import ErrorCode, OAuthError, invalid_grant
 from ..protocol.resources import Audiences, Target, check_scopes
 from ..registry import Client
-
-audit = logging.getLogger("portcullis.authserver.audit")
 
 # A compare-and-set that lost means the object's state moved on, and states only move
 # forward (lifecycle.py): decided again, the next attempt needs no compare-and-set. More

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import audit
+from ..audit import Event
 from ..protocol import scopes as scope_rules
 from ..protocol.errors import ErrorCode, OAuthError
 from ..protocol.resources import Audiences, within
@@ -43,4 +45,12 @@ class ClientCredentials:
         )
         # Signed once: nothing is kept to sign it again from.
         plan = TokenPlan(claims, self.minter.access_lifetime, granted)
+        audit.record(
+            Event.TOKEN_ISSUED,
+            audit.CLIENT,
+            client_id=client.client_id,
+            jti=plan.jti,
+            grant_type=self.grant_type,
+            scope=claims["scope"],
+        )
         return self.minter.sign(plan, repeatable=False)

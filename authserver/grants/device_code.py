@@ -18,6 +18,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from .. import audit
+from ..audit import Event
 from ..protocol import lifecycle
 from ..protocol.errors import ErrorCode, OAuthError, invalid_grant, invalid_request
 from ..protocol.lifecycle import DEVICE, Decision, Effect, device_poll_event
@@ -27,7 +29,6 @@ from ..tokens import TokenPlan, digest
 from .base import (
     ATTEMPTS,
     TokenRequest,
-    audit,
     may_refresh,
     refresh_binding,
     require_authorized_resource,
@@ -70,9 +71,13 @@ class DeviceCode:
             decision = lifecycle.decide(DEVICE, record.state, event)
             if decision.effect is Effect.REVOKE_ISSUED:
                 await self.store.revoke_grant(grant_id, now, "device_code_replay")
-                audit.warning(
-                    "device code redeemed twice: tokens issued from it revoked",
-                    extra={"client_id": client.client_id, "family_id": grant_id},
+                audit.record(
+                    Event.CODE_REPLAYED,
+                    audit.SERVER,
+                    client_id=client.client_id,
+                    subject=record.subject,
+                    grant_id=grant_id,
+                    reason="device_code_replay",
                 )
                 raise invalid_grant(_DESCRIPTIONS["invalid_grant"])
             if decision.effect is Effect.ISSUE_TOKENS:
@@ -115,6 +120,7 @@ class DeviceCode:
             grant_id=grant_id,
             now=now,
             user_claims=user.claims,
+            grant_type=request.grant_type,
             family=self.issuer.new_family(record.scope, now) if refresh else None,
             dpop_jkt=request.dpop_jkt,
             refresh_jkt=refresh_binding(client, request),

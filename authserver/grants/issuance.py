@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .. import audit
+from ..audit import Event
 from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
 from ..protocol.lifecycle import Refresh
@@ -48,6 +50,7 @@ class Terms:
     grant_id: str
     now: float
     user_claims: Mapping[str, Any]  # released into the ID token by scope
+    grant_type: str  # the token request's
     nonce: str | None = None
     family: Family | None = None  # None: no refresh token
     new_grant: bool = True  # False: the tokens join an existing grant (a rotation)
@@ -78,6 +81,16 @@ class TokenIssuer:
         plan = self._plan(terms)
         if not await commit(self._records(terms, plan), plan):
             return None
+        audit.record(
+            Event.TOKEN_ISSUED,
+            audit.CLIENT,
+            client_id=terms.client.client_id,
+            subject=terms.subject,
+            grant_id=terms.grant_id,
+            jti=plan.jti,
+            grant_type=terms.grant_type,
+            scope=scope_rules.render(terms.scopes),
+        )
         return self.minter.sign(plan)
 
     def repeat(self, plan: TokenPlan) -> dict[str, Any]:

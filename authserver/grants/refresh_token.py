@@ -34,6 +34,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from .. import audit
+from ..audit import Event
 from ..metrics import Metrics
 from ..protocol import lifecycle
 from ..protocol import scopes as scope_rules
@@ -43,7 +45,7 @@ from ..protocol.resources import Audiences, Target, within
 from ..registry import Client, User, UserDirectory
 from ..store.base import Issuance, RefreshRecord, Store
 from ..tokens import TokenPlan, digest, seal, unseal
-from .base import ATTEMPTS, TokenRequest, audit, may_refresh, require_key
+from .base import ATTEMPTS, TokenRequest, may_refresh, require_key
 from .issuance import Family, Terms, TokenIssuer
 
 REFUSED = "the refresh token is unknown, expired or revoked"
@@ -109,9 +111,13 @@ class RefreshToken:
             if decision.effect is Effect.REVOKE_FAMILY:
                 await self.store.revoke_grant(record.family_id, now, "refresh_reuse")
                 self.metrics.refresh_reused()
-                audit.warning(
-                    "refresh token reused: family revoked",
-                    extra={"client_id": client.client_id, "family_id": record.family_id},
+                audit.record(
+                    Event.REFRESH_REUSED,
+                    audit.SERVER,
+                    client_id=client.client_id,
+                    subject=record.subject,
+                    grant_id=record.family_id,
+                    reason="refresh_reuse",
                 )
             raise invalid_grant(REFUSED)
         raise RuntimeError("the refresh token's state kept changing under its rotation")
@@ -200,6 +206,7 @@ def _terms(
         grant_id=record.family_id,
         now=now,
         user_claims=user.claims,
+        grant_type=request.grant_type,
         # The successor keeps the scope of the family, as far as the client is still
         # registered for it: a request's narrowing applies to this access token only.
         family=Family(scope_rules.render(kept), record.family_expires_at),

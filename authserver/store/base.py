@@ -270,6 +270,34 @@ class Poll:
     interval: float
 
 
+SIGN_INS_KEPT = 20  # the latest sign-ins kept per user; older ones are trimmed at insert
+
+
+@dataclass(frozen=True)
+class SignInRecord:
+    """One sign-in of a known user: `succeeded` or `failed` (a wrong password)."""
+
+    subject: str
+    at: float
+    outcome: str
+    address: str  # the client address, as the throttles count it
+    client_id: str | None  # the client signed in to; None for the account page
+    expires_at: float
+
+
+CONSENT_WITHDRAWN = "consent_withdrawn"  # the reason of the events withdraw_consent records
+
+
+@dataclass(frozen=True)
+class Consent:
+    """What a user consented to for one client: the scopes, and when consent was first
+    given (later consents add scopes to it)."""
+
+    client_id: str
+    scopes: tuple[str, ...]  # sorted
+    granted_at: float
+
+
 @dataclass(frozen=True)
 class GrantSummary:
     """A grant as the admin API shows it: what the user granted the client, and when its
@@ -436,6 +464,14 @@ class Store(Protocol):
     ) -> None:
         """Add scopes to the consent (a union: concurrent grants lose none)."""
 
+    async def consents_of(self, subject: str) -> list[Consent]:
+        """Every client the subject consented to, ordered by client_id."""
+
+    async def withdraw_consent(self, subject: str, client_id: str, now: float) -> list[str]:
+        """In one transaction: forget the subject's consent to the client, and revoke every
+        grant of theirs to it still in force, recording a revocation event for the access
+        tokens of each (as revoke_grant does). The ids of the grants revoked, sorted."""
+
     # -- login sessions
     async def save_session(self, record: SessionRecord) -> None: ...
 
@@ -443,6 +479,18 @@ class Store(Protocol):
         """The session, unless it expired at `now`."""
 
     async def delete_session(self, session_hash: bytes) -> None: ...
+
+    async def record_sign_in(self, record: SignInRecord) -> None:
+        """Keep a sign-in; of the subject's, only the latest SIGN_INS_KEPT stay."""
+
+    async def sign_ins_of(self, subject: str, now: float) -> list[SignInRecord]:
+        """The subject's kept sign-ins not expired at `now`, the latest first."""
+
+    async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
+        """The subject's sessions not expired at `now`, the most recent sign-in first."""
+
+    async def delete_other_sessions(self, subject: str, keep: bytes) -> int:
+        """End every session of the subject but the one hashed `keep`; how many."""
 
     # -- throttles on guessing: passwords and device user codes (protocol/throttle.py)
     async def reserve_attempt(self, rules: Sequence[Rule], now: float) -> Refuse | None:

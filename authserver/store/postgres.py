@@ -96,10 +96,13 @@ import orjson
 from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
+    CONSENT_WITHDRAWN,
     MANAGED_BY_CONFIG,
+    SIGN_INS_KEPT,
     AlreadyExists,
     ClientRecord,
     CodeRecord,
+    Consent,
     CutOff,
     DeviceRecord,
     EventKind,
@@ -114,6 +117,7 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    SignInRecord,
     StoreObserver,
     StoreUnavailable,
     UserRecord,
@@ -351,40 +355,8 @@ class PostgresStore:
 
     async def revoke_grant(self, grant_id: str, now: float, reason: str = "revoked") -> bool:
         async with self._transaction("revoke_grant") as conn:
-            # The grant's row lock first: a rotation holding it FOR SHARE commits before
-            # this goes on, and one that comes later finds the grant revoked.
-            revoked = await conn.fetchval(
-                "UPDATE grants SET revoked_at = $1"
-                " WHERE grant_id = $2 AND revoked_at IS NULL RETURNING 1",
-                now,
-                grant_id,
-            )
-            if revoked is None:
+            if not await _revoke_grant(conn, grant_id, now, reason):
                 return False
-            # A new statement, a new snapshot: it sees every successor committed so far.
-            await conn.execute(
-                "UPDATE refresh_tokens SET state = $1 WHERE family_id = $2 AND state <> $1",
-                Refresh.REVOKED.value,
-                grant_id,
-            )
-            # Access tokens are recorded in the transaction that adds them to the grant,
-            # which holds the grant FOR SHARE: all of them are committed by now.
-            rows = await conn.fetch(
-                "SELECT jti, expires_at FROM access_tokens"
-                " WHERE grant_id = $1 AND expires_at > $2 ORDER BY jti",
-                grant_id,
-                now,
-            )
-            tokens = [RevokedToken(row[0], row[1]) for row in rows]
-            if tokens:
-                await _insert_event(
-                    conn,
-                    EventKind.TOKENS,
-                    reason,
-                    now,
-                    max(t.expires_at for t in tokens),
-                    tokens,
-                )
         self._wake()
         return True
 
@@ -611,6 +583,34 @@ class PostgresStore:
                 now,
             )
 
+    async def consents_of(self, subject: str) -> list[Consent]:
+        async with self._connection("consents_of") as conn:
+            rows = await conn.fetch(
+                "SELECT client_id, array_agg(scope ORDER BY scope), min(granted_at)"
+                " FROM consents WHERE subject = $1 GROUP BY client_id ORDER BY client_id",
+                subject,
+            )
+        return [Consent(row[0], tuple(row[1]), row[2]) for row in rows]
+
+    async def withdraw_consent(self, subject: str, client_id: str, now: float) -> list[str]:
+        async with self._transaction("withdraw_consent") as conn:
+            await conn.execute(
+                "DELETE FROM consents WHERE subject = $1 AND client_id = $2", subject, client_id
+            )
+            rows = await conn.fetch(
+                "SELECT grant_id FROM grants WHERE subject = $1 AND client_id = $2"
+                " AND revoked_at IS NULL AND expires_at > $3 ORDER BY grant_id",
+                subject,
+                client_id,
+                now,
+            )
+            revoked = [
+                row[0] for row in rows if await _revoke_grant(conn, row[0], now, CONSENT_WITHDRAWN)
+            ]
+        if revoked:
+            self._wake()
+        return revoked
+
     # -- login sessions
 
     async def save_session(self, record: SessionRecord) -> None:
@@ -640,6 +640,56 @@ class PostgresStore:
     async def delete_session(self, session_hash: bytes) -> None:
         async with self._connection("delete_session") as conn:
             await conn.execute("DELETE FROM sessions WHERE session_hash = $1", session_hash)
+
+    async def record_sign_in(self, record: SignInRecord) -> None:
+        r = record
+        async with self._transaction("record_sign_in") as conn:
+            await conn.execute(
+                "INSERT INTO sign_ins (subject, at, outcome, address, client_id, expires_at)"
+                " VALUES ($1, $2, $3, $4, $5, $6)",
+                r.subject,
+                r.at,
+                r.outcome,
+                r.address,
+                r.client_id,
+                r.expires_at,
+            )
+            await conn.execute(
+                "DELETE FROM sign_ins WHERE subject = $1 AND id NOT IN"
+                " (SELECT id FROM sign_ins WHERE subject = $1 ORDER BY at DESC, id DESC"
+                "  LIMIT $2)",
+                r.subject,
+                SIGN_INS_KEPT,
+            )
+
+    async def sign_ins_of(self, subject: str, now: float) -> list[SignInRecord]:
+        async with self._connection("sign_ins_of") as conn:
+            rows = await conn.fetch(
+                "SELECT subject, at, outcome, address, client_id, expires_at FROM sign_ins"
+                " WHERE subject = $1 AND expires_at > $2 ORDER BY at DESC, id DESC",
+                subject,
+                now,
+            )
+        return [SignInRecord(*row) for row in rows]
+
+    async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
+        async with self._connection("sessions_of") as conn:
+            rows = await conn.fetch(
+                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
+                " WHERE subject = $1 AND expires_at > $2 ORDER BY auth_time DESC, session_hash",
+                subject,
+                now,
+            )
+        return [SessionRecord(*row) for row in rows]
+
+    async def delete_other_sessions(self, subject: str, keep: bytes) -> int:
+        async with self._connection("delete_other_sessions") as conn:
+            rows = await conn.fetch(
+                "DELETE FROM sessions WHERE subject = $1 AND session_hash <> $2 RETURNING 1",
+                subject,
+                keep,
+            )
+        return len(rows)
 
     # -- throttles on guessing: the rules of protocol/throttle.py decide, under the keys'
     # advisory locks, so reading, deciding and charging is one step for every replica.
@@ -990,7 +1040,7 @@ class PostgresStore:
 
         The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
         device codes, throttle keys, access tokens, revocation events, clients that never
-        obtained a token); grants are bookkeeping and not counted.
+        obtained a token, sign-ins); grants are bookkeeping and not counted.
         """
         deleted = 0
         async with self._connection("purge_expired") as conn:
@@ -1050,6 +1100,8 @@ _PURGE_BY_EXPIRY = (
     "WITH gone AS (DELETE FROM access_tokens WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
     "WITH gone AS (DELETE FROM revocation_events WHERE expires_at <= $1 RETURNING 1)"
+    " SELECT count(*) FROM gone",
+    "WITH gone AS (DELETE FROM sign_ins WHERE expires_at <= $1 RETURNING 1)"
     " SELECT count(*) FROM gone",
 )
 
@@ -1341,6 +1393,40 @@ async def _insert_event(
     )
     await conn.execute("SELECT pg_notify($1, $2)", EVENTS_CHANNEL, str(event_id))
     return event_id
+
+
+async def _revoke_grant(conn: Any, grant_id: str, now: float, reason: str) -> bool:
+    """Inside a transaction: the grant, every token of its family, then the event naming
+    its access tokens; False when it was revoked already."""
+    # The grant's row lock first: a rotation holding it FOR SHARE commits before this goes
+    # on, and one that comes later finds the grant revoked.
+    revoked = await conn.fetchval(
+        "UPDATE grants SET revoked_at = $1 WHERE grant_id = $2 AND revoked_at IS NULL RETURNING 1",
+        now,
+        grant_id,
+    )
+    if revoked is None:
+        return False
+    # A new statement, a new snapshot: it sees every successor committed so far.
+    await conn.execute(
+        "UPDATE refresh_tokens SET state = $1 WHERE family_id = $2 AND state <> $1",
+        Refresh.REVOKED.value,
+        grant_id,
+    )
+    # Access tokens are recorded in the transaction that adds them to the grant, which
+    # holds the grant FOR SHARE: all of them are committed by now.
+    rows = await conn.fetch(
+        "SELECT jti, expires_at FROM access_tokens"
+        " WHERE grant_id = $1 AND expires_at > $2 ORDER BY jti",
+        grant_id,
+        now,
+    )
+    tokens = [RevokedToken(row[0], row[1]) for row in rows]
+    if tokens:
+        await _insert_event(
+            conn, EventKind.TOKENS, reason, now, max(t.expires_at for t in tokens), tokens
+        )
+    return True
 
 
 async def _record_tokens(conn: Any, issuance: Issuance) -> None:

@@ -71,10 +71,13 @@ import orjson
 from authserver.protocol.lifecycle import Code, Device, Move, Refresh
 from authserver.protocol.throttle import Admit, Counter, Refuse, Rule, released
 from authserver.store.base import (
+    CONSENT_WITHDRAWN,
     MANAGED_BY_CONFIG,
+    SIGN_INS_KEPT,
     AlreadyExists,
     ClientRecord,
     CodeRecord,
+    Consent,
     CutOff,
     DeviceRecord,
     EventKind,
@@ -88,6 +91,7 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    SignInRecord,
     StoreObserver,
     StoreUnavailable,
     UserRecord,
@@ -283,6 +287,18 @@ class SQLiteStore:
             "grant_scopes", lambda conn: _grant_scopes(conn, subject, client_id, scopes, now)
         )
 
+    async def consents_of(self, subject: str) -> list[Consent]:
+        return await self._call("consents_of", lambda conn: _consents_of(conn, subject))
+
+    async def withdraw_consent(self, subject: str, client_id: str, now: float) -> list[str]:
+        revoked = await self._call(
+            "withdraw_consent",
+            lambda conn: _in_transaction(conn, _withdraw_consent, subject, client_id, now),
+        )
+        if revoked:
+            self._wake()
+        return revoked
+
     # -- login sessions
 
     async def save_session(self, record: SessionRecord) -> None:
@@ -293,6 +309,20 @@ class SQLiteStore:
 
     async def delete_session(self, session_hash: bytes) -> None:
         await self._call("delete_session", lambda conn: _delete_session(conn, session_hash))
+
+    async def record_sign_in(self, record: SignInRecord) -> None:
+        await self._call("record_sign_in", lambda conn: _record_sign_in(conn, record))
+
+    async def sign_ins_of(self, subject: str, now: float) -> list[SignInRecord]:
+        return await self._call("sign_ins_of", lambda conn: _sign_ins_of(conn, subject, now))
+
+    async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
+        return await self._call("sessions_of", lambda conn: _sessions_of(conn, subject, now))
+
+    async def delete_other_sessions(self, subject: str, keep: bytes) -> int:
+        return await self._call(
+            "delete_other_sessions", lambda conn: _delete_other_sessions(conn, subject, keep)
+        )
 
     # -- throttles on guessing
 
@@ -891,6 +921,36 @@ def _grant_scopes(
         )
 
 
+def _consents_of(conn: sqlite3.Connection, subject: str) -> list[Consent]:
+    rows = conn.execute(
+        "SELECT client_id, scope, granted_at FROM consents WHERE subject = ?"
+        " ORDER BY client_id, scope",
+        (subject,),
+    )
+    consents: dict[str, tuple[list[str], float]] = {}
+    for client_id, scope, granted_at in rows:
+        scopes, first = consents.setdefault(client_id, ([], granted_at))
+        scopes.append(scope)
+        consents[client_id] = (scopes, min(first, granted_at))
+    return [Consent(c, tuple(scopes), at) for c, (scopes, at) in consents.items()]
+
+
+def _withdraw_consent(
+    conn: sqlite3.Connection, subject: str, client_id: str, now: float
+) -> list[str]:
+    """Inside a transaction: the consent, then each grant in force, as _revoke_grant."""
+    conn.execute("DELETE FROM consents WHERE subject = ? AND client_id = ?", (subject, client_id))
+    grants = [
+        grant_id
+        for (grant_id,) in conn.execute(
+            "SELECT grant_id FROM grants WHERE subject = ? AND client_id = ?"
+            " AND revoked_at IS NULL AND expires_at > ? ORDER BY grant_id",
+            (subject, client_id, now),
+        )
+    ]
+    return [g for g in grants if _revoke_grant(conn, g, now, CONSENT_WITHDRAWN)]
+
+
 # -- login sessions
 
 
@@ -915,6 +975,46 @@ def _get_session(conn: sqlite3.Connection, session_hash: bytes, now: float) -> S
 def _delete_session(conn: sqlite3.Connection, session_hash: bytes) -> None:
     with _transaction(conn):
         conn.execute("DELETE FROM sessions WHERE session_hash = ?", (session_hash,))
+
+
+def _record_sign_in(conn: sqlite3.Connection, r: SignInRecord) -> None:
+    with _transaction(conn):
+        conn.execute(
+            "INSERT INTO sign_ins (subject, at, outcome, address, client_id, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (r.subject, r.at, r.outcome, r.address, r.client_id, r.expires_at),
+        )
+        conn.execute(
+            "DELETE FROM sign_ins WHERE subject = ? AND rowid NOT IN"
+            " (SELECT rowid FROM sign_ins WHERE subject = ? ORDER BY at DESC, rowid DESC"
+            "  LIMIT ?)",
+            (r.subject, r.subject, SIGN_INS_KEPT),
+        )
+
+
+def _sign_ins_of(conn: sqlite3.Connection, subject: str, now: float) -> list[SignInRecord]:
+    rows = conn.execute(
+        "SELECT subject, at, outcome, address, client_id, expires_at FROM sign_ins"
+        " WHERE subject = ? AND expires_at > ? ORDER BY at DESC, rowid DESC",
+        (subject, now),
+    )
+    return [SignInRecord(*row) for row in rows]
+
+
+def _sessions_of(conn: sqlite3.Connection, subject: str, now: float) -> list[SessionRecord]:
+    rows = conn.execute(
+        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
+        " WHERE subject = ? AND expires_at > ? ORDER BY auth_time DESC, session_hash",
+        (subject, now),
+    )
+    return [SessionRecord(*row) for row in rows]
+
+
+def _delete_other_sessions(conn: sqlite3.Connection, subject: str, keep: bytes) -> int:
+    with _transaction(conn):
+        return conn.execute(
+            "DELETE FROM sessions WHERE subject = ? AND session_hash <> ?", (subject, keep)
+        ).rowcount
 
 
 # -- throttles on guessing: one row per key, whatever the number of attempts it counts.
@@ -1432,7 +1532,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
 
     The count is of records the protocol knows (codes, refresh tokens, sessions, jtis,
     device codes, throttle keys, access tokens, revocation events, clients that never
-    obtained a token); grants are bookkeeping and not counted.
+    obtained a token, sign-ins); grants are bookkeeping and not counted.
     """
     deleted = 0
     for statement in (
@@ -1444,6 +1544,7 @@ def _purge_expired(conn: sqlite3.Connection, now: float) -> int:
         "DELETE FROM failures WHERE expires_at <= :now",
         "DELETE FROM access_tokens WHERE expires_at <= :now",
         "DELETE FROM revocation_events WHERE expires_at <= :now",
+        "DELETE FROM sign_ins WHERE expires_at <= :now",
     ):
         with _transaction(conn):
             deleted += conn.execute(statement, {"now": now}).rowcount

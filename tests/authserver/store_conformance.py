@@ -36,10 +36,12 @@ from authserver.store.base import (
     MANAGED_BY_CONFIG,
     MANAGED_BY_DYNAMIC,
     MANAGED_BY_METADATA_DOCUMENT,
+    SIGN_INS_KEPT,
     AccessTokenRecord,
     AlreadyExists,
     ClientRecord,
     CodeRecord,
+    Consent,
     CutOff,
     DeviceRecord,
     EventKind,
@@ -51,6 +53,7 @@ from authserver.store.base import (
     SessionRecord,
     SigningKeyRecord,
     SigningKeys,
+    SignInRecord,
     Store,
     StoreObserver,
     UserRecord,
@@ -784,7 +787,98 @@ class StoreConformance:
             f"scope-{i}" for i in range(RACERS)
         }
 
+    async def test_the_consents_of_a_subject_are_listed_per_client(self, store: Store) -> None:
+        await store.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}), T0)
+        await store.grant_scopes("alice", "webapp", frozenset({"profile"}), T0 + HOUR)
+        await store.grant_scopes("alice", "another", frozenset({"email"}), T0 + 2 * HOUR)
+        await store.grant_scopes("bob", "webapp", frozenset({"orders:write"}), T0)
+        assert await store.consents_of("alice") == [
+            Consent("another", ("email",), T0 + 2 * HOUR),
+            Consent("webapp", ("openid", "orders:read", "profile"), T0),
+        ]
+        assert await store.consents_of("nobody") == []
+
+    async def test_withdrawing_consent_revokes_the_grants_in_force_and_records_their_events(
+        self, store: Store
+    ) -> None:
+        await store.grant_scopes("alice", "webapp", frozenset({"openid", "orders:read"}), T0)
+        await store.grant_scopes("alice", "another", frozenset({"email"}), T0)
+        await start_family(store, "rt-a", "fam-a")  # alice's, to webapp
+        await start_family(store, "rt-b", "fam-b")
+        await store.revoke_grant("fam-b", T0 + 1)  # revoked already: no second event
+        code = a_code("code-of-bob", subject="bob")
+        await store.save_code(code)
+        bob = redemption("fam-bob", "at-bob", "rt-bob")
+        bob = replace(bob, grant=replace(bob.grant, subject="bob"))  # type: ignore[arg-type]
+        assert await store.redeem_code(code.code_hash, REDEEM, bob)
+        before = len(await store.revocation_events(0, T0 + 2, 100))
+
+        assert await store.withdraw_consent("alice", "webapp", T0 + 2) == ["fam-a"]
+
+        assert await store.granted_scopes("alice", "webapp") == frozenset()
+        assert await store.granted_scopes("alice", "another") == {"email"}
+        grant = await store.get_grant("fam-a")
+        assert grant is not None and grant.revoked_at == T0 + 2
+        assert not await store.access_token_active("at-of-fam-a")
+        refresh = await store.get_refresh(digest("rt-a"))
+        assert refresh is not None and refresh.state == Refresh.REVOKED.value
+        bobs = await store.get_grant("fam-bob")
+        assert bobs is not None and bobs.revoked_at is None  # another subject's: untouched
+        events = await store.revocation_events(0, T0 + 2, 100)
+        assert len(events) == before + 1
+        assert events[-1].reason == "consent_withdrawn"
+        assert events[-1].tokens == (RevokedToken("at-of-fam-a", T0 + 300),)
+        assert await store.withdraw_consent("alice", "webapp", T0 + 3) == []  # again: nothing
+
     # -- login sessions -----------------------------------------------------------------
+
+    async def test_the_sessions_of_a_subject_are_listed_latest_first_until_they_expire(
+        self, store: Store
+    ) -> None:
+        await store.save_session(a_session("s1", auth_time=T0))
+        await store.save_session(a_session("s2", auth_time=T0 + HOUR, expires_at=T0 + 2 * HOUR))
+        await store.save_session(a_session("s3", subject="bob"))
+        sessions = await store.sessions_of("alice", T0 + HOUR)
+        assert [s.session_hash for s in sessions] == [digest("s2"), digest("s1")]
+        assert sessions[0] == a_session("s2", auth_time=T0 + HOUR, expires_at=T0 + 2 * HOUR)
+        later = await store.sessions_of("alice", T0 + 2 * HOUR)
+        assert [s.session_hash for s in later] == [digest("s1")]
+
+    async def test_sign_ins_are_kept_latest_first_only_the_latest_few_and_until_they_expire(
+        self, store: Store
+    ) -> None:
+        def sign_in(at: float, outcome: str = "succeeded", subject: str = "alice") -> SignInRecord:
+            return SignInRecord(subject, at, outcome, "192.0.2.7", "webapp", at + DAY)
+
+        await store.record_sign_in(sign_in(T0, "failed"))
+        await store.record_sign_in(sign_in(T0 + 1))
+        await store.record_sign_in(sign_in(T0 + 2, subject="bob"))
+        await store.record_sign_in(SignInRecord("alice", T0 + 3, "failed", "::1", None, T0 + 10))
+        assert await store.sign_ins_of("alice", T0 + 3) == [
+            SignInRecord("alice", T0 + 3, "failed", "::1", None, T0 + 10),
+            sign_in(T0 + 1),
+            sign_in(T0, "failed"),
+        ]
+        assert [s.at for s in await store.sign_ins_of("alice", T0 + 10)] == [T0 + 1, T0]
+        assert await store.purge_expired(T0 + 10) == 1
+        for n in range(SIGN_INS_KEPT + 5):
+            await store.record_sign_in(sign_in(T0 + 100 + n))
+        kept = await store.sign_ins_of("alice", T0 + 100)
+        assert len(kept) == SIGN_INS_KEPT
+        assert kept[0].at == T0 + 100 + SIGN_INS_KEPT + 4  # the latest stay
+        assert [s.subject for s in await store.sign_ins_of("bob", T0)] == ["bob"]
+
+    async def test_ending_the_other_sessions_keeps_this_one_and_other_subjects(
+        self, store: Store
+    ) -> None:
+        for label in ("s1", "s2", "s3"):
+            await store.save_session(a_session(label))
+        await store.save_session(a_session("b1", subject="bob"))
+        assert await store.delete_other_sessions("alice", digest("s2")) == 2
+        assert await store.get_session(digest("s2"), T0) is not None
+        assert await store.get_session(digest("s1"), T0) is None
+        assert await store.get_session(digest("b1"), T0) is not None
+        assert await store.delete_other_sessions("alice", digest("s2")) == 0
 
     async def test_session_is_found_until_it_expires(self, store: Store) -> None:
         session = a_session()

@@ -208,6 +208,8 @@ async def test_metrics_count_requests_tokens_refresh_reuse_logins_and_store_call
         assert (await attempt(browser, view, "bob", "wrong")).status == 429
     async with http.get(server.url + "/no/such/path") as response:
         assert response.status == 404
+    async with http.request("PROPFIND", server.url + "/token") as response:
+        assert response.status == 405
 
     samples = await scrape(server.admin_url)
     requests = "portcullis_authserver_requests_total"
@@ -231,10 +233,25 @@ async def test_metrics_count_requests_tokens_refresh_reuse_logins_and_store_call
     assert sample(samples, store + "_count", operation="revoke_grant") == 1
     assert sample(samples, store + "_bucket", operation="rotate_refresh", le="+Inf") == 1
     assert sample(samples, store + "_sum", operation="rotate_refresh") > 0
-    # Labels stay bounded: no raw path, no client-chosen value, becomes a label.
-    labels = {value for (_, pairs) in samples for (_, value) in pairs}
-    assert "/no/such/path" not in labels
-    assert not any(value.startswith("/") for value in labels)
+    # Each endpoint's latency, by the route's template, method and status class.
+    durations = "portcullis_authserver_request_duration_seconds"
+    token = {"endpoint": "token", "path": "/token", "method": "POST"}
+    assert sample(samples, durations + "_count", **token, status_class="2xx") == 4
+    assert sample(samples, durations + "_count", **token, status_class="4xx") == 1
+    assert sample(samples, durations + "_bucket", **token, status_class="2xx", le="+Inf") == 4
+    assert sample(samples, durations + "_sum", **token, status_class="2xx") > 0
+    unmatched = {"endpoint": "unmatched", "path": "unmatched", "status_class": "4xx"}
+    assert sample(samples, durations + "_count", **unmatched, method="GET") == 1
+    assert sample(samples, durations + "_count", **unmatched, method="OTHER") == 1  # PROPFIND
+    login = {"endpoint": "login", "path": "/login", "method": "POST", "status_class": "4xx"}
+    assert sample(samples, durations + "_count", **login) == 3
+    # Labels stay bounded: no raw path, no client-chosen value, becomes a label; the only
+    # paths are the templates of the routes that served.
+    labels = {(name, value) for (_, pairs) in samples for (name, value) in pairs}
+    assert not any(value in ("/no/such/path", "PROPFIND") for _, value in labels)
+    paths = {value for name, value in labels if name == "path"}
+    assert paths == {"/healthz", "/token", "/authorize", "/login", "/consent", "unmatched"}
+    assert not any(value.startswith("/") for name, value in labels if name != "path")
 
 
 async def test_readyz_is_503_naming_the_keys_when_the_signing_keys_are_gone(
@@ -406,7 +423,9 @@ async def test_sigterm_lets_a_request_in_flight_finish_and_refuses_new_connectio
     assert status == 200, tokens
     assert {"access_token", "id_token"} <= set(tokens)
     assert await running.wait_exit(timeout=15) == 0
-    assert [line["message"] for line in running.log_lines()][-2:] == ["draining", "stopped"]
+    # The request in flight is logged (access line, audit event) between the two.
+    logged = [line for line in running.log_lines() if line["logger"] == "portcullis.runtime"]
+    assert [line["message"] for line in logged][-2:] == ["draining", "stopped"]
 
 
 # ---------------------------------------------------------------------------- reload

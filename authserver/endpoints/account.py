@@ -1,0 +1,348 @@
+"""The account page (`/account`): what a signed-in user granted and where they are signed in,
+and their password.
+
+- Connected apps: each client the user consented to, with its name (and the host of its
+  metadata document, for such a client), the scopes, when consent was first given and when
+  a grant of it was last used. Revoke withdraws the consent and revokes the grants in force
+  in one store call (`Store.withdraw_consent`), which records the revocation event of their
+  access tokens as an admin revocation does, so gateways following the event stream refuse
+  them; the next authorization asks for consent again.
+- Sessions: this browser's and the others', by when they signed in; ending one, or every
+  other.
+- Recent sign-ins: the latest successes and failures (a wrong password) of the user, when,
+  from which address and to which application (signin.py keeps them).
+- Password: the current one is checked as a sign-in is (the same throttle), the new one held
+  to the admin API's rule; the other sessions end. Only for users kept in the store: one
+  defined in the configuration file changes there.
+
+Signed out, the page is a sign-in form of its own. Every form carries the session's CSRF
+token; each change answers 303 back to the page (POST, redirect, GET), with a notice named
+in the query. Every change is an audit event (audit.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from aiohttp import web
+
+from .. import audit
+from ..audit import Event
+from ..clock import Clock
+from ..protocol.client_ids import document_url
+from ..registry import ClientRegistry, UserDirectory
+from ..sessions import Session, Sessions
+from ..store.base import MANAGED_BY_API, MANAGED_BY_METADATA_DOCUMENT, SessionRecord, Store
+from ..users import PasswordHasher, password_problems
+from . import signin
+from .forms import read_form
+from .pages import Pages
+
+NOTICES = {
+    "revoked": "Access was revoked. The application will have to ask again.",
+    "signed-out": "Those sessions were signed out.",
+    "password": "Your password was changed. Your other sessions were signed out.",
+}
+WRONG_CURRENT = "The current password is not correct."
+CHANGED_MEANWHILE = "Your account changed meanwhile: please try again."
+CONFIG_MANAGED = "This account is defined in the server's configuration: ask its operator."
+
+
+def shown_time(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def session_handle(record: SessionRecord) -> str:
+    """What the page names a session by: derived from the stored hash of its cookie, so it
+    shows nothing that could be used as the cookie."""
+    return hashlib.sha256(b"account-handle\x00" + record.session_hash).hexdigest()[:24]
+
+
+class AccountPages:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        clients: ClientRegistry,
+        users: UserDirectory,
+        sessions: Sessions,
+        pages: Pages,
+        passwords: signin.PasswordCheck,
+        hasher: PasswordHasher,
+        scope_description: Callable[[str], str],
+        base_path: str,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.clients = clients
+        self.users = users
+        self.sessions = sessions
+        self.pages = pages
+        self.passwords = passwords
+        self.hasher = hasher
+        self.scope_description = scope_description
+        self.base_path = base_path
+        self.clock = clock
+
+    @property
+    def page_path(self) -> str:
+        return self.base_path + "/account"
+
+    # ------------------------------------------------------------------------- handlers
+
+    async def show(self, request: web.Request) -> web.Response:
+        """GET /account: the page, or its sign-in form."""
+        session = await self.sessions.current(request)
+        if session is None or not session.logged_in:
+            return await self._sign_in_page(request)
+        notice = NOTICES.get(request.query.get("done", ""))
+        return await self._page(session, notice=notice)
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/login."""
+        form = await read_form(request)
+        session = await self.sessions.current(request)
+        if not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return self._expired()
+        username = form.get("username", "")
+        outcome = await self.passwords.check(request, username, form.get("password", ""), None)
+        if isinstance(outcome, signin.Throttled):
+            response = await self._sign_in_page(
+                request, error=signin.THROTTLED, status=429, username=username
+            )
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            return await self._sign_in_page(
+                request, error=signin.WRONG, status=400, username=username
+            )
+        new_session = await self.sessions.login(request, outcome.subject)
+        response = self._back()
+        self.sessions.set_cookie(response, new_session)
+        return response
+
+    async def revoke(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/apps/revoke: withdraw consent to `client_id`, revoke its grants."""
+        form, session = await self._signed_in_form(request)
+        if session is None:
+            return self._expired()
+        client_id = form.get("client_id", "")
+        subject = session.record.subject
+        consents = {c.client_id for c in await self.store.consents_of(subject)}
+        if client_id not in consents:
+            return self.pages.error(
+                400, "Nothing to revoke", "This application has no access to your account."
+            )
+        revoked = await self.store.withdraw_consent(subject, client_id, self.clock())
+        audit.record(Event.CONSENT_WITHDRAWN, audit.USER, client_id=client_id, subject=subject)
+        for grant_id in revoked:
+            audit.record(
+                Event.GRANT_REVOKED,
+                audit.USER,
+                client_id=client_id,
+                subject=subject,
+                grant_id=grant_id,
+                reason="consent_withdrawn",
+            )
+        return self._back("revoked")
+
+    async def end_sessions(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/sessions/end: the session named `session`, or every other one."""
+        form, session = await self._signed_in_form(request)
+        if session is None:
+            return self._expired()
+        subject = session.record.subject
+        this = session.record.session_hash
+        handle = form.get("session")
+        if handle is None:
+            ended = await self.store.delete_other_sessions(subject, this)
+        else:
+            found = [
+                s
+                for s in await self.store.sessions_of(subject, self.clock())
+                if session_handle(s) == handle and s.session_hash != this
+            ]
+            for record in found:
+                await self.store.delete_session(record.session_hash)
+            ended = len(found)
+        audit.record(Event.SESSIONS_ENDED, audit.USER, subject=subject, sessions=ended)
+        return self._back("signed-out")
+
+    async def change_password(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/password: `current`, `new` and `confirm`."""
+        form, session = await self._signed_in_form(request)
+        if session is None:
+            return self._expired()
+        subject = session.record.subject
+        record = await self.store.get_user(subject)
+        user = await self.users.by_subject(subject)
+        if record is None or user is None or record.managed_by != MANAGED_BY_API:
+            return await self._page(session, problem=CONFIG_MANAGED, status=400)
+        new = form.get("new", "")
+        problems = password_problems(new, record.username, "new password")
+        if new != form.get("confirm"):
+            problems.append(("confirmation", "does not match the new password"))
+        if problems:
+            text = " ".join(f"The {field} {issue}." for field, issue in problems)
+            return await self._page(session, problem=text, status=400)
+        outcome = await self.passwords.check(
+            request, record.username, form.get("current", ""), None
+        )
+        if isinstance(outcome, signin.Throttled):
+            response = await self._page(session, problem=signin.THROTTLED, status=429)
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            return await self._page(session, problem=WRONG_CURRENT, status=400)
+        changed = replace(
+            record, password_hash=await self.hasher.hash(new), updated_at=self.clock()
+        )
+        if not await self.store.save_user(changed, record.version):
+            return await self._page(
+                session,
+                problem=CHANGED_MEANWHILE,
+                status=409,
+            )
+        audit.record(Event.USER_PASSWORD_SET, audit.USER, subject=subject)
+        ended = await self.store.delete_other_sessions(subject, session.record.session_hash)
+        audit.record(Event.SESSIONS_ENDED, audit.USER, subject=subject, sessions=ended)
+        return self._back("password")
+
+    # ------------------------------------------------------------------------- steps
+
+    async def _signed_in_form(self, request: web.Request) -> tuple[dict[str, str], Session | None]:
+        """The form, and the session when it is signed in and the CSRF token is its own."""
+        form = await read_form(request)
+        session = await self.sessions.current(request)
+        if session is None or not session.logged_in:
+            return form, None
+        if not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return form, None
+        return form, session
+
+    def _back(self, notice: str | None = None) -> web.Response:
+        location = self.page_path + (f"?done={notice}" if notice else "")
+        return web.Response(status=303, headers={"Location": location, "Cache-Control": "no-store"})
+
+    def _expired(self) -> web.Response:
+        return self.pages.error(
+            403,
+            "Your session expired",
+            "Please open your account page again and retry.",
+            "csrf",
+        )
+
+    async def _sign_in_page(
+        self,
+        request: web.Request,
+        *,
+        error: str | None = None,
+        status: int = 200,
+        username: str | None = None,
+    ) -> web.Response:
+        session = await self.sessions.ensure(request)
+        response = self.pages.render(
+            "login.html",
+            status=status,
+            title="Sign in",
+            action=self.page_path + "/login",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[],
+            client_name="your account",
+            error=error,
+            username=username,
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def _page(
+        self,
+        session: Session,
+        *,
+        notice: str | None = None,
+        problem: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        subject = session.record.subject
+        now = self.clock()
+        user = await self.users.by_subject(subject)
+        record = await self.store.get_user(subject)
+        last_used: dict[str, float] = {}
+        for summary in await self.store.list_grants(subject=subject):
+            grant = summary.grant
+            if grant.revoked_at is None and grant.expires_at > now:
+                previous = last_used.get(grant.client_id, 0.0)
+                last_used[grant.client_id] = max(previous, summary.last_used_at)
+        apps = []
+        for consent in await self.store.consents_of(subject):
+            client = await self.clients.client(consent.client_id)
+            apps.append(
+                {
+                    "client_id": consent.client_id,
+                    "name": client.client_name if client is not None else consent.client_id,
+                    "host": (
+                        document_url(client.client_id).shown_host
+                        if client is not None and client.managed_by == MANAGED_BY_METADATA_DOCUMENT
+                        else None
+                    ),
+                    "scopes": [
+                        {"name": s, "description": self.scope_description(s)}
+                        for s in consent.scopes
+                    ],
+                    "granted_at": shown_time(consent.granted_at),
+                    "last_used_at": (
+                        shown_time(last_used[consent.client_id])
+                        if consent.client_id in last_used
+                        else None
+                    ),
+                }
+            )
+        names = {app["client_id"]: app["name"] for app in apps}
+        sign_ins = []
+        for sign_in in await self.store.sign_ins_of(subject, now):
+            name = None
+            if sign_in.client_id is not None:
+                name = names.get(sign_in.client_id)
+                if name is None:
+                    client = await self.clients.client(sign_in.client_id)
+                    name = names[sign_in.client_id] = (
+                        client.client_name if client is not None else sign_in.client_id
+                    )
+            sign_ins.append(
+                {
+                    "at": shown_time(sign_in.at),
+                    "succeeded": sign_in.outcome == "succeeded",
+                    "address": sign_in.address,
+                    "client": name,
+                }
+            )
+        this = session.record.session_hash
+        sessions = [
+            {
+                "handle": session_handle(s),
+                "signed_in_at": shown_time(s.auth_time),
+                "expires_at": shown_time(s.expires_at),
+                "current": s.session_hash == this,
+            }
+            for s in await self.store.sessions_of(subject, now)
+        ]
+        return self.pages.render(
+            "account.html",
+            status=status,
+            title="Your account",
+            base=self.page_path,
+            logout=self.base_path + "/logout",
+            csrf_token=Sessions.csrf_token(session),
+            user_name=user.display_name if user is not None else subject,
+            apps=apps,
+            sessions=sessions,
+            sign_ins=sign_ins,
+            others=sum(1 for s in sessions if not s["current"]),
+            username=record.username if record is not None else "",
+            password_changeable=record is not None and record.managed_by == MANAGED_BY_API,
+            notice=notice,
+            problem=problem,
+        )
