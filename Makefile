@@ -11,6 +11,7 @@ TEST_STAMP := $(VENV)/.installed-test
 MCP_EXTRAS := dev,mcp
 
 .PHONY: test test-fast lint bench bench-instructions demo mcp-demo clean constraints image schema
+.PHONY: pin-images
 
 define install_extra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -135,6 +136,13 @@ constraints: $(DEV_STAMP)
 # Needs a container engine; `make test` checks the Dockerfile without one.
 image:
 	docker build -t portcullis .
+
+# The base images by digest (FROM name:tag@sha256:…, and the Compose example's Redis and
+# PostgreSQL): each tag resolved again at its registry with skopeo (Debian's package; no
+# container engine needed), the files rewritten only when every tag resolved.
+# `python3 scripts/pin_images.py --check` lists them without the network.
+pin-images:
+	$(PYTHON) scripts/pin_images.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
