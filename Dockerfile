@@ -34,9 +34,12 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 # backend the examples use is installed: redis (rate limits and caches shared by gateways,
 # compose.scaled.yaml) and postgres (authorization server replicas, compose.replicated.yaml).
 FROM python:3.11-slim-bookworm
+# pyproject.toml's version, given by `make image` and `make release`'s build command.
+ARG VERSION=unknown
 LABEL org.opencontainers.image.title="Portcullis" \
       org.opencontainers.image.description="OAuth 2.1 / OpenID Connect gateway and authorization server" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv --without-pip /opt/portcullis \
  && pip --python /opt/portcullis/bin/python install --no-cache-dir --no-index \
