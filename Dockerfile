@@ -5,7 +5,7 @@
 #   docker build -t portcullis .
 #   docker run --rm -p 8080:8080 -v "$PWD/gateway.yaml:/etc/portcullis/gateway.yaml:ro" portcullis
 #   docker run --rm -p 9000:9000 -v "$PWD/authserver.yaml:/etc/portcullis/authserver.yaml:ro" \
-#       -v portcullis-data:/var/lib/portcullis -e PORTCULLIS_HEALTH_URL=http://127.0.0.1:9000/healthz \
+#       -v portcullis-data:/var/lib/portcullis -e PORTCULLIS_HEALTH_URL=http://127.0.0.1:9902/readyz \
 #       portcullis portcullis-authserver run --config /etc/portcullis/authserver.yaml
 #
 # Configuration is read from /etc/portcullis (mount it read-only); the authorization
@@ -34,9 +34,12 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
 # backend the examples use is installed: redis (rate limits and caches shared by gateways,
 # compose.scaled.yaml) and postgres (authorization server replicas, compose.replicated.yaml).
 FROM python:3.11-slim-bookworm
+# pyproject.toml's version, given by `make image` and `make release`'s build command.
+ARG VERSION=unknown
 LABEL org.opencontainers.image.title="Portcullis" \
       org.opencontainers.image.description="OAuth 2.1 / OpenID Connect gateway and authorization server" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}"
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m venv --without-pip /opt/portcullis \
  && pip --python /opt/portcullis/bin/python install --no-cache-dir --no-index \
@@ -60,7 +63,8 @@ EXPOSE 8080 9901 9000
 USER 10001:10001
 
 # Healthy when PORTCULLIS_HEALTH_URL answers 2xx: by default the gateway's /readyz (keys
-# loaded, not draining); the authorization server's container sets it to its /healthz.
+# loaded, not draining); the authorization server's container sets it to the /readyz of
+# its own admin listener (http://127.0.0.1:9902/readyz by default).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['PORTCULLIS_HEALTH_URL'], timeout=2)"]
 

@@ -13,6 +13,7 @@ MCP_EXTRAS := dev,mcp
 
 .PHONY: test test-fast lint bench bench-instructions demo mcp-demo clean constraints image schema \
 	docs reference
+.PHONY: pin-images release
 
 define install_extra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -152,9 +153,24 @@ constraints: $(DEV_STAMP)
 	  --upgrade --quiet --universal --python-version $(IMAGE_PYTHON) --annotation-style line \
 	  --custom-compile-command 'make constraints' --output-file constraints.txt
 
-# Needs a container engine; `make test` checks the Dockerfile without one.
+# Needs a container engine; `make test` checks the Dockerfile without one. The image's
+# version label is pyproject.toml's version, the one place it is set.
 image:
-	docker build -t portcullis .
+	docker build --build-arg VERSION=$$($(PYTHON) scripts/release.py --version-only) -t portcullis .
+
+# A release of pyproject.toml's version (scripts/release.py): its dated section in
+# CHANGELOG.md, the sdist and the wheel built into dist/ and checked, the image's tag; then
+# what to publish and how, none of which it does.
+release: $(DEV_STAMP)
+	$(PY) -m pip install --quiet 'build>=1.2'
+	$(PY) scripts/release.py
+
+# The base images by digest (FROM name:tag@sha256:…, and the Compose example's Redis and
+# PostgreSQL): each tag resolved again at its registry with skopeo (Debian's package; no
+# container engine needed), the files rewritten only when every tag resolved.
+# `python3 scripts/pin_images.py --check` lists them without the network.
+pin-images:
+	$(PYTHON) scripts/pin_images.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

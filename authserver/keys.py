@@ -21,8 +21,9 @@ Several processes may change the directory at once: the servers' timers, and the
 A running server calls `check` every `keys.reload_every` (CHECK_EVERY by default): it
 reloads the ring when another process changed `keyring.json`, and writes the transitions
 that have come due. A key another process adds is therefore published by every server
-within two checks (`RotationPolicy.notice`), which a rotation adds to `publish_ahead`
-before the key may sign.
+within two checks (`RotationPolicy.notice`) of its writing, which a rotation adds to
+`publish_ahead` before the key may sign; so a new key is dated from when it is written, not
+from when the change began (`date_from_writing`).
 
 The in-memory ring is one immutable snapshot replaced in a single assignment, so `check`
 may run in a worker thread while the event loop signs and serves the JWKS.
@@ -375,6 +376,30 @@ def add_successors(
     return result
 
 
+def date_from_writing(
+    infos: dict[str, KeyInfo],
+    known: Iterable[str],
+    writing_at: float,
+    policy: RotationPolicy,
+) -> None:
+    """Date the keys a change adds to `infos` (those not `known`) that wait to sign from
+    `writing_at`, when the change is about to be written, instead of from the moment it was
+    decided: other servers notice a key within `policy.notice` of its writing, and the time
+    between the decision and the write (a lock waited for, the store's round trips, an RSA
+    key generated, which takes up to a second on a busy machine) must not come out of that.
+    A key planned to sign later than `policy.lead` after the write keeps its time."""
+    old = set(known)
+    for kid, info in list(infos.items()):
+        if kid in old or info.state != KeyState.NEXT or info.activate_at is None:
+            continue
+        if writing_at > info.created_at:
+            infos[kid] = replace(
+                info,
+                created_at=writing_at,
+                activate_at=max(info.activate_at, writing_at + policy.lead),
+            )
+
+
 class SigningRing:
     """The in-memory ring every request reads: which key signs, the public JWK Set, and
     verification of this server's own tokens. Where the ring is kept is a subclass's."""
@@ -592,9 +617,11 @@ class KeyRing(SigningRing):
         now = self.clock()
         with self._locked(exclusive=True):
             infos, private, stamp = self._read()
+            known = list(infos)
             events = advance(infos, private, now, self.policy)
             events += ensure_active(infos, private, algorithms, now)
             if events or stamp is None:
+                self._date_from_writing(infos, known)
                 self._write(infos, private)
             else:
                 self._snap = ring_snapshot(infos, private, stamp)
@@ -611,8 +638,10 @@ class KeyRing(SigningRing):
         if self.policy is not None and change_due(snap.infos, now, self.policy):
             with self._locked(exclusive=True):
                 infos, private, _ = self._read()
+                known = list(infos)
                 events = advance(infos, private, now, self.policy)
                 if events:
+                    self._date_from_writing(infos, known)
                     self._write(infos, private)
                 else:
                     self._snap = ring_snapshot(infos, private, self._stamp())
@@ -630,10 +659,16 @@ class KeyRing(SigningRing):
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with self._locked(exclusive=True):
             infos, private, _ = self._read()
+            known = list(infos)
             advance(infos, private, now, self.policy)
             result = add_successors(infos, private, algorithms, now, self.policy)
+            self._date_from_writing(infos, known)
             self._write(infos, private)
-        return result
+        return [replace(r, info=infos[r.info.kid]) for r in result]
+
+    def _date_from_writing(self, infos: dict[str, KeyInfo], known: Iterable[str]) -> None:
+        if self.policy is not None:
+            date_from_writing(infos, known, self.clock(), self.policy)
 
     def retire(self, kid: str, now: float, last_token_expiry: float) -> None:
         """Stop signing with `kid`; keep it published until `last_token_expiry`."""

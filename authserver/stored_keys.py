@@ -16,12 +16,13 @@ A wrong encryption key is found at start, when the first key fails to open.
 
 Falling behind. A replica cut off from the store keeps its ring in memory, but a key
 another replica publishes meanwhile could start signing without it knowing. The rotation
-rules bound that: a key published at P signs from P + publish_ahead + notice at the
-earliest (`RotationPolicy.lead`). So a ring confirmed at S may choose the signing key until
-S + lead, and a JWK Set served from it at t may be kept by a verifier until S + lead at the
-latest: the JWKS endpoint shortens its max-age below keys.jwks_max_age when S + lead comes
-sooner. Past S + lead `sign` raises KeysStale (the endpoints answer 503) and the JWKS
-endpoint answers 503, until a read of the store succeeds again.
+rules bound that: a key written at P signs from P + publish_ahead + notice at the
+earliest (`RotationPolicy.lead`; `keys.date_from_writing`). So a ring confirmed at S may
+choose the signing key until S + lead, and a JWK Set served from it at t may be kept by a
+verifier until S + lead at the latest: the JWKS endpoint shortens its max-age below
+keys.jwks_max_age when S + lead comes sooner. Past S + lead `sign` raises KeysStale (the
+endpoints answer 503) and the JWKS endpoint answers 503, until a read of the store succeeds
+again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import asyncio
 import base64
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from cryptography.exceptions import InvalidTag
@@ -46,6 +48,7 @@ from .keys import (
     add_successors,
     advance,
     change_due,
+    date_from_writing,
     ensure_active,
     ring_snapshot,
     transitions,
@@ -232,7 +235,9 @@ class StoredKeyRing(SigningRing):
             advance(infos, private, at, policy)
             return add_successors(infos, private, wanted, at, policy)
 
-        return await self._change(decide, now)
+        rotations = await self._change(decide, now)
+        # As written: a new key is dated from its writing (`_change`).
+        return [replace(r, info=self._snap.infos[r.info.kid]) for r in rotations]
 
     async def listing(self, now: float) -> list[KeyInfo] | None:
         ring = await self.store.signing_keys()
@@ -277,6 +282,7 @@ class StoredKeyRing(SigningRing):
             if infos == before:
                 self._install(version, infos, private, sealed, now)
                 return result
+            date_from_writing(infos, before, self.clock(), self._policy())
             cipher = self._cipher()
             written = {
                 kid: sealed[kid] if kid in sealed else cipher.seal(kid, private[kid])

@@ -232,6 +232,19 @@ class MovableClock:
         self.now += seconds
 
 
+class SteppingClock:
+    """A clock that moves on by `step` seconds each time it is read: a machine on which
+    every step of a piece of work takes that long."""
+
+    def __init__(self, step: float, start: float | None = None) -> None:
+        self.step = step
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 @dataclass
 class RunningAuthServer:
     """An authorization server on 127.0.0.1; `restart()` rebuilds the app on the same files."""
@@ -597,18 +610,26 @@ async def verify_jwt(
     matching = [k for k in jwks["keys"] if k["kid"] == header["kid"]]
     assert len(matching) == 1, (header, jwks)
     key = jwt.PyJWK(matching[0])
-    # A test may have moved the server's clock ahead of the real one: its tokens are not from
-    # the future by that much (PyJWT reads the real time only).
-    ahead = max(0.0, server.clock() - time.time())
     claims: dict[str, Any] = jwt.decode(
         token,
         key.key,
         algorithms=[matching[0]["alg"]],
         audience=audience,
         issuer=server.settings.issuer,
-        options={"verify_aud": audience is not None},
-        leeway=ahead,
+        options={
+            "verify_aud": audience is not None,
+            # PyJWT reads the real time only; a test may have moved the server's clock
+            # either way, and the token is judged at the time of the server that signed it.
+            "verify_exp": False,
+            "verify_iat": False,
+            "verify_nbf": False,
+        },
     )
+    now = server.clock()
+    if "exp" in claims and claims["exp"] <= now:
+        raise jwt.ExpiredSignatureError(f"expired at {claims['exp']}, the server's time {now}")
+    if max(claims.get("iat", 0), claims.get("nbf", 0)) > now:
+        raise jwt.ImmatureSignatureError(f"not valid yet at the server's time {now}")
     return claims
 
 

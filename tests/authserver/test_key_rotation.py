@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import sys
 import time
@@ -24,6 +25,7 @@ from tests.authserver.conftest import (
     MovableClock,
     RunningAuthServer,
     StartAuthServer,
+    SteppingClock,
     client_credentials,
     default_config,
     introspect,
@@ -127,7 +129,10 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
 
     seen = await eventually(new_key_published, NOTICE + 0.5, "the new key in the JWKS")
     signed_by = kid_of(await machine_token(http, server))
-    after = await listed(path)
+    # The ring as written, not `keys list`: the command judges the states at the real time,
+    # which passes activate_at while the server's time stands still, as soon as the machine
+    # takes more than publish_ahead + NOTICE to get here.
+    after = await on_disk(server)
     waiting = {e["alg"]: e for e in after.values() if e["state"] == "next"}
     assert {alg: e["kid"] for alg, e in waiting.items()} == created
     activate_at = waiting["ES256"]["activate_at"]
@@ -220,6 +225,31 @@ async def test_a_second_rotate_keeps_the_key_already_waiting(tmp_path: Path) -> 
         ("RS256", "active"),
         ("RS256", "next"),
     ]
+
+
+def test_a_key_rotated_in_the_directory_is_dated_from_its_writing(tmp_path: Path) -> None:
+    # Every read of the clock half a second later: the lock waited for and the key's
+    # generation take time between the decision and the write.
+    clock = SteppingClock(0.5)
+    policy = RotationPolicy(publish_ahead=1, retain=2)
+    ring = KeyRing(tmp_path / "keys", policy, clock)
+    ring.load(["RS256"])
+    began = clock()
+    (rotation,) = ring.rotate(["RS256"], began)
+    info = rotation.info
+    assert info.created_at > began
+    assert info.activate_at == info.created_at + policy.lead
+    (entry,) = [e for e in on_disk_entries(tmp_path / "keys") if e["kid"] == info.kid]
+    assert (entry["state"], entry["created_at"], entry["activate_at"]) == (
+        "next",
+        info.created_at,
+        info.activate_at,
+    )
+
+
+def on_disk_entries(keys_dir: Path) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = json.loads((keys_dir / "keyring.json").read_text())
+    return entries
 
 
 async def test_rotate_refuses_an_algorithm_the_server_does_not_sign_with(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from portcullis.yamlconf import ConfigError
 from tests.authserver.conftest import (
     KEY_SECRET,
     MovableClock,
+    SteppingClock,
     client_credentials,
     default_config,
     verify_jwt,
@@ -253,6 +254,28 @@ async def test_a_key_rotated_through_one_server_is_published_by_the_other_and_si
     await a.tick(clock())
     assert old.encode() not in a.jwks_body and old.encode() not in b.jwks_body
     assert old not in {k.kid for k in (await stores[0].signing_keys()).keys}
+
+
+async def test_a_rotated_key_is_dated_from_its_writing_not_from_when_the_rotation_began(
+    stores: list[Store],
+) -> None:
+    # Every read of the clock half a second later: the round trips to the store and the
+    # key's generation take time between the decision and the write, which must not come
+    # out of the time other servers have to publish the key before it signs.
+    clock = SteppingClock(0.5)
+    keyring = ring(stores[0], clock)
+    await keyring.start(ALGS)
+    began = clock()
+    (rotation,) = await keyring.rotate_keys(["RS256"], began)
+    info = rotation.info
+    assert info.created_at > began
+    assert info.activate_at == info.created_at + POLICY.lead
+    (stored,) = [k for k in (await stores[1].signing_keys()).keys if k.kid == info.kid]
+    assert (stored.state, stored.created_at, stored.activate_at) == (
+        "next",
+        info.created_at,
+        info.activate_at,
+    )
 
 
 async def test_an_automatic_rotation_due_on_two_servers_is_published_once(

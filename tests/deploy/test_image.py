@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from base64 import b64encode
@@ -53,6 +54,9 @@ pytestmark = pytest.mark.slow
 MACHINE_SECRET = "image-smoke-test-machine-secret-0123456789"
 # The compose example's addresses inside its containers, moved to free loopback ports here.
 GATEWAY_PORT, ADMIN_PORT, API_PORT, AUTH_PORT = "8080", "9901", "8081", "9000"
+AUTH_ADMIN_PORT = "9902"  # the authorization server's admin listener, by default
+# The one place the version is set; the installed distribution must say the same.
+PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 POSTGRES_HOST, POSTGRES_PORT = "postgres", "5432"  # the replicated example's database service
 NETWORK_ERRORS = (
     "Failed to establish a new connection",
@@ -255,6 +259,7 @@ class Ports:
         for old, new in (
             (f"0.0.0.0:{GATEWAY_PORT}", f"127.0.0.1:{self.gateway}"),
             (f"127.0.0.1:{ADMIN_PORT}", f"127.0.0.1:{self.admin}"),
+            (f"127.0.0.1:{AUTH_ADMIN_PORT}", f"127.0.0.1:{self.auth_admin}"),
             (f"127.0.0.1:{API_PORT}", f"127.0.0.1:{self.api}"),
             (f"0.0.0.0:{AUTH_PORT}", f"127.0.0.1:{self.auth}"),
             (f"127.0.0.1:{AUTH_PORT}", f"127.0.0.1:{self.auth}"),
@@ -531,7 +536,7 @@ def test_the_image_holds_exactly_the_pinned_dependencies_and_no_build_tool(image
         for name, requirement in pins().items()
         if requirement.marker is None or requirement.marker.evaluate()
     }
-    assert installed.pop("portcullis") == "0.1.0"
+    assert installed.pop("portcullis") == PYPROJECT_VERSION
     assert installed == expected
     for tool in ("pip", "setuptools", "wheel"):
         assert tool not in installed
@@ -543,9 +548,9 @@ def test_the_image_holds_exactly_the_pinned_dependencies_and_no_build_tool(image
 
 def test_both_programs_start_from_etc_portcullis_pass_the_health_check_and_pass_a_token(running):
     # Both answered the image's HEALTHCHECK (the fixture waited for it): the gateway its
-    # /readyz by default, the authorization server the address its service sets.
+    # /readyz by default, the authorization server the /readyz its service sets.
     assert compose.environment(running.services["authserver"])["PORTCULLIS_HEALTH_URL"] == (
-        f"http://127.0.0.1:{AUTH_PORT}/healthz"
+        f"http://127.0.0.1:{AUTH_ADMIN_PORT}/readyz"
     )
     status, discovery = http(running.auth_url + "/.well-known/openid-configuration")
     assert status == 200
@@ -609,7 +614,7 @@ def test_the_replicated_examples_authserver_runs_on_postgresql_and_keeps_its_sta
     # It answered the image's HEALTHCHECK (the fixture waited for it) at the address its
     # service sets, so it opened the database and applied its migrations.
     assert compose.environment(replicated.service)["PORTCULLIS_HEALTH_URL"] == (
-        f"http://127.0.0.1:{AUTH_PORT}/healthz"
+        f"http://127.0.0.1:{AUTH_ADMIN_PORT}/readyz"
     )
     assert replicated.database.startswith("postgresql://portcullis:")
     status, discovery = http(replicated.auth_url + "/.well-known/openid-configuration")

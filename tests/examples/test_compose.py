@@ -1,7 +1,9 @@
 """The Compose example (examples/compose), read as Compose reads it, checked for what makes
 it the sidecar pattern: the API listens on loopback in a network namespace it shares with the
 gateway alone, only the gateway's port is published, every config file mounted exists and
-passes its program's `check`, and secrets come from the environment.
+passes its program's `check`, health checks ask each program's /readyz, every container has
+CPU and memory limits (the gateway's above its worst case), and secrets come from the
+environment.
 
 tests/deploy/test_image.py runs the same commands, environment and config files.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 from authserver import settings as authserver_settings
 from gateway import settings as gateway_settings
+from gateway.memory import worst_case
 from portcullis.yamlconf import duration
 from tests.deploy import compose
 from tests.deploy.dockerfile import ROOT, parse, with_data_volume
@@ -194,10 +198,45 @@ def test_health_checks_ask_each_programs_own_endpoint(model):
         assert "PORTCULLIS_HEALTH_URL" not in compose.environment(model["services"][gateway_name])
         admin = gateway_config(model, gateway_name).admin_listen
         assert (default.port, default.path) == (admin.port, "/readyz")
-    auth = model["services"]["authserver"]
-    health = urlsplit(compose.environment(auth)["PORTCULLIS_HEALTH_URL"])
-    assert (health.hostname, health.port, health.path) == ("127.0.0.1", 9000, "/healthz")
-    assert published(auth) == [("9000", 9000)]
+    for name in authservers(model):
+        # The authorization server's readiness: its admin listener, never published.
+        admin = authserver_config(model, name).admin_listen
+        health = urlsplit(compose.environment(model["services"][name])["PORTCULLIS_HEALTH_URL"])
+        assert (health.hostname, health.port, health.path) == (admin.host, admin.port, "/readyz")
+        assert admin.host == "127.0.0.1"
+        assert admin.port not in [port for _, port in published(model["services"][name])]
+    assert published(model["services"]["authserver"]) == [("9000", 9000)]
+
+
+MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def memory_bytes(text: str) -> int:
+    """A Compose byte value: digits and a unit (b, k, m, g, of either case, `mb` for `m`)."""
+    found = re.fullmatch(r"(\d+)([bkmg]?)b?", text.lower())
+    assert found is not None, f"not a Compose byte value: {text!r}"
+    return int(found.group(1)) * MEMORY_UNITS[found.group(2)]
+
+
+def test_memory_values_are_read_as_compose_reads_them():
+    assert memory_bytes("640M") == memory_bytes("640m") == memory_bytes("640mb") == 640 << 20
+    assert memory_bytes("1G") == 1 << 30 and memory_bytes("512") == 512
+
+
+def test_every_container_has_cpu_and_memory_limits(model):
+    for name, service in model["services"].items():
+        limits = service["deploy"]["resources"]["limits"]
+        assert set(limits) == {"cpus", "memory"}, name
+        assert 0 < float(limits["cpus"]) <= 2, name
+        assert memory_bytes(limits["memory"]) >= 128 << 20, name
+
+
+def test_each_gateways_memory_limit_covers_its_worst_case(model):
+    for _, gateway_name in sidecars(model):
+        limits = model["services"][gateway_name]["deploy"]["resources"]["limits"]
+        limit = memory_bytes(limits["memory"])
+        worst = worst_case(gateway_config(model, gateway_name))
+        assert worst.total <= limit, f"{gateway_name}: {limit} < {worst}"
 
 
 def test_the_authserver_keeps_its_state_in_a_named_volume():

@@ -1,7 +1,9 @@
 """The Kubernetes example (examples/kubernetes), checked without a cluster: the manifests
 parse and hold the fields the API server requires, the orders Pod runs the API on loopback
 with the gateway as its sidecar, probes and Services point at ports the configs really
-listen on, every container is confined, and the embedded configs pass `check`.
+listen on (readiness on /readyz of each program's admin listener), NetworkPolicies keep the
+admin listeners within the namespace, an Ingress with TLS is the authserver's https
+address, every container is confined, and the embedded configs pass `check`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ REQUIRED = {
     "PersistentVolumeClaim": ("spec",),
     "Deployment": ("spec",),
     "Service": ("spec",),
+    "NetworkPolicy": ("spec",),
+    "Ingress": ("spec",),
+}
+API_VERSIONS = {
+    "Deployment": "apps/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+    "Ingress": "networking.k8s.io/v1",
 }
 
 
@@ -124,7 +133,7 @@ def test_every_manifest_parses_and_has_the_fields_its_kind_requires():
     docs = documents()
     assert {d["kind"] for d in docs} == set(REQUIRED)
     for doc in docs:
-        assert doc["apiVersion"] == ("apps/v1" if doc["kind"] == "Deployment" else "v1")
+        assert doc["apiVersion"] == API_VERSIONS.get(doc["kind"], "v1")
         assert doc["metadata"]["name"] and doc["metadata"]["labels"]
         for field in REQUIRED[doc["kind"]]:
             assert field in doc, (doc["kind"], field)
@@ -243,10 +252,16 @@ def test_the_authserver_keeps_its_state_on_its_claim_and_runs_one_at_a_time():
     settings = authserver_settings.load_text(text, "authserver.yaml", container_env(entry))
     assert settings.storage == "sqlite:///var/lib/portcullis/authserver.db"
     assert settings.keys.dir == "/var/lib/portcullis/keys"
-    assert container_ports(entry) == {"http": settings.listen.port}
-    for probe in ("readinessProbe", "livenessProbe"):
+    assert container_ports(entry) == {
+        "http": settings.listen.port,
+        "admin": settings.admin_listen.port,
+    }
+    # The kubelet probes the Pod's address: the admin listener is not on loopback.
+    assert settings.admin_listen.host == "0.0.0.0"
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = entry[probe]["httpGet"]
-        assert (get["path"], port_of(entry, get["port"])) == ("/healthz", settings.listen.port)
+        assert (get["path"], port_of(entry, get["port"])) == (path, settings.admin_listen.port)
+    assert [p["targetPort"] for p in one("Service", "authserver")["spec"]["ports"]] == ["http"]
     assert entry["args"][:2] == ["portcullis-authserver", "run"]
     assert (entry["image"], entry["imagePullPolicy"]) == (IMAGE, "IfNotPresent")
 
@@ -304,3 +319,122 @@ def test_the_embedded_configs_pass_their_programs_check(deployment, name, file, 
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == f"{path}: OK"
     assert Path(entry["args"][-1]).name == file
+
+
+# ---------------------------------------------------------------------------- readiness
+
+
+def portcullis_containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(Deployment name, container) of every container that runs one of our programs."""
+    found = []
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        for entry in deployment["spec"]["template"]["spec"]["containers"]:
+            if entry.get("args", [""])[0].startswith("portcullis-"):
+                found.append((deployment["metadata"]["name"], entry))
+    return found
+
+
+def test_every_program_is_ready_on_the_readyz_of_its_admin_port_and_alive_on_healthz():
+    containers = portcullis_containers(documents())
+    assert {name for name, _ in containers} == {"orders", "authserver"}
+    for name, entry in containers:
+        for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+            get = entry[probe]["httpGet"]
+            assert (get["path"], get["port"]) == (path, "admin"), (name, probe)
+            assert "admin" in container_ports(entry), name
+
+
+# ---------------------------------------------------------------------------- network policies
+
+
+def selects(policy: dict[str, Any], deployment: dict[str, Any]) -> bool:
+    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    return bool(wanted) and wanted.items() <= labels.items()
+
+
+def open_ports(policy: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """The ports a policy admits from anywhere, and those it admits from Pods of its own
+    namespace only (a `from` of podSelectors alone: no namespaceSelector, no ipBlock)."""
+    anywhere: set[str] = set()
+    namespace: set[str] = set()
+    for rule in policy["spec"].get("ingress", []):
+        ports = {str(p["port"]) for p in rule["ports"]}
+        assert all(p.get("protocol", "TCP") == "TCP" for p in rule["ports"]), rule
+        sources = rule.get("from")
+        if not sources:
+            anywhere |= ports
+        elif all(set(source) == {"podSelector"} for source in sources):
+            namespace |= ports
+        else:
+            raise AssertionError(f"a rule that reaches past the namespace: {rule}")
+    return anywhere, namespace
+
+
+def test_network_policies_keep_every_admin_port_within_the_namespace():
+    docs = documents()
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        (policy,) = [p for p in policies if selects(p, deployment)]
+        # Selected for ingress: whatever the rules do not name is refused.
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        anywhere, namespace = open_ports(policy)
+        named = {
+            name
+            for entry in deployment["spec"]["template"]["spec"]["containers"]
+            for name in container_ports(entry)
+        }
+        assert anywhere | namespace <= named, "a rule names a port no container has"
+        # The public listener from anywhere; the admin listener only from this namespace.
+        assert anywhere == {"http"}, deployment["metadata"]["name"]
+        assert namespace == {"admin"}, deployment["metadata"]["name"]
+        # The Services route the public port only.
+        for service in (d for d in docs if d["kind"] == "Service"):
+            if (
+                service["spec"]["selector"].items()
+                <= policy["spec"]["podSelector"]["matchLabels"].items()
+            ):
+                assert {p["targetPort"] for p in service["spec"]["ports"]} <= anywhere
+
+
+def test_the_orders_api_port_is_open_to_nothing_but_its_pod():
+    _, api, gateway = orders()
+    policy = one("NetworkPolicy", "orders")
+    anywhere, namespace = open_ports(policy)
+    # The API declares no port, listens on loopback, and no rule names its port.
+    command = api["command"]
+    api_port = command[command.index("--port") + 1]
+    assert api_port not in anywhere | namespace
+    assert set(container_ports(gateway)) == anywhere | namespace
+
+
+# ---------------------------------------------------------------------------- the Ingress
+
+
+def test_the_authserver_is_published_over_tls_at_its_issuers_address():
+    ingress = one("Ingress", "authserver")
+    spec = ingress["spec"]
+    (tls,) = spec["tls"]
+    assert tls["secretName"] and tls["hosts"]
+    (rule,) = spec["rules"]
+    assert rule["host"] in tls["hosts"]  # no host served without its certificate
+    (path,) = rule["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/", "Prefix")
+    backend = path["backend"]["service"]
+    service = one("Service", backend["name"])
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"]]
+    assert port["targetPort"] == "http"  # the public listener, never the admin one
+    # The issuer every token names is that https address, in both programs' environment.
+    entry = container(one("Deployment", "authserver"), "authserver")
+    issuer = urlsplit(container_env(entry)["PORTCULLIS_ISSUER"])
+    assert (issuer.scheme, issuer.hostname, issuer.port, issuer.path) == (
+        "https",
+        rule["host"],
+        None,
+        "",
+    )
+    _, _, gateway = orders()
+    assert container_env(gateway)["PORTCULLIS_ISSUER"] == container_env(entry)["PORTCULLIS_ISSUER"]
+    # The certificate's Secret is the operator's to make, never a committed manifest.
+    assert f"kubectl create secret tls {tls['secretName']} " in (K8S / "README.md").read_text()
+    assert not [d for d in documents() if d["kind"] == "Secret"]

@@ -20,7 +20,14 @@ import yaml
 from authserver import settings as authserver_settings
 from portcullis.yamlconf import ConfigError
 from tests.deploy.dockerfile import ROOT
-from tests.examples.test_kubernetes import K8S, container, container_ports, documents
+from tests.examples.test_kubernetes import (
+    K8S,
+    container,
+    container_ports,
+    documents,
+    open_ports,
+    selects,
+)
 
 OVERLAY = ROOT / "examples" / "kubernetes-replicated"
 KEY_SECRET = base64.b64encode(bytes(range(32))).decode()
@@ -190,3 +197,15 @@ def test_the_patched_config_passes_the_authservers_check(tmp_path):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_replicas_keep_the_probes_and_network_policy_of_the_single_server():
+    docs, deployment, entry, text = authserver()
+    settings = authserver_settings.load_text(text, "authserver.yaml", env_of(entry))
+    assert settings.admin_listen.host == "0.0.0.0"  # the kubelet probes the Pod's address
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = entry[probe]["httpGet"]
+        assert get["path"] == path
+        assert container_ports(entry)[get["port"]] == settings.admin_listen.port
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and selects(d, deployment)]
+    assert open_ports(policy) == ({"http"}, {"admin"})
