@@ -313,14 +313,15 @@ class AuthServer:
         proofs = proof_checker(settings.dpop, store, clock, metrics)
         # The one check of a token presented to this server's own resources.
         resource_tokens = ResourceTokens(access_tokens, proofs)
+        addresses = ClientAddresses(settings.trusted_proxies)
         sessions = Sessions(
             store,
             users,
             secure=settings.secure_cookies,
             lifetime=settings.lifetimes.session,
+            addresses=addresses,
             clock=clock,
         )
-        addresses = ClientAddresses(settings.trusted_proxies)
         passwords = PasswordCheck(
             store, users, hasher, login_rules(settings.login_throttle), addresses, clock, metrics
         )

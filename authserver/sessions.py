@@ -21,6 +21,8 @@ from datetime import timedelta
 
 from aiohttp import web
 
+from portcullis.addresses import ClientAddresses
+
 from .clock import Clock
 from .registry import UserDirectory
 from .store.base import SessionRecord, Store
@@ -51,11 +53,14 @@ class Sessions:
         *,
         secure: bool,
         lifetime: timedelta,
+        addresses: ClientAddresses,
         clock: Clock = time.time,
     ) -> None:
         """`secure` for an https issuer: the cookie is Secure, with the `__Host-` prefix;
-        `lifetime` is a login session's."""
+        `lifetime` is a login session's; `addresses` tells the address a login came from,
+        which the session keeps (the account page shows it)."""
         self.store = store
+        self.addresses = addresses
         self.users = users
         self.clock = clock
         self.secure = secure
@@ -81,14 +86,18 @@ class Sessions:
         old = await self.current(request)
         if old is not None:
             await self.store.delete_session(old.record.session_hash)
-        return await self._new(subject, self.clock(), self.lifetime)
+        forwarded = request.headers.getall("X-Forwarded-For", ())
+        address = self.addresses.client(request.remote, forwarded)
+        return await self._new(subject, self.clock(), self.lifetime, address)
 
     async def logout(self, request: web.BaseRequest) -> None:
         old = await self.current(request)
         if old is not None:
             await self.store.delete_session(old.record.session_hash)
 
-    async def _new(self, subject: str, auth_time: float, lifetime: float) -> Session:
+    async def _new(
+        self, subject: str, auth_time: float, lifetime: float, address: str = ""
+    ) -> Session:
         value = _b64(os.urandom(32))
         record = SessionRecord(
             session_hash=hashlib.sha256(value.encode()).digest(),
@@ -96,6 +105,7 @@ class Sessions:
             auth_time=auth_time,
             expires_at=self.clock() + lifetime,
             csrf_secret=os.urandom(32),
+            address=address,
         )
         await self.store.save_session(record)
         return Session(record, value)

@@ -7,8 +7,8 @@ and their password.
   in one store call (`Store.withdraw_consent`), which records the revocation event of their
   access tokens as an admin revocation does, so gateways following the event stream refuse
   them; the next authorization asks for consent again.
-- Sessions: this browser's and the others', by when they signed in; ending one, or every
-  other.
+- Sessions: this browser's and the others', by when and from which address they signed
+  in; ending one, or every other.
 - Recent sign-ins: the latest successes and failures (a wrong password) of the user, when,
   from which address and to which application (signin.py keeps them).
 - Password: the current one is checked as a sign-in is (the same throttle), the new one held
@@ -324,6 +324,7 @@ class AccountPages:
             {
                 "handle": session_handle(s),
                 "signed_in_at": shown_time(s.auth_time),
+                "address": s.address,
                 "expires_at": shown_time(s.expires_at),
                 "current": s.session_hash == this,
             }

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from portcullis.addresses import ClientAddresses
 
-from .. import audit
+from .. import accesslog, audit
 from ..audit import Event
 from ..clock import Clock
 from ..events import Reason, Revocations
@@ -144,7 +144,10 @@ class RegistrationEndpoint:
             return None
         if record.unused_until is not None and record.unused_until <= self.clock():
             return None
-        return record if token_matches(record, token) else None
+        if not token_matches(record, token):
+            return None
+        accesslog.client_known(record.client_id)
+        return record
 
     def _client_uri(self, client_id: str) -> str:
         return f"{self.url}/{client_id}"  # client ids are URL-safe base64

@@ -218,6 +218,7 @@ class SessionRecord:
     auth_time: float
     expires_at: float
     csrf_secret: bytes
+    address: str = ""  # the client address it signed in from; "" for an anonymous one
 
 
 @dataclass(frozen=True)

@@ -619,18 +619,20 @@ class PostgresStore:
             with _unique("this session"):
                 await conn.execute(
                     "INSERT INTO sessions (session_hash, subject, auth_time, expires_at,"
-                    " csrf_secret) VALUES ($1, $2, $3, $4, $5)",
+                    " csrf_secret, address) VALUES ($1, $2, $3, $4, $5, $6)",
                     r.session_hash,
                     r.subject,
                     r.auth_time,
                     r.expires_at,
                     r.csrf_secret,
+                    r.address,
                 )
 
     async def get_session(self, session_hash: bytes, now: float) -> SessionRecord | None:
         async with self._connection("get_session") as conn:
             row = await conn.fetchrow(
-                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
+                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address"
+                " FROM sessions"
                 " WHERE session_hash = $1 AND expires_at > $2",
                 session_hash,
                 now,
@@ -675,7 +677,8 @@ class PostgresStore:
     async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
         async with self._connection("sessions_of") as conn:
             rows = await conn.fetch(
-                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
+                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address"
+                " FROM sessions"
                 " WHERE subject = $1 AND expires_at > $2 ORDER BY auth_time DESC, session_hash",
                 subject,
                 now,

@@ -957,15 +957,15 @@ def _withdraw_consent(
 def _save_session(conn: sqlite3.Connection, r: SessionRecord) -> None:
     with _transaction(conn), _unique("this session"):
         conn.execute(
-            "INSERT INTO sessions (session_hash, subject, auth_time, expires_at, csrf_secret)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (r.session_hash, r.subject, r.auth_time, r.expires_at, r.csrf_secret),
+            "INSERT INTO sessions (session_hash, subject, auth_time, expires_at, csrf_secret,"
+            " address) VALUES (?, ?, ?, ?, ?, ?)",
+            (r.session_hash, r.subject, r.auth_time, r.expires_at, r.csrf_secret, r.address),
         )
 
 
 def _get_session(conn: sqlite3.Connection, session_hash: bytes, now: float) -> SessionRecord | None:
     row = conn.execute(
-        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
+        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address FROM sessions"
         " WHERE session_hash = ? AND expires_at > ?",
         (session_hash, now),
     ).fetchone()
@@ -1003,7 +1003,7 @@ def _sign_ins_of(conn: sqlite3.Connection, subject: str, now: float) -> list[Sig
 
 def _sessions_of(conn: sqlite3.Connection, subject: str, now: float) -> list[SessionRecord]:
     rows = conn.execute(
-        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret FROM sessions"
+        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address FROM sessions"
         " WHERE subject = ? AND expires_at > ? ORDER BY auth_time DESC, session_hash",
         (subject, now),
     )

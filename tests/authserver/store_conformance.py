@@ -881,7 +881,7 @@ class StoreConformance:
         assert await store.delete_other_sessions("alice", digest("s2")) == 0
 
     async def test_session_is_found_until_it_expires(self, store: Store) -> None:
-        session = a_session()
+        session = a_session(address="2001:db8::7")
         await store.save_session(session)
         assert await store.get_session(session.session_hash, T0) == session
         assert await store.get_session(session.session_hash, session.expires_at - 0.001) == session

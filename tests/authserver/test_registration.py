@@ -7,6 +7,8 @@ throttled per address; the admin API lists them and can delete them."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -377,7 +379,7 @@ async def test_a_confidential_client_registers_only_with_the_initial_access_toke
 
 
 async def test_the_registration_access_token_reads_and_deletes_the_registration(
-    server: RunningAuthServer, http: aiohttp.ClientSession
+    server: RunningAuthServer, http: aiohttp.ClientSession, capsys: pytest.CaptureFixture[str]
 ) -> None:
     status, body, _ = await register(http, server, NATIVE)
     assert status == 201
@@ -410,6 +412,20 @@ async def test_the_registration_access_token_reads_and_deletes_the_registration(
         assert response.status == 401
     async with http.delete(uri, headers=bearer) as response:
         assert response.status == 401
+    # The access log names the client once its registration access token proved it, and
+    # only then; the token itself is never written.
+    await asyncio.sleep(0.3)  # past the access log's flush interval
+    written = capsys.readouterr().err
+    assert token not in written
+    lines = [json.loads(line) for line in written.splitlines() if line.startswith("{")]
+    registered = [
+        (line["method"], line["status"], line["client_id"])
+        for line in lines
+        if line.get("route") == "registered_client"
+    ]
+    assert ("GET", 200, body["client_id"]) in registered
+    assert ("DELETE", 204, body["client_id"]) in registered
+    assert all(client_id is None for _, status, client_id in registered if status == 401)
 
 
 async def test_a_client_that_obtains_no_token_in_time_is_gone_and_one_that_did_is_kept(

@@ -124,6 +124,7 @@ async def test_signing_out_the_other_sessions_leaves_this_one(
         await sign_in_to_account(page, authserver)
         assert await page.locator("li.session").count() == 2
         assert await page.locator("li.session.current").count() == 1
+        assert await page.locator("li.session .address").all_inner_texts() == ["127.0.0.1"] * 2
 
         # Every other session at once, then one by its own button.
         await page.get_by_role("button", name="Sign out all other sessions").click()
