@@ -10,8 +10,10 @@ Order of checks:
  2. everything else — errors now redirect to the client with `error`, `error_description`,
     `state` and `iss` (RFC 9207): repeated parameters, request objects, response_type,
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
- 3. login (unless a session fits `prompt` and `max_age`), consent (unless skipped or already
-    given), then a single-use code in a 302/303 redirect.
+ 3. login (unless a session fits `prompt` and `max_age`): the password, then for a user
+    with an authenticator app its code (POST /login/code, the pending sign-in of
+    endpoints/signin.py between the two); consent (unless skipped or already given); then a
+    single-use code in a 302/303 redirect.
 The login and consent forms carry the authorization parameters as hidden fields and post
 them back; they are validated again from step 1, so nothing on the page is trusted. The consent
 form also carries a proof, bound to the session, that these exact parameters already passed
@@ -33,6 +35,7 @@ from portcullis.addresses import is_loopback
 from portcullis.jose import is_thumbprint
 
 from ..clock import Clock
+from ..factors import Method, SecondFactors, methods_of
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
 from ..protocol import pkce
@@ -236,6 +239,8 @@ class AuthorizationEndpoint:
         sessions: Sessions,
         pages: Pages,
         passwords: signin.PasswordCheck,
+        codes: signin.CodeCheck,
+        factors: SecondFactors,
         issuer: str,
         audiences: Audiences,
         code_lifetime: float,
@@ -251,6 +256,8 @@ class AuthorizationEndpoint:
         self.sessions = sessions
         self.pages = pages
         self.passwords = passwords
+        self.codes = codes
+        self.factors = factors
         self.issuer = issuer
         self.audiences = audiences
         self.code_lifetime = code_lifetime
@@ -428,6 +435,7 @@ class AuthorizationEndpoint:
                 expires_at=now + self.code_lifetime,
                 created_at=now,
                 dpop_jkt=auth.dpop_jkt,
+                amr=session.amr,
             )
         )
         response = _redirect(
@@ -507,7 +515,15 @@ class AuthorizationEndpoint:
                 raise PageError(f"The request is malformed: {exc.description}.") from None
             auth = await self.validate(params)
             session = await self.sessions.current(request)
-            return await self.proceed(request, auth, session)
+            # A page that continues this request after a sign-in step of its own (the
+            # set-up of a second factor) vouches for it as the consent form does.
+            checked = (
+                request.method == "POST"
+                and session is not None
+                and session.logged_in
+                and Sessions.proof_valid(session, auth.carried(), params.values.get(CONSENT_PROOF))
+            )
+            return await self.proceed(request, auth, session, login_done=checked)
         except PageError as exc:
             return self._cannot_handle(exc.message)
         except RedirectError as exc:
@@ -536,7 +552,96 @@ class AuthorizationEndpoint:
                 return await self.login_page(
                     request, auth, error=signin.WRONG, status=400, username=username
                 )
-            new_session = await self.sessions.login(request, outcome.subject)
+            if await self.factors.enrolled(outcome.subject):
+                assert session is not None
+                return self.code_page(request, auth, session, outcome.subject)
+            new_session = await self.sessions.login(
+                request, outcome.subject, methods_of(Method.PASSWORD)
+            )
+            return await self.proceed(request, auth, new_session, login_done=True)
+        except PageError as exc:
+            return self._cannot_handle(exc.message)
+        except RedirectError as exc:
+            return self.error_redirect(request, exc)
+        except OAuthError as exc:
+            return self._cannot_handle(exc.description)
+
+    def code_page(
+        self,
+        request: web.Request,
+        auth: AuthorizationRequest,
+        session: Session,
+        subject: str,
+        *,
+        until: float | None = None,
+        error: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        """The second step: the code of the user's app, the password already checked."""
+        expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
+        pending = signin.PendingSignIn.fields(session, subject, expires, auth.carried())
+        response = self.pages.render(
+            "second_step.html",
+            status=status,
+            title="Enter your code",
+            action=self.base_path + "/login/code",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[*auth.carried(), *pending],
+            client_name=auth.client.client_name,
+            error=error,
+            form_targets=[auth.redirect_uri],
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def login_code(self, request: web.Request) -> web.StreamResponse:
+        """POST /login/code: the second step of a pending sign-in (throttled), then the
+        session, signed in with both factors, and the flow goes on."""
+        try:
+            given = await _params(request)
+            form = given.values
+            auth = await self.validate(given)
+            session = await self.sessions.current(request)
+            if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
+                return self._expired_session()
+            now = self.clock()
+            subject = signin.PendingSignIn.subject(session, form, auth.carried(), now)
+            if subject is None:
+                # Forged, for another request, expired, or used already (signing in ended
+                # the session it was bound to): the password step again.
+                return self.pages.error(
+                    403,
+                    "Please sign in again",
+                    "This sign-in has expired. Go back to the application and try again.",
+                    "login_expired",
+                )
+            until = float(form[signin.PENDING_UNTIL])
+            outcome = await self.codes.check(request, subject, form.get("code", ""))
+            if isinstance(outcome, signin.Throttled):
+                response = self.code_page(
+                    request,
+                    auth,
+                    session,
+                    subject,
+                    until=until,
+                    error=signin.THROTTLED_CODE,
+                    status=429,
+                )
+                response.headers["Retry-After"] = str(outcome.retry_after)
+                return response
+            if outcome is None:
+                return self.code_page(
+                    request,
+                    auth,
+                    session,
+                    subject,
+                    until=until,
+                    error=signin.WRONG_CODE,
+                    status=400,
+                )
+            new_session = await self.sessions.login(
+                request, subject, methods_of(Method.PASSWORD, Method.OTP)
+            )
             return await self.proceed(request, auth, new_session, login_done=True)
         except PageError as exc:
             return self._cannot_handle(exc.message)

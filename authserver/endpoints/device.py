@@ -7,7 +7,9 @@ Steps, each a form posted back with the session's CSRF token:
  2. POST /device: the code is checked. Guesses are throttled per session and per client
     address (below), each charged before its code is looked up and kept when it is wrong;
  3. POST /device/login: the login form, when the session is not signed in, with the
-    password checks and throttle of every login form;
+    password checks and throttle of every login form; for a user with an authenticator
+    app, then POST /device/login/code: its code, as on the authorization endpoint's
+    sign-in (the pending sign-in of endpoints/signin.py);
  4. POST /device/consent: the client's name, the scopes, and a warning to approve only a
     device the person is holding (§5.4: a code can be phished); approve or deny.
 The forms of steps 3 and 4 carry the code with a proof, bound to the session, that it
@@ -39,6 +41,7 @@ from aiohttp import web
 from portcullis.addresses import ClientAddresses
 
 from ..clock import Clock
+from ..factors import Method, SecondFactors, methods_of
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
@@ -95,6 +98,8 @@ class DevicePages:
         sessions: Sessions,
         pages: Pages,
         passwords: signin.PasswordCheck,
+        codes: signin.CodeCheck,
+        factors: SecondFactors,
         guesses: CodeGuesses,
         addresses: ClientAddresses,
         scope_description: Callable[[str], str],
@@ -109,6 +114,8 @@ class DevicePages:
         self.sessions = sessions
         self.pages = pages
         self.passwords = passwords
+        self.codes = codes
+        self.factors = factors
         self.guesses = guesses
         self.addresses = addresses
         self.scope_description = scope_description
@@ -143,6 +150,36 @@ class DevicePages:
             action=self.base_path + "/device",
             csrf_token=Sessions.csrf_token(session),
             user_code=user_code,
+            error=error,
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    def _second_step_page(
+        self,
+        session: Session,
+        client: Client,
+        code: str,
+        subject: str,
+        *,
+        until: float | None = None,
+        error: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
+        bound = [("user_code", code)]
+        response = self.pages.render(
+            "second_step.html",
+            status=status,
+            title="Enter your code",
+            action=self.base_path + "/device/login/code",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[
+                *bound,
+                (PROOF, _proof(session, code)),
+                *signin.PendingSignIn.fields(session, subject, expires, bound),
+            ],
+            client_name=client.client_name,
             error=error,
         )
         self.sessions.set_cookie(response, session)
@@ -293,7 +330,58 @@ class DevicePages:
             return self._login_page(
                 session, client, code, error=signin.WRONG, status=400, username=username
             )
-        new_session = await self.sessions.login(request, outcome.subject)
+        if await self.factors.enrolled(outcome.subject):
+            return self._second_step_page(session, client, code, outcome.subject)
+        new_session = await self.sessions.login(
+            request, outcome.subject, methods_of(Method.PASSWORD)
+        )
+        return await self._consent_page(new_session, client, record)
+
+    async def login_code(self, request: web.Request) -> web.Response:
+        """POST /device/login/code: the code of the user's app, then the consent page."""
+        form = await _form(request)
+        if form is None:
+            return self._malformed()
+        session = await self.sessions.current(request)
+        if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return self._expired_session()
+        code = user_codes.normalise(form.get("user_code", ""))
+        if code is None or not _proof_valid(session, code, form.get(PROOF)):
+            return self.pages.error(400, "This code was not checked", GONE)
+        now = self.clock()
+        subject = signin.PendingSignIn.subject(session, form, [("user_code", code)], now)
+        if subject is None:
+            return self.pages.error(
+                403,
+                "Please sign in again",
+                "This sign-in has expired. Enter the code of your device again.",
+                "login_expired",
+            )
+        found = await self._pending(code, now)
+        if found is None:
+            return self.pages.error(400, "This code cannot be used", GONE)
+        record, client = found
+        until = float(form[signin.PENDING_UNTIL])
+        outcome = await self.codes.check(request, subject, form.get("code", ""))
+        if isinstance(outcome, signin.Throttled):
+            response = self._second_step_page(
+                session,
+                client,
+                code,
+                subject,
+                until=until,
+                error=signin.THROTTLED_CODE,
+                status=429,
+            )
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            return self._second_step_page(
+                session, client, code, subject, until=until, error=signin.WRONG_CODE, status=400
+            )
+        new_session = await self.sessions.login(
+            request, subject, methods_of(Method.PASSWORD, Method.OTP)
+        )
         return await self._consent_page(new_session, client, record)
 
     async def consent(self, request: web.Request) -> web.Response:
@@ -321,7 +409,12 @@ class DevicePages:
         record, client = found
         move = decide(DEVICE, record.state, decision).move
         decided = await self.store.decide_device(
-            code, move, session.record.subject, now, auth_time=session.record.auth_time
+            code,
+            move,
+            session.record.subject,
+            now,
+            auth_time=session.record.auth_time,
+            amr=session.amr,
         )
         if not decided:
             return self.pages.error(400, "This code cannot be used", GONE)

@@ -53,6 +53,9 @@ class Terms:
     new_grant: bool = True  # False: the tokens join an existing grant (a rotation)
     dpop_jkt: str | None = None  # the access token's DPoP key (RFC 9449 §6.1 cnf.jkt)
     refresh_jkt: str | None = None  # the refresh token's DPoP key (RFC 9449 §5)
+    # RFC 8176: how the user signed in, for the ID token's amr and acr; empty where it is
+    # not known (a refresh: the ID token then carries neither).
+    amr: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class TokenIssuer:
                 nonce=terms.nonce,
                 auth_time=terms.auth_time,
                 now=terms.now,
+                amr=terms.amr,
             )
         return TokenPlan(
             access_claims=access_claims,
