@@ -68,7 +68,7 @@ from .endpoints.signin import CodeCheck, LoginRules, PasswordCheck
 from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
 from .events import EventStream, Reason, Revocations, SignedEvents
-from .factors import SecondFactors
+from .factors import Requirement, SecondFactors
 from .grants.authorization_code import AuthorizationCode
 from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
@@ -317,6 +317,10 @@ class AuthServer:
         codes = CodeCheck(
             store, factors, login_rules(settings.login_throttle), addresses, clock, metrics
         )
+        requirement = Requirement(
+            settings.second_factors.required_for_everyone,
+            frozenset(settings.second_factors.required_for_roles),
+        )
         return Components(
             settings=settings,
             store=store,
@@ -373,6 +377,7 @@ class AuthServer:
                 passwords=passwords,
                 codes=codes,
                 factors=factors,
+                requirement=requirement,
                 issuer=issuer,
                 audiences=audiences,
                 code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
@@ -390,6 +395,7 @@ class AuthServer:
                 passwords=passwords,
                 codes=codes,
                 factors=factors,
+                requirement=requirement,
                 guesses=CodeGuesses(
                     per_session=settings.device.max_failures,
                     per_address=settings.device.max_failures_per_address,

@@ -51,6 +51,17 @@ def multi_factor(amr: tuple[str, ...]) -> bool:
     return Method.MULTIPLE.value in amr
 
 
+@dataclass(frozen=True)
+class Requirement:
+    """Who the operator requires to sign in with a second factor (`second_factors`)."""
+
+    everyone: bool = False
+    roles: frozenset[str] = frozenset()
+
+    def applies_to(self, roles: tuple[str, ...]) -> bool:
+        return self.everyone or not self.roles.isdisjoint(roles)
+
+
 class Used(StrEnum):
     """What a verified second step was."""
 

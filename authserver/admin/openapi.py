@@ -47,6 +47,11 @@ _CLIENT_WRITABLE: dict[str, Any] = {
     "introspection": _BOOL,
     "dpopBoundAccessTokens": _BOOL,
     "applicationType": {"enum": ["web", "native"]},
+    "requireMfa": _BOOL,
+    "defaultAcrValues": {
+        "type": "array",
+        "items": {"enum": ["urn:portcullis:acr:pwd", "urn:portcullis:acr:mfa"]},
+    },
 }
 _USER_WRITABLE: dict[str, Any] = {
     "username": _STR,

@@ -12,8 +12,14 @@ Order of checks:
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
  3. login (unless a session fits `prompt` and `max_age`): the password, then for a user
     with an authenticator app its code (POST /login/code, the pending sign-in of
-    endpoints/signin.py between the two); consent (unless skipped or already given); then a
-    single-use code in a 302/303 redirect.
+    endpoints/signin.py between the two);
+ 4. the level of the sign-in: a second factor when the request asks for it (`acr_values`,
+    else the client's `default_acr_values`), the client requires it (`require_mfa`) or the
+    operator requires it of this user (`second_factors`). A session signed in with the
+    password alone signs in again, with both factors; a user without an authenticator app
+    is led to set one up (/factors), and the request goes on from there;
+ 5. consent (unless skipped or already given); then a single-use code in a 302/303
+    redirect.
 The login and consent forms carry the authorization parameters as hidden fields and post
 them back; they are validated again from step 1, so nothing on the page is trusted. The consent
 form also carries a proof, bound to the session, that these exact parameters already passed
@@ -35,10 +41,10 @@ from portcullis.addresses import is_loopback
 from portcullis.jose import is_thumbprint
 
 from ..clock import Clock
-from ..factors import Method, SecondFactors, methods_of
+from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
-from ..protocol import pkce
+from ..protocol import assurance, pkce
 from ..protocol import scopes as scope_rules
 from ..protocol.client_ids import document_url
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
@@ -66,6 +72,7 @@ CARRIED = (
     "resource",
     "login_hint",
     "dpop_jkt",
+    "acr_values",
 )
 PROMPTS = frozenset({"none", "login", "consent", "select_account"})
 _MAX_AGE = re.compile(r"^[0-9]{1,10}$")
@@ -108,6 +115,7 @@ class AuthorizationRequest:
     audience: str
     dpop_jkt: str | None = None  # RFC 9449 §10: the key the code is bound to
     resource: ProtectedResource | None = None  # the registered resource `audience` is
+    acr_values: tuple[str, ...] = ()  # OIDC Core §3.1.2.1, in order of preference
 
     def carried(self) -> list[tuple[str, str]]:
         return [(k, self.params[k]) for k in CARRIED if k in self.params]
@@ -241,6 +249,7 @@ class AuthorizationEndpoint:
         passwords: signin.PasswordCheck,
         codes: signin.CodeCheck,
         factors: SecondFactors,
+        requirement: Requirement,
         issuer: str,
         audiences: Audiences,
         code_lifetime: float,
@@ -258,6 +267,7 @@ class AuthorizationEndpoint:
         self.passwords = passwords
         self.codes = codes
         self.factors = factors
+        self.requirement = requirement
         self.issuer = issuer
         self.audiences = audiences
         self.code_lifetime = code_lifetime
@@ -348,6 +358,7 @@ class AuthorizationEndpoint:
             audience=target.audience,
             dpop_jkt=dpop_jkt,
             resource=target.resource,
+            acr_values=tuple(params.get("acr_values", "").split()),
         )
 
     async def _client(self, client_id: str) -> Client | None:
@@ -408,6 +419,37 @@ class AuthorizationEndpoint:
             return await self.login_page(request, auth)
         assert session is not None
         subject = session.record.subject
+        if not multi_factor(session.amr) and await self._needs_second_factor(auth, subject):
+            if await self.factors.enrolled(subject):
+                # Signed in with the password alone (before the app was set up): both now.
+                if "none" in auth.prompt:
+                    raise RedirectError(
+                        auth,
+                        auth.redirect_uri,
+                        auth.state,
+                        OAuthError(ErrorCode.LOGIN_REQUIRED, "a second factor is required"),
+                    )
+                return await self.login_page(request, auth)
+            if not self.factors.available:
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(
+                        ErrorCode.ACCESS_DENIED,
+                        "a second factor is required and this server cannot set one up",
+                    ),
+                )
+            if "none" in auth.prompt:
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(
+                        ErrorCode.INTERACTION_REQUIRED, "the user must set up a second factor"
+                    ),
+                )
+            return self.enrolment_page(auth, session)
         if not consent_given and not auth.client.skip_consent:
             granted = await self.store.granted_scopes(subject, auth.client.client_id)
             if "consent" in auth.prompt or not set(auth.scopes) <= granted:
@@ -441,6 +483,34 @@ class AuthorizationEndpoint:
         response = _redirect(
             request,
             with_query(auth.redirect_uri, {"code": code, "state": auth.state, "iss": self.issuer}),
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def _needs_second_factor(self, auth: AuthorizationRequest, subject: str) -> bool:
+        client = auth.client
+        if client.require_mfa:
+            return True
+        if assurance.needs_second_factor(auth.acr_values or client.default_acr_values):
+            return True
+        user = await self.users.by_subject(subject)
+        return user is not None and self.requirement.applies_to(user.roles)
+
+    def enrolment_page(self, auth: AuthorizationRequest, session: Session) -> web.Response:
+        """A user who must have a second factor and has none: setting one up, the request
+        carried along to go on once it is done."""
+        response = self.pages.render(
+            "factors.html",
+            title="Set up a second factor",
+            enrolled=False,
+            recovery_codes_left=0,
+            reason=(
+                f"{auth.client.client_name} asks for a second factor at sign-in, and your "
+                "account has none yet."
+            ),
+            action=self.base_path + "/factors/totp",
+            csrf_token=Sessions.csrf_token(session),
+            carried=auth.carried(),
         )
         self.sessions.set_cookie(response, session)
         return response

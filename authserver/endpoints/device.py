@@ -41,7 +41,7 @@ from aiohttp import web
 from portcullis.addresses import ClientAddresses
 
 from ..clock import Clock
-from ..factors import Method, SecondFactors, methods_of
+from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
@@ -100,6 +100,7 @@ class DevicePages:
         passwords: signin.PasswordCheck,
         codes: signin.CodeCheck,
         factors: SecondFactors,
+        requirement: Requirement,
         guesses: CodeGuesses,
         addresses: ClientAddresses,
         scope_description: Callable[[str], str],
@@ -116,6 +117,7 @@ class DevicePages:
         self.passwords = passwords
         self.codes = codes
         self.factors = factors
+        self.requirement = requirement
         self.guesses = guesses
         self.addresses = addresses
         self.scope_description = scope_description
@@ -209,9 +211,37 @@ class DevicePages:
         self.sessions.set_cookie(response, session)
         return response
 
+    async def _second_factor_missing(self, session: Session, client: Client) -> web.Response | None:
+        """The refusal when this sign-in needs a second factor it did not use (the client
+        or the operator requires one); None when it may go on. The device page asks for
+        no level (it has no acr_values) and sets up no factor: the person does that first,
+        at /factors, and starts again."""
+        if multi_factor(session.amr):
+            return None
+        user = await self.users.by_subject(session.record.subject)
+        required = client.require_mfa or (
+            user is not None and self.requirement.applies_to(user.roles)
+        )
+        if not required:
+            return None
+        if await self.factors.enrolled(session.record.subject):
+            message = (
+                "This device needs you signed in with your authenticator app: sign out, then "
+                "enter the code of your device again."
+            )
+        else:
+            message = (
+                f"Your account needs a second factor first: set up an authenticator app at "
+                f"{self.base_path}/factors, then enter the code of your device again."
+            )
+        return self.pages.error(403, "A second factor is required", message, "mfa_required")
+
     async def _consent_page(
         self, session: Session, client: Client, record: DeviceRecord
     ) -> web.Response:
+        refused = await self._second_factor_missing(session, client)
+        if refused is not None:
+            return refused
         user = await self.users.by_subject(session.record.subject)
         shown = user_codes.display(record.user_code)
         response = self.pages.render(
@@ -407,6 +437,9 @@ class DevicePages:
         if found is None:
             return self.pages.error(400, "This code cannot be used", GONE)
         record, client = found
+        refused = await self._second_factor_missing(session, client)
+        if refused is not None:
+            return refused
         move = decide(DEVICE, record.state, decision).move
         decided = await self.store.decide_device(
             code,

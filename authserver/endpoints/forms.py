@@ -20,6 +20,7 @@ MAX_FORM_FIELDS = 200
 KNOWN_PARAMETERS = frozenset(
     {
         "access_token",
+        "acr_values",
         "client_assertion",
         "client_assertion_type",
         "client_id",

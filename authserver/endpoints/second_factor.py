@@ -88,6 +88,7 @@ class FactorPages:
             title="Second factor",
             enrolled=enrolled,
             recovery_codes_left=left,
+            reason=None,
             action=self.base_path + "/factors/totp",
             csrf_token=Sessions.csrf_token(session),
             carried=[],
@@ -189,6 +190,8 @@ class FactorPages:
             csrf_token=Sessions.csrf_token(signed_in),
             carried=[*carried, (CONSENT_PROOF, proof)] if carried else [],
             client_continues=bool(carried),
+            # The request goes on to the client's redirect URI (validated again there).
+            form_targets=[value for name, value in carried if name == "redirect_uri"],
         )
         self.sessions.set_cookie(response, signed_in)
         return response

@@ -447,3 +447,219 @@ async def test_the_device_page_asks_for_the_code_too(
         consent = await post(http, server, action, {**fields, "code": app_code(secret, clock)})
         action, _ = parse_form(await consent.text())
         assert action.endswith("/device/consent")
+
+
+# ---------------------------------------------------------------------------- requiring it
+
+MFA = "urn:portcullis:acr:mfa"
+
+
+async def enrolment_led_by_sign_in(
+    http: aiohttp.ClientSession,
+    server: RunningAuthServer,
+    clock: MovableClock,
+    response: aiohttp.ClientResponse,
+) -> aiohttp.ClientResponse:
+    """From the page that leads a user without an app to set one up, through to the
+    request going on: the answer of the authorization endpoint afterwards."""
+    text = await response.text()
+    assert response.status == 200 and 'id="reason"' in text, text[:600]
+    action, fields = parse_form(text)
+    assert action.endswith("/factors/totp")
+    enrolment = await post(http, server, action, fields)
+    text = await enrolment.text()
+    action, fields = parse_form(text)
+    fields["code"] = app_code(secret_on(text), clock)
+    done = await post(http, server, action, fields)
+    action, fields = parse_form(await done.text())
+    assert action.endswith("/authorize"), action
+    return await post(http, server, action, fields)
+
+
+async def test_acr_values_lead_a_user_without_an_app_to_set_one_up_then_on(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    async with browser() as http:
+        response, verifier = await password_step(http, server, acr_values=MFA)
+        after = await enrolment_led_by_sign_in(http, server, clock, response)
+        claims = await id_token(http, server, await finish(http, server, after), verifier)
+    assert claims["acr"] == MFA and claims["amr"] == ["pwd", "otp", "mfa"]
+
+
+async def test_acr_values_ask_a_password_only_session_to_sign_in_again_with_the_code(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    async with browser() as before, browser() as other:
+        await sign_in_with_password(before, server)  # signed in before the app was set up
+        await sign_in_with_password(other, server)
+        secret, _ = await enrol(other, server, clock)
+        clock.advance(30)
+        url, verifier = authorize_url(server, acr_values=MFA)
+        page = await before.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        assert action.endswith("/login")  # the password again, then the code
+        fields.update(username="alice", password=PASSWORD)
+        response = await post(before, server, action, fields)
+        action, fields = await second_step(before, server, response)
+        code = app_code(secret, clock)
+        signed_in = await post(before, server, action, {**fields, "code": code})
+        claims = await id_token(before, server, await finish(before, server, signed_in), verifier)
+        assert claims["acr"] == MFA
+
+
+async def test_prompt_login_and_max_age_ask_for_both_steps_again(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    secret, _ = await enrolled_user(server, clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        action, fields = await second_step(http, server, response)
+        code = app_code(secret, clock)
+        await finish(http, server, await post(http, server, action, {**fields, "code": code}))
+        for extra in ({"prompt": "login"}, {"max_age": "0"}):
+            clock.advance(30)
+            url, verifier = authorize_url(server, **extra)
+            page = await http.get(url, allow_redirects=False)
+            action, fields = parse_form(await page.text())
+            assert action.endswith("/login"), extra
+            fields.update(username="alice", password=PASSWORD)
+            response = await post(http, server, action, fields)
+            action, fields = await second_step(http, server, response)
+            code = app_code(secret, clock)
+            signed_in = await post(http, server, action, {**fields, "code": code})
+            claims = await id_token(http, server, await finish(http, server, signed_in), verifier)
+            assert claims["amr"] == ["pwd", "otp", "mfa"]
+            assert claims["auth_time"] == int(clock.now)
+
+
+async def test_a_password_only_session_asked_for_a_second_factor_with_prompt_none_is_refused(
+    server: RunningAuthServer,
+) -> None:
+    async with browser() as http:
+        await sign_in_with_password(http, server)
+        url, _ = authorize_url(server, prompt="none", acr_values=MFA)
+        answer = await http.get(url, allow_redirects=False)
+        assert answer.status == 302
+        assert query_of(answer.headers["Location"])["error"] == "interaction_required"
+        assert await server.services.store.get_totp(server.subject("alice")) is None
+
+
+async def test_a_lower_level_among_acr_values_is_met_by_the_password(
+    server: RunningAuthServer,
+) -> None:
+    async with browser() as http:
+        response, verifier = await password_step(
+            http, server, acr_values=f"urn:example:unknown urn:portcullis:acr:pwd {MFA}"
+        )
+        claims = await id_token(http, server, await finish(http, server, response), verifier)
+    assert claims["acr"] == "urn:portcullis:acr:pwd"
+
+
+def client_requiring(config: dict[str, Any], **declared: Any) -> dict[str, Any]:
+    spa = next(c for c in config["clients"] if c["client_id"] == "spa")
+    spa.update(declared)
+    return config
+
+
+async def test_a_client_that_requires_a_second_factor_leads_to_enrolment(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    server = await start_authserver(
+        client_requiring(factor_config(), require_mfa=True), clock=clock
+    )
+    async with browser() as http:
+        response, verifier = await password_step(http, server, username="bob")
+        after = await enrolment_led_by_sign_in(http, server, clock, response)
+        claims = await id_token(http, server, await finish(http, server, after), verifier)
+    assert claims["amr"] == ["pwd", "otp", "mfa"]
+
+
+async def test_a_clients_default_acr_values_lead_to_enrolment(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = client_requiring(factor_config(), default_acr_values=[MFA])
+    server = await start_authserver(config, clock=clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        assert 'id="reason"' in await response.text()
+
+
+async def test_a_required_second_factor_without_an_encryption_key_is_refused(
+    start_authserver: StartAuthServer,
+) -> None:
+    server = await start_authserver(client_requiring(device_config(), require_mfa=True))
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        assert response.status == 303
+        query = query_of(response.headers["Location"])
+        assert query["error"] == "access_denied" and query["state"] == "st"
+
+
+async def test_the_operator_may_require_a_second_factor_of_a_role(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = factor_config(required_for_roles=["admin"])
+    next(u for u in config["users"] if u["username"] == "alice")["roles"] = ["admin"]
+    server = await start_authserver(config, clock=clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server, username="bob")
+        await finish(http, server, response)  # bob is no admin: the password is enough
+    async with browser() as http:
+        response, verifier = await password_step(http, server)
+        after = await enrolment_led_by_sign_in(http, server, clock, response)
+        claims = await id_token(http, server, await finish(http, server, after), verifier)
+        assert claims["acr"] == MFA
+    # The device page refuses an admin without the code, and sets nothing up there.
+    async with browser() as http:
+        started = await http.post(
+            server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+        )
+        user_code = (await started.json())["user_code"]
+        page = await http.get(server.endpoint("/device"))
+        action, fields = parse_form(await page.text())
+        checked = await post(http, server, action, {**fields, "user_code": user_code})
+        action, fields = parse_form(await checked.text())
+        login = await post(
+            http, server, action, {**fields, "username": "alice", "password": PASSWORD}
+        )
+        action, fields = parse_form(await login.text())
+        assert action.endswith("/device/login/code")  # enrolled by now: the code is asked
+
+
+async def test_the_operator_may_require_a_second_factor_of_everyone(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    server = await start_authserver(factor_config(required_for_everyone=True), clock=clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server, username="bob")
+        assert 'id="reason"' in await response.text()
+        # Nothing set up until the code comes.
+        assert await server.services.store.get_totp(server.subject("bob")) is None
+
+
+async def test_discovery_names_the_levels(server: RunningAuthServer) -> None:
+    async with browser() as http:
+        document = await (
+            await http.get(server.endpoint("/.well-known/openid-configuration"))
+        ).json()
+    assert document["acr_values_supported"] == ["urn:portcullis:acr:pwd", MFA]
+    assert {"amr", "acr"} <= set(document["claims_supported"])
+
+
+def test_an_unknown_default_acr_value_is_a_configuration_error(tmp_path: Any) -> None:
+    from portcullis.yamlconf import ConfigError
+    from tests.authserver.conftest import load_settings
+
+    config = client_requiring(factor_config(), default_acr_values=["urn:example:gold"])
+    with pytest.raises(ConfigError, match="not a level"):
+        load_settings(config, tmp_path, 9000)
+
+
+def test_requiring_a_second_factor_without_a_key_is_a_configuration_error(tmp_path: Any) -> None:
+    from portcullis.yamlconf import ConfigError
+    from tests.authserver.conftest import load_settings
+
+    config = device_config()
+    config["second_factors"] = {"required_for_everyone": True}
+    with pytest.raises(ConfigError, match="encryption key"):
+        load_settings(config, tmp_path, 9000)
