@@ -161,6 +161,8 @@ class ClientApp:
             "name": userinfo.get("name", ""),
             "email": userinfo.get("email", ""),
             "scope": tokens["scope"],
+            "amr": " ".join(claims.get("amr", [])),
+            "acr": claims.get("acr", ""),
         }
         body = "".join(f'<p id="{k}">{html.escape(str(v))}</p>' for k, v in rows.items())
         return self.render("Signed in", body)
