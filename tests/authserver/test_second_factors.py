@@ -20,6 +20,7 @@ import pyotp
 import pytest
 
 from authserver.protocol import totp
+from tests.authserver.admin_support import StartAdminServer, admin_for, start_admin_server
 from tests.authserver.conftest import (
     PASSWORD,
     REDIRECT,
@@ -35,6 +36,7 @@ from tests.authserver.conftest import (
 from tests.authserver.device_support import device_config
 
 ENCRYPTION_KEY = base64.b64encode(os.urandom(32)).decode()
+__all__ = ["start_admin_server"]  # the fixture, used here by name
 
 
 def factor_config(**second_factors: Any) -> dict[str, Any]:
@@ -62,11 +64,13 @@ def app_code(secret: str, clock: MovableClock, steps: int = 0) -> str:
     return pyotp.TOTP(secret).at(clock.now + steps * 30)
 
 
-def authorize_url(server: RunningAuthServer, **extra: str) -> tuple[str, str]:
+def authorize_url(
+    server: RunningAuthServer, client_id: str = "spa", **extra: str
+) -> tuple[str, str]:
     verifier, challenge = pkce_pair()
     params = {
         "response_type": "code",
-        "client_id": "spa",
+        "client_id": client_id,
         "redirect_uri": REDIRECT,
         "scope": "openid",
         "state": "st",
@@ -85,10 +89,14 @@ async def post(
 
 
 async def password_step(
-    http: aiohttp.ClientSession, server: RunningAuthServer, username: str = "alice", **extra: str
+    http: aiohttp.ClientSession,
+    server: RunningAuthServer,
+    username: str = "alice",
+    client_id: str = "spa",
+    **extra: str,
 ) -> tuple[aiohttp.ClientResponse, str]:
     """Authorize, then the password: the answer to the login form, and the PKCE verifier."""
-    url, verifier = authorize_url(server, **extra)
+    url, verifier = authorize_url(server, client_id, **extra)
     page = await http.get(url, allow_redirects=False)
     action, fields = parse_form(await page.text())
     assert action.endswith("/login")
@@ -663,3 +671,86 @@ def test_requiring_a_second_factor_without_a_key_is_a_configuration_error(tmp_pa
     config["second_factors"] = {"required_for_everyone": True}
     with pytest.raises(ConfigError, match="encryption key"):
         load_settings(config, tmp_path, 9000)
+
+
+# ---------------------------------------------------------------------------- the admin API
+
+
+async def test_clients_made_through_the_admin_api_may_require_a_second_factor(
+    start_admin_server: StartAdminServer, clock: MovableClock
+) -> None:
+    """On SQLite and on PostgreSQL: the whole of a sign-in with a second factor, from a
+    client the API made."""
+
+    def with_factors(config: dict[str, Any]) -> None:
+        config["second_factors"] = {"encryption_key": ENCRYPTION_KEY}
+
+    server = await start_admin_server(with_factors, clock)
+    async with browser() as http:
+        admin = await admin_for(http, server)
+        bad = {"defaultAcrValues": ["urn:example:gold"], "requireMfa": "yes"}
+        status, body, _ = await admin.post("/clients", {**MFA_CLIENT, **bad})
+        assert status == 422 and body["error"]["code"] == "validation_error"
+        fields = {d["field"] for d in body["error"]["details"]}
+        assert {"defaultAcrValues[0]", "requireMfa"} <= fields, body
+        status, listed, _ = await admin.get("/clients")
+        assert all(c["clientId"] != "mfa-app" for c in listed["data"])  # nothing stored
+
+        status, made, _ = await admin.post("/clients", MFA_CLIENT)
+        assert status == 201, made
+        assert made["requireMfa"] is True and made["defaultAcrValues"] == [MFA]
+
+    async with browser() as http:
+        response, verifier = await password_step(http, server, username="bob", client_id="mfa-app")
+        after = await enrolment_led_by_sign_in(http, server, clock, response)
+        code = await finish(http, server, after)
+        status, tokens = await exchange_code(
+            http,
+            server,
+            _Result(code, verifier),
+            client_id="mfa-app",  # type: ignore[arg-type]
+        )
+        assert status == 200, tokens
+        claims = await verify_jwt(http, server, tokens["id_token"], audience="mfa-app")
+        assert claims["acr"] == MFA and claims["amr"] == ["pwd", "otp", "mfa"]
+
+
+MFA_CLIENT = {
+    "clientId": "mfa-app",
+    "clientName": "Payroll",
+    "tokenEndpointAuthMethod": "none",
+    "redirectUris": [REDIRECT],
+    "grantTypes": ["authorization_code"],
+    "scope": "openid",
+    "requireMfa": True,
+    "defaultAcrValues": [MFA],
+}
+
+
+async def test_a_client_that_registers_itself_may_require_a_second_factor(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = factor_config()
+    config["registration"] = {"enabled": True}
+    server = await start_authserver(config, clock=clock)
+    asked = {
+        "redirect_uris": ["http://127.0.0.1/cb"],
+        "token_endpoint_auth_method": "none",
+        "application_type": "native",
+        "grant_types": ["authorization_code"],
+        "scope": "openid",
+    }
+    async with browser() as http:
+        before = len(await server.services.store.list_clients())
+        bad = {**asked, "default_acr_values": ["urn:example:gold"]}
+        refused = await http.post(server.endpoint("/register"), json=bad)
+        assert refused.status == 400
+        assert (await refused.json())["error"] == "invalid_client_metadata"
+        assert len(await server.services.store.list_clients()) == before  # nothing stored
+        made = await http.post(server.endpoint("/register"), json={**asked, "require_mfa": True})
+        assert made.status == 201
+        body = await made.json()
+        assert body["require_mfa"] is True
+    async with browser() as http:
+        response, _ = await password_step(http, server, client_id=body["client_id"])
+        assert 'id="reason"' in await response.text()
