@@ -53,8 +53,9 @@ class Terms:
     new_grant: bool = True  # False: the tokens join an existing grant (a rotation)
     dpop_jkt: str | None = None  # the access token's DPoP key (RFC 9449 §6.1 cnf.jkt)
     refresh_jkt: str | None = None  # the refresh token's DPoP key (RFC 9449 §5)
-    # RFC 8176: how the user signed in, for the ID token's amr and acr; empty where it is
-    # not known (a refresh: the ID token then carries neither).
+    # RFC 8176: how the user signed in, for the ID token's amr and acr and the refresh
+    # family (so a refreshed ID token says the same); empty where it is not known (a family
+    # started before sign-ins recorded it: the ID token then carries neither).
     amr: tuple[str, ...] = ()
 
 
@@ -142,6 +143,7 @@ class TokenIssuer:
                 family_expires_at=terms.family.expires_at,
                 state=Refresh.ACTIVE.value,
                 dpop_jkt=terms.refresh_jkt,
+                amr=terms.amr,
             )
         grant = None
         if terms.new_grant:

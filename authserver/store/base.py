@@ -144,6 +144,7 @@ class RefreshRecord:
     # RFC 9449 §5: the thumbprint of the DPoP key the token is bound to (public clients'
     # tokens, for the life of the family); each use must prove possession of that key.
     dpop_jkt: str | None = None
+    amr: tuple[str, ...] = ()  # RFC 8176: how the user signed in to start the family
 
 
 @dataclass(frozen=True)

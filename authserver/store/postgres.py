@@ -550,12 +550,12 @@ class PostgresStore:
             row = await conn.fetchrow(
                 "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
                 " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
-                " t.successor_hash, t.successor_sealed, t.dpop_jkt"
+                " t.successor_hash, t.successor_sealed, t.dpop_jkt, t.amr"
                 " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
                 " WHERE t.token_hash = $1",
                 token_hash,
             )
-        return None if row is None else RefreshRecord(*row)
+        return None if row is None else replace(RefreshRecord(*row[:-1]), amr=_methods(row[-1]))
 
     async def rotate_refresh(
         self, token_hash: bytes, move: Move, issuance: Issuance, successor_sealed: bytes
@@ -1457,8 +1457,8 @@ async def _record_tokens(conn: Any, issuance: Issuance) -> None:
         await conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
             " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
-            " successor_sealed, dpop_jkt)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            " successor_sealed, dpop_jkt, amr)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             r.token_hash,
             r.family_id,
             r.client_id,
@@ -1473,6 +1473,7 @@ async def _record_tokens(conn: Any, issuance: Issuance) -> None:
             r.successor_hash,
             r.successor_sealed,
             r.dpop_jkt,
+            _methods_text(r.amr),
         )
 
 

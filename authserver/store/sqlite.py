@@ -839,12 +839,12 @@ def _get_refresh(conn: sqlite3.Connection, token_hash: bytes) -> RefreshRecord |
     row = conn.execute(
         "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
         " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
-        " t.successor_hash, t.successor_sealed, t.dpop_jkt"
+        " t.successor_hash, t.successor_sealed, t.dpop_jkt, t.amr"
         " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
         " WHERE t.token_hash = ?",
         (token_hash,),
     ).fetchone()
-    return None if row is None else RefreshRecord(*row)
+    return None if row is None else replace(RefreshRecord(*row[:-1]), amr=_methods(row[-1]))
 
 
 def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
@@ -852,7 +852,8 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
         conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
             " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
-            " successor_sealed, dpop_jkt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " successor_sealed, dpop_jkt, amr)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 r.token_hash,
                 r.family_id,
@@ -868,6 +869,7 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
                 r.successor_hash,
                 r.successor_sealed,
                 r.dpop_jkt,
+                _methods_text(r.amr),
             ),
         )
 

@@ -148,6 +148,7 @@ def a_refresh(label: str = "rt-0", family: str = "fam-1", **changes: Any) -> Ref
         expires_at=T0 + 14 * DAY,
         family_expires_at=T0 + 90 * DAY,
         state=Refresh.ACTIVE.value,
+        amr=("pwd", "otp", "mfa"),  # read back as written, by every test of refresh tokens
     )
     return replace(record, **changes)
 

@@ -30,6 +30,7 @@ from tests.authserver.conftest import (
     exchange_code,
     parse_form,
     pkce_pair,
+    post_token,
     query_of,
     verify_jwt,
 )
@@ -754,3 +755,32 @@ async def test_a_client_that_registers_itself_may_require_a_second_factor(
     async with browser() as http:
         response, _ = await password_step(http, server, client_id=body["client_id"])
         assert 'id="reason"' in await response.text()
+
+
+async def test_a_refreshed_id_token_tells_of_the_same_sign_in(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    secret, _ = await enrolled_user(server, clock)
+    async with browser() as http:
+        url, verifier = authorize_url(server, scope="openid offline_access")
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        response = await post(http, server, action, fields)
+        action, fields = await second_step(http, server, response)
+        signed_in = await post(http, server, action, {**fields, "code": app_code(secret, clock)})
+        code = await finish(http, server, signed_in)
+        status, tokens = await exchange_code(http, server, _Result(code, verifier))  # type: ignore[arg-type]
+        assert status == 200
+        status, refreshed, _ = await post_token(
+            http,
+            server,
+            {
+                "grant_type": "refresh_token",
+                "refresh_token": tokens["refresh_token"],
+                "client_id": "spa",
+            },
+        )
+        assert status == 200, refreshed
+        claims = await verify_jwt(http, server, refreshed["id_token"], audience="spa")
+    assert claims["amr"] == ["pwd", "otp", "mfa"] and claims["acr"] == MFA

@@ -26,3 +26,4 @@ CREATE TABLE recovery_codes (
 ALTER TABLE sessions ADD COLUMN amr text NOT NULL DEFAULT '';
 ALTER TABLE codes ADD COLUMN amr text NOT NULL DEFAULT '';
 ALTER TABLE device_codes ADD COLUMN amr text NOT NULL DEFAULT '';
+ALTER TABLE refresh_tokens ADD COLUMN amr text NOT NULL DEFAULT '';
