@@ -715,6 +715,27 @@ async def test_clients_made_through_the_admin_api_may_require_a_second_factor(
         claims = await verify_jwt(http, server, tokens["id_token"], audience="mfa-app")
         assert claims["acr"] == MFA and claims["amr"] == ["pwd", "otp", "mfa"]
 
+    # bob lost his phone and his codes: an operator removes the factor.
+    bob = server.subject("bob")
+    async with browser() as http:
+        admin = await admin_for(http, server)
+        status, factor, _ = await admin.get(f"/users/{bob}/second-factor")
+        assert status == 200 and factor["kind"] == "totp" and factor["recoveryCodesLeft"] == 10
+        assert "secret" not in str(factor).lower()
+        status, _, _ = await admin.delete(f"/users/{bob}/second-factor")
+        assert status == 204
+        assert (await admin.get(f"/users/{bob}/second-factor"))[0] == 404
+        assert (await admin.delete(f"/users/{bob}/second-factor"))[0] == 404
+        assert (await admin.get("/users/nobody/second-factor"))[0] == 404
+    assert await server.services.store.get_totp(bob) is None
+    async with browser() as http:
+        # The password alone for a client that asks no more; set up again where required.
+        response, _ = await password_step(http, server, username="bob")
+        await finish(http, server, response)
+    async with browser() as http:
+        response, _ = await password_step(http, server, username="bob", client_id="mfa-app")
+        assert 'id="reason"' in await response.text()
+
 
 MFA_CLIENT = {
     "clientId": "mfa-app",
