@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from .clock import Clock
@@ -31,6 +32,10 @@ from .store.base import Store, TotpRecord
 from .stored_keys import KeyCipher
 
 log = logging.getLogger("portcullis.authserver.factors")
+
+# Setting an app up needs a sign-in this recent: a session cookie stolen from a user without
+# an app must not be enough to give their account a second factor the thief holds.
+ENROLMENT_NEEDS_SIGN_IN_WITHIN = timedelta(minutes=15)
 
 
 class Method(StrEnum):

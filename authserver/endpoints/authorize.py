@@ -41,7 +41,14 @@ from portcullis.addresses import is_loopback
 from portcullis.jose import is_thumbprint
 
 from ..clock import Clock
-from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
+from ..factors import (
+    ENROLMENT_NEEDS_SIGN_IN_WITHIN,
+    Method,
+    Requirement,
+    SecondFactors,
+    methods_of,
+    multi_factor,
+)
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
 from ..protocol import assurance, pkce
@@ -449,6 +456,9 @@ class AuthorizationEndpoint:
                         ErrorCode.INTERACTION_REQUIRED, "the user must set up a second factor"
                     ),
                 )
+            signed_in_for = self.clock() - session.record.auth_time
+            if signed_in_for > ENROLMENT_NEEDS_SIGN_IN_WITHIN.total_seconds():
+                return await self.login_page(request, auth)  # the password first, again
             return self.enrolment_page(auth, session)
         if not consent_given and not auth.client.skip_consent:
             granted = await self.store.granted_scopes(subject, auth.client.client_id)

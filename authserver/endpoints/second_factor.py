@@ -6,7 +6,8 @@
  POST /factors/totp/confirm  the code: the app becomes the user's second factor, and the
                              recovery codes are shown, once.
 Every form carries the session's CSRF token; a page for a visitor who is not signed in, a
-stale form or a wrong code changes nothing. A user led here by the sign-in (an application
+stale form or a wrong code changes nothing. Setting an app up needs a recent sign-in
+(factors.ENROLMENT_NEEDS_SIGN_IN_WITHIN). A user led here by the sign-in (an application
 or the operator requires a second factor) brings the authorization request along as hidden
 fields: once the app is set up, the page continues it, signed in with both factors.
 """
@@ -21,7 +22,13 @@ from aiohttp import web
 from markupsafe import Markup
 
 from ..clock import Clock
-from ..factors import Enrolment, Method, SecondFactors, methods_of
+from ..factors import (
+    ENROLMENT_NEEDS_SIGN_IN_WITHIN,
+    Enrolment,
+    Method,
+    SecondFactors,
+    methods_of,
+)
 from ..protocol.errors import OAuthError
 from ..registry import UserDirectory
 from ..sessions import Session, Sessions
@@ -32,6 +39,7 @@ from .pages import Pages
 log = logging.getLogger("portcullis.authserver.factors")
 
 WRONG = "That code is not correct. Enter the code your app shows now."
+RECENT = ENROLMENT_NEEDS_SIGN_IN_WITHIN
 
 
 def qr_code(uri: str) -> Markup:
@@ -210,6 +218,14 @@ class FactorPages:
             return self._not_signed_in()
         if not Sessions.csrf_valid(session, form.get("csrf_token")):
             return self._expired()
+        if self.clock() - session.record.auth_time > RECENT.total_seconds():
+            return self.pages.error(
+                401,
+                "Please sign in again",
+                "Setting up an authenticator app needs a recent sign-in: sign in to your "
+                "application again, then come back to this page.",
+                "login_required",
+            )
         return session, form
 
 

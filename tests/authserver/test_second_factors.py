@@ -805,3 +805,33 @@ async def test_a_refreshed_id_token_tells_of_the_same_sign_in(
         assert status == 200, refreshed
         claims = await verify_jwt(http, server, refreshed["id_token"], audience="spa")
     assert claims["amr"] == ["pwd", "otp", "mfa"] and claims["acr"] == MFA
+
+
+async def test_setting_up_an_app_needs_a_recent_sign_in(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    async with browser() as http:
+        await sign_in_with_password(http, server)
+        page = await http.get(server.endpoint("/factors"))
+        action, fields = parse_form(await page.text())
+        clock.advance(16 * 60)
+        stale = await post(http, server, action, fields)
+        assert stale.status == 401 and "sign in again" in (await stale.text()).lower()
+        assert await server.services.store.get_totp(server.subject("alice")) is None
+
+
+async def test_an_old_session_led_to_set_up_an_app_signs_in_again_first(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    async with browser() as http:
+        await sign_in_with_password(http, server)
+        clock.advance(16 * 60)
+        url, verifier = authorize_url(server, acr_values=MFA)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        assert action.endswith("/login")
+        fields.update(username="alice", password=PASSWORD)
+        response = await post(http, server, action, fields)
+        after = await enrolment_led_by_sign_in(http, server, clock, response)
+        claims = await id_token(http, server, await finish(http, server, after), verifier)
+    assert claims["acr"] == MFA
