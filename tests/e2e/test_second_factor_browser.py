@@ -139,3 +139,35 @@ async def test_setting_up_an_app_then_signing_in_with_its_code(
     await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
     assert await tab.locator("#acr").inner_text() == "urn:portcullis:acr:mfa"
     await context.close()
+
+
+async def test_a_client_asking_for_a_second_factor_leads_to_setting_one_up_and_back(
+    browser: Any, client_app: ClientApp, authserver: RunningAuthServer, clock: MovableClock
+) -> None:
+    context = await browser.new_context()
+    tab = await context.new_page()
+    tab.set_default_timeout(15_000)
+    problems: list[str] = []
+    tab.on("console", lambda message: problems.append(message.text))
+    await password_then(tab, client_app, authserver)
+    await tab.get_by_role("button", name="Allow").click()
+    await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
+
+    # Now the client asks for the second level: the signed-in user has no app yet.
+    client_app.extra = {"acr_values": "urn:portcullis:acr:mfa"}
+    await tab.goto(client_app.url + "/")
+    await tab.get_by_role("link", name="Sign in with Portcullis").click()
+    await tab.locator("#reason").wait_for()
+    await tab.get_by_role("button", name="Set up an authenticator app").click()
+    secret = (await tab.locator("#secret").inner_text()).replace(" ", "")
+    await tab.get_by_label("Code from the app").fill(pyotp.TOTP(secret).at(clock.now))
+    await tab.get_by_role("button", name="Confirm").click()
+    await tab.get_by_role("heading", name="Your recovery codes").wait_for()
+    # Going on redirects to the client: the page's form-action lets the browser follow.
+    await tab.get_by_role("button", name="I have saved them: continue").click()
+    await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
+    assert await tab.locator("h1").inner_text() == "Signed in"
+    assert await tab.locator("#acr").inner_text() == "urn:portcullis:acr:mfa"
+    assert await tab.locator("#amr").inner_text() == "pwd otp mfa"
+    assert [p for p in problems if "Content Security Policy" in p] == []
+    await context.close()
