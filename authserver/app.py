@@ -65,10 +65,12 @@ from .endpoints.logout import LogoutEndpoint
 from .endpoints.pages import Pages, page_environment
 from .endpoints.registration import RegistrationEndpoint
 from .endpoints.revoke import RevocationEndpoint
-from .endpoints.signin import LoginRules, PasswordCheck
+from .endpoints.second_factor import FactorPages, issuer_label
+from .endpoints.signin import CodeCheck, LoginRules, PasswordCheck
 from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
 from .events import EventStream, Reason, Revocations, SignedEvents
+from .factors import Requirement, SecondFactors
 from .grants.authorization_code import AuthorizationCode
 from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
@@ -137,6 +139,7 @@ class Components:
     userinfo: UserInfoEndpoint
     authorize: AuthorizationEndpoint
     device: DevicePages
+    factors: FactorPages  # /factors: setting up an authenticator app
     logout: LogoutEndpoint
     account: AccountPages  # /account: the signed-in user's grants, sessions and password
     events: EventStream  # GET /revocation_events
@@ -325,6 +328,14 @@ class AuthServer:
         passwords = PasswordCheck(
             store, users, hasher, login_rules(settings.login_throttle), addresses, clock, metrics
         )
+        factors = second_factors(settings, store, clock)
+        codes = CodeCheck(
+            store, factors, login_rules(settings.login_throttle), addresses, clock, metrics
+        )
+        requirement = Requirement(
+            settings.second_factors.required_for_everyone,
+            frozenset(settings.second_factors.required_for_roles),
+        )
         return Components(
             settings=settings,
             store=store,
@@ -380,6 +391,9 @@ class AuthServer:
                 sessions=sessions,
                 pages=pages,
                 passwords=passwords,
+                codes=codes,
+                factors=factors,
+                requirement=requirement,
                 issuer=issuer,
                 audiences=audiences,
                 code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
@@ -395,6 +409,9 @@ class AuthServer:
                 sessions=sessions,
                 pages=pages,
                 passwords=passwords,
+                codes=codes,
+                factors=factors,
+                requirement=requirement,
                 guesses=CodeGuesses(
                     per_session=settings.device.max_failures,
                     per_address=settings.device.max_failures_per_address,
@@ -403,6 +420,14 @@ class AuthServer:
                 addresses=addresses,
                 scope_description=settings.scope_description,
                 audiences=audiences,
+                base_path=base,
+                clock=clock,
+            ),
+            factors=FactorPages(
+                factors=factors,
+                users=users,
+                sessions=sessions,
+                pages=pages,
                 base_path=base,
                 clock=clock,
             ),
@@ -669,6 +694,17 @@ def proof_checker(dpop: DpopSettings, store: Store, clock: Clock, metrics: Metri
     )
 
 
+def second_factors(settings: Settings, store: Store, clock: Clock) -> SecondFactors:
+    """Authenticator apps, sealed with second_factors.encryption_key (or keys')."""
+    secret = settings.second_factor_key
+    cipher = (
+        KeyCipher.from_setting(secret)
+        if secret is not None and not isinstance(secret, Withheld)
+        else None
+    )
+    return SecondFactors(store, cipher, issuer_label(settings.issuer), clock)
+
+
 def login_rules(throttle: LoginThrottle) -> LoginRules:
     """`login_throttle`, as the login forms' password check takes it."""
     return LoginRules(
@@ -757,7 +793,15 @@ def build_app(
     r.add_route("GET", base + "/authorize", authorize, name="authorize")
     r.add_route("POST", base + "/authorize", authorize, name="authorize")
     r.add_post(base + "/login", page(lambda c: c.authorize.login), name="login")
+    r.add_post(base + "/login/code", page(lambda c: c.authorize.login_code), name="login_code")
     r.add_post(base + "/consent", page(lambda c: c.authorize.consent), name="consent")
+    r.add_get(base + "/factors", page(lambda c: c.factors.show), name="factors")
+    r.add_post(base + "/factors/totp", page(lambda c: c.factors.begin), name="factors_totp")
+    r.add_post(
+        base + "/factors/totp/confirm",
+        page(lambda c: c.factors.confirm),
+        name="factors_totp_confirm",
+    )
     r.add_post(base + "/token", json(lambda c: c.token.handle), name="token")
     userinfo = json(lambda c: c.userinfo.handle)
     r.add_route("GET", base + "/userinfo", userinfo, name="userinfo")
@@ -779,6 +823,9 @@ def build_app(
     r.add_get(base + "/device", page(lambda c: c.device.device_page), name="device")
     r.add_post(base + "/device", page(lambda c: c.device.check_code), name="device")
     r.add_post(base + "/device/login", page(lambda c: c.device.login), name="device_login")
+    r.add_post(
+        base + "/device/login/code", page(lambda c: c.device.login_code), name="device_login_code"
+    )
     r.add_post(base + "/device/consent", page(lambda c: c.device.consent), name="device_consent")
     logout = page(lambda c: c.logout.handle)
     r.add_route("GET", base + "/logout", logout, name="logout")

@@ -68,9 +68,22 @@ class Event(enum.StrEnum):
     CLIENT_DELETED = "client.deleted"
     CLIENT_CUT_OFF = "client.cut_off"  # every token of the client revoked
     KEY_PUBLISHED = "key.published"
+    FACTOR_ENROLLED = "factor.enrolled"  # an authenticator app confirmed by its first code
+    FACTOR_REMOVED = "factor.removed"
+    FACTOR_FAILED = "factor.failed"  # a wrong, replayed or out-of-window code
+    FACTOR_THROTTLED = "factor.throttled"
+    RECOVERY_CODE_USED = "factor.recovery_code_used"
 
 
-_WARNINGS = frozenset({Event.SIGNIN_THROTTLED, Event.REFRESH_REUSED, Event.CODE_REPLAYED})
+_WARNINGS = frozenset(
+    {
+        Event.SIGNIN_THROTTLED,
+        Event.REFRESH_REUSED,
+        Event.CODE_REPLAYED,
+        Event.FACTOR_THROTTLED,
+        Event.RECOVERY_CODE_USED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

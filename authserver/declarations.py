@@ -29,6 +29,7 @@ from portcullis.sections import Check, accepts, section, section_line, setting
 from portcullis.yamlconf import Withheld
 
 from . import users as users_module
+from .protocol import assurance
 
 # Declarations are read as the configuration is loaded: their warnings are the loader's.
 log = logging.getLogger("portcullis.authserver.settings")
@@ -74,6 +75,17 @@ def jwk_set(value: Any) -> JwkSet:
         except (jwt.PyJWTError, ValueError, TypeError) as exc:
             raise ValueError(f"keys[{index}] is not a usable public key ({exc})") from None
     return JwkSet(value)
+
+
+@accepts({"type": "string", "enum": list(assurance.SUPPORTED)})
+def acr_value(value: Any) -> str:
+    """An authentication context class this server asserts (protocol/assurance.py)."""
+    text = yamlconf.non_empty_string(value)
+    if not assurance.known(text):
+        raise ValueError(
+            f"{text!r} is not a level this server signs in at: {', '.join(assurance.SUPPORTED)}"
+        )
+    return text
 
 
 # ---------------------------------------------------------------------------- declarations
@@ -165,6 +177,8 @@ class DeclaredClient:
     introspection: bool = setting("May call the introspection endpoint.", default=False)
     dpop_bound_access_tokens: bool = setting("Every token request must carry a DPoP proof (RFC 9449 §5.2).", default=False)
     application_type: Literal["web", "native"] = setting("OIDC Dynamic Client Registration §2.", default="web")
+    require_mfa: bool = setting("Its users sign in with a second factor; one without is led to set one up.", default=False)
+    default_acr_values: tuple[str, ...] = setting("Levels asked for when a request has no acr_values (OIDC Dynamic Client Registration §2): urn:portcullis:acr:pwd or urn:portcullis:acr:mfa.", default=(), parser=acr_value)
     line: int = section_line()
 
     @functools.cached_property

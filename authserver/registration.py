@@ -6,7 +6,8 @@ exact redirect URIs, PKCE for public clients, keys for private_key_jwt), and the
  1. only the RFC 7591 metadata this server implements is read: `redirect_uris`,
     `client_name`, `token_endpoint_auth_method`, `grant_types`, `response_types`, `scope`,
     `application_type`, `jwks`, `post_logout_redirect_uris`, `dpop_bound_access_tokens`,
-    `id_token_signed_response_alg`; the rest is ignored (RFC 7591 §2), so nothing a client
+    `id_token_signed_response_alg`, `default_acr_values` and `require_mfa` (both can only
+    ask more of the user's sign-in); the rest is ignored (RFC 7591 §2), so nothing a client
     sends can make it first-party (`skip_consent`), a resource server (`introspection`) or
     give it an audience (`resources`). `jwks_uri` is refused: the keys must be given;
  2. `token_endpoint_auth_method` defaults to client_secret_basic (RFC 7591 §2): anything but
@@ -62,6 +63,8 @@ READ_METADATA = (
     "post_logout_redirect_uris",
     "dpop_bound_access_tokens",
     "id_token_signed_response_alg",
+    "default_acr_values",
+    "require_mfa",
 )
 GRANT_TYPES = frozenset(
     {

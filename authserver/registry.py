@@ -57,6 +57,9 @@ class Client:
     introspection: bool = False
     dpop_bound_access_tokens: bool = False  # RFC 9449 §5.2: token requests need a proof
     application_type: str = "web"  # OIDC Dynamic Client Registration §2: web | native
+    # Sign-ins for this client need a second factor (protocol/assurance.py).
+    require_mfa: bool = False
+    default_acr_values: tuple[str, ...] = ()  # when a request has no acr_values
     # Access tokens issued (iat, whole seconds) in this time's second or before are
     # inactive: the secret was rotated since, or the client deleted and made again.
     tokens_valid_from: float = 0.0
@@ -197,6 +200,8 @@ CLIENT_METADATA = (
     "introspection",
     "dpop_bound_access_tokens",
     "application_type",
+    "require_mfa",
+    "default_acr_values",
 )
 
 
@@ -261,6 +266,8 @@ def client_from_record(r: ClientRecord) -> Client:
         introspection=bool(m.get("introspection", False)),
         dpop_bound_access_tokens=bool(m.get("dpop_bound_access_tokens", False)),
         application_type=str(m.get("application_type", "web")),
+        require_mfa=bool(m.get("require_mfa", False)),
+        default_acr_values=tuple(m.get("default_acr_values", ())),
         tokens_valid_from=r.tokens_valid_from,
         managed_by=r.managed_by,
         unused_until=r.unused_until,

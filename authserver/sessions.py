@@ -44,6 +44,14 @@ class Session:
     def logged_in(self) -> bool:
         return self.record.subject != ANONYMOUS
 
+    @property
+    def amr(self) -> tuple[str, ...]:
+        """How the user signed in (RFC 8176); a session stored before sessions recorded
+        it was signed in with a password."""
+        if not self.logged_in:
+            return ()
+        return self.record.amr or ("pwd",)
+
 
 class Sessions:
     def __init__(
@@ -82,13 +90,22 @@ class Sessions:
         """The current session, or a new anonymous one (its cookie must be set)."""
         return await self.current(request) or await self._new(ANONYMOUS, 0.0, _ANONYMOUS_LIFETIME)
 
-    async def login(self, request: web.BaseRequest, subject: str) -> Session:
+    async def login(
+        self,
+        request: web.BaseRequest,
+        subject: str,
+        amr: tuple[str, ...] = ("pwd",),
+        auth_time: float | None = None,
+    ) -> Session:
+        """A new session signed in with the methods `amr` (RFC 8176) at `auth_time` (now
+        when not given), replacing the current one."""
         old = await self.current(request)
         if old is not None:
             await self.store.delete_session(old.record.session_hash)
         forwarded = request.headers.getall("X-Forwarded-For", ())
         address = self.addresses.client(request.remote, forwarded)
-        return await self._new(subject, self.clock(), self.lifetime, address)
+        when = self.clock() if auth_time is None else auth_time
+        return await self._new(subject, when, self.lifetime, address, amr)
 
     async def logout(self, request: web.BaseRequest) -> None:
         old = await self.current(request)
@@ -96,7 +113,12 @@ class Sessions:
             await self.store.delete_session(old.record.session_hash)
 
     async def _new(
-        self, subject: str, auth_time: float, lifetime: float, address: str = ""
+        self,
+        subject: str,
+        auth_time: float,
+        lifetime: float,
+        address: str = "",
+        amr: tuple[str, ...] = (),
     ) -> Session:
         value = _b64(os.urandom(32))
         record = SessionRecord(
@@ -106,6 +128,7 @@ class Sessions:
             expires_at=self.clock() + lifetime,
             csrf_secret=os.urandom(32),
             address=address,
+            amr=amr,
         )
         await self.store.save_session(record)
         return Session(record, value)

@@ -252,6 +252,25 @@ class LoginThrottle:
 
 
 @section
+class SecondFactorSettings:
+    """Second factors after the password: one-time codes of an authenticator app (TOTP,
+    RFC 6238) and recovery codes (endpoints/second_factor.py). Users enrol at /factors."""
+
+    encryption_key: str | None = setting("Base64 of 32 random bytes (openssl rand -base64 32): seals the authenticator secrets kept in the storage (AES-256-GCM). keys.encryption_key when absent; without either, nobody can enrol.", default=None, secret=True, from_file=True)
+    required_for_everyone: bool = setting("Every user signs in with a second factor; one without is led to enrol after the password.", default=False)
+    required_for_roles: tuple[str, ...] = setting("Users with any of these roles (e.g. admin) sign in with a second factor; one without is led to enrol.", default=())
+
+    def validate(self, check: Check) -> None:
+        secret = self.encryption_key
+        if secret is not None and not isinstance(secret, Withheld) and encryption_key_bytes(secret) is None:
+            check.problem(f"must be the base64 encoding of exactly {ENCRYPTION_KEY_BYTES} bytes (make one with: openssl rand -base64 32); the value is not shown", key="encryption_key")
+
+    @property
+    def required(self) -> bool:
+        return self.required_for_everyone or bool(self.required_for_roles)
+
+
+@section
 class DeviceSettings:
     """The device authorization grant (RFC 8628): polling and the user-code page's throttle."""
 
@@ -411,6 +430,7 @@ class Settings:
     lifetimes: Lifetimes = setting("Lifetimes.", default_factory=Lifetimes)
     refresh_grace: timedelta = setting("A retry of a lost refresh response is answered again this long (at most 10s).", default=REFRESH_GRACE, parser=grace)
     login_throttle: LoginThrottle = setting("Wrong passwords.", default_factory=LoginThrottle)
+    second_factors: SecondFactorSettings = setting("Authenticator apps and recovery codes after the password.", default_factory=SecondFactorSettings)
     password_hashing: PasswordHashing = setting("Password checks off the event loop; restart to change.", default_factory=PasswordHashing)
     trusted_proxies: tuple[IPNetwork, ...] = setting("Peers whose X-Forwarded-For names the client (for the throttles).", default=(), parser=network)
     device: DeviceSettings = setting("The device grant.", default_factory=DeviceSettings)
@@ -451,6 +471,12 @@ class Settings:
         if isinstance(self.access_log, AccessLogSettings):
             return self.access_log
         return AccessLogSettings(enabled=self.access_log)
+
+    @property
+    def second_factor_key(self) -> str | None:
+        """What seals authenticator secrets: second_factors.encryption_key, else
+        keys.encryption_key; None when neither is set."""
+        return self.second_factors.encryption_key or self.keys.encryption_key
 
     @property
     def secure_cookies(self) -> bool:
@@ -508,6 +534,9 @@ class Settings:
         elif self.keys.in_storage and self.keys.encryption_key is None:
             where = "PostgreSQL storage keeps the signing keys in the database" if postgres else "without keys.dir the signing keys live in the storage"
             keys.problem(f"{where}: set keys.encryption_key to base64 of 32 random bytes (openssl rand -base64 32), e.g. ${{PORTCULLIS_KEY_SECRET}}")
+        factors = self.second_factors
+        if factors.required and self.second_factor_key is None:
+            check.within(factors).problem("a second factor cannot be required without an encryption key to seal it: set second_factors.encryption_key (or keys.encryption_key)")
         _once(check, self.scopes, lambda s: s.name, "scope {!r} is listed twice")
         _once(check, self.users, lambda u: u.username, "username {!r} is listed twice")
         _once(check, self.clients, lambda c: c.client_id, "client_id is listed twice")

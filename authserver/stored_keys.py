@@ -107,8 +107,24 @@ class KeyCipher:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
+        return self.seal_bytes(kid.encode(), der)
+
+    def seal_bytes(self, associated: bytes, plain: bytes) -> bytes:
+        """`plain` sealed as keys are (format byte, fresh nonce, ciphertext), bound to
+        `associated`: it opens only with the same associated data."""
         nonce = os.urandom(NONCE_BYTES)
-        return SEALED_FORMAT + nonce + self._aead.encrypt(nonce, der, kid.encode())
+        return SEALED_FORMAT + nonce + self._aead.encrypt(nonce, plain, associated)
+
+    def open_bytes(self, associated: bytes, sealed: bytes) -> bytes | None:
+        """What `seal_bytes` sealed, or None when it does not open (another key, other
+        associated data, an altered or foreign value)."""
+        if not sealed.startswith(SEALED_FORMAT) or len(sealed) < 1 + NONCE_BYTES + TAG_BYTES:
+            return None
+        nonce, body = sealed[1 : 1 + NONCE_BYTES], sealed[1 + NONCE_BYTES :]
+        try:
+            return self._aead.decrypt(nonce, body, associated)
+        except InvalidTag:
+            return None
 
     def open(self, kid: str, sealed: bytes) -> Any:
         if not sealed.startswith(SEALED_FORMAT) or len(sealed) < 1 + NONCE_BYTES + TAG_BYTES:

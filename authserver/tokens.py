@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from portcullis.unique import UniqueBytes
 
 from .keys import SigningRing, b64url
+from .protocol import assurance
 from .protocol import scopes as scope_rules
 from .protocol.claims import at_hash, released
 
@@ -194,6 +195,7 @@ class Minter:
         nonce: str | None,
         auth_time: float,
         now: float,
+        amr: Sequence[str] = (),
     ) -> dict[str, Any]:
         iat = int(now)
         claims: dict[str, Any] = {
@@ -207,6 +209,10 @@ class Minter:
         }
         if nonce is not None:
             claims["nonce"] = nonce
+        if amr:
+            # OIDC Core §2: how the user authenticated, and the level that makes.
+            claims["amr"] = list(amr)
+            claims["acr"] = assurance.acr_of(amr)
         claims.update(released(user_claims, scopes))
         return claims
 

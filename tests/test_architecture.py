@@ -393,6 +393,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.tokens",
         "authserver.clients",
         "authserver.sessions",
+        "authserver.factors",
         "authserver.dpop",
         "authserver.resource_tokens",
     ),

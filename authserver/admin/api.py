@@ -82,6 +82,10 @@ class AdminApi:
                 },
             ),
             Route(("users", "*", "password"), {"POST": users.set_password}),
+            Route(
+                ("users", "*", "second-factor"),
+                {"GET": users.second_factor, "DELETE": users.remove_second_factor},
+            ),
             Route(("grants",), {"GET": grants.index}),
             Route(("grants", "*"), {"GET": grants.show, "DELETE": grants.delete}),
             Route(("keys",), {"GET": keys.index, "POST": keys.publish}),

@@ -47,6 +47,11 @@ _CLIENT_WRITABLE: dict[str, Any] = {
     "introspection": _BOOL,
     "dpopBoundAccessTokens": _BOOL,
     "applicationType": {"enum": ["web", "native"]},
+    "requireMfa": _BOOL,
+    "defaultAcrValues": {
+        "type": "array",
+        "items": {"enum": ["urn:portcullis:acr:pwd", "urn:portcullis:acr:mfa"]},
+    },
 }
 _USER_WRITABLE: dict[str, Any] = {
     "username": _STR,
@@ -133,6 +138,14 @@ SCHEMAS: dict[str, Any] = {
         {"id": _STR, **_USER_WRITABLE, "password": {"type": "string", "writeOnly": True}}
     ),
     "Password": _object({"password": {"type": "string", "minLength": 8}}, ("password",)),
+    "SecondFactor": _object(
+        {
+            "kind": {"enum": ["totp"]},
+            "createdAt": {"type": "string", "format": "date-time"},
+            "recoveryCodesLeft": {"type": "integer", "minimum": 0},
+        },
+        ("kind", "createdAt", "recoveryCodesLeft"),
+    ),
     "Grant": _object(
         {
             "id": _STR,
@@ -370,6 +383,20 @@ def document(base_url: str) -> dict[str, Any]:
                         "204": {"description": "set"},
                         **_errors("400", "404", "409", "412", "415", "422"),
                     },
+                },
+            },
+            "/users/{id}/second-factor": {
+                "parameters": [_ID],
+                "get": {
+                    "summary": "the user's authenticator app (never its secret)",
+                    "responses": {
+                        "200": {"description": "the factor", **_json(_ref("SecondFactor"))},
+                        **_errors("404"),
+                    },
+                },
+                "delete": {
+                    "summary": "remove the user's authenticator app and recovery codes",
+                    "responses": {"204": {"description": "removed"}, **_errors("404")},
                 },
             },
             "/grants": _collection("Grant", grants.COLLECTION, None),

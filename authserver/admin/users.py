@@ -6,6 +6,12 @@ server's bounded hashing pool; it has at least 8 characters and is not the usern
 Disabling a user (`"disabled": true`) or deleting them cuts them off (events.Revocations): their
 sessions end, their grants are revoked, and they cannot sign in. Users of the
 configuration file are listed but read-only (409 `managed_by_config`).
+
+/admin/v1/users/{id}/second-factor: whether the user has an authenticator app (and how many
+recovery codes are left); DELETE removes it with its recovery codes, for a user who lost
+both: they sign in with the password alone again (or are led to set an app up again where
+one is required). The secret itself is never shown. Users of the configuration file have
+theirs too: a factor is the user's, not the file's.
 """
 
 from __future__ import annotations
@@ -196,6 +202,30 @@ class Users:
         )
         await self._save(request, record, old.version)
         self.c.audit(caller, Event.USER_PASSWORD_SET, subject=old.subject)
+        return no_content()
+
+    async def second_factor(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        old = await self._existing(ids[0])
+        record = await self.c.store.get_totp(old.subject)
+        if record is None or not record.confirmed or record.confirmed_at is None:
+            raise not_found("second factor")
+        return json_answer(
+            {
+                "kind": "totp",
+                "createdAt": iso(record.confirmed_at),
+                "recoveryCodesLeft": record.recovery_codes_left,
+            }
+        )
+
+    async def remove_second_factor(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        old = await self._existing(ids[0])
+        if not await self.c.store.delete_totp(old.subject):
+            raise not_found("second factor")
+        self.c.audit(caller, Event.FACTOR_REMOVED, subject=old.subject)
         return no_content()
 
     async def delete(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:

@@ -10,8 +10,16 @@ Order of checks:
  2. everything else — errors now redirect to the client with `error`, `error_description`,
     `state` and `iss` (RFC 9207): repeated parameters, request objects, response_type,
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
- 3. login (unless a session fits `prompt` and `max_age`), consent (unless skipped or already
-    given), then a single-use code in a 302/303 redirect.
+ 3. login (unless a session fits `prompt` and `max_age`): the password, then for a user
+    with an authenticator app its code (POST /login/code, the pending sign-in of
+    endpoints/signin.py between the two);
+ 4. the level of the sign-in: a second factor when the request asks for it (`acr_values`,
+    else the client's `default_acr_values`), the client requires it (`require_mfa`) or the
+    operator requires it of this user (`second_factors`). A session signed in with the
+    password alone signs in again, with both factors; a user without an authenticator app
+    is led to set one up (/factors), and the request goes on from there;
+ 5. consent (unless skipped or already given); then a single-use code in a 302/303
+    redirect.
 The login and consent forms carry the authorization parameters as hidden fields and post
 them back; they are validated again from step 1, so nothing on the page is trusted. The consent
 form also carries a proof, bound to the session, that these exact parameters already passed
@@ -35,9 +43,17 @@ from portcullis.jose import is_thumbprint
 from .. import accesslog, audit
 from ..audit import Event
 from ..clock import Clock
+from ..factors import (
+    ENROLMENT_NEEDS_SIGN_IN_WITHIN,
+    Method,
+    Requirement,
+    SecondFactors,
+    methods_of,
+    multi_factor,
+)
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
-from ..protocol import pkce
+from ..protocol import assurance, pkce
 from ..protocol import scopes as scope_rules
 from ..protocol.client_ids import document_url
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
@@ -65,6 +81,7 @@ CARRIED = (
     "resource",
     "login_hint",
     "dpop_jkt",
+    "acr_values",
 )
 PROMPTS = frozenset({"none", "login", "consent", "select_account"})
 _MAX_AGE = re.compile(r"^[0-9]{1,10}$")
@@ -107,6 +124,7 @@ class AuthorizationRequest:
     audience: str
     dpop_jkt: str | None = None  # RFC 9449 §10: the key the code is bound to
     resource: ProtectedResource | None = None  # the registered resource `audience` is
+    acr_values: tuple[str, ...] = ()  # OIDC Core §3.1.2.1, in order of preference
 
     def carried(self) -> list[tuple[str, str]]:
         return [(k, self.params[k]) for k in CARRIED if k in self.params]
@@ -238,6 +256,9 @@ class AuthorizationEndpoint:
         sessions: Sessions,
         pages: Pages,
         passwords: signin.PasswordCheck,
+        codes: signin.CodeCheck,
+        factors: SecondFactors,
+        requirement: Requirement,
         issuer: str,
         audiences: Audiences,
         code_lifetime: float,
@@ -253,6 +274,9 @@ class AuthorizationEndpoint:
         self.sessions = sessions
         self.pages = pages
         self.passwords = passwords
+        self.codes = codes
+        self.factors = factors
+        self.requirement = requirement
         self.issuer = issuer
         self.audiences = audiences
         self.code_lifetime = code_lifetime
@@ -344,6 +368,7 @@ class AuthorizationEndpoint:
             audience=target.audience,
             dpop_jkt=dpop_jkt,
             resource=target.resource,
+            acr_values=tuple(params.get("acr_values", "").split()),
         )
 
     async def _client(self, client_id: str) -> Client | None:
@@ -404,6 +429,40 @@ class AuthorizationEndpoint:
             return await self.login_page(request, auth)
         assert session is not None
         subject = session.record.subject
+        if not multi_factor(session.amr) and await self._needs_second_factor(auth, subject):
+            if await self.factors.enrolled(subject):
+                # Signed in with the password alone (before the app was set up): both now.
+                if "none" in auth.prompt:
+                    raise RedirectError(
+                        auth,
+                        auth.redirect_uri,
+                        auth.state,
+                        OAuthError(ErrorCode.LOGIN_REQUIRED, "a second factor is required"),
+                    )
+                return await self.login_page(request, auth)
+            if not self.factors.available:
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(
+                        ErrorCode.ACCESS_DENIED,
+                        "a second factor is required and this server cannot set one up",
+                    ),
+                )
+            if "none" in auth.prompt:
+                raise RedirectError(
+                    auth,
+                    auth.redirect_uri,
+                    auth.state,
+                    OAuthError(
+                        ErrorCode.INTERACTION_REQUIRED, "the user must set up a second factor"
+                    ),
+                )
+            signed_in_for = self.clock() - session.record.auth_time
+            if signed_in_for > ENROLMENT_NEEDS_SIGN_IN_WITHIN.total_seconds():
+                return await self.login_page(request, auth)  # the password first, again
+            return self.enrolment_page(auth, session)
         if not consent_given and not auth.client.skip_consent:
             granted = await self.store.granted_scopes(subject, auth.client.client_id)
             if "consent" in auth.prompt or not set(auth.scopes) <= granted:
@@ -431,11 +490,40 @@ class AuthorizationEndpoint:
                 expires_at=now + self.code_lifetime,
                 created_at=now,
                 dpop_jkt=auth.dpop_jkt,
+                amr=session.amr,
             )
         )
         response = _redirect(
             request,
             with_query(auth.redirect_uri, {"code": code, "state": auth.state, "iss": self.issuer}),
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def _needs_second_factor(self, auth: AuthorizationRequest, subject: str) -> bool:
+        client = auth.client
+        if client.require_mfa:
+            return True
+        if assurance.needs_second_factor(auth.acr_values or client.default_acr_values):
+            return True
+        user = await self.users.by_subject(subject)
+        return user is not None and self.requirement.applies_to(user.roles)
+
+    def enrolment_page(self, auth: AuthorizationRequest, session: Session) -> web.Response:
+        """A user who must have a second factor and has none: setting one up, the request
+        carried along to go on once it is done."""
+        response = self.pages.render(
+            "factors.html",
+            title="Set up a second factor",
+            enrolled=False,
+            recovery_codes_left=0,
+            reason=(
+                f"{auth.client.client_name} asks for a second factor at sign-in, and your "
+                "account has none yet."
+            ),
+            action=self.base_path + "/factors/totp",
+            csrf_token=Sessions.csrf_token(session),
+            carried=auth.carried(),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -510,7 +598,15 @@ class AuthorizationEndpoint:
                 raise PageError(f"The request is malformed: {exc.description}.") from None
             auth = await self.validate(params)
             session = await self.sessions.current(request)
-            return await self.proceed(request, auth, session)
+            # A page that continues this request after a sign-in step of its own (the
+            # set-up of a second factor) vouches for it as the consent form does.
+            checked = (
+                request.method == "POST"
+                and session is not None
+                and session.logged_in
+                and Sessions.proof_valid(session, auth.carried(), params.values.get(CONSENT_PROOF))
+            )
+            return await self.proceed(request, auth, session, login_done=checked)
         except PageError as exc:
             return self._cannot_handle(exc.message)
         except RedirectError as exc:
@@ -541,7 +637,96 @@ class AuthorizationEndpoint:
                 return await self.login_page(
                     request, auth, error=signin.WRONG, status=400, username=username
                 )
-            new_session = await self.sessions.login(request, outcome.subject)
+            if await self.factors.enrolled(outcome.subject):
+                assert session is not None
+                return self.code_page(request, auth, session, outcome.subject)
+            new_session = await self.sessions.login(
+                request, outcome.subject, methods_of(Method.PASSWORD)
+            )
+            return await self.proceed(request, auth, new_session, login_done=True)
+        except PageError as exc:
+            return self._cannot_handle(exc.message)
+        except RedirectError as exc:
+            return self.error_redirect(request, exc)
+        except OAuthError as exc:
+            return self._cannot_handle(exc.description)
+
+    def code_page(
+        self,
+        request: web.Request,
+        auth: AuthorizationRequest,
+        session: Session,
+        subject: str,
+        *,
+        until: float | None = None,
+        error: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        """The second step: the code of the user's app, the password already checked."""
+        expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
+        pending = signin.PendingSignIn.fields(session, subject, expires, auth.carried())
+        response = self.pages.render(
+            "second_step.html",
+            status=status,
+            title="Enter your code",
+            action=self.base_path + "/login/code",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[*auth.carried(), *pending],
+            client_name=auth.client.client_name,
+            error=error,
+            form_targets=[auth.redirect_uri],
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    async def login_code(self, request: web.Request) -> web.StreamResponse:
+        """POST /login/code: the second step of a pending sign-in (throttled), then the
+        session, signed in with both factors, and the flow goes on."""
+        try:
+            given = await _params(request)
+            form = given.values
+            auth = await self.validate(given)
+            session = await self.sessions.current(request)
+            if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
+                return self._expired_session()
+            now = self.clock()
+            subject = signin.PendingSignIn.subject(session, form, auth.carried(), now)
+            if subject is None:
+                # Forged, for another request, expired, or used already (signing in ended
+                # the session it was bound to): the password step again.
+                return self.pages.error(
+                    403,
+                    "Please sign in again",
+                    "This sign-in has expired. Go back to the application and try again.",
+                    "login_expired",
+                )
+            until = float(form[signin.PENDING_UNTIL])
+            outcome = await self.codes.check(request, subject, form.get("code", ""))
+            if isinstance(outcome, signin.Throttled):
+                response = self.code_page(
+                    request,
+                    auth,
+                    session,
+                    subject,
+                    until=until,
+                    error=signin.THROTTLED_CODE,
+                    status=429,
+                )
+                response.headers["Retry-After"] = str(outcome.retry_after)
+                return response
+            if outcome is None:
+                return self.code_page(
+                    request,
+                    auth,
+                    session,
+                    subject,
+                    until=until,
+                    error=signin.WRONG_CODE,
+                    status=400,
+                )
+            new_session = await self.sessions.login(
+                request, subject, methods_of(Method.PASSWORD, Method.OTP)
+            )
             return await self.proceed(request, auth, new_session, login_done=True)
         except PageError as exc:
             return self._cannot_handle(exc.message)

@@ -7,7 +7,9 @@ Steps, each a form posted back with the session's CSRF token:
  2. POST /device: the code is checked. Guesses are throttled per session and per client
     address (below), each charged before its code is looked up and kept when it is wrong;
  3. POST /device/login: the login form, when the session is not signed in, with the
-    password checks and throttle of every login form;
+    password checks and throttle of every login form; for a user with an authenticator
+    app, then POST /device/login/code: its code, as on the authorization endpoint's
+    sign-in (the pending sign-in of endpoints/signin.py);
  4. POST /device/consent: the client's name, the scopes, and a warning to approve only a
     device the person is holding (§5.4: a code can be phished); approve or deny.
 The forms of steps 3 and 4 carry the code with a proof, bound to the session, that it
@@ -41,6 +43,7 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
+from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
@@ -97,6 +100,9 @@ class DevicePages:
         sessions: Sessions,
         pages: Pages,
         passwords: signin.PasswordCheck,
+        codes: signin.CodeCheck,
+        factors: SecondFactors,
+        requirement: Requirement,
         guesses: CodeGuesses,
         addresses: ClientAddresses,
         scope_description: Callable[[str], str],
@@ -111,6 +117,9 @@ class DevicePages:
         self.sessions = sessions
         self.pages = pages
         self.passwords = passwords
+        self.codes = codes
+        self.factors = factors
+        self.requirement = requirement
         self.guesses = guesses
         self.addresses = addresses
         self.scope_description = scope_description
@@ -150,6 +159,36 @@ class DevicePages:
         self.sessions.set_cookie(response, session)
         return response
 
+    def _second_step_page(
+        self,
+        session: Session,
+        client: Client,
+        code: str,
+        subject: str,
+        *,
+        until: float | None = None,
+        error: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
+        bound = [("user_code", code)]
+        response = self.pages.render(
+            "second_step.html",
+            status=status,
+            title="Enter your code",
+            action=self.base_path + "/device/login/code",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[
+                *bound,
+                (PROOF, _proof(session, code)),
+                *signin.PendingSignIn.fields(session, subject, expires, bound),
+            ],
+            client_name=client.client_name,
+            error=error,
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
     def _login_page(
         self,
         session: Session,
@@ -174,9 +213,37 @@ class DevicePages:
         self.sessions.set_cookie(response, session)
         return response
 
+    async def _second_factor_missing(self, session: Session, client: Client) -> web.Response | None:
+        """The refusal when this sign-in needs a second factor it did not use (the client
+        or the operator requires one); None when it may go on. The device page asks for
+        no level (it has no acr_values) and sets up no factor: the person does that first,
+        at /factors, and starts again."""
+        if multi_factor(session.amr):
+            return None
+        user = await self.users.by_subject(session.record.subject)
+        required = client.require_mfa or (
+            user is not None and self.requirement.applies_to(user.roles)
+        )
+        if not required:
+            return None
+        if await self.factors.enrolled(session.record.subject):
+            message = (
+                "This device needs you signed in with your authenticator app: sign out, then "
+                "enter the code of your device again."
+            )
+        else:
+            message = (
+                f"Your account needs a second factor first: set up an authenticator app at "
+                f"{self.base_path}/factors, then enter the code of your device again."
+            )
+        return self.pages.error(403, "A second factor is required", message, "mfa_required")
+
     async def _consent_page(
         self, session: Session, client: Client, record: DeviceRecord
     ) -> web.Response:
+        refused = await self._second_factor_missing(session, client)
+        if refused is not None:
+            return refused
         user = await self.users.by_subject(session.record.subject)
         shown = user_codes.display(record.user_code)
         response = self.pages.render(
@@ -297,7 +364,58 @@ class DevicePages:
             return self._login_page(
                 session, client, code, error=signin.WRONG, status=400, username=username
             )
-        new_session = await self.sessions.login(request, outcome.subject)
+        if await self.factors.enrolled(outcome.subject):
+            return self._second_step_page(session, client, code, outcome.subject)
+        new_session = await self.sessions.login(
+            request, outcome.subject, methods_of(Method.PASSWORD)
+        )
+        return await self._consent_page(new_session, client, record)
+
+    async def login_code(self, request: web.Request) -> web.Response:
+        """POST /device/login/code: the code of the user's app, then the consent page."""
+        form = await _form(request)
+        if form is None:
+            return self._malformed()
+        session = await self.sessions.current(request)
+        if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return self._expired_session()
+        code = user_codes.normalise(form.get("user_code", ""))
+        if code is None or not _proof_valid(session, code, form.get(PROOF)):
+            return self.pages.error(400, "This code was not checked", GONE)
+        now = self.clock()
+        subject = signin.PendingSignIn.subject(session, form, [("user_code", code)], now)
+        if subject is None:
+            return self.pages.error(
+                403,
+                "Please sign in again",
+                "This sign-in has expired. Enter the code of your device again.",
+                "login_expired",
+            )
+        found = await self._pending(code, now)
+        if found is None:
+            return self.pages.error(400, "This code cannot be used", GONE)
+        record, client = found
+        until = float(form[signin.PENDING_UNTIL])
+        outcome = await self.codes.check(request, subject, form.get("code", ""))
+        if isinstance(outcome, signin.Throttled):
+            response = self._second_step_page(
+                session,
+                client,
+                code,
+                subject,
+                until=until,
+                error=signin.THROTTLED_CODE,
+                status=429,
+            )
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            return self._second_step_page(
+                session, client, code, subject, until=until, error=signin.WRONG_CODE, status=400
+            )
+        new_session = await self.sessions.login(
+            request, subject, methods_of(Method.PASSWORD, Method.OTP)
+        )
         return await self._consent_page(new_session, client, record)
 
     async def consent(self, request: web.Request) -> web.Response:
@@ -323,9 +441,17 @@ class DevicePages:
         if found is None:
             return self.pages.error(400, "This code cannot be used", GONE)
         record, client = found
+        refused = await self._second_factor_missing(session, client)
+        if refused is not None:
+            return refused
         move = decide(DEVICE, record.state, decision).move
         decided = await self.store.decide_device(
-            code, move, session.record.subject, now, auth_time=session.record.auth_time
+            code,
+            move,
+            session.record.subject,
+            now,
+            auth_time=session.record.auth_time,
+            amr=session.amr,
         )
         if not decided:
             return self.pages.error(400, "This code cannot be used", GONE)

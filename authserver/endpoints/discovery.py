@@ -22,6 +22,7 @@ from portcullis.http import error_response
 
 from ..clients import ASSERTION_ALGORITHMS
 from ..keys import SigningRing
+from ..protocol import assurance
 from ..protocol.claims import supported_claims
 from ..protocol.scopes import STANDARD_SCOPES
 
@@ -74,6 +75,8 @@ def metadata(
         "id_token_signing_alg_values_supported": id_token_algs,
         "subject_types_supported": ["public"],
         "claims_supported": supported_claims(),
+        # OIDC Discovery §3; protocol/assurance.py says what each level means.
+        "acr_values_supported": list(assurance.SUPPORTED),
         "claims_parameter_supported": False,
         "request_parameter_supported": False,
         "request_uri_parameter_supported": False,

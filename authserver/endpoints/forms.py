@@ -20,6 +20,7 @@ MAX_FORM_FIELDS = 200
 KNOWN_PARAMETERS = frozenset(
     {
         "access_token",
+        "acr_values",
         "client_assertion",
         "client_assertion_type",
         "client_id",
@@ -40,6 +41,9 @@ KNOWN_PARAMETERS = frozenset(
         "max_age",
         "nonce",
         "password",
+        "pending_proof",
+        "pending_subject",
+        "pending_until",
         "post_logout_redirect_uri",
         "prompt",
         "redirect_uri",

@@ -23,6 +23,20 @@ Each attempt is an audit event (audit.py): `signin.succeeded`, `signin.failed` (
 user's subject when the username names one, never the username typed) or
 `signin.throttled`. A success or a failure of a known user is also kept in the store for
 `SIGN_IN_RETENTION` (the latest few), for their account page.
+
+A user with an authenticator app then types a code (`CodeCheck`): the same three counts
+under keys of their own (`code:`, the subject in place of the username), charged before the
+code is checked. The bounds are those of passwords, for someone who already knows the
+password: 5 codes per user at an address and 20 per address in any 15 minutes, and for one
+user from anywhere a backoff to one code a minute. With three codes valid at a time (a step
+either side), a guesser then has about one chance in 230 of passing in a day of trying.
+
+Between the password and the code, the sign-in is pending (`PendingSignIn`): nothing is
+stored, the form carries the subject, an expiry and a proof that this browser session
+passed the password check for this very request (Sessions.proof, keyed by the session's
+secret). A proof cannot be made without the session's secret, is refused after `PENDING`,
+and dies with the session: signing in replaces it, so a used pending sign-in cannot be
+replayed, and the code step cannot be reached without the password step before it.
 """
 
 from __future__ import annotations
@@ -37,9 +51,11 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
+from ..factors import SecondFactors, Used
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
+from ..sessions import Session, Sessions
 from ..store.base import SignInRecord, Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
 
@@ -47,6 +63,9 @@ SIGN_IN_RETENTION = timedelta(days=90)
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
 # One answer for an unknown user and a wrong password.
 WRONG = "The username or password is not correct."
+WRONG_CODE = "That code is not correct, or was already used. Enter the current code of your app."
+THROTTLED_CODE = "Too many wrong codes. Please wait a few minutes and try again."
+PENDING = timedelta(minutes=5)  # from the password to the code
 
 
 def client_address(addresses: ClientAddresses, request: web.Request) -> str:
@@ -82,15 +101,16 @@ class LoginLimits:
     username: Backoff
 
     @classmethod
-    def of(cls, rules: LoginRules, username: str, address: str) -> LoginLimits:
+    def of(cls, rules: LoginRules, username: str, address: str, kind: str = "login") -> LoginLimits:
+        """`kind` names what is guessed: `login` (passwords), `code` (second factors)."""
         window = rules.window.total_seconds()
         name = username.lower()
         return cls(
             # An address holds no space, so the first space ends it.
-            at_address=Cap(f"login:user-at-ip:{address} {name}", rules.max_failures, window),
-            address=Cap(f"login:ip:{address}", rules.max_failures_per_address, window),
+            at_address=Cap(f"{kind}:user-at-ip:{address} {name}", rules.max_failures, window),
+            address=Cap(f"{kind}:ip:{address}", rules.max_failures_per_address, window),
             username=Backoff(
-                f"login:user:{name}",
+                f"{kind}:user:{name}",
                 free=rules.backoff_after,
                 first_delay=rules.backoff_first.total_seconds(),
                 max_delay=rules.backoff_max.total_seconds(),
@@ -182,3 +202,96 @@ class PasswordCheck:
         await self.store.record_sign_in(
             SignInRecord(subject, now, outcome, address, client_id, expires_at)
         )
+
+
+class CodeCheck:
+    """The second step of a sign-in: a code of the user's app or a recovery code, behind
+    the throttle passwords have (under `code:` keys)."""
+
+    def __init__(
+        self,
+        store: Store,
+        factors: SecondFactors,
+        rules: LoginRules,
+        addresses: ClientAddresses,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.factors = factors
+        self.rules = rules
+        self.addresses = addresses
+        self.clock = clock
+        self.metrics = metrics
+
+    async def check(
+        self, request: web.Request, subject: str, typed: str
+    ) -> Used | Throttled | None:
+        """What passed, Throttled, or None when the code is wrong or was used."""
+        now = self.clock()
+        address = client_address(self.addresses, request)
+        limits = LoginLimits.of(self.rules, subject, address, kind="code")
+        refused = await self.store.reserve_attempt(
+            (limits.at_address, limits.address, limits.username), now
+        )
+        if refused is not None:
+            self.metrics.login_throttled()
+            audit.record(
+                Event.FACTOR_THROTTLED,
+                audit.USER,
+                subject=subject,
+                address=address,
+                reason=refused.key.split(":")[1],
+            )
+            return Throttled(max(1, int(refused.retry_after)))
+        used = await self.factors.verify(subject, typed)
+        if used is None:
+            self.metrics.login_failed()
+            audit.record(Event.FACTOR_FAILED, audit.USER, subject=subject, address=address)
+            return None
+        await self.store.clear_failures(limits.at_address.key)
+        await self.store.release_attempt((limits.address.key, limits.username.key), now)
+        if used is Used.RECOVERY_CODE:
+            audit.record(Event.RECOVERY_CODE_USED, audit.USER, subject=subject, address=address)
+        return used
+
+
+# The pending sign-in's fields on the code form.
+PENDING_SUBJECT = "pending_subject"
+PENDING_UNTIL = "pending_until"
+PENDING_PROOF = "pending_proof"
+
+
+class PendingSignIn:
+    """A password checked, a code still to come: the fields that carry it on the form."""
+
+    @staticmethod
+    def fields(
+        session: Session, subject: str, until: float, bound: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """The hidden fields of the code form for `subject`, valid until `until`, for the
+        request whose parameters are `bound`."""
+        until_text = str(int(until))
+        proof = Sessions.proof(session, _pending_items(subject, until_text, bound))
+        return [(PENDING_SUBJECT, subject), (PENDING_UNTIL, until_text), (PENDING_PROOF, proof)]
+
+    @staticmethod
+    def subject(
+        session: Session | None,
+        form: dict[str, str],
+        bound: list[tuple[str, str]],
+        now: float,
+    ) -> str | None:
+        """The subject whose password this session checked for this request, if the form
+        proves it and the proof has not expired; None otherwise."""
+        subject, until = form.get(PENDING_SUBJECT), form.get(PENDING_UNTIL)
+        if session is None or not subject or not until or not until.isdigit():
+            return None
+        if int(until) <= now:
+            return None
+        items = _pending_items(subject, until, bound)
+        return subject if Sessions.proof_valid(session, items, form.get(PENDING_PROOF)) else None
+
+
+def _pending_items(subject: str, until: str, bound: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [*bound, ("\x00pending_subject", subject), ("\x00pending_until", until)]

@@ -122,4 +122,6 @@ class AuthorizationCode:
             family=self.issuer.new_family(record.scope, now) if refresh else None,
             dpop_jkt=request.dpop_jkt,
             refresh_jkt=refresh_binding(client, request),
+            # A code stored before codes recorded it was given after a password.
+            amr=record.amr or ("pwd",),
         )

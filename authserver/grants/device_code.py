@@ -124,6 +124,7 @@ class DeviceCode:
             family=self.issuer.new_family(record.scope, now) if refresh else None,
             dpop_jkt=request.dpop_jkt,
             refresh_jkt=refresh_binding(client, request),
+            amr=record.amr or ("pwd",),  # before device codes recorded it: a password
         )
 
     async def _redeem(self, code_hash: bytes, poll: Poll, issuance: Issuance, _: TokenPlan) -> bool:

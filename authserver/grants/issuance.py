@@ -56,6 +56,10 @@ class Terms:
     new_grant: bool = True  # False: the tokens join an existing grant (a rotation)
     dpop_jkt: str | None = None  # the access token's DPoP key (RFC 9449 §6.1 cnf.jkt)
     refresh_jkt: str | None = None  # the refresh token's DPoP key (RFC 9449 §5)
+    # RFC 8176: how the user signed in, for the ID token's amr and acr and the refresh
+    # family (so a refreshed ID token says the same); empty where it is not known (a family
+    # started before sign-ins recorded it: the ID token then carries neither).
+    amr: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class TokenIssuer:
                 nonce=terms.nonce,
                 auth_time=terms.auth_time,
                 now=terms.now,
+                amr=terms.amr,
             )
         return TokenPlan(
             access_claims=access_claims,
@@ -151,6 +156,7 @@ class TokenIssuer:
                 family_expires_at=terms.family.expires_at,
                 state=Refresh.ACTIVE.value,
                 dpop_jkt=terms.refresh_jkt,
+                amr=terms.amr,
             )
         grant = None
         if terms.new_grant:

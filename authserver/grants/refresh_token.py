@@ -213,4 +213,5 @@ def _terms(
         new_grant=False,
         dpop_jkt=request.dpop_jkt,
         refresh_jkt=record.dpop_jkt,
+        amr=record.amr,  # OIDC Core §12.2: the refreshed ID token tells of the same sign-in
     )

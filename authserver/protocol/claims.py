@@ -42,7 +42,7 @@ def released(user_claims: Mapping[str, Any], scopes: Iterable[str]) -> dict[str,
 
 
 def supported_claims() -> list[str]:
-    base = ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "at_hash", "azp"]
+    base = ["sub", "iss", "aud", "exp", "iat", "auth_time", "nonce", "at_hash", "azp", "amr", "acr"]
     return base + [c for names in SCOPE_CLAIMS.values() for c in names]
 
 

@@ -108,6 +108,7 @@ class CodeRecord:
     # RFC 9449 §10: the thumbprint of the key the client bound the code to (`dpop_jkt` on
     # the authorization request); its redemption must prove possession of that key.
     dpop_jkt: str | None = None
+    amr: tuple[str, ...] = ()  # RFC 8176: how the user signed in (the session's)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ class RefreshRecord:
     # RFC 9449 §5: the thumbprint of the DPoP key the token is bound to (public clients'
     # tokens, for the life of the family); each use must prove possession of that key.
     dpop_jkt: str | None = None
+    amr: tuple[str, ...] = ()  # RFC 8176: how the user signed in to start the family
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,9 @@ class SessionRecord:
     expires_at: float
     csrf_secret: bytes
     address: str = ""  # the client address it signed in from; "" for an anonymous one
+    # RFC 8176 values: the methods the sign-in used (`pwd`, `otp`, `mfa`); empty for an
+    # anonymous session, and for one stored before sessions recorded them (a password).
+    amr: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,7 @@ class DeviceRecord:
     expires_at: float
     created_at: float
     auth_time: float | None = None  # when the deciding user signed in
+    amr: tuple[str, ...] = ()  # and how (RFC 8176)
 
 
 @dataclass(frozen=True)
@@ -257,6 +263,24 @@ class SigningKeys:
 
     version: int
     keys: tuple[SigningKeyRecord, ...]
+
+
+@dataclass(frozen=True)
+class TotpRecord:
+    """A user's authenticator app (protocol/totp.py): the secret sealed
+    (authserver/factors.py), when enrolment began and when its confirming code came (None
+    until then: not a factor yet), and the latest time step accepted."""
+
+    subject: str
+    sealed_secret: bytes
+    created_at: float
+    confirmed_at: float | None = None
+    last_step: int | None = None
+    recovery_codes_left: int = 0  # read only: the unused recovery codes
+
+    @property
+    def confirmed(self) -> bool:
+        return self.confirmed_at is not None
 
 
 @dataclass(frozen=True)
@@ -522,6 +546,47 @@ class Store(Protocol):
     async def clear_failures(self, key: str) -> None:
         """Forget the key's counter."""
 
+    # -- second factors: an authenticator app (TOTP) and recovery codes per user
+    async def begin_totp(self, record: TotpRecord) -> bool:
+        """Store an enrolment waiting for its confirming code (`record.confirmed_at` and
+        `last_step` are ignored), replacing one that was waiting. False, with nothing
+        changed, when the user has a confirmed factor already (it must be removed first)."""
+
+    async def get_totp(self, subject: str) -> TotpRecord | None:
+        """The user's factor, confirmed or waiting, with how many recovery codes are left."""
+
+    async def confirm_totp(
+        self,
+        subject: str,
+        sealed_secret: bytes,
+        step: int,
+        recovery_codes: Sequence[bytes],
+        now: float,
+    ) -> bool:
+        """In one transaction: the waiting enrolment whose secret is `sealed_secret`
+        becomes confirmed at `now` with `step` as its last accepted step, and its recovery
+        codes are these digests (any before are deleted). False, with nothing changed,
+        when no such enrolment waits (another began, or it was confirmed already).
+
+        Invariant: of concurrent confirmations of one enrolment, at most one returns True."""
+
+    async def use_totp_step(self, subject: str, step: int) -> bool:
+        """Accept a code of time step `step`: True, recording it as the last, when the
+        user's factor is confirmed and `step` is later than its last accepted step; False,
+        with nothing changed, otherwise.
+
+        Invariant: of concurrent calls with one step, at most one returns True; the last
+        accepted step never goes back."""
+
+    async def use_recovery_code(self, subject: str, code_sha256: bytes, now: float) -> bool:
+        """Mark an unused recovery code of the user used at `now`. False, with nothing
+        changed, when it is unknown or used.
+
+        Invariant: of concurrent calls for one code, at most one returns True."""
+
+    async def delete_totp(self, subject: str) -> bool:
+        """Remove the user's factor and recovery codes; False when there was none."""
+
     # -- replay cache for client assertions (RFC 7523 §3) and DPoP proofs (RFC 9449 §11.1)
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:
         """True the first time this (client, jti) is seen; False on replay. An entry whose
@@ -549,10 +614,11 @@ class Store(Protocol):
         subject: str,
         now: float,
         auth_time: float | None = None,
+        amr: Sequence[str] = (),
     ) -> bool:
         """The person's decision: a code in `move.expected`, not expired at `now`, goes to
-        `move.next`, recording who decided and when they signed in. False, with nothing
-        changed, otherwise.
+        `move.next`, recording who decided and when and how they signed in. False, with
+        nothing changed, otherwise.
 
         Invariant: of concurrent decisions on one code, at most one returns True."""
 

@@ -120,6 +120,7 @@ from authserver.store.base import (
     SignInRecord,
     StoreObserver,
     StoreUnavailable,
+    TotpRecord,
     UserRecord,
     unobserved,
 )
@@ -299,7 +300,8 @@ class PostgresStore:
                 await conn.execute(
                     "INSERT INTO codes (code_hash, client_id, subject, redirect_uri, scope,"
                     " audience, nonce, code_challenge, auth_time, expires_at, created_at, state,"
-                    " dpop_jkt) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                    " dpop_jkt, amr)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
                     r.code_hash,
                     r.client_id,
                     r.subject,
@@ -313,17 +315,18 @@ class PostgresStore:
                     r.created_at,
                     Code.ISSUED.value,
                     r.dpop_jkt,
+                    _methods_text(r.amr),
                 )
 
     async def get_code(self, code_hash: bytes) -> CodeRecord | None:
         async with self._connection("get_code") as conn:
             row = await conn.fetchrow(
                 "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
-                " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt"
+                " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt, amr"
                 " FROM codes WHERE code_hash = $1",
                 code_hash,
             )
-        return None if row is None else CodeRecord(*row)
+        return None if row is None else replace(CodeRecord(*row[:-1]), amr=_methods(row[-1]))
 
     async def redeem_code(self, code_hash: bytes, move: Move, issuance: Issuance) -> bool:
         grant = _new_grant(issuance)
@@ -519,12 +522,12 @@ class PostgresStore:
             row = await conn.fetchrow(
                 "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
                 " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
-                " t.successor_hash, t.successor_sealed, t.dpop_jkt"
+                " t.successor_hash, t.successor_sealed, t.dpop_jkt, t.amr"
                 " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
                 " WHERE t.token_hash = $1",
                 token_hash,
             )
-        return None if row is None else RefreshRecord(*row)
+        return None if row is None else replace(RefreshRecord(*row[:-1]), amr=_methods(row[-1]))
 
     async def rotate_refresh(
         self, token_hash: bytes, move: Move, issuance: Issuance, successor_sealed: bytes
@@ -619,25 +622,25 @@ class PostgresStore:
             with _unique("this session"):
                 await conn.execute(
                     "INSERT INTO sessions (session_hash, subject, auth_time, expires_at,"
-                    " csrf_secret, address) VALUES ($1, $2, $3, $4, $5, $6)",
+                    " csrf_secret, address, amr) VALUES ($1, $2, $3, $4, $5, $6, $7)",
                     r.session_hash,
                     r.subject,
                     r.auth_time,
                     r.expires_at,
                     r.csrf_secret,
                     r.address,
+                    _methods_text(r.amr),
                 )
 
     async def get_session(self, session_hash: bytes, now: float) -> SessionRecord | None:
         async with self._connection("get_session") as conn:
             row = await conn.fetchrow(
-                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address"
-                " FROM sessions"
-                " WHERE session_hash = $1 AND expires_at > $2",
+                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address, amr"
+                " FROM sessions WHERE session_hash = $1 AND expires_at > $2",
                 session_hash,
                 now,
             )
-        return None if row is None else SessionRecord(*row)
+        return None if row is None else replace(SessionRecord(*row[:-1]), amr=_methods(row[-1]))
 
     async def delete_session(self, session_hash: bytes) -> None:
         async with self._connection("delete_session") as conn:
@@ -677,13 +680,13 @@ class PostgresStore:
     async def sessions_of(self, subject: str, now: float) -> list[SessionRecord]:
         async with self._connection("sessions_of") as conn:
             rows = await conn.fetch(
-                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address"
+                "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address, amr"
                 " FROM sessions"
                 " WHERE subject = $1 AND expires_at > $2 ORDER BY auth_time DESC, session_hash",
                 subject,
                 now,
             )
-        return [SessionRecord(*row) for row in rows]
+        return [replace(SessionRecord(*row[:-1]), amr=_methods(row[-1])) for row in rows]
 
     async def delete_other_sessions(self, subject: str, keep: bytes) -> int:
         async with self._connection("delete_other_sessions") as conn:
@@ -761,6 +764,92 @@ class PostgresStore:
             )
         return first is not None
 
+    # -- second factors: each change one statement, or one transaction of a few
+
+    async def begin_totp(self, record: TotpRecord) -> bool:
+        r = record
+        async with self._connection("begin_totp") as conn:
+            # A waiting enrolment is replaced; a confirmed factor is left alone.
+            stored = await conn.fetchval(
+                "INSERT INTO totp_factors (subject, sealed_secret, created_at, confirmed_at,"
+                " last_step) VALUES ($1, $2, $3, NULL, NULL)"
+                " ON CONFLICT (subject) DO UPDATE SET sealed_secret = excluded.sealed_secret,"
+                " created_at = excluded.created_at WHERE totp_factors.confirmed_at IS NULL"
+                " RETURNING 1",
+                r.subject,
+                r.sealed_secret,
+                r.created_at,
+            )
+        return stored is not None
+
+    async def get_totp(self, subject: str) -> TotpRecord | None:
+        async with self._connection("get_totp") as conn:
+            row = await conn.fetchrow(
+                "SELECT subject, sealed_secret, created_at, confirmed_at, last_step,"
+                " (SELECT count(*) FROM recovery_codes c WHERE c.subject = f.subject"
+                "  AND c.used_at IS NULL)"
+                " FROM totp_factors f WHERE subject = $1",
+                subject,
+            )
+        return None if row is None else TotpRecord(*row)
+
+    async def confirm_totp(
+        self,
+        subject: str,
+        sealed_secret: bytes,
+        step: int,
+        recovery_codes: Sequence[bytes],
+        now: float,
+    ) -> bool:
+        async with self._transaction("confirm_totp") as conn:
+            confirmed = await conn.fetchval(
+                "UPDATE totp_factors SET confirmed_at = $1, last_step = $2"
+                " WHERE subject = $3 AND sealed_secret = $4 AND confirmed_at IS NULL"
+                " RETURNING 1",
+                now,
+                step,
+                subject,
+                sealed_secret,
+            )
+            if confirmed is None:
+                return False
+            await conn.execute("DELETE FROM recovery_codes WHERE subject = $1", subject)
+            await conn.executemany(
+                "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES ($1, $2, NULL)",
+                [(subject, digest) for digest in recovery_codes],
+            )
+            return True
+
+    async def use_totp_step(self, subject: str, step: int) -> bool:
+        async with self._connection("use_totp_step") as conn:
+            used = await conn.fetchval(
+                "UPDATE totp_factors SET last_step = $1 WHERE subject = $2"
+                " AND confirmed_at IS NOT NULL AND (last_step IS NULL OR last_step < $1)"
+                " RETURNING 1",
+                step,
+                subject,
+            )
+        return used is not None
+
+    async def use_recovery_code(self, subject: str, code_sha256: bytes, now: float) -> bool:
+        async with self._connection("use_recovery_code") as conn:
+            used = await conn.fetchval(
+                "UPDATE recovery_codes SET used_at = $1"
+                " WHERE subject = $2 AND code_sha256 = $3 AND used_at IS NULL RETURNING 1",
+                now,
+                subject,
+                code_sha256,
+            )
+        return used is not None
+
+    async def delete_totp(self, subject: str) -> bool:
+        async with self._connection("delete_totp") as conn:
+            # Its recovery codes go with it (ON DELETE CASCADE).
+            deleted = await conn.fetchval(
+                "DELETE FROM totp_factors WHERE subject = $1 RETURNING 1", subject
+            )
+        return deleted is not None
+
     # -- device authorization
 
     async def save_device(self, record: DeviceRecord) -> None:
@@ -776,8 +865,8 @@ class PostgresStore:
                 await conn.execute(
                     "INSERT INTO device_codes (device_code_hash, user_code, client_id, scope,"
                     " audience, state, subject, poll_interval, last_poll, expires_at,"
-                    " created_at, auth_time)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                    " created_at, auth_time, amr)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
                     r.device_code_hash,
                     r.user_code,
                     r.client_id,
@@ -790,30 +879,31 @@ class PostgresStore:
                     r.expires_at,
                     r.created_at,
                     r.auth_time,
+                    _methods_text(r.amr),
                 )
 
     async def device_by_user_code(self, user_code: str, now: float) -> DeviceRecord | None:
         async with self._connection("device_by_user_code") as conn:
             row = await conn.fetchrow(
                 "SELECT device_code_hash, user_code, client_id, scope, audience, state,"
-                " subject, poll_interval, last_poll, expires_at, created_at, auth_time"
+                " subject, poll_interval, last_poll, expires_at, created_at, auth_time, amr"
                 " FROM device_codes"
                 " WHERE user_code = $1 AND expires_at > $2",
                 user_code,
                 now,
             )
-        return None if row is None else DeviceRecord(*row)
+        return None if row is None else replace(DeviceRecord(*row[:-1]), amr=_methods(row[-1]))
 
     async def get_device(self, device_code_hash: bytes) -> DeviceRecord | None:
         async with self._connection("get_device") as conn:
             row = await conn.fetchrow(
                 "SELECT device_code_hash, user_code, client_id, scope, audience, state,"
-                " subject, poll_interval, last_poll, expires_at, created_at, auth_time"
+                " subject, poll_interval, last_poll, expires_at, created_at, auth_time, amr"
                 " FROM device_codes"
                 " WHERE device_code_hash = $1",
                 device_code_hash,
             )
-        return None if row is None else DeviceRecord(*row)
+        return None if row is None else replace(DeviceRecord(*row[:-1]), amr=_methods(row[-1]))
 
     async def decide_device(
         self,
@@ -822,10 +912,11 @@ class PostgresStore:
         subject: str,
         now: float,
         auth_time: float | None = None,
+        amr: Sequence[str] = (),
     ) -> bool:
         async with self._connection("decide_device") as conn:
             decided = await conn.fetchval(
-                "UPDATE device_codes SET state = $1, subject = $2, auth_time = $3"
+                "UPDATE device_codes SET state = $1, subject = $2, auth_time = $3, amr = $7"
                 " WHERE user_code = $4 AND state = $5 AND expires_at > $6 RETURNING 1",
                 Device(move.next).value,
                 subject,
@@ -833,6 +924,7 @@ class PostgresStore:
                 user_code,
                 Device(move.expected).value,
                 now,
+                _methods_text(amr),
             )
         return decided is not None
 
@@ -1453,8 +1545,8 @@ async def _record_tokens(conn: Any, issuance: Issuance) -> None:
         await conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
             " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
-            " successor_sealed, dpop_jkt)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            " successor_sealed, dpop_jkt, amr)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
             r.token_hash,
             r.family_id,
             r.client_id,
@@ -1469,6 +1561,7 @@ async def _record_tokens(conn: Any, issuance: Issuance) -> None:
             r.successor_hash,
             r.successor_sealed,
             r.dpop_jkt,
+            _methods_text(r.amr),
         )
 
 
@@ -1512,3 +1605,12 @@ async def _count(conn: Any, statement: str, *args: object) -> int:
 
 def _milliseconds(duration: timedelta) -> str:
     return str(max(1, round(duration.total_seconds() * 1000)))
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    """RFC 8176 values as stored: space-separated."""
+    return tuple(text.split())
+
+
+def _methods_text(amr: Sequence[str]) -> str:
+    return " ".join(amr)

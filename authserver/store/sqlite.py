@@ -94,6 +94,7 @@ from authserver.store.base import (
     SignInRecord,
     StoreObserver,
     StoreUnavailable,
+    TotpRecord,
     UserRecord,
     unobserved,
 )
@@ -335,6 +336,38 @@ class SQLiteStore:
     async def clear_failures(self, key: str) -> None:
         await self._call("clear_failures", lambda conn: _clear_failures(conn, key))
 
+    # -- second factors
+
+    async def begin_totp(self, record: TotpRecord) -> bool:
+        return await self._call("begin_totp", lambda conn: _begin_totp(conn, record))
+
+    async def get_totp(self, subject: str) -> TotpRecord | None:
+        return await self._call("get_totp", lambda conn: _get_totp(conn, subject))
+
+    async def confirm_totp(
+        self,
+        subject: str,
+        sealed_secret: bytes,
+        step: int,
+        recovery_codes: Sequence[bytes],
+        now: float,
+    ) -> bool:
+        return await self._call(
+            "confirm_totp",
+            lambda conn: _confirm_totp(conn, subject, sealed_secret, step, recovery_codes, now),
+        )
+
+    async def use_totp_step(self, subject: str, step: int) -> bool:
+        return await self._call("use_totp_step", lambda conn: _use_totp_step(conn, subject, step))
+
+    async def use_recovery_code(self, subject: str, code_sha256: bytes, now: float) -> bool:
+        return await self._call(
+            "use_recovery_code", lambda conn: _use_recovery_code(conn, subject, code_sha256, now)
+        )
+
+    async def delete_totp(self, subject: str) -> bool:
+        return await self._call("delete_totp", lambda conn: _delete_totp(conn, subject))
+
     # -- client assertion replay cache
 
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:
@@ -362,10 +395,11 @@ class SQLiteStore:
         subject: str,
         now: float,
         auth_time: float | None = None,
+        amr: Sequence[str] = (),
     ) -> bool:
         return await self._call(
             "decide_device",
-            lambda conn: _decide_device(conn, user_code, move, subject, now, auth_time),
+            lambda conn: _decide_device(conn, user_code, move, subject, now, auth_time, amr),
         )
 
     async def record_poll(self, device_code_hash: bytes, poll: Poll) -> bool:
@@ -589,8 +623,8 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
     with _transaction(conn), _unique("this authorization code"):
         conn.execute(
             "INSERT INTO codes (code_hash, client_id, subject, redirect_uri, scope, audience,"
-            " nonce, code_challenge, auth_time, expires_at, created_at, state, dpop_jkt)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " nonce, code_challenge, auth_time, expires_at, created_at, state, dpop_jkt, amr)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 r.code_hash,
                 r.client_id,
@@ -605,6 +639,7 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
                 r.created_at,
                 Code.ISSUED.value,
                 r.dpop_jkt,
+                _methods_text(r.amr),
             ),
         )
 
@@ -612,11 +647,11 @@ def _save_code(conn: sqlite3.Connection, r: CodeRecord) -> None:
 def _get_code(conn: sqlite3.Connection, code_hash: bytes) -> CodeRecord | None:
     row = conn.execute(
         "SELECT code_hash, client_id, subject, redirect_uri, scope, audience, nonce,"
-        " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt"
+        " code_challenge, auth_time, expires_at, created_at, state, dpop_jkt, amr"
         " FROM codes WHERE code_hash = ?",
         (code_hash,),
     ).fetchone()
-    return None if row is None else CodeRecord(*row)
+    return None if row is None else replace(CodeRecord(*row[:-1]), amr=_methods(row[-1]))
 
 
 def _redeem_code(
@@ -834,12 +869,12 @@ def _get_refresh(conn: sqlite3.Connection, token_hash: bytes) -> RefreshRecord |
     row = conn.execute(
         "SELECT t.token_hash, t.family_id, t.client_id, t.subject, t.scope, t.audience,"
         " t.auth_time, t.created_at, t.expires_at, g.expires_at, t.state, t.rotated_at,"
-        " t.successor_hash, t.successor_sealed, t.dpop_jkt"
+        " t.successor_hash, t.successor_sealed, t.dpop_jkt, t.amr"
         " FROM refresh_tokens t JOIN grants g ON g.grant_id = t.family_id"
         " WHERE t.token_hash = ?",
         (token_hash,),
     ).fetchone()
-    return None if row is None else RefreshRecord(*row)
+    return None if row is None else replace(RefreshRecord(*row[:-1]), amr=_methods(row[-1]))
 
 
 def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
@@ -847,7 +882,8 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
         conn.execute(
             "INSERT INTO refresh_tokens (token_hash, family_id, client_id, subject, scope,"
             " audience, auth_time, created_at, expires_at, state, rotated_at, successor_hash,"
-            " successor_sealed, dpop_jkt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " successor_sealed, dpop_jkt, amr)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 r.token_hash,
                 r.family_id,
@@ -863,6 +899,7 @@ def _insert_refresh_token(conn: sqlite3.Connection, r: RefreshRecord) -> None:
                 r.successor_hash,
                 r.successor_sealed,
                 r.dpop_jkt,
+                _methods_text(r.amr),
             ),
         )
 
@@ -958,18 +995,27 @@ def _save_session(conn: sqlite3.Connection, r: SessionRecord) -> None:
     with _transaction(conn), _unique("this session"):
         conn.execute(
             "INSERT INTO sessions (session_hash, subject, auth_time, expires_at, csrf_secret,"
-            " address) VALUES (?, ?, ?, ?, ?, ?)",
-            (r.session_hash, r.subject, r.auth_time, r.expires_at, r.csrf_secret, r.address),
+            " address, amr) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                r.session_hash,
+                r.subject,
+                r.auth_time,
+                r.expires_at,
+                r.csrf_secret,
+                r.address,
+                _methods_text(r.amr),
+            ),
         )
 
 
 def _get_session(conn: sqlite3.Connection, session_hash: bytes, now: float) -> SessionRecord | None:
     row = conn.execute(
-        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address FROM sessions"
+        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address, amr"
+        " FROM sessions"
         " WHERE session_hash = ? AND expires_at > ?",
         (session_hash, now),
     ).fetchone()
-    return None if row is None else SessionRecord(*row)
+    return None if row is None else replace(SessionRecord(*row[:-1]), amr=_methods(row[-1]))
 
 
 def _delete_session(conn: sqlite3.Connection, session_hash: bytes) -> None:
@@ -1003,11 +1049,11 @@ def _sign_ins_of(conn: sqlite3.Connection, subject: str, now: float) -> list[Sig
 
 def _sessions_of(conn: sqlite3.Connection, subject: str, now: float) -> list[SessionRecord]:
     rows = conn.execute(
-        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address FROM sessions"
-        " WHERE subject = ? AND expires_at > ? ORDER BY auth_time DESC, session_hash",
+        "SELECT session_hash, subject, auth_time, expires_at, csrf_secret, address, amr"
+        " FROM sessions WHERE subject = ? AND expires_at > ? ORDER BY auth_time DESC, session_hash",
         (subject, now),
     )
-    return [SessionRecord(*row) for row in rows]
+    return [replace(SessionRecord(*row[:-1]), amr=_methods(row[-1])) for row in rows]
 
 
 def _delete_other_sessions(conn: sqlite3.Connection, subject: str, keep: bytes) -> int:
@@ -1015,6 +1061,94 @@ def _delete_other_sessions(conn: sqlite3.Connection, subject: str, keep: bytes) 
         return conn.execute(
             "DELETE FROM sessions WHERE subject = ? AND session_hash <> ?", (subject, keep)
         ).rowcount
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    """RFC 8176 values as stored: space-separated."""
+    return tuple(text.split())
+
+
+def _methods_text(amr: Sequence[str]) -> str:
+    return " ".join(amr)
+
+
+# -- second factors: each change one statement, or one transaction of a few
+
+
+def _begin_totp(conn: sqlite3.Connection, r: TotpRecord) -> bool:
+    with _transaction(conn):
+        # A waiting enrolment is replaced; a confirmed factor is left alone.
+        cursor = conn.execute(
+            "INSERT INTO totp_factors (subject, sealed_secret, created_at, confirmed_at,"
+            " last_step) VALUES (?, ?, ?, NULL, NULL)"
+            " ON CONFLICT (subject) DO UPDATE SET sealed_secret = excluded.sealed_secret,"
+            " created_at = excluded.created_at WHERE totp_factors.confirmed_at IS NULL",
+            (r.subject, r.sealed_secret, r.created_at),
+        )
+        return cursor.rowcount == 1
+
+
+def _get_totp(conn: sqlite3.Connection, subject: str) -> TotpRecord | None:
+    row = conn.execute(
+        "SELECT subject, sealed_secret, created_at, confirmed_at, last_step,"
+        " (SELECT count(*) FROM recovery_codes c WHERE c.subject = f.subject"
+        "  AND c.used_at IS NULL)"
+        " FROM totp_factors f WHERE subject = ?",
+        (subject,),
+    ).fetchone()
+    return None if row is None else TotpRecord(*row)
+
+
+def _confirm_totp(
+    conn: sqlite3.Connection,
+    subject: str,
+    sealed_secret: bytes,
+    step: int,
+    recovery_codes: Sequence[bytes],
+    now: float,
+) -> bool:
+    with _transaction(conn):
+        changed = conn.execute(
+            "UPDATE totp_factors SET confirmed_at = ?, last_step = ?"
+            " WHERE subject = ? AND sealed_secret = ? AND confirmed_at IS NULL",
+            (now, step, subject, sealed_secret),
+        ).rowcount
+        if changed != 1:
+            return False
+        conn.execute("DELETE FROM recovery_codes WHERE subject = ?", (subject,))
+        conn.executemany(
+            "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES (?, ?, NULL)",
+            [(subject, digest) for digest in recovery_codes],
+        )
+        return True
+
+
+def _use_totp_step(conn: sqlite3.Connection, subject: str, step: int) -> bool:
+    with _transaction(conn):
+        changed = conn.execute(
+            "UPDATE totp_factors SET last_step = ? WHERE subject = ?"
+            " AND confirmed_at IS NOT NULL AND (last_step IS NULL OR last_step < ?)",
+            (step, subject, step),
+        ).rowcount
+        return changed == 1
+
+
+def _use_recovery_code(
+    conn: sqlite3.Connection, subject: str, code_sha256: bytes, now: float
+) -> bool:
+    with _transaction(conn):
+        changed = conn.execute(
+            "UPDATE recovery_codes SET used_at = ?"
+            " WHERE subject = ? AND code_sha256 = ? AND used_at IS NULL",
+            (now, subject, code_sha256),
+        ).rowcount
+        return changed == 1
+
+
+def _delete_totp(conn: sqlite3.Connection, subject: str) -> bool:
+    with _transaction(conn):
+        # Its recovery codes go with it (ON DELETE CASCADE).
+        return conn.execute("DELETE FROM totp_factors WHERE subject = ?", (subject,)).rowcount == 1
 
 
 # -- throttles on guessing: one row per key, whatever the number of attempts it counts.
@@ -1098,7 +1232,7 @@ def _save_device(conn: sqlite3.Connection, r: DeviceRecord) -> None:
             conn.execute(
                 "INSERT INTO device_codes (device_code_hash, user_code, client_id, scope,"
                 " audience, state, subject, interval, last_poll, expires_at, created_at,"
-                " auth_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " auth_time, amr) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     r.device_code_hash,
                     r.user_code,
@@ -1112,6 +1246,7 @@ def _save_device(conn: sqlite3.Connection, r: DeviceRecord) -> None:
                     r.expires_at,
                     r.created_at,
                     r.auth_time,
+                    _methods_text(r.amr),
                 ),
             )
 
@@ -1121,21 +1256,21 @@ def _device_by_user_code(
 ) -> DeviceRecord | None:
     row = conn.execute(
         "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
-        " interval, last_poll, expires_at, created_at, auth_time"
+        " interval, last_poll, expires_at, created_at, auth_time, amr"
         " FROM device_codes WHERE user_code = ? AND expires_at > ?",
         (user_code, now),
     ).fetchone()
-    return None if row is None else DeviceRecord(*row)
+    return None if row is None else replace(DeviceRecord(*row[:-1]), amr=_methods(row[-1]))
 
 
 def _get_device(conn: sqlite3.Connection, device_code_hash: bytes) -> DeviceRecord | None:
     row = conn.execute(
         "SELECT device_code_hash, user_code, client_id, scope, audience, state, subject,"
-        " interval, last_poll, expires_at, created_at, auth_time"
+        " interval, last_poll, expires_at, created_at, auth_time, amr"
         " FROM device_codes WHERE device_code_hash = ?",
         (device_code_hash,),
     ).fetchone()
-    return None if row is None else DeviceRecord(*row)
+    return None if row is None else replace(DeviceRecord(*row[:-1]), amr=_methods(row[-1]))
 
 
 def _decide_device(
@@ -1145,15 +1280,17 @@ def _decide_device(
     subject: str,
     now: float,
     auth_time: float | None,
+    amr: Sequence[str],
 ) -> bool:
     with _transaction(conn):
         changed = conn.execute(
-            "UPDATE device_codes SET state = ?, subject = ?, auth_time = ?"
+            "UPDATE device_codes SET state = ?, subject = ?, auth_time = ?, amr = ?"
             " WHERE user_code = ? AND state = ? AND expires_at > ?",
             (
                 Device(move.next).value,
                 subject,
                 auth_time,
+                _methods_text(amr),
                 user_code,
                 Device(move.expected).value,
                 now,

@@ -56,6 +56,7 @@ from authserver.store.base import (
     SignInRecord,
     Store,
     StoreObserver,
+    TotpRecord,
     UserRecord,
 )
 
@@ -150,6 +151,7 @@ def a_refresh(label: str = "rt-0", family: str = "fam-1", **changes: Any) -> Ref
         expires_at=T0 + 14 * DAY,
         family_expires_at=T0 + 90 * DAY,
         state=Refresh.ACTIVE.value,
+        amr=("pwd", "otp", "mfa"),  # read back as written, by every test of refresh tokens
     )
     return replace(record, **changes)
 
@@ -385,12 +387,14 @@ class StoreConformance:
             a_code(nonce=None, code_challenge=None),
             a_code(state=Code.CONSUMED.value),
             a_code(dpop_jkt=JKT),
+            a_code(amr=("pwd", "otp", "mfa")),
         ],
         ids=[
             "with-nonce-and-challenge",
             "without-nonce-or-challenge",
             "given-consumed",
             "bound-to-a-dpop-key",
+            "signed-in-with-two-factors",
         ],
     )
     async def test_a_saved_code_reads_back_issued(self, store: Store, code: CodeRecord) -> None:
@@ -902,6 +906,102 @@ class StoreConformance:
             await store.save_session(a_session(subject="mallory"))
         assert await store.get_session(digest("sid"), T0) == a_session()
 
+    async def test_a_session_keeps_how_the_user_signed_in(self, store: Store) -> None:
+        session = a_session(amr=("pwd", "otp", "mfa"))
+        await store.save_session(session)
+        assert await store.get_session(session.session_hash, T0) == session
+
+    # -- second factors -----------------------------------------------------------------
+
+    async def test_an_enrolment_waits_until_confirmed_then_is_the_factor(
+        self, store: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        assert await store.get_totp("sub-alice") is None
+        assert await store.begin_totp(TotpRecord("sub-alice", b"sealed-1", T0))
+        assert await store.get_totp("sub-alice") == TotpRecord("sub-alice", b"sealed-1", T0)
+        # A second enrolment replaces the one waiting.
+        assert await store.begin_totp(TotpRecord("sub-alice", b"sealed-2", T0 + 1))
+        # Confirming the replaced one changes nothing.
+        assert not await store.confirm_totp("sub-alice", b"sealed-1", 7, [b"r" * 32], T0 + 2)
+        assert await store.confirm_totp("sub-alice", b"sealed-2", 7, [b"r" * 32, b"s" * 32], T0 + 2)
+        assert await store.get_totp("sub-alice") == TotpRecord(
+            "sub-alice", b"sealed-2", T0 + 1, T0 + 2, 7, 2
+        )
+        # Confirmed: neither confirmed again nor replaced by a new enrolment.
+        assert not await store.confirm_totp("sub-alice", b"sealed-2", 8, [], T0 + 3)
+        assert not await store.begin_totp(TotpRecord("sub-alice", b"sealed-3", T0 + 3))
+        assert (await store.get_totp("sub-alice")) == TotpRecord(
+            "sub-alice", b"sealed-2", T0 + 1, T0 + 2, 7, 2
+        )
+
+    async def test_a_time_step_is_accepted_once_and_never_an_earlier_one(
+        self, store: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))
+        assert not await store.use_totp_step("sub-alice", 9)  # not confirmed yet
+        await store.confirm_totp("sub-alice", b"sealed", 7, [], T0)
+        assert not await store.use_totp_step("sub-alice", 7)
+        assert not await store.use_totp_step("sub-alice", 6)
+        assert await store.use_totp_step("sub-alice", 8)
+        assert not await store.use_totp_step("sub-alice", 8)
+        assert await store.use_totp_step("sub-alice", 10)
+        assert not await store.use_totp_step("sub-alice", 9)
+        assert (await store.get_totp("sub-alice")).last_step == 10  # type: ignore[union-attr]
+        assert not await store.use_totp_step("sub-unknown", 11)
+
+    async def test_of_concurrent_uses_of_one_step_exactly_one_succeeds(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))
+        await store.confirm_totp("sub-alice", b"sealed", 7, [], T0)
+        results = await asyncio.gather(
+            *((store if i % 2 else other).use_totp_step("sub-alice", 8) for i in range(RACERS))
+        )
+        assert results.count(True) == 1
+
+    async def test_a_recovery_code_is_used_once_even_when_raced(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))
+        await store.confirm_totp("sub-alice", b"sealed", 7, [b"a" * 32, b"b" * 32], T0)
+        results = await asyncio.gather(
+            *(
+                (store if i % 2 else other).use_recovery_code("sub-alice", b"a" * 32, T0 + 1)
+                for i in range(RACERS)
+            )
+        )
+        assert results.count(True) == 1
+        assert not await store.use_recovery_code("sub-alice", b"c" * 32, T0 + 1)
+        assert not await store.use_recovery_code("sub-bob", b"b" * 32, T0 + 1)
+        assert (await store.get_totp("sub-alice")).recovery_codes_left == 1  # type: ignore[union-attr]
+
+    async def test_a_new_confirmation_replaces_every_recovery_code(self, store: Store) -> None:
+        await store.save_user(a_user(), None)
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))
+        await store.confirm_totp("sub-alice", b"sealed", 7, [b"a" * 32], T0)
+        assert await store.delete_totp("sub-alice")
+        assert not await store.delete_totp("sub-alice")
+        assert await store.get_totp("sub-alice") is None
+        assert not await store.use_recovery_code("sub-alice", b"a" * 32, T0)
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed-2", T0 + 1))
+        await store.confirm_totp("sub-alice", b"sealed-2", 9, [b"b" * 32], T0 + 1)
+        assert not await store.use_recovery_code("sub-alice", b"a" * 32, T0 + 2)
+        assert await store.use_recovery_code("sub-alice", b"b" * 32, T0 + 2)
+
+    async def test_a_users_factor_goes_with_the_user(self, store: Store) -> None:
+        await store.save_user(a_user(), None)
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))
+        await store.confirm_totp("sub-alice", b"sealed", 7, [b"a" * 32], T0)
+        assert await store.delete_user("sub-alice")
+        assert await store.get_totp("sub-alice") is None
+        await store.save_user(a_user(), None)
+        assert await store.get_totp("sub-alice") is None
+        assert not await store.use_recovery_code("sub-alice", b"a" * 32, T0)
+
     # -- throttles on guessing ----------------------------------------------------------
 
     async def test_a_cap_admits_its_limit_then_refuses_for_the_window(self, store: Store) -> None:
@@ -1102,12 +1202,18 @@ class StoreConformance:
         device = a_device()
         await store.save_device(device)
 
-        assert await store.decide_device("WDJBMJHT", APPROVE, "alice", T0 + 10, T0 - HOUR)
+        assert await store.decide_device(
+            "WDJBMJHT", APPROVE, "alice", T0 + 10, T0 - HOUR, ("pwd", "otp", "mfa")
+        )
         assert not await store.decide_device("WDJBMJHT", APPROVE, "mallory", T0 + 11)
         assert not await store.decide_device("WDJBMJHT", DENY, "mallory", T0 + 12)
 
         approved = replace(
-            device, state=Device.APPROVED.value, subject="alice", auth_time=T0 - HOUR
+            device,
+            state=Device.APPROVED.value,
+            subject="alice",
+            auth_time=T0 - HOUR,
+            amr=("pwd", "otp", "mfa"),
         )
         assert await store.device_by_user_code("WDJBMJHT", T0 + 13) == approved
 

@@ -743,6 +743,7 @@ async def test_the_openapi_document_describes_every_path(
         "/users",
         "/users/{id}",
         "/users/{id}/password",
+        "/users/{id}/second-factor",
         "/grants",
         "/grants/{id}",
         "/keys",

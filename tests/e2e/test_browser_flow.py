@@ -67,6 +67,7 @@ class ClientApp:
     client_id: str = "desktop"
     url: str = ""
     pending: dict[str, dict[str, str]] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)  # more authorization parameters
     runner: Any = None
     session: aiohttp.ClientSession | None = None
 
@@ -120,6 +121,7 @@ class ClientApp:
                 "nonce": nonce,
                 "code_challenge": challenge,
                 "code_challenge_method": "S256",
+                **self.extra,
             }
         )
         raise web.HTTPFound(f"{self.issuer}/authorize?{query}")
@@ -161,6 +163,8 @@ class ClientApp:
             "name": userinfo.get("name", ""),
             "email": userinfo.get("email", ""),
             "scope": tokens["scope"],
+            "amr": " ".join(claims.get("amr", [])),
+            "acr": claims.get("acr", ""),
         }
         body = "".join(f'<p id="{k}">{html.escape(str(v))}</p>' for k, v in rows.items())
         return self.render("Signed in", body)

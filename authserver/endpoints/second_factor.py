@@ -1,0 +1,246 @@
+"""The second-factor pages of a signed-in user: setting up an authenticator app.
+
+ GET  /factors               what the user has, and a button to set up an app;
+ POST /factors/totp          a new secret (a QR code, and the secret in groups of four to
+                             type), waiting for a code of it;
+ POST /factors/totp/confirm  the code: the app becomes the user's second factor, and the
+                             recovery codes are shown, once.
+Every form carries the session's CSRF token; a page for a visitor who is not signed in, a
+stale form or a wrong code changes nothing. Setting an app up needs a recent sign-in
+(factors.ENROLMENT_NEEDS_SIGN_IN_WITHIN). A user led here by the sign-in (an application
+or the operator requires a second factor) brings the authorization request along as hidden
+fields: once the app is set up, the page continues it, signed in with both factors.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlsplit
+
+import segno
+from aiohttp import web
+from markupsafe import Markup
+
+from .. import audit
+from ..audit import Event
+from ..clock import Clock
+from ..factors import (
+    ENROLMENT_NEEDS_SIGN_IN_WITHIN,
+    Enrolment,
+    Method,
+    SecondFactors,
+    methods_of,
+)
+from ..protocol.errors import OAuthError
+from ..registry import UserDirectory
+from ..sessions import Session, Sessions
+from .authorize import CARRIED, CONSENT_PROOF
+from .forms import read_form
+from .pages import Pages
+
+log = logging.getLogger("portcullis.authserver.factors")
+
+WRONG = "That code is not correct. Enter the code your app shows now."
+RECENT = ENROLMENT_NEEDS_SIGN_IN_WITHIN
+
+
+def qr_code(uri: str) -> Markup:
+    """The URI as a QR code, an inline SVG image (the pages' policy loads no images from
+    elsewhere, and the secret must not be in any URL)."""
+    svg = segno.make(uri, error="m").svg_inline(scale=4, light="#fff", title="QR code")
+    return Markup(svg)  # noqa: S704 - segno's own markup, the URI escaped by it
+
+
+class FactorPages:
+    def __init__(
+        self,
+        *,
+        factors: SecondFactors,
+        users: UserDirectory,
+        sessions: Sessions,
+        pages: Pages,
+        base_path: str,
+        clock: Clock,
+    ) -> None:
+        self.factors = factors
+        self.users = users
+        self.sessions = sessions
+        self.pages = pages
+        self.base_path = base_path
+        self.clock = clock
+
+    # ------------------------------------------------------------------ pages
+
+    def _not_signed_in(self) -> web.Response:
+        return self.pages.error(
+            401,
+            "Please sign in first",
+            "Sign in to an application that uses this server, then come back to this page.",
+            "login_required",
+        )
+
+    def _expired(self) -> web.Response:
+        return self.pages.error(
+            403, "Your session expired", "Please go back and try again.", "csrf"
+        )
+
+    def _unavailable(self) -> web.Response:
+        return self.pages.error(
+            404,
+            "Authenticator apps are not set up here",
+            "This server cannot keep second factors: its operator has not configured them.",
+            "not_available",
+        )
+
+    def status_page(self, session: Session, enrolled: bool, left: int = 0) -> web.Response:
+        response = self.pages.render(
+            "factors.html",
+            title="Second factor",
+            enrolled=enrolled,
+            recovery_codes_left=left,
+            reason=None,
+            action=self.base_path + "/factors/totp",
+            csrf_token=Sessions.csrf_token(session),
+            carried=[],
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    def enrol_page(
+        self,
+        session: Session,
+        enrolment: Enrolment,
+        carried: list[tuple[str, str]],
+        *,
+        error: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        response = self.pages.render(
+            "factor_enrol.html",
+            status=status,
+            title="Set up an authenticator app",
+            qr=qr_code(enrolment.uri),
+            secret=enrolment.grouped,
+            uri=enrolment.uri,
+            action=self.base_path + "/factors/totp/confirm",
+            csrf_token=Sessions.csrf_token(session),
+            carried=carried,
+            error=error,
+        )
+        self.sessions.set_cookie(response, session)
+        return response
+
+    # ------------------------------------------------------------------ handlers
+
+    async def show(self, request: web.Request) -> web.StreamResponse:
+        """GET /factors."""
+        session = await self.sessions.current(request)
+        if session is None or not session.logged_in:
+            return self._not_signed_in()
+        if not self.factors.available:
+            return self._unavailable()
+        record = await self.factors.record(session.record.subject)
+        confirmed = record is not None and record.confirmed
+        return self.status_page(session, confirmed, record.recovery_codes_left if record else 0)
+
+    async def begin(self, request: web.Request) -> web.StreamResponse:
+        """POST /factors/totp: a new secret, waiting for its code."""
+        found = await self._signed_in_form(request)
+        if isinstance(found, web.Response):
+            return found
+        session, form = found
+        subject = session.record.subject
+        user = await self.users.by_subject(subject)
+        if user is None:
+            return self._not_signed_in()
+        enrolment = await self.factors.begin(subject, user.username)
+        if enrolment is None:
+            return self.pages.error(
+                409,
+                "An authenticator app is already set up",
+                "Your account already has an authenticator app. Use it to sign in.",
+                "already_enrolled",
+            )
+        log.info("second factor enrolment begun", extra={"subject": subject})
+        return self.enrol_page(session, enrolment, _carried(form))
+
+    async def confirm(self, request: web.Request) -> web.StreamResponse:
+        """POST /factors/totp/confirm: the confirming code, then the recovery codes."""
+        found = await self._signed_in_form(request)
+        if isinstance(found, web.Response):
+            return found
+        session, form = found
+        subject = session.record.subject
+        user = await self.users.by_subject(subject)
+        if user is None:
+            return self._not_signed_in()
+        carried = _carried(form)
+        codes = await self.factors.confirm(subject, form.get("code", ""))
+        if codes is None:
+            waiting = await self.factors.waiting(subject, user.username)
+            if waiting is None:
+                return self.pages.error(
+                    400,
+                    "Nothing to confirm",
+                    "No authenticator app is waiting to be set up: start again.",
+                    "no_enrolment",
+                )
+            return self.enrol_page(session, waiting, carried, error=WRONG, status=400)
+        audit.record(Event.FACTOR_ENROLLED, audit.USER, subject=subject)
+        # The code just typed is a second factor: the session now says so.
+        signed_in = await self.sessions.login(
+            request, subject, methods_of(*_methods(session), Method.OTP)
+        )
+        proof = Sessions.proof(signed_in, carried)
+        response = self.pages.render(
+            "factor_codes.html",
+            title="Your recovery codes",
+            codes=codes,
+            action=self.base_path + "/authorize",
+            csrf_token=Sessions.csrf_token(signed_in),
+            carried=[*carried, (CONSENT_PROOF, proof)] if carried else [],
+            client_continues=bool(carried),
+            # The request goes on to the client's redirect URI (validated again there).
+            form_targets=[value for name, value in carried if name == "redirect_uri"],
+        )
+        self.sessions.set_cookie(response, signed_in)
+        return response
+
+    async def _signed_in_form(
+        self, request: web.Request
+    ) -> tuple[Session, dict[str, str]] | web.Response:
+        if not self.factors.available:
+            return self._unavailable()
+        try:
+            form = await read_form(request)
+        except OAuthError as exc:
+            return self.pages.error(400, "This form cannot be read", exc.description)
+        session = await self.sessions.current(request)
+        if session is None or not session.logged_in:
+            return self._not_signed_in()
+        if not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return self._expired()
+        if self.clock() - session.record.auth_time > RECENT.total_seconds():
+            return self.pages.error(
+                401,
+                "Please sign in again",
+                "Setting up an authenticator app needs a recent sign-in: sign in to your "
+                "application again, then come back to this page.",
+                "login_required",
+            )
+        return session, form
+
+
+def _carried(form: dict[str, str]) -> list[tuple[str, str]]:
+    """The authorization request a form brings along, in the authorization endpoint's
+    order; validated again there when it continues."""
+    return [(name, form[name]) for name in CARRIED if name in form]
+
+
+def _methods(session: Session) -> list[Method]:
+    return [Method(m) for m in session.amr if m in {x.value for x in Method} and m != "mfa"]
+
+
+def issuer_label(issuer: str) -> str:
+    """How authenticator apps name this server: the issuer's host."""
+    return urlsplit(issuer).hostname or issuer
