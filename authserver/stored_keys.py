@@ -292,11 +292,14 @@ class StoredKeyRing(SigningRing):
         compare-and-set on the version read; from a new read when another came first."""
         for _ in range(ATTEMPTS):
             version, infos, private, sealed = await self._read()
+            # The ring just read is the store's as of `now`: in force at once (a key another
+            # replica added is published, the ring is current again), so that the decision
+            # and the write, which may generate an RSA key, do not leave it aging meanwhile.
+            self._install(version, infos, private, sealed, now)
             before = dict(infos)
             # In a worker thread: a new RSA key takes a while to generate.
             result = await asyncio.to_thread(decide, infos, private, now)
             if infos == before:
-                self._install(version, infos, private, sealed, now)
                 return result
             date_from_writing(infos, before, self.clock(), self._policy())
             cipher = self._cipher()

@@ -127,7 +127,10 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
     async def new_key_published() -> bool:
         return {new, new_rs} <= await published(http, server)
 
-    seen = await eventually(new_key_published, NOTICE + 0.5, "the new key in the JWKS")
+    # Published while the server's time stands before activate_at - publish_ahead (its
+    # time moves only below, once the key is seen): how long after the rotation's writing the
+    # real time shows it depends on the server's timer, which a busy machine runs late.
+    await eventually(new_key_published, NOTICE + 0.5, "the new key in the JWKS")
     signed_by = kid_of(await machine_token(http, server))
     # The ring as written, not `keys list`: the command judges the states at the real time,
     # which passes activate_at while the server's time stands still, as soon as the machine
@@ -138,8 +141,7 @@ async def test_a_rotated_key_is_published_at_once_signs_after_publish_ahead_and_
     activate_at = waiting["ES256"]["activate_at"]
     # publish_ahead, plus the time every running server may take to notice the new key.
     assert rotated_at + 1 + NOTICE <= activate_at <= time.time() + 1 + NOTICE
-    assert seen <= activate_at - 1  # published at least publish_ahead before it signs
-    assert clock.now < activate_at and signed_by == old
+    assert clock.now <= activate_at - 1 - NOTICE and signed_by == old
 
     await move_clock(server, clock, activate_at - 0.4)
     last_old = await machine_token(http, server)

@@ -278,6 +278,26 @@ async def test_a_rotated_key_is_dated_from_its_writing_not_from_when_the_rotatio
     )
 
 
+async def test_a_ring_read_for_a_change_is_current_while_the_change_is_made(
+    stores: list[Store],
+) -> None:
+    clock = MovableClock()
+    keyring = ring(stores[0], clock)
+    await keyring.start(ALGS)
+    clock.advance(POLICY.lead + 1)  # no read of the store for longer than a key's lead
+    assert keyring.stale(clock.now) is not None
+    # A rotation reads the ring, then generates an RSA key in a worker thread and writes:
+    # the ring it read is current from that read on, not from the end of the write.
+    rotation = asyncio.create_task(keyring.rotate_keys(["RS256"], clock()))
+    current_before_done = False
+    while not rotation.done():
+        current_before_done = current_before_done or keyring.stale(clock.now) is None
+        await asyncio.sleep(0)
+    (done,) = await rotation
+    assert done.created and current_before_done
+    assert keyring.stale(clock.now) is None
+
+
 async def test_an_automatic_rotation_due_on_two_servers_is_published_once(
     stores: list[Store],
 ) -> None:
