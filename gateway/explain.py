@@ -238,9 +238,9 @@ class _Front:
 
     def unjudged(self) -> None:
         self.listener()
-        print("  answer: 403 mcp_calls_unjudged, whatever the call: the question carries no body,")
-        print("  so this route's call rules cannot be applied; have the front proxy send its")
-        print("  requests to the gateway's own listener")
+        print("  answer: 403 mcp_calls_unjudged, whatever the call, where the question carries")
+        print("  no body (nginx, Traefik, Caddy; Envoy without with_request_body): this route's")
+        print("  call rules need it; Envoy passing the whole body gets the call judged as above")
 
     def listener(self) -> None:
         where = f"{self.listen.host}:{self.listen.port}" if self.listen else "not configured"

@@ -20,9 +20,10 @@ ignored (a client can send `X-Original-URI` through Traefik, `X-Forwarded-Uri` t
 Then the pipeline's steps 1 to 8 run on the described request, exactly as for the public
 listener: match (with the same refusals of ambiguous paths), certificate, extract, verify,
 the checks every request gets (DPoP, revocations), decide, limit (counted once per
-decision). Step 7b cannot: a POST's body is not in the question, so a POST to an MCP server
-whose route has call rules is refused (403 mcp_calls_unjudged, in monitor mode too) rather
-than allowed on the route's scopes alone. Step 9 is the answer: 200 with an empty body and
+decision). Step 7b, the call of a POST to an MCP server whose route has call rules, is judged
+only when the question carries the original body (Envoy with `with_request_body`, whole);
+a question without it is refused (403 mcp_calls_unjudged, in monitor mode too) rather than
+allowed on the route's scopes alone. Step 9 is the answer: 200 with an empty body and
 every identity header present, empty when the token has no value for it, so that a client's
 forged copy cannot survive in a proxy that copies only the headers present in the answer; or
 the refusal the proxy mode would give (status, challenge, error body).
@@ -75,6 +76,9 @@ class Original:
     target: str  # path and query, never normalised: the rules judge it as the proxy would
     scheme: str | None = None
     host: str | None = None
+    # Whether the question's body is the original's: Envoy's, when its filter has
+    # `with_request_body` (no other proxy's question carries one).
+    with_body: bool = False
 
 
 def _one(headers: CIMultiDictProxy[str], name: str, *, required: bool = True) -> str | None:
@@ -150,7 +154,11 @@ def auth_request(headers: CIMultiDictProxy[str]) -> Original:
 def ext_authz(method: str, raw_path: str) -> Original:
     """Envoy's convention: the check request is the original one, its path behind the
     prefix `path_prefix` gives it."""
-    return Original(_method(method, "the method"), _target(raw_path[len(EXT_AUTHZ) :], "the path"))
+    return Original(
+        _method(method, "the method"),
+        _target(raw_path[len(EXT_AUTHZ) :], "the path"),
+        with_body=True,
+    )
 
 
 def describe(request: web.BaseRequest) -> Original | None:
@@ -225,16 +233,56 @@ class Decider:
         exchange.method, exchange.path = original.method, original.target
         admitted = await pipeline.admit(Described(original, request), exchange)
         if isinstance(admitted, Admitted):
-            if calls_unjudged(admitted, original.method):
-                refusal = errors.mcp_calls_unjudged()
-                exchange.deny(refusal.reason, False)
-                return pipeline.render(refusal, Described(original, request))
+            if has_call_rules(admitted, original.method):
+                return await self.judge_call(pipeline, request, exchange, original, admitted)
             return self.allow(admitted.principal, admitted.extra)
         if isinstance(admitted, Refusal):
             return pipeline.render(admitted, Described(original, request))
         # A CORS preflight the route's policy allows: the front proxy (or the upstream)
         # answers it.
         return self.allow(None, ())
+
+    async def judge_call(
+        self,
+        pipeline: Pipeline[Any],
+        request: web.BaseRequest,
+        exchange: Exchange,
+        original: Original,
+        admitted: Admitted,
+    ) -> web.StreamResponse:
+        """Step 7b for a front proxy: the call of a POST to an MCP server whose route has
+        call rules, judged from the body when the question carries all of it (Envoy with
+        `with_request_body`, `x-envoy-auth-partial-body` not `true`), with the `Mcp-Method`
+        and `Mcp-Name` the proxy passed on, exactly as the gateway's own listener judges it.
+        Without the body, or with part of it, the call cannot be told: 403
+        mcp_calls_unjudged, in monitor mode too, rather than an allow on the route's scopes
+        alone."""
+        plan, principal = admitted.plan, admitted.principal
+        assert plan.mcp is not None
+        described = Described(original, request)
+        headers = request.headers
+        if (
+            not original.with_body
+            or not request.body_exists
+            or headers.get(PARTIAL_BODY, "").strip().lower() == "true"
+        ):
+            refusal = errors.mcp_calls_unjudged()
+            exchange.deny(refusal.reason, False)
+            return pipeline.render(refusal, described)
+        read = await pipeline.forwarder.read_whole(request, plan.mcp.max_message_size)
+        if isinstance(read, web.Response):
+            exchange.deny("mcp_message_unread", False)
+            return read
+        refused = pipeline.decide_call(plan, headers, read, principal)
+        if refused is None:
+            return self.allow(principal, admitted.extra)
+        # As on the public listener: monitor mode lets a call through that the rules refuse,
+        # never one that cannot be read (400).
+        let_through = plan.monitor and refused.status != 400
+        exchange.deny(refused.reason, let_through)
+        if let_through:
+            return self.allow(principal, admitted.extra)
+        return pipeline.render(refused, described)
 
     def allow(self, principal: Principal | None, extra: Sequence[tuple[str, str]]) -> web.Response:
         headers = self._anonymous if principal is None else self._headers(principal)
@@ -256,10 +304,14 @@ class Decider:
 _REMEMBERED = 16_384  # principals whose answers are remembered
 
 
-def calls_unjudged(admitted: Admitted, method: str) -> bool:
+# Set by Envoy on a question whose body it cut at `max_request_bytes`
+# (`allow_partial_message`).
+PARTIAL_BODY = "x-envoy-auth-partial-body"
+
+
+def has_call_rules(admitted: Admitted, method: str) -> bool:
     """Whether the request is a POST to an MCP server whose route gives calls scopes of their
-    own: its JSON-RPC call is in the body, which no front proxy's question carries, so the
-    decision listener refuses it rather than allow it on the route's scopes alone."""
+    own: its JSON-RPC call is in the body, which the decision must then read."""
     mcp = admitted.plan.mcp
     return mcp is not None and bool(mcp.calls) and method == "POST"
 

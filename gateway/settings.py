@@ -1029,16 +1029,18 @@ def _unlocated_dpop_routes(settings: Settings) -> list[str]:
 def _unjudged_mcp_routes(settings: Settings) -> list[str]:
     """Routes with MCP call rules while the decision listener is on.
 
-    A call is judged from the POST's JSON-RPC body, which no front proxy's question carries:
-    asked about such a POST, the decision listener refuses it (it would otherwise allow every
-    call on the route's scopes). The route is right for the gateway's own listener, which
-    the front proxy may route it to, so this is a warning, not a refusal of the file."""
+    A call is judged from the POST's JSON-RPC body, which only Envoy's question carries (with
+    `with_request_body`): asked about such a POST without it, the decision listener refuses
+    it (it would otherwise allow every call on the route's scopes). The route is right for
+    the gateway's own listener and for Envoy passing the body, so this is a warning, not a
+    refusal of the file."""
     if settings.ext_authz is None:
         return []
     return [
         f"{settings.file}:{route.line}: warning: route {route.name} has mcp.calls and ext_authz "
-        "is on: the decision listener never sees a request's body, so it refuses this "
-        "route's POSTs (403 mcp_calls_unjudged); have the front proxy send the route's "
+        "is on: the decision listener never sees a request's body unless Envoy passes it "
+        "(with_request_body), so it refuses this route's POSTs otherwise (403 "
+        "mcp_calls_unjudged); have the front proxy pass the body or send the route's "
         "requests to the gateway's own listener instead of asking about them"
         for route in settings.routes
         if route.mcp is not None and route.mcp.calls

@@ -405,16 +405,17 @@ def body_on_get(method: str) -> Refusal:
 
 
 def mcp_calls_unjudged() -> Refusal:
-    """A POST to an MCP server whose route has call rules, asked about by a front proxy: the
-    decision listener never sees the body, so the call's scopes cannot be decided, and an
-    allow on the route's scopes alone would let every call through. No challenge: no token
-    would help. Refused in monitor mode too, as a message that cannot be judged is."""
+    """A POST to an MCP server whose route has call rules, asked about by a front proxy that
+    did not pass its whole body: the call's scopes cannot be decided, and an allow on the
+    route's scopes alone would let every call through. No challenge: no token would help.
+    Refused in monitor mode too, as a message that cannot be judged is."""
     return refused(
         "mcp_calls_unjudged",
         403,
         "mcp_calls_unjudged",
-        "The calls of this MCP server are decided only by the gateway's own listener: send "
-        "its requests there, not through a front proxy's authorization request.",
+        "The calls of this MCP server are decided from the request's body, which this "
+        "authorization request does not carry whole: send its requests to the gateway's own "
+        "listener, or have the front proxy pass the body (Envoy: with_request_body).",
     )
 
 

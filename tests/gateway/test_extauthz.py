@@ -410,9 +410,11 @@ def test_descriptions_are_read_as_written():
     assert extauthz.auth_request(headers) == extauthz.Original(
         "GET", "/a/..%2Fb?c", "https", "h.example"
     )
+    # Envoy's question is the original request itself, its body included when it passes one.
     assert extauthz.ext_authz("POST", "/ext-authz/x%2e%2e?y") == extauthz.Original(
-        "POST", "/x%2e%2e?y"
+        "POST", "/x%2e%2e?y", with_body=True
     )
+    assert not extauthz.auth_request(headers).with_body
 
 
 # ---------------------------------------------------------------------------- the process

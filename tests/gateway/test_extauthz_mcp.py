@@ -1,8 +1,10 @@
-"""An MCP server's call rules and the decision listener (ext_authz): a front proxy's question
-carries no body, so a POST to a route with `mcp.calls` is refused there (403
-mcp_calls_unjudged, whatever the token, in monitor mode too) instead of being allowed on the
-route's scopes, while the gateway's own listener, on the same configuration, judges each
-call; `check` warns of such routes and `explain --ext-authz` tells the refusal."""
+"""An MCP server's call rules and the decision listener (ext_authz): a question without the
+request's body (nginx, Traefik, Caddy; Envoy without `with_request_body`) about a POST to a
+route with `mcp.calls` is refused there (403 mcp_calls_unjudged, whatever the token, in
+monitor mode too) instead of being allowed on the route's scopes; Envoy's question with the
+whole body has the call judged as the gateway's own listener judges it (and one with part
+of it is refused); `check` warns of such routes and `explain --ext-authz` tells the
+refusal."""
 
 from __future__ import annotations
 
@@ -103,6 +105,76 @@ async def test_a_post_to_a_route_with_call_rules_is_refused_by_the_decision_list
     assert deleted[0] == 403 and 'error="insufficient_scope"' in deleted[1]
     # The upstream saw the proxied calls only, never a decision's.
     assert [r["method"] for r in upstream.requests] == ["POST"]
+
+
+async def envoy_asks(
+    client: aiohttp.ClientSession,
+    gw: Any,
+    bearer: str,
+    body: bytes,
+    **headers: str,
+) -> tuple[int, Any, Any]:
+    """Envoy's question about a POST /mcp with `with_request_body`: the original method and
+    path behind the prefix, the client's fields, and the body."""
+    async with client.post(
+        gw.decision_url + "/ext-authz/mcp",
+        data=body,
+        headers={
+            "Authorization": f"Bearer {bearer}",
+            "Content-Type": "application/json",
+            **headers,
+        },
+    ) as response:
+        answer = await response.read()
+        return response.status, response.headers, json.loads(answer) if answer else None
+
+
+async def test_envoy_passing_the_body_has_each_call_judged(issuer, upstream, client):
+    tools_only = token(issuer, "mcp:tools", MCP)
+    admin = token(issuer, "mcp:tools mcp:admin", MCP)
+    delete = rpc("tools/call", {"name": "delete_order", "arguments": {"id": 7}})
+    async with running_gateway(ext_authz_config(issuer, upstream)) as gw:
+        listed = await envoy_asks(client, gw, tools_only, rpc("tools/call", {"name": "list"}))
+        refused = await envoy_asks(client, gw, tools_only, delete)
+        allowed = await envoy_asks(client, gw, admin, delete)
+        # Cut by Envoy at max_request_bytes: the call is not told from part of it.
+        partial = await envoy_asks(
+            client, gw, admin, delete, **{"x-envoy-auth-partial-body": "true"}
+        )
+        # What the client's fields say must be what the body says, as on the own listener.
+        disagreeing = await envoy_asks(
+            client,
+            gw,
+            tools_only,
+            rpc("tools/call", {"name": "list"}),
+            **{"Mcp-Name": "delete_order"},
+        )
+        batch = await envoy_asks(client, gw, admin, b"[" + delete + b"]")
+        too_large = await envoy_asks(client, gw, admin, b" " * 4096 + delete)
+    assert listed[0] == 200 and listed[1]["X-Auth-Subject"] == "agent-user"
+    status, headers, body = refused
+    assert status == 403 and body["error"]["code"] == "insufficient_scope"
+    challenge = headers["WWW-Authenticate"]
+    assert 'error="insufficient_scope"' in challenge and 'scope="mcp:admin mcp:tools"' in challenge
+    assert "X-Auth-Subject" not in headers
+    assert allowed[0] == 200 and allowed[1]["X-Auth-Scopes"] == "mcp:admin mcp:tools"
+    assert partial[0] == 403 and partial[2]["error"]["code"] == "mcp_calls_unjudged"
+    assert disagreeing[0] == 400 and "Mcp-Name" in disagreeing[2]["error"]["message"]
+    assert batch[0] == 400
+    assert too_large[0] == 413  # beyond the route's max_message_size (2 KiB)
+    assert upstream.requests == []  # decisions only: nothing went upstream
+
+
+async def test_monitor_mode_lets_a_judged_call_through_but_not_an_unreadable_one(
+    issuer, upstream, client
+):
+    tools_only = token(issuer, "mcp:tools", MCP)
+    delete = rpc("tools/call", {"name": "delete_order"})
+    async with running_gateway(ext_authz_config(issuer, upstream, "monitor")) as gw:
+        judged = await envoy_asks(client, gw, tools_only, delete)
+        unreadable = await envoy_asks(client, gw, tools_only, b"not json")
+    assert judged[0] == 200
+    assert unreadable[0] == 400
 
 
 async def test_monitor_mode_refuses_it_too(issuer, upstream, client):
