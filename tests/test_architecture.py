@@ -386,6 +386,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.events",
         "authserver.registration",
         "authserver.metadata_documents",
+        "authserver.federation",
     ),
     ("authserver.grants",),
     (
@@ -397,6 +398,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     (
         "authserver.keys",
+        "authserver.federation_keys",
         "authserver.stored_keys",
         "authserver.store",
         "authserver.registry",
