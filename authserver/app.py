@@ -67,6 +67,7 @@ from .endpoints.signin import LoginRules, PasswordCheck
 from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
 from .events import EventStream, Reason, Revocations, SignedEvents
+from .federation import Federation, SignInLinks
 from .grants.authorization_code import AuthorizationCode
 from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
@@ -132,6 +133,7 @@ class Components:
     device_authorization: DeviceAuthorizationEndpoint
     userinfo: UserInfoEndpoint
     authorize: AuthorizationEndpoint
+    federation: Federation | None  # /federation/..., with identity_providers
     device: DevicePages
     logout: LogoutEndpoint
     events: EventStream  # GET /revocation_events
@@ -310,6 +312,37 @@ class AuthServer:
         passwords = PasswordCheck(
             store, users, hasher, login_rules(settings.login_throttle), addresses, clock, metrics
         )
+        providers = settings_module.federation_providers(settings)
+        authorize = AuthorizationEndpoint(
+            clients=clients,
+            users=users,
+            store=store,
+            sessions=sessions,
+            pages=pages,
+            passwords=passwords,
+            issuer=issuer,
+            audiences=audiences,
+            code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
+            scope_description=settings.scope_description,
+            base_path=base,
+            clock=clock,
+            documents=documents,
+            sign_in_links=SignInLinks(tuple((p.name, p.display_name) for p in providers), base),
+        )
+        federation = (
+            Federation(
+                providers,
+                authorize=authorize,
+                sessions=sessions,
+                store=store,
+                issuer=issuer,
+                base_path=base,
+                secure=settings.secure_cookies,
+                clock=clock,
+            )
+            if providers
+            else None
+        )
         return Components(
             settings=settings,
             store=store,
@@ -357,21 +390,8 @@ class AuthServer:
                 clock=clock,
             ),
             userinfo=UserInfoEndpoint(resource_tokens, users, issuer + "/userinfo"),
-            authorize=AuthorizationEndpoint(
-                clients=clients,
-                users=users,
-                store=store,
-                sessions=sessions,
-                pages=pages,
-                passwords=passwords,
-                issuer=issuer,
-                audiences=audiences,
-                code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
-                scope_description=settings.scope_description,
-                base_path=base,
-                clock=clock,
-                documents=documents,
-            ),
+            authorize=authorize,
+            federation=federation,
             device=DevicePages(
                 store=store,
                 clients=clients,
@@ -720,6 +740,16 @@ def build_app(
     r.add_route("GET", base + "/authorize", authorize, name="authorize")
     r.add_route("POST", base + "/authorize", authorize, name="authorize")
     r.add_post(base + "/login", page(lambda c: c.authorize.login), name="login")
+    r.add_get(
+        base + "/federation/{name}/start",
+        page(lambda c: _federation(c).start),
+        name="federation_start",
+    )
+    r.add_get(
+        base + "/federation/{name}/callback",
+        page(lambda c: _federation(c).callback),
+        name="federation_callback",
+    )
     r.add_post(base + "/consent", page(lambda c: c.authorize.consent), name="consent")
     r.add_post(base + "/token", json(lambda c: c.token.handle), name="token")
     userinfo = json(lambda c: c.userinfo.handle)
@@ -756,6 +786,13 @@ def build_app(
         name="static",
     )
     return app
+
+
+def _federation(components: Components) -> Federation:
+    """The federation routes in force; 404 without identity_providers."""
+    if components.federation is None:
+        raise web.HTTPNotFound()
+    return components.federation
 
 
 def _registration(components: Components) -> RegistrationEndpoint:

@@ -44,10 +44,12 @@ from portcullis.tls import ServerTls
 from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Rate, Withheld
 
 from .declarations import DeclaredClient, DeclaredUser, unknown_scopes
+from .federation import Provider
 from .federation_keys import load_signing_key
 from .keys import RotationPolicy
 from .metadata_documents import DocumentPolicy, FetchRules
 from .protocol.cors import origin
+from .protocol.federation import ClaimNames
 from .protocol.resources import Audiences, ProtectedResource
 from .protocol.scopes import BUILTIN_SCOPES, KNOWN_SCOPES, STANDARD_SCOPES
 from .protocol.throttle import Cap
@@ -650,6 +652,28 @@ def document_rules(documents: MetadataDocumentSettings) -> FetchRules:
 def document_policy(settings: Settings) -> DocumentPolicy:
     documents = settings.client_id_metadata_documents
     return DocumentPolicy(offered_scopes(settings), documents.cache_min, documents.cache_max)
+
+
+def federation_providers(settings: Settings) -> list[Provider]:
+    """`identity_providers`, as the federation routes take them (key files read here)."""
+    return [
+        Provider(
+            name=p.name,
+            display_name=p.display_name,
+            issuer=p.issuer,
+            client_id=p.client_id,
+            auth_method=p.token_endpoint_auth_method,
+            client_secret=None if isinstance(p.client_secret, Withheld) else p.client_secret,
+            signing_key=load_signing_key(p.private_key_file) if p.private_key_file else None,
+            scopes=p.scopes,
+            claims=ClaimNames(p.claims.username, p.claims.email, p.claims.name),
+            link_domains=frozenset(p.link_by_verified_email_domains),
+            timeout=p.timeout.total_seconds(),
+            max_age=p.discovery_max_age.total_seconds(),
+            tls=tls.client_context(p.ca_file),
+        )
+        for p in settings.identity_providers
+    ]
 
 
 def registration_cap(registration: RegistrationSettings) -> Cap:
