@@ -82,6 +82,7 @@ class AdminApi:
                 },
             ),
             Route(("users", "*", "password"), {"POST": users.set_password}),
+            Route(("users", "*", "identities"), {"GET": users.identities}),
             Route(("grants",), {"GET": grants.index}),
             Route(("grants", "*"), {"GET": grants.show, "DELETE": grants.delete}),
             Route(("keys",), {"GET": keys.index, "POST": keys.publish}),

@@ -133,6 +133,15 @@ SCHEMAS: dict[str, Any] = {
         {"id": _STR, **_USER_WRITABLE, "password": {"type": "string", "writeOnly": True}}
     ),
     "Password": _object({"password": {"type": "string", "minLength": 8}}, ("password",)),
+    "Identity": _object(
+        {
+            "id": _STR,
+            "issuer": {**_STR, "description": "the upstream provider's issuer identifier"},
+            "subject": {**_STR, "description": "the user's `sub` at that provider"},
+            "linkedAt": _DATE,
+        },
+        ("id", "issuer", "subject", "linkedAt"),
+    ),
     "Grant": _object(
         {
             "id": _STR,
@@ -329,6 +338,14 @@ def _item(
     return path
 
 
+def _identities() -> dict[str, Any]:
+    """The identities at upstream providers a user signs in with: read-only."""
+    path = {"parameters": [_ID], **_collection("Identity", users.IDENTITIES, None)}
+    path["get"]["summary"] = "list the user's identities at upstream OpenID Connect providers"
+    path["get"]["responses"].update(_errors("404"))
+    return path
+
+
 def document(base_url: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -372,6 +389,7 @@ def document(base_url: str) -> dict[str, Any]:
                     },
                 },
             },
+            "/users/{id}/identities": _identities(),
             "/grants": _collection("Grant", grants.COLLECTION, None),
             "/grants/{id}": _item("Grant", None, True),
             "/keys": _collection("Key", keys.COLLECTION, "KeyInput"),

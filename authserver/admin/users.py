@@ -10,6 +10,8 @@ configuration file are listed but read-only (409 `managed_by_config`).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import secrets
 from dataclasses import replace
 from typing import Any
@@ -20,7 +22,13 @@ from .. import users as passwords
 from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
 from ..registry import plain
-from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, UserRecord
+from ..store.base import (
+    MANAGED_BY_API,
+    MANAGED_BY_CONFIG,
+    AlreadyExists,
+    IdentityLink,
+    UserRecord,
+)
 from . import validation
 from .access import Caller
 from .collection import Collection, page, parse_query
@@ -73,6 +81,29 @@ def represent(r: UserRecord) -> dict[str, Any]:
     }
 
 
+# The identities at upstream OpenID Connect providers a user signs in with (read-only:
+# made by the user's own sign-ins, removed with the user): /users/{id}/identities.
+IDENTITIES = Collection(
+    key="id",
+    fields=("id", "issuer", "subject", "linkedAt"),
+    filters=frozenset({"issuer"}),
+    sortable=frozenset({"issuer", "subject", "linkedAt"}),
+    search=("issuer", "subject"),
+)
+
+
+def represent_identity(link: IdentityLink) -> dict[str, Any]:
+    """`id` names the link without spelling out the provider's subject twice; `subject` is
+    the provider's `sub`, as its ID tokens say it."""
+    digest = hashlib.sha256(f"{link.issuer}\x00{link.provider_subject}".encode()).digest()
+    return {
+        "id": base64.urlsafe_b64encode(digest[:12]).decode(),
+        "issuer": link.issuer,
+        "subject": link.provider_subject,
+        "linkedAt": iso(link.created_at),
+    }
+
+
 def password_problems(
     password: Any, username: str, field: str = "password"
 ) -> list[tuple[str, str]]:
@@ -108,6 +139,14 @@ class Users:
 
     async def show(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
         return single(request, represent(await self._existing(ids[0])))
+
+    async def identities(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        query = parse_query(IDENTITIES, request.query)
+        record = await self._existing(ids[0])
+        links = await self.c.store.identity_links(record.subject)
+        return json_answer(page(IDENTITIES, query, [represent_identity(k) for k in links]))
 
     # ------------------------------------------------------------------ changing
 
