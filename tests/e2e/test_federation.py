@@ -35,6 +35,7 @@ from tests.authserver.conftest import (
     StartAuthServer,
     default_config,
 )
+from tests.e2e.test_browser_flow import CHROMIUM, CHROMIUM_ARGS, browser_missing
 from tests.support import reserve_port, service_missing
 
 DIRECTORY = Path(__file__).parent / "oidc_directory"
@@ -483,3 +484,46 @@ def _with(url: str, **changes: str) -> str:
     query = {k: v[0] for k, v in parse_qs(parts.query).items()}
     query.update(changes)
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+# ---------------------------------------------------------------------------- in a browser
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Any]:
+    if not Path(CHROMIUM).exists():
+        browser_missing(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        browser_missing("the playwright package is not installed (pip install playwright)")
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        await launched.close()
+
+
+async def test_a_person_signs_in_with_the_directory_button_in_a_browser(
+    federated: Setup, chromium: Any, http: aiohttp.ClientSession
+) -> None:
+    fed = await federated()
+    await fed.directory.sign_in_as(http, "emp-1001")
+    page = await (await chromium.new_context()).new_page()
+    arrived: list[str] = []
+
+    async def client(route: Any) -> None:
+        arrived.append(route.request.url)
+        await route.fulfill(status=200, content_type="text/plain", body="back at the client")
+
+    await page.route(REDIRECT + "*", client)
+    await page.goto(authorize_url(fed.server))
+    # The password form and the directory's button, side by side.
+    assert await page.locator('input[name="password"]').count() == 1
+    await page.get_by_role("link", name="Corp Directory").click()
+    await page.wait_for_url(REDIRECT + "*")
+    (url,) = arrived
+    query = parse_qs(urlsplit(url).query)
+    assert query["state"] == ["client-state"] and query["iss"] == [fed.server.settings.issuer]
+    claims = await id_token_claims(fed.server, query["code"][0])
+    user = await fed.server.services.store.get_user(claims["sub"])
+    assert user is not None and user.username == "carol"
