@@ -21,7 +21,8 @@ callback:
     private_key_jwt), with the verifier and the same redirect URI;
  7. the ID token: signed with an algorithm the provider advertises (public-key ones only)
     by a key of its jwks_uri (fetched again, at most once per KEYS_REFETCH, for a kid not
-    known yet), then its claims (protocol/federation.py);
+    known yet), then its claims (protocol/federation.py); the claims the local user is
+    filled from that it lacks are read from the userinfo endpoint, about the same `sub`;
  8. the local user (`Accounts`): the one the identity is linked to; else, only when the
     operator's rule allows it (a verified email of a trusted domain), the existing user with
     that email; else a user created now, with a new random `sub` that no later claim of the
@@ -111,6 +112,7 @@ class Metadata:
     jwks_uri: str
     algorithms: frozenset[str]
     iss_supported: bool  # RFC 9207 §3
+    userinfo_endpoint: str | None = None
 
 
 @dataclass
@@ -199,6 +201,14 @@ class Upstream:
             raise ProviderUnavailable("token_response_without_id_token")
         return body
 
+    async def userinfo(self, endpoint: str, access_token: str) -> Any:
+        """The userinfo response (OIDC Core §5.3), read as JSON (a signed one is not asked)."""
+        headers = {"Authorization": f"Bearer {access_token}", "Accept": "application/json"}
+        status, body = await self._request("GET", endpoint, headers=headers)
+        if status != 200:
+            raise ProviderUnavailable(f"userinfo_http_{status}")
+        return body
+
     def _assertion(self, token_endpoint: str) -> str:
         """A private_key_jwt assertion (RFC 7523 §3): the provider's issuer as its audience,
         as draft-ietf-oauth-rfc7523bis asks, and its token endpoint for those that want it."""
@@ -274,6 +284,7 @@ def _metadata(document: Any, issuer: str) -> Metadata:
         if not isinstance(value, str) or not value.startswith(("https://", "http://")):
             raise ProviderUnavailable("discovery_incomplete")
         endpoints.append(value)
+    userinfo = document.get("userinfo_endpoint")
     algorithms = rules.id_token_algorithms(document.get("id_token_signing_alg_values_supported"))
     if not algorithms:
         raise ProviderUnavailable("no_public_key_algorithm")
@@ -283,6 +294,9 @@ def _metadata(document: Any, issuer: str) -> Metadata:
         jwks_uri=endpoints[2],
         algorithms=algorithms,
         iss_supported=document.get("authorization_response_iss_parameter_supported") is True,
+        userinfo_endpoint=userinfo
+        if isinstance(userinfo, str) and userinfo.startswith(("https://", "http://"))
+        else None,
     )
 
 
@@ -648,6 +662,12 @@ class Federation:
         provider_subject = rules.check_id_token_claims(
             claims, Expected(provider.issuer, provider.client_id, pending.nonce, self.clock())
         )
+        if metadata.userinfo_endpoint and rules.missing_claims(claims, provider.claims):
+            # OIDC Core §5.4: a provider may release the scopes' claims at userinfo only.
+            access_token = tokens.get("access_token")
+            if isinstance(access_token, str):
+                given = await upstream.userinfo(metadata.userinfo_endpoint, access_token)
+                claims = rules.with_userinfo(claims, given, provider_subject)
         return await self.accounts.sign_in(provider, provider_subject, claims)
 
     async def _id_token_claims(

@@ -9,9 +9,11 @@ The checks, in the order federation.py runs them on the way back from the provid
     client secret, RFC 8725 §3.1); RS256 when it advertises none (OIDC Discovery §3);
  3. `check_id_token_claims`: OIDC Core §3.1.3.7, steps 2, 3, 4, 9, 10 and 11 (the signature,
     steps 6 and 7, is federation.py's, with the keys of the provider's jwks_uri);
- 4. `email_to_link`: whether a first sign-in may be linked to an existing user: only by the
+ 4. `with_userinfo`: the claims the ID token lacks, from the userinfo response about the
+    same `sub` (OIDC Core §5.3.2);
+ 5. `email_to_link`: whether a first sign-in may be linked to an existing user: only by the
     operator's rule, an email the provider says is verified, of a trusted domain;
- 5. `profile_of`: what a user created at a first sign-in is given.
+ 6. `profile_of`: what a user created at a first sign-in is given.
 Every refusal is a `FederationRefused` whose message can be shown as it is.
 """
 
@@ -123,6 +125,22 @@ class ClaimNames:
     username: str
     email: str
     name: str
+
+
+def missing_claims(claims: Mapping[str, Any], names: ClaimNames) -> bool:
+    """Whether the ID token lacks a claim the local user is filled from."""
+    return any(name not in claims for name in (names.username, names.email, names.name))
+
+
+def with_userinfo(claims: Mapping[str, Any], userinfo: object, subject: str) -> dict[str, Any]:
+    """The ID token's claims, completed by the userinfo response's. OIDC Core §5.3.2: its
+    `sub` must be the ID token's, else nothing of it is used. The ID token's own claims, and
+    the ones the checks relied on, are never replaced."""
+    if not isinstance(userinfo, dict) or userinfo.get("sub") != subject:
+        raise FederationRefused(
+            "userinfo_subject", "The provider's userinfo is about another user."
+        )
+    return {**userinfo, **claims}
 
 
 def verified_email(claims: Mapping[str, Any], names: ClaimNames) -> str | None:

@@ -66,6 +66,7 @@ class Upstream:
         app.router.add_get("/authorize", self.authorize)
         app.router.add_post("/token", self.token)
         app.router.add_get("/jwks", self.jwks)
+        app.router.add_get("/userinfo", self.userinfo)
         return app
 
     async def metadata(self, request: web.Request) -> web.Response:
@@ -78,6 +79,7 @@ class Upstream:
                 "authorization_endpoint": self.url + "/authorize",
                 "token_endpoint": self.url + "/token",
                 "jwks_uri": self.url + "/jwks",
+                "userinfo_endpoint": self.url + "/userinfo",
                 "id_token_signing_alg_values_supported": ["RS256", "HS256", "none"],
                 "authorization_response_iss_parameter_supported": True,
             }
@@ -85,6 +87,14 @@ class Upstream:
 
     async def jwks(self, request: web.Request) -> web.Response:
         return web.json_response({"keys": [PROVIDER_JWK]})
+
+    async def userinfo(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer at":
+            return web.json_response({"error": "invalid_token"}, status=401)
+        sub = "someone-else" if self.flaw == "userinfo_subject" else "upstream-7"
+        return web.json_response(
+            {"sub": sub, "email": "dana@corp.example", "email_verified": True, "name": "Dana"}
+        )
 
     async def authorize(self, request: web.Request) -> web.Response:
         query = request.query
@@ -127,6 +137,8 @@ class Upstream:
             claims["iss"] = "https://impostor.example"
         elif flaw == "expired":
             claims["exp"], claims["iat"] = now - 3600, now - 4000
+        elif flaw in ("userinfo_subject", "userinfo"):
+            del claims["email"], claims["email_verified"]  # left to userinfo
         elif flaw == "hmac":
             # Signed with the client secret: anyone holding it (the client) could forge it.
             key, alg, headers = CLIENT_SECRET.encode(), "HS256", {}  # type: ignore[assignment]
@@ -223,6 +235,7 @@ async def users_of(server: RunningAuthServer) -> list[str]:
         ("hmac", "signed with an algorithm it does not advertise"),
         ("none", "signed with an algorithm it does not advertise"),
         ("signature", "has no valid signature"),
+        ("userinfo_subject", "userinfo is about another user"),
     ],
 )
 async def test_an_id_token_that_is_not_for_this_sign_in_is_refused_and_nothing_stored(
@@ -247,6 +260,16 @@ async def test_a_sound_id_token_signs_in_with_client_secret_post(federated: Setu
     assert sent["form"]["client_secret"] == CLIENT_SECRET
     assert sent["form"]["redirect_uri"] == server.endpoint("/federation/corp/callback")
     assert await users_of(server) == ["alice", "bob", "dana"]
+
+
+async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup) -> None:
+    server, upstream = await federated()
+    upstream.flaw = "userinfo"
+    status, _, _ = await sign_in(server)
+    assert status == 302
+    user = await server.services.store.user_by_username("dana")
+    assert user is not None
+    assert user.claims == {"email": "dana@corp.example", "email_verified": True, "name": "Dana"}
 
 
 async def test_client_secret_basic_form_encodes_the_secret(federated: Setup) -> None:

@@ -15,7 +15,9 @@ from authserver.protocol.federation import (
     check_response_issuer,
     email_to_link,
     id_token_algorithms,
+    missing_claims,
     profile_of,
+    with_userinfo,
 )
 
 NAMES = ClaimNames("preferred_username", "email", "name")
@@ -117,3 +119,16 @@ def test_a_created_user_gets_a_safe_username_and_the_providers_word_on_the_email
     assert username == "Carol-D-..-x"
     assert local == {"email": "c@x.example", "email_verified": False, "name": "Carol"}
     assert profile_of({}, NAMES, "emp 9")[0] == "emp-9"
+
+
+def test_userinfo_completes_the_id_token_only_about_the_same_subject() -> None:
+    token = {"sub": "emp-1", "name": "From the token"}
+    assert missing_claims(token, NAMES)
+    merged = with_userinfo(
+        token, {"sub": "emp-1", "name": "Other", "email": "e@x.example"}, "emp-1"
+    )
+    assert merged == {"sub": "emp-1", "name": "From the token", "email": "e@x.example"}
+    for answer in ({"sub": "emp-2", "email": "e@x.example"}, ["emp-1"], None):
+        with pytest.raises(FederationRefused):
+            with_userinfo(token, answer, "emp-1")
+    assert not missing_claims({"preferred_username": "a", "email": "b", "name": "c"}, NAMES)

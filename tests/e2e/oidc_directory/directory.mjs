@@ -6,8 +6,9 @@
 //
 // The person signing in is whoever the test names last with POST /_test/account {"sub": ...}:
 // the interaction is finished at once (login and consent), so that a test can follow the
-// redirects without a browser. The ID token carries the profile and email claims
-// (conformIdTokenClaims off). It prints "listening" once it serves.
+// redirects without a browser. As oidc-provider does by default, the ID token carries only
+// `sub` and the protocol's claims: the profile and email are read from userinfo. It prints
+// "listening" once it serves.
 
 import { randomBytes } from 'node:crypto';
 import { parseArgs } from 'node:util';
@@ -53,7 +54,6 @@ const provider = new Provider(issuer, {
     email: ['email', 'email_verified'],
     profile: ['name', 'preferred_username'],
   },
-  conformIdTokenClaims: false,
   cookies: { keys: [randomBytes(32).toString('base64url')] },
   features: { devInteractions: { enabled: false } },
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
