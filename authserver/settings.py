@@ -407,8 +407,9 @@ def _provider_auth_method(values: Mapping[str, Any]) -> str:
 
 @section
 class ClaimMapping:
-    """Which claims of an upstream provider's ID token fill a local user's fields, when the
-    user is created and at every sign-in after (the local `sub` never follows them)."""
+    """Which claims of an upstream provider's ID token (or its userinfo, for those the token
+    lacks) fill a local user's fields when the first sign-in creates the user; the local
+    `sub` never follows them."""
 
     username: str = setting("Becomes the local username (suffixed when taken).", default="preferred_username")
     email: str = setting("Becomes the email (with email_verified as the provider says).", default="email")
