@@ -281,9 +281,9 @@ def _metadata(document: Any, issuer: str) -> Metadata:
     endpoints: list[str] = []
     for member in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
         value = document.get(member)
-        if not isinstance(value, str) or not value.startswith(("https://", "http://")):
+        if not rules.endpoint_allowed(issuer, value):
             raise ProviderUnavailable("discovery_incomplete")
-        endpoints.append(value)
+        endpoints.append(str(value))
     userinfo = document.get("userinfo_endpoint")
     algorithms = rules.id_token_algorithms(document.get("id_token_signing_alg_values_supported"))
     if not algorithms:
@@ -294,9 +294,7 @@ def _metadata(document: Any, issuer: str) -> Metadata:
         jwks_uri=endpoints[2],
         algorithms=algorithms,
         iss_supported=document.get("authorization_response_iss_parameter_supported") is True,
-        userinfo_endpoint=userinfo
-        if isinstance(userinfo, str) and userinfo.startswith(("https://", "http://"))
-        else None,
+        userinfo_endpoint=userinfo if rules.endpoint_allowed(issuer, userinfo) else None,
     )
 
 

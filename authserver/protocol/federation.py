@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 # RFC 7518 §3.1 and RFC 8037: the public-key JWS algorithms an ID token may use.
 PUBLIC_KEY_ALGORITHMS = frozenset(
@@ -55,6 +55,17 @@ def check_response_issuer(given: str | None, issuer: str, advertised: bool) -> N
         raise FederationRefused(
             "iss_mismatch", "The sign-in response came from another issuer than the one asked."
         )
+
+
+def endpoint_allowed(issuer: str, url: object) -> TypeGuard[str]:
+    """Whether a URL of the discovery document may be used: https for an https issuer (the
+    code, the client's credentials and the tokens travel there); plain http only when the
+    issuer is itself plain http, which the configuration allows on loopback alone."""
+    if not isinstance(url, str) or "#" in url:
+        return False
+    if url.startswith("https://"):
+        return len(url) > len("https://")
+    return issuer.startswith("http://") and url.startswith("http://") and len(url) > len("http://")
 
 
 def id_token_algorithms(advertised: object) -> frozenset[str]:

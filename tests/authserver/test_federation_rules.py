@@ -14,6 +14,7 @@ from authserver.protocol.federation import (
     check_id_token_claims,
     check_response_issuer,
     email_to_link,
+    endpoint_allowed,
     id_token_algorithms,
     missing_claims,
     profile_of,
@@ -132,3 +133,12 @@ def test_userinfo_completes_the_id_token_only_about_the_same_subject() -> None:
         with pytest.raises(FederationRefused):
             with_userinfo(token, answer, "emp-1")
     assert not missing_claims({"preferred_username": "a", "email": "b", "name": "c"}, NAMES)
+
+
+def test_an_https_providers_endpoints_must_be_https() -> None:
+    https, http = "https://corp.example", "http://127.0.0.1:4000"
+    assert endpoint_allowed(https, "https://corp.example/token")
+    assert not endpoint_allowed(https, "http://corp.example/token")
+    assert endpoint_allowed(http, "http://127.0.0.1:4000/token")
+    for wrong in ("https://", "ftp://corp.example/x", "https://corp.example/#x", None, 3):
+        assert not endpoint_allowed(https, wrong)
