@@ -141,7 +141,9 @@ class Upstream:
                 )
                 self._kept.metadata = _metadata(document, self.provider.issuer)
                 self._kept.metadata_until = now + self.provider.max_age
-                self._kept.keys_fetched = float("-inf")  # the key set may have moved too
+                # The keys are kept no longer than the document: a key the provider withdrew
+                # (compromised, say) stops verifying within discovery_max_age.
+                self._kept.keys, self._kept.keys_fetched = [], float("-inf")
             return self._kept.metadata
 
     async def key(self, kid: str | None, alg: str) -> jwt.PyJWK:

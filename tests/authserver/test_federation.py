@@ -32,6 +32,7 @@ from authserver.federation_keys import load_signing_key, public_jwk
 from authserver.protocol import pkce
 from tests.authserver.conftest import (
     REDIRECT,
+    MovableClock,
     RunningAuthServer,
     StartAuthServer,
     default_config,
@@ -59,6 +60,8 @@ class Upstream:
     client_keys: list[dict[str, Any]] = field(default_factory=list)
     codes: dict[str, dict[str, str]] = field(default_factory=dict)
     token_requests: list[dict[str, Any]] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)  # the paths of discovery and keys GETs
+    signing: tuple[Any, str] = (PROVIDER_KEY, "p1")  # the key that signs, and its kid
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -70,6 +73,7 @@ class Upstream:
         return app
 
     async def metadata(self, request: web.Request) -> web.Response:
+        self.fetched.append(request.path)
         if isinstance(self.discovery, bytes):
             return web.Response(body=self.discovery, content_type="application/json")
         return web.json_response(
@@ -86,7 +90,10 @@ class Upstream:
         )
 
     async def jwks(self, request: web.Request) -> web.Response:
-        return web.json_response({"keys": [PROVIDER_JWK]})
+        self.fetched.append(request.path)
+        key, kid = self.signing
+        public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        return web.json_response({"keys": [{**public, "kid": kid, "use": "sig"}]})
 
     async def userinfo(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != "Bearer at":
@@ -126,7 +133,8 @@ class Upstream:
             "email_verified": True,
             "preferred_username": "dana",
         }
-        flaw, headers, key, alg = self.flaw, {"kid": "p1"}, PROVIDER_KEY, "RS256"
+        flaw, alg = self.flaw, "RS256"
+        key, headers = self.signing[0], {"kid": self.signing[1]}
         if flaw == "audience":
             claims["aud"] = "another-client"
         elif flaw == "audiences_without_azp":
@@ -160,7 +168,9 @@ Setup = Callable[..., Awaitable[tuple[RunningAuthServer, Upstream]]]
 async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
     runners: list[Any] = []
 
-    async def setup(**provider: Any) -> tuple[RunningAuthServer, Upstream]:
+    async def setup(
+        clock: Callable[[], float] = time.time, **provider: Any
+    ) -> tuple[RunningAuthServer, Upstream]:
         upstream = Upstream()
         runner, url = await start_site(upstream.app())
         runners.append(runner)
@@ -186,7 +196,7 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
                 **provider,
             }
         ]
-        return await start_authserver(config), upstream
+        return await start_authserver(config, clock=clock), upstream
 
     yield setup
     for runner in runners:
@@ -260,6 +270,29 @@ async def test_a_sound_id_token_signs_in_with_client_secret_post(federated: Setu
     assert sent["form"]["client_secret"] == CLIENT_SECRET
     assert sent["form"]["redirect_uri"] == server.endpoint("/federation/corp/callback")
     assert await users_of(server) == ["alice", "bob", "dana"]
+
+
+async def test_discovery_and_keys_are_kept_and_fetched_again_once_stale_or_unknown(
+    federated: Setup,
+) -> None:
+    clock = MovableClock()
+    server, upstream = await federated(clock=clock, discovery_max_age="1m")
+    for _ in range(3):
+        assert (await sign_in(server))[0] == 302
+    assert upstream.fetched == ["/.well-known/openid-configuration", "/jwks"]
+    # The provider rotates its key: a token under an unknown kid has the keys fetched again,
+    # though not twice within KEYS_REFETCH (10s), however many such tokens come.
+    upstream.signing = (rsa.generate_private_key(public_exponent=65537, key_size=2048), "p2")
+    status, page, _ = await sign_in(server)
+    assert status == 400 and "a key it does not publish" in page
+    assert upstream.fetched[2:] == []
+    clock.advance(11)
+    assert (await sign_in(server))[0] == 302
+    assert upstream.fetched[2:] == ["/jwks"]
+    # Past discovery_max_age, the document (and then the keys) are read again.
+    clock.advance(50)
+    assert (await sign_in(server))[0] == 302
+    assert upstream.fetched[3:] == ["/.well-known/openid-configuration", "/jwks"]
 
 
 async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup) -> None:
