@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -249,20 +250,30 @@ async def users_of(server: RunningAuthServer) -> list[str]:
     ],
 )
 async def test_an_id_token_that_is_not_for_this_sign_in_is_refused_and_nothing_stored(
-    federated: Setup, flaw: str, message: str
+    federated: Setup, flaw: str, message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     server, upstream = await federated()
     upstream.flaw = flaw
-    status, page, location = await sign_in(server)
+    with caplog.at_level(logging.INFO, logger="portcullis.authserver.federation"):
+        status, page, location = await sign_in(server)
+    (line,) = [r for r in caplog.records if r.getMessage() == "federated sign-in refused"]
+    assert line.provider == "corp" and line.reason
     assert (status, location) == (400, None)
     assert "Signing in with Corp failed." in page and message in page
     assert 'name="password"' in page  # the password form is still there
     assert await users_of(server) == ["alice", "bob"]
 
 
-async def test_a_sound_id_token_signs_in_with_client_secret_post(federated: Setup) -> None:
+async def test_a_sound_id_token_signs_in_with_client_secret_post(
+    federated: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
     server, upstream = await federated(token_endpoint_auth_method="client_secret_post")
-    status, _, location = await sign_in(server)
+    with caplog.at_level(logging.INFO, logger="portcullis.authserver.federation"):
+        status, _, location = await sign_in(server)
+    (line,) = [r for r in caplog.records if r.getMessage() == "federated sign-in"]
+    assert (line.provider, line.outcome) == ("corp", "created")
+    logged = " ".join(str(vars(r)) for r in caplog.records)
+    assert CLIENT_SECRET not in logged and "dana@corp.example" not in logged
     assert status == 302 and location is not None and "code=" in location
     (sent,) = upstream.token_requests
     assert sent["authorization"] is None
