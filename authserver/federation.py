@@ -530,46 +530,56 @@ class Federation:
                     "federated sign-in unavailable", extra={"provider": name, "reason": exc.reason}
                 )
                 return await self._unavailable(request, auth, upstream.provider)
-            verifier = secrets.token_urlsafe(48)
-            pending = Pending(
-                state=secrets.token_urlsafe(32),
-                nonce=secrets.token_urlsafe(32),
-                verifier=verifier,
-                carried=auth.carried(),
-                expires_at=self.clock() + PENDING_LIFETIME,
-            )
-            location = with_query(
-                metadata.authorization_endpoint,
-                {
-                    "response_type": "code",
-                    "client_id": upstream.provider.client_id,
-                    "redirect_uri": self.redirect_uri(name),
-                    "scope": " ".join(upstream.provider.scopes),
-                    "state": pending.state,
-                    "nonce": pending.nonce,
-                    "code_challenge": pkce.s256(verifier),
-                    "code_challenge_method": "S256",
-                },
-            )
-            response = web.Response(
-                status=302, headers={"Location": location, "Cache-Control": "no-store"}
-            )
-            response.set_cookie(
-                self.cookie,
-                seal(session, name, pending),
-                path="/",
-                httponly=True,
-                samesite="Lax",  # sent on the provider's top-level redirect back
-                secure=self.secure,
-                max_age=int(PENDING_LIFETIME),
-            )
-            return response
+            return self._to_provider(upstream.provider, metadata, session, auth.carried())
         except PageError as exc:
             return self.authorize.pages.error(
                 400, "This sign-in request cannot be handled", exc.message
             )
         except RedirectError as exc:
             return self.authorize.error_redirect(request, exc)
+
+    def _to_provider(
+        self,
+        provider: Provider,
+        metadata: Metadata,
+        session: Session,
+        carried: list[tuple[str, str]],
+    ) -> web.Response:
+        """Step 3: the redirect to the provider, the pending sign-in sealed beside it."""
+        verifier = secrets.token_urlsafe(48)
+        pending = Pending(
+            state=secrets.token_urlsafe(32),
+            nonce=secrets.token_urlsafe(32),
+            verifier=verifier,
+            carried=carried,
+            expires_at=self.clock() + PENDING_LIFETIME,
+        )
+        location = with_query(
+            metadata.authorization_endpoint,
+            {
+                "response_type": "code",
+                "client_id": provider.client_id,
+                "redirect_uri": self.redirect_uri(provider.name),
+                "scope": " ".join(provider.scopes),
+                "state": pending.state,
+                "nonce": pending.nonce,
+                "code_challenge": pkce.s256(verifier),
+                "code_challenge_method": "S256",
+            },
+        )
+        response = web.Response(
+            status=302, headers={"Location": location, "Cache-Control": "no-store"}
+        )
+        response.set_cookie(
+            self.cookie,
+            seal(session, provider.name, pending),
+            path="/",
+            httponly=True,
+            samesite="Lax",  # sent on the provider's top-level redirect back
+            secure=self.secure,
+            max_age=int(PENDING_LIFETIME),
+        )
+        return response
 
     async def callback(self, request: web.Request) -> web.StreamResponse:
         upstream = self.upstreams.get(request.match_info["name"])
