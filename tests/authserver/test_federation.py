@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -304,6 +304,17 @@ async def test_discovery_and_keys_are_kept_and_fetched_again_once_stale_or_unkno
     clock.advance(50)
     assert (await sign_in(server))[0] == 302
     assert upstream.fetched[3:] == ["/.well-known/openid-configuration", "/jwks"]
+
+
+async def test_a_disabled_user_cannot_sign_in_through_the_provider(federated: Setup) -> None:
+    server, _ = await federated()
+    assert (await sign_in(server))[0] == 302
+    store = server.services.store
+    dana = await store.user_by_username("dana")
+    assert dana is not None
+    assert await store.save_user(replace(dana, disabled=True), dana.version)
+    status, page, location = await sign_in(server)
+    assert (status, location) == (400, None) and "Your account here is disabled." in page
 
 
 async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup) -> None:
