@@ -109,6 +109,10 @@ class Upstream:
         code = f"code-{len(self.codes)}"
         self.codes[code] = dict(query)
         back = {"code": code, "state": query["state"], "iss": self.url}
+        if self.flaw == "denied":  # the person cancelled at the provider
+            back = {"error": "access_denied", "state": query["state"], "iss": self.url}
+        elif self.flaw == "no_iss":  # though the discovery document promises it
+            del back["iss"]
         raise web.HTTPFound(query["redirect_uri"] + "?" + urlencode(back))
 
     async def token(self, request: web.Request) -> web.Response:
@@ -304,6 +308,24 @@ async def test_discovery_and_keys_are_kept_and_fetched_again_once_stale_or_unkno
     clock.advance(50)
     assert (await sign_in(server))[0] == 302
     assert upstream.fetched[3:] == ["/.well-known/openid-configuration", "/jwks"]
+
+
+@pytest.mark.parametrize(
+    ("flaw", "message"),
+    [
+        ("denied", "The provider did not sign you in."),
+        ("no_iss", "The sign-in response did not name its issuer."),
+    ],
+)
+async def test_a_response_without_a_code_or_without_its_promised_issuer_is_refused(
+    federated: Setup, flaw: str, message: str
+) -> None:
+    server, upstream = await federated()
+    upstream.flaw = flaw
+    status, page, location = await sign_in(server)
+    assert (status, location) == (400, None) and message in page
+    assert upstream.token_requests == []  # no code was exchanged
+    assert await users_of(server) == ["alice", "bob"]
 
 
 async def test_a_disabled_user_cannot_sign_in_through_the_provider(federated: Setup) -> None:
