@@ -63,6 +63,7 @@ from .endpoints.forms import query_items, with_query
 from .federation_keys import SigningKey
 from .protocol import federation as rules
 from .protocol import pkce
+from .protocol.errors import OAuthError
 from .protocol.federation import ClaimNames, Expected, FederationRefused
 from .sessions import Session, Sessions
 from .store.base import MANAGED_BY_API, AlreadyExists, IdentityLink, Store, UserRecord
@@ -510,7 +511,10 @@ class Federation:
             raise web.HTTPNotFound()
         name = upstream.provider.name
         try:
-            given = Parameters.collect(query_items(request))
+            try:
+                given = Parameters.collect(query_items(request))
+            except OAuthError as exc:
+                raise PageError(f"The request is malformed: {exc.description}.") from None
             carried_items = [(k, v) for k, v in given.values.items() if k != PROOF]
             auth = await self.authorize.validate(Parameters(dict(carried_items), given.repeated))
             session = await self.sessions.current(request)
@@ -586,7 +590,14 @@ class Federation:
         if upstream is None:
             raise web.HTTPNotFound()
         provider = upstream.provider
-        params = Parameters.collect(query_items(request))
+        try:
+            params = Parameters.collect(query_items(request))
+        except OAuthError as exc:
+            return self.authorize.pages.error(
+                400,
+                "This sign-in cannot be completed",
+                f"The response is malformed: {exc.description}.",
+            )
         session = await self.sessions.current(request)
         value = request.cookies.get(self.cookie)
         now = self.clock()
@@ -615,7 +626,7 @@ class Federation:
         except RedirectError as exc:
             return self._cleared(self.authorize.error_redirect(request, exc))
         try:
-            subject = await self._verified_subject(upstream, params, pending, now)
+            signed_in = await self._verified_subject(upstream, params, pending, now)
         except FederationRefused as refused:
             log.warning(
                 "federated sign-in refused",
@@ -636,8 +647,10 @@ class Federation:
             )
             return self._cleared(await self._unavailable(request, auth, provider))
         assert session is not None
-        new_session = await self.sessions.login(request, subject.subject)
-        log.info("federated sign-in", extra={"provider": provider.name, "outcome": subject.outcome})
+        new_session = await self.sessions.login(request, signed_in.subject)
+        log.info(
+            "federated sign-in", extra={"provider": provider.name, "outcome": signed_in.outcome}
+        )
         try:
             response = await self.authorize.proceed(request, auth, new_session, login_done=True)
         except RedirectError as exc:

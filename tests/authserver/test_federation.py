@@ -328,6 +328,16 @@ async def test_a_response_without_a_code_or_without_its_promised_issuer_is_refus
     assert await users_of(server) == ["alice", "bob"]
 
 
+async def test_a_callback_whose_query_is_not_utf_8_gets_a_page(
+    federated: Setup, http: aiohttp.ClientSession
+) -> None:
+    server, _ = await federated()
+    for path in ("/federation/corp/callback?state=%FF", "/federation/corp/start?client_id=%FF"):
+        async with http.get(server.endpoint(path), allow_redirects=False) as response:
+            assert response.status == 400, path
+            assert "malformed" in await response.text()
+
+
 async def test_a_disabled_user_cannot_sign_in_through_the_provider(federated: Setup) -> None:
     server, _ = await federated()
     assert (await sign_in(server))[0] == 302
