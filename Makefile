@@ -56,9 +56,10 @@ $(CHROMIUM):
 	  { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
 	else echo "chromium not installed (needs root and apt-get): browser tests will skip"; fi
 
-# The end-to-end DPoP test drives oauth4webapi on Debian's Node.js, and the MCP clients test
-# the MCP TypeScript SDK; each test installs its package itself (npm ci from the lock file in
-# tests/e2e/dpop_client, tests/e2e/mcp_ts_client). Node.js and npm are installed here when
+# The end-to-end DPoP test drives oauth4webapi on Debian's Node.js, the MCP clients test
+# the MCP TypeScript SDK, and the federation test signs in through oidc-provider; each test
+# installs its package itself (npm ci from the lock file in tests/e2e/dpop_client,
+# tests/e2e/mcp_ts_client, tests/e2e/oidc_directory). Node.js and npm are installed here when
 # missing and we may; otherwise those tests skip (fail under CI=true).
 NPM := /usr/bin/npm
 

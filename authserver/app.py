@@ -71,6 +71,7 @@ from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
 from .events import EventStream, Reason, Revocations, SignedEvents
 from .factors import Requirement, SecondFactors
+from .federation import Federation, SignInLinks
 from .grants.authorization_code import AuthorizationCode
 from .grants.base import Registry
 from .grants.client_credentials import ClientCredentials
@@ -138,6 +139,7 @@ class Components:
     device_authorization: DeviceAuthorizationEndpoint
     userinfo: UserInfoEndpoint
     authorize: AuthorizationEndpoint
+    federation: Federation | None  # /federation/..., with identity_providers
     device: DevicePages
     factors: FactorPages  # /factors: setting up an authenticator app
     logout: LogoutEndpoint
@@ -336,6 +338,40 @@ class AuthServer:
             settings.second_factors.required_for_everyone,
             frozenset(settings.second_factors.required_for_roles),
         )
+        providers = settings_module.federation_providers(settings)
+        authorize = AuthorizationEndpoint(
+            clients=clients,
+            users=users,
+            store=store,
+            sessions=sessions,
+            pages=pages,
+            passwords=passwords,
+            codes=codes,
+            factors=factors,
+            requirement=requirement,
+            issuer=issuer,
+            audiences=audiences,
+            code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
+            scope_description=settings.scope_description,
+            base_path=base,
+            clock=clock,
+            documents=documents,
+            sign_in_links=SignInLinks(tuple((p.name, p.display_name) for p in providers), base),
+        )
+        federation = (
+            Federation(
+                providers,
+                authorize=authorize,
+                sessions=sessions,
+                store=store,
+                issuer=issuer,
+                base_path=base,
+                secure=settings.secure_cookies,
+                clock=clock,
+            )
+            if providers
+            else None
+        )
         return Components(
             settings=settings,
             store=store,
@@ -384,24 +420,8 @@ class AuthServer:
                 clock=clock,
             ),
             userinfo=UserInfoEndpoint(resource_tokens, users, issuer + "/userinfo"),
-            authorize=AuthorizationEndpoint(
-                clients=clients,
-                users=users,
-                store=store,
-                sessions=sessions,
-                pages=pages,
-                passwords=passwords,
-                codes=codes,
-                factors=factors,
-                requirement=requirement,
-                issuer=issuer,
-                audiences=audiences,
-                code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
-                scope_description=settings.scope_description,
-                base_path=base,
-                clock=clock,
-                documents=documents,
-            ),
+            authorize=authorize,
+            federation=federation,
             device=DevicePages(
                 store=store,
                 clients=clients,
@@ -794,6 +814,16 @@ def build_app(
     r.add_route("POST", base + "/authorize", authorize, name="authorize")
     r.add_post(base + "/login", page(lambda c: c.authorize.login), name="login")
     r.add_post(base + "/login/code", page(lambda c: c.authorize.login_code), name="login_code")
+    r.add_get(
+        base + "/federation/{name}/start",
+        page(lambda c: _federation(c).start),
+        name="federation_start",
+    )
+    r.add_get(
+        base + "/federation/{name}/callback",
+        page(lambda c: _federation(c).callback),
+        name="federation_callback",
+    )
     r.add_post(base + "/consent", page(lambda c: c.authorize.consent), name="consent")
     r.add_get(base + "/factors", page(lambda c: c.factors.show), name="factors")
     r.add_post(base + "/factors/totp", page(lambda c: c.factors.begin), name="factors_totp")
@@ -855,6 +885,13 @@ def build_app(
         name="static",
     )
     return app
+
+
+def _federation(components: Components) -> Federation:
+    """The federation routes in force; 404 without identity_providers."""
+    if components.federation is None:
+        raise web.HTTPNotFound()
+    return components.federation
 
 
 def _registration(components: Components) -> RegistrationEndpoint:

@@ -36,6 +36,7 @@ from portcullis.sections import (
     accepts,
     named,
     section,
+    section_line,
     setting,
     source_file,
 )
@@ -43,9 +44,12 @@ from portcullis.tls import ServerTls
 from portcullis.yamlconf import ConfigError, LocatedMap, Problem, Rate, Withheld
 
 from .declarations import DeclaredClient, DeclaredUser, unknown_scopes
+from .federation import Provider
+from .federation_keys import load_signing_key
 from .keys import RotationPolicy
 from .metadata_documents import DocumentPolicy, FetchRules
 from .protocol.cors import origin
+from .protocol.federation import ClaimNames
 from .protocol.resources import Audiences, ProtectedResource
 from .protocol.scopes import BUILTIN_SCOPES, KNOWN_SCOPES, STANDARD_SCOPES
 from .protocol.throttle import Cap
@@ -59,6 +63,8 @@ SIGNING_ALGORITHMS = ("ES256", "RS256", "EdDSA")
 ADMIN_API_PATH = "/admin/v1"  # admin/api.py's PREFIX: the admin API's audience is issuer + this
 ADMIN_SCOPES = frozenset(s for s in BUILTIN_SCOPES if s.startswith("admin:"))
 _SCOPE_TOKEN = re.compile(r"^[\x21\x23-\x5B\x5D-\x7E]+$")
+_PROVIDER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+_DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 ZERO = timedelta(0)
 # A retry of a lost refresh response gets that response again for this long (README,
 # security notes: a server killed between the commit and the answer logs nobody out).
@@ -398,6 +404,93 @@ class MetadataDocumentSettings:
             tls.check_ca(check, "ca_file", self.ca_file)
 
 
+@accepts({"type": "string", "title": "provider name", "pattern": "^[a-z0-9][a-z0-9-]{0,31}$"})
+def provider_name(value: Any) -> str:
+    text = yamlconf.non_empty_string(value)
+    if not _PROVIDER_NAME.match(text):
+        raise ValueError(f"{text!r}: lower-case letters, digits and hyphens, at most 32 (it is a path segment)")
+    return text
+
+
+@accepts({"type": "string", "title": "domain", "pattern": "^[A-Za-z0-9.-]+$"})
+def email_domain(value: Any) -> str:
+    text = yamlconf.non_empty_string(value).lower()
+    if not _DOMAIN.match(text):
+        raise ValueError(f"{text!r} is not a domain name (example.com, no @ or wildcard)")
+    return text
+
+
+def _provider_auth_method(values: Mapping[str, Any]) -> str:
+    return "private_key_jwt" if values.get("private_key_file") is not None else "client_secret_basic"
+
+
+@section
+class ClaimMapping:
+    """Which claims of an upstream provider's ID token (or its userinfo, for those the token
+    lacks) fill a local user's fields when the first sign-in creates the user; the local
+    `sub` never follows them."""
+
+    username: str = setting("Becomes the local username (suffixed when taken).", default="preferred_username")
+    email: str = setting("Becomes the email (with email_verified as the provider says).", default="email")
+    name: str = setting("Becomes the display name.", default="name")
+
+
+@section
+class IdentityProviderSettings:
+    """An upstream OpenID Connect provider (a company directory) users may sign in with: the
+    authorization server is its client (code, PKCE S256, state, nonce, iss checked, the ID
+    token verified against its discovered keys)."""
+
+    name: str = setting("Short name, in the callback path {issuer}/federation/NAME/callback.", parser=provider_name)
+    issuer: str = setting("The provider's issuer identifier; its discovery document is {issuer}/.well-known/openid-configuration.", parser=issuer_url)
+    client_id: str = setting("This server's client_id at the provider.")
+    display_name: str = setting("The button's text on the sign-in page; the name when absent.", default="", derive=lambda v: v.get("name"))
+    client_secret: str | None = setting("This server's secret at the provider (client_secret_basic or client_secret_post).", default=None, secret=True, from_file=True)
+    private_key_file: str | None = setting("PEM private key (RSA, P-256 or Ed25519) signing private_key_jwt assertions; its public key is registered at the provider.", default=None)
+    token_endpoint_auth_method: Literal["client_secret_basic", "client_secret_post", "private_key_jwt"] = setting(
+        "How this server authenticates at the provider's token endpoint; client_secret_basic with a secret, private_key_jwt with a key file.", default="client_secret_basic", derive=_provider_auth_method)
+    scopes: tuple[str, ...] = setting("Scopes asked of the provider; openid among them.", default=("openid", "email", "profile"), parser=scope_name)
+    claims: ClaimMapping = setting("Claims that fill the local user.", default_factory=ClaimMapping)
+    link_by_verified_email_domains: tuple[str, ...] = setting(
+        "A first sign-in whose email the provider verified, of one of these domains, signs in the existing local user with that email; empty: never linked, a new user is created.", default=(), parser=email_domain)
+    timeout: timedelta = setting("A request to the provider (discovery, keys, token), from connecting to the last byte.", default=timedelta(seconds=5), more_than=ZERO, maximum=timedelta(seconds=30))
+    discovery_max_age: timedelta = setting("How long its discovery document and keys are kept before they are fetched again.", default=timedelta(hours=1), minimum=timedelta(seconds=1), maximum=timedelta(days=1))
+    ca_file: str | None = setting("CA certificates the provider is verified against, instead of the system's.", default=None)
+    line: int = section_line()
+
+    def validate(self, check: Check) -> None:
+        method = self.token_endpoint_auth_method
+        if method == "private_key_jwt":
+            if not check.has("private_key_file"):
+                check.problem("private_key_jwt needs private_key_file")
+            if check.has("client_secret"):
+                check.problem_at(check.line_of("client_secret"), f"{check.where}: private_key_jwt uses a key, not client_secret")
+            if check.secrets and self.private_key_file is not None:
+                problem = private_key_problem(self.private_key_file)
+                if problem:
+                    check.problem(problem, key="private_key_file")
+        else:
+            if not check.has("client_secret"):
+                check.problem(f"{method} needs client_secret (or client_secret_file)")
+            if check.has("private_key_file"):
+                check.problem_at(check.line_of("private_key_file"), f"{check.where}: {method} uses client_secret, not a key")
+        if "openid" not in self.scopes:
+            check.problem("must include openid", key="scopes")
+        if check.secrets and self.ca_file is not None:
+            tls.check_ca(check, "ca_file", self.ca_file)
+
+
+def private_key_problem(path: str) -> str | None:
+    """Why the PEM file at `path` cannot sign private_key_jwt assertions, if it cannot."""
+    try:
+        load_signing_key(path)
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+    except ValueError as exc:
+        return f"{path}: {exc}"
+    return None
+
+
 @section
 class CorsSettings:
     """Browser pages that may read answers, beyond the origins of the browser clients'
@@ -443,6 +536,7 @@ class Settings:
     users: tuple[DeclaredUser, ...] = setting("Users defined here (read-only in the admin API).", default=())
     clients: tuple[DeclaredClient, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
     cors: CorsSettings = setting("CORS.", default_factory=CorsSettings)
+    identity_providers: tuple[IdentityProviderSettings, ...] = setting("Upstream OpenID Connect providers users may sign in with, each a button on the sign-in page.", default=(), label=named("identity provider", "name"))
     log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
     access_log: AccessLogSettings | Literal[True, False] = setting("A line per request: true, false, or a mapping; on when absent; restart to change.", default=True)
     admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9902), parser=address)
@@ -545,6 +639,8 @@ class Settings:
             for token in unknown_scopes(client.scope, known):
                 check.within(client).problem(f"{token!r} is not in the scopes list", key="scope")
         _once(check, self.resources, lambda r: r.uri, "resource {!r} is listed twice")
+        _once(check, self.identity_providers, lambda p: p.name, "identity provider {!r} is listed twice")
+        _once(check, self.identity_providers, lambda p: p.issuer, "issuer {!r} is listed twice")
         for resource in self.resources:
             within = check.within(resource)
             if resource.uri == self.issuer + ADMIN_API_PATH:
@@ -604,6 +700,28 @@ def document_rules(documents: MetadataDocumentSettings) -> FetchRules:
 def document_policy(settings: Settings) -> DocumentPolicy:
     documents = settings.client_id_metadata_documents
     return DocumentPolicy(offered_scopes(settings), documents.cache_min, documents.cache_max)
+
+
+def federation_providers(settings: Settings) -> list[Provider]:
+    """`identity_providers`, as the federation routes take them (key files read here)."""
+    return [
+        Provider(
+            name=p.name,
+            display_name=p.display_name,
+            issuer=p.issuer,
+            client_id=p.client_id,
+            auth_method=p.token_endpoint_auth_method,
+            client_secret=None if isinstance(p.client_secret, Withheld) else p.client_secret,
+            signing_key=load_signing_key(p.private_key_file) if p.private_key_file else None,
+            scopes=p.scopes,
+            claims=ClaimNames(p.claims.username, p.claims.email, p.claims.name),
+            link_domains=frozenset(p.link_by_verified_email_domains),
+            timeout=p.timeout.total_seconds(),
+            max_age=p.discovery_max_age.total_seconds(),
+            tls=tls.client_context(p.ca_file),
+        )
+        for p in settings.identity_providers
+    ]
 
 
 def registration_cap(registration: RegistrationSettings) -> Cap:

@@ -387,6 +387,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.events",
         "authserver.registration",
         "authserver.metadata_documents",
+        "authserver.federation",
     ),
     ("authserver.grants",),
     (
@@ -399,6 +400,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     (
         "authserver.keys",
+        "authserver.federation_keys",
         "authserver.stored_keys",
         "authserver.store",
         "authserver.registry",

@@ -75,6 +75,7 @@ AUTHSERVER = Deployable(
     authserver_settings.load_text,
     (
         ("authserver.md", "Configuration"),
+        ("authserver.md", "Signing in through a company's identity provider"),
         ("mcp.md", "MCP clients of the authorization server"),
         ("operations.md", "TLS"),
     ),

@@ -86,6 +86,7 @@ class AdminApi:
                 ("users", "*", "second-factor"),
                 {"GET": users.second_factor, "DELETE": users.remove_second_factor},
             ),
+            Route(("users", "*", "identities"), {"GET": users.identities}),
             Route(("grants",), {"GET": grants.index}),
             Route(("grants", "*"), {"GET": grants.show, "DELETE": grants.delete}),
             Route(("keys",), {"GET": keys.index, "POST": keys.publish}),

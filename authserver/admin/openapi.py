@@ -146,6 +146,15 @@ SCHEMAS: dict[str, Any] = {
         },
         ("kind", "createdAt", "recoveryCodesLeft"),
     ),
+    "Identity": _object(
+        {
+            "id": _STR,
+            "issuer": {**_STR, "description": "the upstream provider's issuer identifier"},
+            "subject": {**_STR, "description": "the user's `sub` at that provider"},
+            "linkedAt": _DATE,
+        },
+        ("id", "issuer", "subject", "linkedAt"),
+    ),
     "Grant": _object(
         {
             "id": _STR,
@@ -342,6 +351,14 @@ def _item(
     return path
 
 
+def _identities() -> dict[str, Any]:
+    """The identities at upstream providers a user signs in with: read-only."""
+    path = {"parameters": [_ID], **_collection("Identity", users.IDENTITIES, None)}
+    path["get"]["summary"] = "list the user's identities at upstream OpenID Connect providers"
+    path["get"]["responses"].update(_errors("404"))
+    return path
+
+
 def document(base_url: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -399,6 +416,7 @@ def document(base_url: str) -> dict[str, Any]:
                     "responses": {"204": {"description": "removed"}, **_errors("404")},
                 },
             },
+            "/users/{id}/identities": _identities(),
             "/grants": _collection("Grant", grants.COLLECTION, None),
             "/grants/{id}": _item("Grant", None, True),
             "/keys": _collection("Key", keys.COLLECTION, "KeyInput"),

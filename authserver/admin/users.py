@@ -16,6 +16,8 @@ theirs too: a factor is the user's, not the file's.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import secrets
 from dataclasses import replace
 from typing import Any
@@ -27,7 +29,13 @@ from ..audit import Event
 from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
 from ..registry import plain
-from ..store.base import MANAGED_BY_API, MANAGED_BY_CONFIG, AlreadyExists, UserRecord
+from ..store.base import (
+    MANAGED_BY_API,
+    MANAGED_BY_CONFIG,
+    AlreadyExists,
+    IdentityLink,
+    UserRecord,
+)
 from ..users import password_problems
 from . import validation
 from .access import Caller
@@ -80,6 +88,29 @@ def represent(r: UserRecord) -> dict[str, Any]:
     }
 
 
+# The identities at upstream OpenID Connect providers a user signs in with (read-only:
+# made by the user's own sign-ins, removed with the user): /users/{id}/identities.
+IDENTITIES = Collection(
+    key="id",
+    fields=("id", "issuer", "subject", "linkedAt"),
+    filters=frozenset({"issuer"}),
+    sortable=frozenset({"issuer", "subject", "linkedAt"}),
+    search=("issuer", "subject"),
+)
+
+
+def represent_identity(link: IdentityLink) -> dict[str, Any]:
+    """`id` names the link without spelling out the provider's subject twice; `subject` is
+    the provider's `sub`, as its ID tokens say it."""
+    digest = hashlib.sha256(f"{link.issuer}\x00{link.provider_subject}".encode()).digest()
+    return {
+        "id": base64.urlsafe_b64encode(digest[:12]).decode(),
+        "issuer": link.issuer,
+        "subject": link.provider_subject,
+        "linkedAt": iso(link.created_at),
+    }
+
+
 def new_user_id() -> str:
     """A random id for a user created without one: 128 bits, base64url, never starting with
     `-` (one in 64 would), which a command line would read as an option
@@ -103,6 +134,14 @@ class Users:
 
     async def show(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
         return single(request, represent(await self._existing(ids[0])))
+
+    async def identities(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        query = parse_query(IDENTITIES, request.query)
+        record = await self._existing(ids[0])
+        links = await self.c.store.identity_links(record.subject)
+        return json_answer(page(IDENTITIES, query, [represent_identity(k) for k in links]))
 
     # ------------------------------------------------------------------ changing
 

@@ -266,8 +266,11 @@ class AuthorizationEndpoint:
         base_path: str,
         clock: Clock,
         documents: MetadataDocuments | None = None,
+        sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
+        | None = None,
     ) -> None:
         self.documents = documents
+        self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
         self.clients = clients
         self.users = users
         self.store = store
@@ -552,6 +555,7 @@ class AuthorizationEndpoint:
             error=error,
             username=username or auth.params.get("login_hint"),
             form_targets=[auth.redirect_uri],
+            providers=self.sign_in_links(session, auth.carried()) if self.sign_in_links else [],
         )
         self.sessions.set_cookie(response, session)
         return response

@@ -389,6 +389,17 @@ class UserRecord:
     version: int = 1
 
 
+@dataclass(frozen=True)
+class IdentityLink:
+    """An identity at an upstream OpenID Connect provider (its issuer and `sub`) and the
+    local user it signs in as."""
+
+    issuer: str
+    provider_subject: str
+    subject: str
+    created_at: float
+
+
 class Store(Protocol):
     async def open(self) -> None:
         """Connect and apply pending migrations; several stores opening one new database
@@ -699,6 +710,21 @@ class Store(Protocol):
     async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
         """As sync_clients, by subject; AlreadyExists, with nothing changed, when a seeded
         username belongs to a user managed by the API. The subjects removed."""
+
+    # -- identities at upstream OpenID Connect providers
+    async def identity_owner(self, issuer: str, provider_subject: str) -> str | None:
+        """The local subject the provider's identity is linked to, if any."""
+
+    async def link_identity(self, link: IdentityLink, new_user: UserRecord | None) -> None:
+        """In one transaction: `new_user` created when given, then `link` stored. When the
+        identity is linked already, or `new_user`'s subject or username is taken,
+        AlreadyExists with nothing changed (the user is not created either). The link's
+        local user must exist (or be `new_user`).
+
+        Invariant: of concurrent links of one identity, exactly one succeeds."""
+
+    async def identity_links(self, subject: str) -> list[IdentityLink]:
+        """The identities linked to the local user, ordered by issuer then provider subject."""
 
     async def delete_sessions(self, subject: str) -> int:
         """End every login session of the subject; how many."""

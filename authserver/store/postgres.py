@@ -108,6 +108,7 @@ from authserver.store.base import (
     EventKind,
     GrantRecord,
     GrantSummary,
+    IdentityLink,
     Issuance,
     Poll,
     PoolLimits,
@@ -1082,6 +1083,41 @@ class PostgresStore:
             return bool(
                 await conn.fetchval("DELETE FROM users WHERE subject = $1 RETURNING 1", subject)
             )
+
+    async def identity_owner(self, issuer: str, provider_subject: str) -> str | None:
+        async with self._connection("identity_owner") as conn:
+            subject = await conn.fetchval(
+                "SELECT subject FROM identity_links WHERE issuer = $1 AND provider_subject = $2",
+                issuer,
+                provider_subject,
+            )
+        return None if subject is None else str(subject)
+
+    async def link_identity(self, link: IdentityLink, new_user: UserRecord | None) -> None:
+        async with self._transaction("link_identity") as conn:
+            if new_user is not None:
+                await _save_user(conn, new_user, None)
+            with _unique(f"the identity {link.provider_subject!r} of {link.issuer!r}"):
+                await conn.execute(
+                    "INSERT INTO identity_links (issuer, provider_subject, subject, created_at)"
+                    " VALUES ($1, $2, $3, $4)",
+                    link.issuer,
+                    link.provider_subject,
+                    link.subject,
+                    link.created_at,
+                )
+
+    async def identity_links(self, subject: str) -> list[IdentityLink]:
+        async with self._connection("identity_links") as conn:
+            rows = await conn.fetch(
+                "SELECT issuer, provider_subject, subject, created_at FROM identity_links"
+                " WHERE subject = $1 ORDER BY issuer, provider_subject",
+                subject,
+            )
+        return [
+            IdentityLink(r["issuer"], r["provider_subject"], r["subject"], r["created_at"])
+            for r in rows
+        ]
 
     async def sync_users(self, records: Sequence[UserRecord], now: float) -> list[str]:
         async with self._transaction("sync_users") as conn:

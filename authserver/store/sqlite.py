@@ -83,6 +83,7 @@ from authserver.store.base import (
     EventKind,
     GrantRecord,
     GrantSummary,
+    IdentityLink,
     Issuance,
     Poll,
     RefreshRecord,
@@ -477,6 +478,19 @@ class SQLiteStore:
         return await self._call(
             "sync_users", lambda conn: _in_transaction(conn, _sync_users, records)
         )
+
+    async def identity_owner(self, issuer: str, provider_subject: str) -> str | None:
+        return await self._call(
+            "identity_owner", lambda conn: _identity_owner(conn, issuer, provider_subject)
+        )
+
+    async def link_identity(self, link: IdentityLink, new_user: UserRecord | None) -> None:
+        await self._call(
+            "link_identity", lambda conn: _in_transaction(conn, _link_identity, link, new_user)
+        )
+
+    async def identity_links(self, subject: str) -> list[IdentityLink]:
+        return await self._call("identity_links", lambda conn: _identity_links(conn, subject))
 
     async def delete_sessions(self, subject: str) -> int:
         return await self._call(
@@ -1629,6 +1643,36 @@ def _sync_users(conn: sqlite3.Connection, records: Sequence[UserRecord]) -> list
         elif _user_values(old, 0)[1:7] != (*_user_values(r, 0)[1:6], MANAGED_BY_CONFIG):
             _save_user(conn, replace(r, created_at=old.created_at), old.version)
     return removed
+
+
+def _identity_owner(conn: sqlite3.Connection, issuer: str, provider_subject: str) -> str | None:
+    row = conn.execute(
+        "SELECT subject FROM identity_links WHERE issuer = ? AND provider_subject = ?",
+        (issuer, provider_subject),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _link_identity(
+    conn: sqlite3.Connection, link: IdentityLink, new_user: UserRecord | None
+) -> None:
+    if new_user is not None:
+        _save_user(conn, new_user, None)
+    with _unique(f"the identity {link.provider_subject!r} of {link.issuer!r}"):
+        conn.execute(
+            "INSERT INTO identity_links (issuer, provider_subject, subject, created_at)"
+            " VALUES (?, ?, ?, ?)",
+            (link.issuer, link.provider_subject, link.subject, link.created_at),
+        )
+
+
+def _identity_links(conn: sqlite3.Connection, subject: str) -> list[IdentityLink]:
+    rows = conn.execute(
+        "SELECT issuer, provider_subject, subject, created_at FROM identity_links"
+        " WHERE subject = ? ORDER BY issuer, provider_subject",
+        (subject,),
+    )
+    return [IdentityLink(*row) for row in rows]
 
 
 def _delete_row(conn: sqlite3.Connection, table: str, value: str) -> bool:

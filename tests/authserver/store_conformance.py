@@ -46,6 +46,7 @@ from authserver.store.base import (
     DeviceRecord,
     EventKind,
     GrantRecord,
+    IdentityLink,
     Issuance,
     Poll,
     RefreshRecord,
@@ -1944,6 +1945,64 @@ class StoreConformance:
         assert [u.username for u in await store.list_users()] == ["dave", "carol"]
         assert await store.sync_users([], T0) == ["s1"]
         assert [u.username for u in await store.list_users()] == ["dave"]
+
+    async def test_an_identity_links_once_with_its_new_user_and_reads_back_from_another_store(
+        self, store: Store, other: Store
+    ) -> None:
+        link = IdentityLink("https://corp.example", "p-1", "sub-alice", T0)
+        await store.link_identity(link, a_user())
+        assert await other.identity_owner("https://corp.example", "p-1") == "sub-alice"
+        assert await other.identity_owner("https://other.example", "p-1") is None
+        assert await other.identity_links("sub-alice") == [link]
+        # Linked again, to a new user or an existing one: refused, and no user is created.
+        with pytest.raises(AlreadyExists):
+            await other.link_identity(replace(link, subject="sub-bob"), a_user("sub-bob", "bob"))
+        assert await store.get_user("sub-bob") is None
+        with pytest.raises(AlreadyExists):
+            await store.link_identity(link, None)
+        assert await store.identity_links("sub-alice") == [link]
+
+    async def test_a_new_user_whose_username_is_taken_is_not_linked(self, store: Store) -> None:
+        await store.save_user(a_user(), None)
+        with pytest.raises(AlreadyExists):
+            await store.link_identity(
+                IdentityLink("https://corp.example", "p-2", "sub-new", T0),
+                a_user("sub-new", "alice"),
+            )
+        assert await store.identity_owner("https://corp.example", "p-2") is None
+        assert await store.get_user("sub-new") is None
+
+    async def test_an_existing_user_gains_links_and_loses_them_when_removed(
+        self, store: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        second = IdentityLink("https://b.example", "x", "sub-alice", T0 + 1)
+        first = IdentityLink("https://a.example", "y", "sub-alice", T0 + 2)
+        await store.link_identity(second, None)
+        await store.link_identity(first, None)
+        assert await store.identity_links("sub-alice") == [first, second]
+        assert await store.delete_user("sub-alice")
+        assert await store.identity_owner("https://a.example", "y") is None
+        assert await store.identity_links("sub-alice") == []
+
+    async def test_of_concurrent_first_sign_ins_of_one_identity_exactly_one_links(
+        self, store: Store, other: Store
+    ) -> None:
+        async def link(index: int) -> bool:
+            try:
+                await (store, other)[index % 2].link_identity(
+                    IdentityLink("https://corp.example", "p-3", f"sub-{index}", T0),
+                    a_user(f"sub-{index}", f"user-{index}"),
+                )
+            except AlreadyExists:
+                return False
+            return True
+
+        results = await asyncio.gather(*(link(i) for i in range(RACERS)))
+        assert results.count(True) == 1
+        owner = await store.identity_owner("https://corp.example", "p-3")
+        assert owner == f"sub-{results.index(True)}"
+        assert [u.subject for u in await store.list_users()] == [owner]
 
     async def test_ending_the_sessions_of_a_subject_leaves_the_others(self, store: Store) -> None:
         await store.save_session(a_session("s1"))

@@ -19,6 +19,7 @@ import pytest
 
 from authserver import settings as authserver_settings
 from authserver.app import AuthServer, build_app
+from authserver.store.base import IdentityLink
 from tests.authserver.admin_support import (
     Admin,
     StartAdminServer,
@@ -678,6 +679,45 @@ async def test_users_of_the_configuration_are_read_only_and_usernames_unique(
     ), body
 
 
+async def test_a_users_identities_at_upstream_providers_are_listed_read_only(
+    admin_server: RunningAuthServer, http: aiohttp.ClientSession
+) -> None:
+    admin = await admin_for(http, admin_server)
+    status, listed, _ = await admin.get("/users", params={"username": "alice"})
+    [alice] = listed["data"]
+    path = f"/users/{quote(alice['id'], safe='')}/identities"
+    status, body, _ = await admin.get(path)
+    assert status == 200 and body == {
+        "data": [],
+        "pagination": {"nextCursor": None, "hasMore": False},
+    }
+    store = admin_server.services.store
+    await store.link_identity(
+        IdentityLink("https://b.example", "emp-2", alice["id"], 1_700_000_000.0), None
+    )
+    await store.link_identity(
+        IdentityLink("https://a.example", "emp-1", alice["id"], 1_700_000_100.0), None
+    )
+    status, body, _ = await admin.get(path)
+    assert status == 200
+    assert [(i["issuer"], i["subject"], i["linkedAt"]) for i in body["data"]] == [
+        ("https://a.example", "emp-1", "2023-11-14T22:15:00.000Z"),
+        ("https://b.example", "emp-2", "2023-11-14T22:13:20.000Z"),
+    ]
+    assert all(set(i) == {"id", "issuer", "subject", "linkedAt"} for i in body["data"])
+    status, body, _ = await admin.get(
+        path, params={"issuer": "https://b.example", "fields": "subject"}
+    )
+    assert status == 200 and body["data"] == [{"subject": "emp-2"}]
+    # Read-only; an unknown user is a 404; a filter it does not have is a 422.
+    status, body, _ = await admin.post(path, {"issuer": "https://c.example", "subject": "x"})
+    assert status == 405
+    status, body, _ = await admin.get("/users/nobody/identities")
+    assert status == 404 and codes(body) == "not_found"
+    status, body, _ = await admin.get(path, params={"email": "x"})
+    assert status == 422
+
+
 # ---------------------------------------------------------------------------- grants and keys
 
 
@@ -744,6 +784,7 @@ async def test_the_openapi_document_describes_every_path(
         "/users/{id}",
         "/users/{id}/password",
         "/users/{id}/second-factor",
+        "/users/{id}/identities",
         "/grants",
         "/grants/{id}",
         "/keys",

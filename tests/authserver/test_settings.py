@@ -707,3 +707,138 @@ def test_load_raises_config_error_with_every_problem(tmp_path):
 def test_an_unreadable_file_is_reported(tmp_path):
     found = settings.check(str(tmp_path / "missing.yaml"), {})
     assert found == [f"{tmp_path / 'missing.yaml'}:0: cannot read: No such file or directory"]
+
+
+# ---------------------------------------------------------------------------- identity providers
+
+PROVIDER = """\
+identity_providers:
+  - name: corp
+    issuer: "https://login.corp.example"
+    client_id: portcullis
+    client_secret: "a-secret-the-provider-gave-this-server"
+"""
+
+
+def test_an_identity_provider_loads_with_its_defaults(tmp_path):
+    (provider,) = settings.load(write(tmp_path, BASE + PROVIDER), {}).identity_providers
+    assert (provider.name, provider.display_name, provider.issuer) == (
+        "corp",
+        "corp",
+        "https://login.corp.example",
+    )
+    assert provider.token_endpoint_auth_method == "client_secret_basic"
+    assert provider.scopes == ("openid", "email", "profile")
+    assert (provider.claims.username, provider.claims.email, provider.claims.name) == (
+        "preferred_username",
+        "email",
+        "name",
+    )
+    assert provider.link_by_verified_email_domains == ()  # never linked unless the operator says
+    assert provider.timeout == timedelta(seconds=5)
+    assert "a-secret" not in repr(provider)
+
+
+def test_an_identity_provider_with_a_key_file_uses_private_key_jwt(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    (tmp_path / "corp.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    (tmp_path / "secret").write_text("from-a-file-0123456789abcdef\n")
+    text = (
+        BASE
+        + f"""\
+identity_providers:
+  - name: corp
+    display_name: Corp directory
+    issuer: "https://login.corp.example"
+    client_id: portcullis
+    private_key_file: {tmp_path / "corp.pem"}
+    scopes: [openid, email]
+    claims: {{username: sub, email: mail, name: displayName}}
+    link_by_verified_email_domains: [Example.COM, corp.example.org]
+  - name: other
+    issuer: "http://127.0.0.1:4000"
+    client_id: portcullis
+    client_secret_file: {tmp_path / "secret"}
+    token_endpoint_auth_method: client_secret_post
+"""
+    )
+    corp, other = settings.load(write(tmp_path, text), {}).identity_providers
+    assert corp.token_endpoint_auth_method == "private_key_jwt"
+    assert corp.display_name == "Corp directory"
+    assert corp.claims.email == "mail"
+    assert corp.link_by_verified_email_domains == ("example.com", "corp.example.org")
+    assert other.client_secret == "from-a-file-0123456789abcdef"
+    assert other.token_endpoint_auth_method == "client_secret_post"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ("name: corp|name: Corp", "5: identity provider 'Corp'.name: 'Corp': lower-case"),
+        (
+            "https://login|http://login",
+            "6: identity provider 'corp'.issuer: the issuer must be https",
+        ),
+        ("    scopes: [email, profile]\n", "identity provider 'corp'.scopes: must include openid"),
+        ("    link_by_verified_email_domains: ['*.example.com']\n", "is not a domain name"),
+        ("    link_by_verified_email_domains: [alice@example.com]\n", "is not a domain name"),
+        (
+            'client_secret: "a-secret-the-provider-gave-this-server"'
+            "|token_endpoint_auth_method: private_key_jwt",
+            "5: identity provider 'corp': private_key_jwt needs private_key_file",
+        ),
+        (
+            "    private_key_file: /nonexistent/key.pem\n"
+            "    token_endpoint_auth_method: client_secret_post\n",
+            "9: identity provider 'corp': client_secret_post uses client_secret, not a key",
+        ),
+        ("    timeout: 1m\n", "timeout: must be at most 30s"),
+        ("    color: blue\n", "color"),
+    ],
+)
+def test_identity_provider_problems_are_reported_on_their_line(tmp_path, lines, expected):
+    """`lines` are appended to the provider, or replace what stands before `|` with what follows."""
+    old, _, new = lines.rpartition("|")
+    found = problems(tmp_path, BASE + (PROVIDER.replace(old, new) if old else PROVIDER + lines))
+    assert len(found) == 1, found
+    assert expected in found[0], found
+
+
+def test_an_identity_provider_needs_a_secret_or_a_readable_key(tmp_path):
+    no_secret = BASE + PROVIDER.replace(
+        '    client_secret: "a-secret-the-provider-gave-this-server"\n', ""
+    )
+    assert problems(tmp_path, no_secret) == [
+        "5: identity provider 'corp': client_secret_basic needs client_secret"
+        " (or client_secret_file)"
+    ]
+    (tmp_path / "bad.pem").write_text("not a key")
+    keyed = no_secret + f"    private_key_file: {tmp_path / 'bad.pem'}\n"
+    (problem,) = problems(tmp_path, keyed)
+    assert problem.startswith("8: ") and "not an unencrypted PEM private key" in problem
+    missing = no_secret + "    private_key_file: /nonexistent/key.pem\n"
+    (problem,) = problems(tmp_path, missing)
+    assert problem.startswith("8: ") and "cannot read /nonexistent/key.pem" in problem
+
+
+def test_identity_providers_are_named_once_and_trusted_once(tmp_path):
+    text = (
+        BASE
+        + PROVIDER
+        + PROVIDER.replace("identity_providers:\n", "").replace("login.corp", "other.corp")
+        + PROVIDER.replace("identity_providers:\n", "").replace("name: corp", "name: second")
+    )
+    found = problems(tmp_path, text)
+    assert found == [
+        "9: identity provider 'corp': identity provider 'corp' is listed twice",
+        "13: identity provider 'second': issuer 'https://login.corp.example' is listed twice",
+    ], found

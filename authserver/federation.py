@@ -1,0 +1,751 @@
+"""Signing in through an upstream OpenID Connect provider (`identity_providers`): this server
+is an ordinary client of each (OIDC Core §3.1, the authorization code flow).
+
+The sign-in page links each provider to `/federation/NAME/start`, with the authorization
+request the person is signing in for and a proof, bound to their browser session, that the
+server rendered that link (Sessions.proof): a link made elsewhere starts nothing.
+
+start:
+ 1. the proof and the authorization request checked again (AuthorizationEndpoint.validate);
+ 2. the provider's discovery document, kept `discovery_max_age` (`Upstream`): fetched with
+    `timeout` for all of it, at most MAX_DOCUMENT bytes, redirects never followed, its
+    `issuer` the configured one exactly (OIDC Discovery §4.3);
+ 3. a new `state`, `nonce` and PKCE verifier (RFC 7636, S256) sealed into a cookie
+    (AES-GCM, keyed by the browser session's secret, so it opens only in the browser that
+    started, for PENDING_LIFETIME), then a redirect to the provider's authorization
+    endpoint with the callback's exact redirect URI.
+callback:
+ 4. the cookie opened, `state` equal to the sealed one, then used once (Store.use_jti);
+ 5. `iss` (RFC 9207 §2.4), then an `error` from the provider;
+ 6. the code exchanged at its token endpoint (client_secret_basic, client_secret_post or
+    private_key_jwt), with the verifier and the same redirect URI;
+ 7. the ID token: signed with an algorithm the provider advertises (public-key ones only)
+    by a key of its jwks_uri (fetched again, at most once per KEYS_REFETCH, for a kid not
+    known yet), then its claims (protocol/federation.py); the claims the local user is
+    filled from that it lacks are read from the userinfo endpoint, about the same `sub`;
+ 8. the local user (`Accounts`): the one the identity is linked to; else, only when the
+    operator's rule allows it (a verified email of a trusted domain), the existing user with
+    that email; else a user created now, with a new random `sub` that no later claim of the
+    provider changes;
+ 9. a new login session, and the authorization request resumed where the password form
+    would have taken it.
+A provider that cannot be reached or answers what it should not is a `ProviderUnavailable`,
+a refusal a FederationRefused: either shows the sign-in page again with what happened, the
+password form still there. Nothing is stored for a refused sign-in but its used `state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import ssl
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import jwt
+import orjson
+from aiohttp import web
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from .clock import Clock
+from .endpoints.authorize import AuthorizationEndpoint, PageError, Parameters, RedirectError
+from .endpoints.forms import query_items, with_query
+from .federation_keys import SigningKey
+from .protocol import federation as rules
+from .protocol import pkce
+from .protocol.errors import OAuthError
+from .protocol.federation import ClaimNames, Expected, FederationRefused
+from .sessions import Session, Sessions
+from .store.base import MANAGED_BY_API, AlreadyExists, IdentityLink, Store, UserRecord
+
+log = logging.getLogger("portcullis.authserver.federation")
+
+MAX_DOCUMENT = 256 * 1024  # bytes of a discovery document, key set or token response
+PENDING_LIFETIME = 600.0  # seconds between start and callback
+KEYS_REFETCH = 10.0  # seconds: the least time between two fetches of a provider's keys
+PROOF = "proof"
+_USERNAME_TRIES = 5
+
+
+class ProviderUnavailable(Exception):
+    """The provider cannot be used now: unreachable, slow, or answering what it should not."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One upstream provider, as the configuration declares it."""
+
+    name: str
+    display_name: str
+    issuer: str
+    client_id: str
+    auth_method: str
+    client_secret: str | None
+    signing_key: SigningKey | None
+    scopes: tuple[str, ...]
+    claims: ClaimNames
+    link_domains: frozenset[str]
+    timeout: float  # seconds
+    max_age: float  # seconds the discovery document and keys are kept
+    tls: ssl.SSLContext
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """What is used of a provider's discovery document."""
+
+    authorization_endpoint: str
+    token_endpoint: str
+    jwks_uri: str
+    algorithms: frozenset[str]
+    iss_supported: bool  # RFC 9207 §3
+    userinfo_endpoint: str | None = None
+
+
+@dataclass
+class _Kept:
+    metadata: Metadata | None = None
+    metadata_until: float = 0.0
+    keys: list[dict[str, Any]] = field(default_factory=list)
+    keys_fetched: float = float("-inf")
+
+
+class Upstream:
+    """A provider's documents, fetched with bounds and kept a while, and its token endpoint."""
+
+    def __init__(self, provider: Provider, clock: Clock) -> None:
+        self.provider = provider
+        self.clock = clock
+        self._kept = _Kept()
+        self._lock = asyncio.Lock()
+
+    async def metadata(self) -> Metadata:
+        async with self._lock:
+            now = self.clock()
+            if self._kept.metadata is None or now >= self._kept.metadata_until:
+                document = await self._get(
+                    self.provider.issuer + "/.well-known/openid-configuration"
+                )
+                self._kept.metadata = _metadata(document, self.provider.issuer)
+                self._kept.metadata_until = now + self.provider.max_age
+                # The keys are kept no longer than the document: a key the provider withdrew
+                # (compromised, say) stops verifying within discovery_max_age.
+                self._kept.keys, self._kept.keys_fetched = [], float("-inf")
+            return self._kept.metadata
+
+    async def key(self, kid: str | None, alg: str) -> jwt.PyJWK:
+        """The provider's key for an ID token's header; FederationRefused when none fits."""
+        metadata = await self.metadata()
+        async with self._lock:
+            found = _key_for(self._kept.keys, kid, alg)
+            if found is None and self.clock() - self._kept.keys_fetched >= KEYS_REFETCH:
+                self._kept.keys = _keys_of(await self._get(metadata.jwks_uri))
+                self._kept.keys_fetched = self.clock()
+                found = _key_for(self._kept.keys, kid, alg)
+        if found is None:
+            raise FederationRefused(
+                "unknown_key", "The provider's ID token is signed by a key it does not publish."
+            )
+        try:
+            return jwt.PyJWK(found, algorithm=alg)
+        except (jwt.PyJWTError, ValueError, TypeError):
+            raise FederationRefused(
+                "unknown_key", "The provider's ID token is signed by a key that does not fit."
+            ) from None
+
+    async def exchange(self, code: str, verifier: str, redirect_uri: str) -> dict[str, Any]:
+        """The token response for `code` (OIDC Core §3.1.3.1, RFC 7636 §4.5)."""
+        provider, metadata = self.provider, await self.metadata()
+        form = {
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": redirect_uri,
+            "code_verifier": verifier,
+        }
+        headers = {"Accept": "application/json"}
+        if provider.auth_method == "client_secret_basic":
+            # RFC 6749 §2.3.1: each part form-encoded before they are joined.
+            secret = provider.client_secret or ""
+            pair = f"{quote(provider.client_id, safe='')}:{quote(secret, safe='')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        elif provider.auth_method == "client_secret_post":
+            form.update(client_id=provider.client_id, client_secret=provider.client_secret or "")
+        else:
+            form.update(
+                client_id=provider.client_id,
+                client_assertion_type="urn:ietf:params:oauth:client-assertion-type:jwt-bearer",
+                client_assertion=self._assertion(metadata.token_endpoint),
+            )
+        status, body = await self._request(
+            "POST", metadata.token_endpoint, data=form, headers=headers
+        )
+        if status != 200:
+            error = body.get("error") if isinstance(body, dict) else None
+            log.warning(
+                "provider refused the code",
+                extra={"provider": provider.name, "status": status, "error": str(error)[:64]},
+            )
+            raise FederationRefused("code_refused", "The provider did not accept the sign-in.")
+        if not isinstance(body, dict) or not isinstance(body.get("id_token"), str):
+            raise ProviderUnavailable("token_response_without_id_token")
+        return body
+
+    async def userinfo(self, endpoint: str, access_token: str) -> Any:
+        """The userinfo response (OIDC Core §5.3), read as JSON (a signed one is not asked)."""
+        headers = {"Authorization": f"Bearer {access_token}", "Accept": "application/json"}
+        status, body = await self._request("GET", endpoint, headers=headers)
+        if status != 200:
+            raise ProviderUnavailable(f"userinfo_http_{status}")
+        return body
+
+    def _assertion(self, token_endpoint: str) -> str:
+        """A private_key_jwt assertion (RFC 7523 §3): the provider's issuer as its audience,
+        as draft-ietf-oauth-rfc7523bis asks, and its token endpoint for those that want it."""
+        provider, key = self.provider, self.provider.signing_key
+        assert key is not None
+        now = int(self.clock())
+        claims = {
+            "iss": provider.client_id,
+            "sub": provider.client_id,
+            "aud": [provider.issuer, token_endpoint],
+            "jti": secrets.token_urlsafe(16),
+            "iat": now,
+            "exp": now + 60,
+        }
+        return jwt.encode(claims, key.key, algorithm=key.alg, headers={"kid": key.kid})
+
+    async def _get(self, url: str) -> Any:
+        status, body = await self._request("GET", url, headers={"Accept": "application/json"})
+        if status != 200:
+            raise ProviderUnavailable(f"http_{status}")
+        return body
+
+    async def _request(self, method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
+        timeout = aiohttp.ClientTimeout(total=self.provider.timeout)
+        connector = aiohttp.TCPConnector(ssl=self.provider.tls, force_close=True)
+        try:
+            async with (
+                aiohttp.ClientSession(
+                    timeout=timeout, connector=connector, trust_env=False
+                ) as session,
+                session.request(method, url, allow_redirects=False, **kwargs) as response,
+            ):
+                body = await _bounded(response)
+                status = response.status
+        except (aiohttp.ClientError, ssl.SSLError, OSError, TimeoutError) as exc:
+            log.warning(
+                "identity provider unreachable",
+                extra={"provider": self.provider.name, "reason": type(exc).__name__},
+            )
+            raise ProviderUnavailable("unreachable") from None
+        try:
+            return status, orjson.loads(body)
+        except orjson.JSONDecodeError:
+            if status >= 500 or status == 200:
+                log.warning(
+                    "identity provider answered no JSON",
+                    extra={"provider": self.provider.name, "status": status},
+                )
+                raise ProviderUnavailable("not_json") from None
+            return status, None
+
+
+async def _bounded(response: aiohttp.ClientResponse) -> bytes:
+    if response.content_length is not None and response.content_length > MAX_DOCUMENT:
+        raise ProviderUnavailable("too_large")
+    body = b""
+    while not response.content.at_eof():
+        body += await response.content.read(MAX_DOCUMENT + 1 - len(body))
+        if len(body) > MAX_DOCUMENT:
+            raise ProviderUnavailable("too_large")
+    return body
+
+
+def _metadata(document: Any, issuer: str) -> Metadata:
+    if not isinstance(document, dict):
+        raise ProviderUnavailable("discovery_not_an_object")
+    # OIDC Discovery §4.3: the issuer in the document is the one asked, exactly.
+    if document.get("issuer") != issuer:
+        raise ProviderUnavailable("discovery_issuer_mismatch")
+    endpoints: list[str] = []
+    for member in ("authorization_endpoint", "token_endpoint", "jwks_uri"):
+        value = document.get(member)
+        if not rules.endpoint_allowed(issuer, value):
+            raise ProviderUnavailable("discovery_incomplete")
+        endpoints.append(str(value))
+    userinfo = document.get("userinfo_endpoint")
+    algorithms = rules.id_token_algorithms(document.get("id_token_signing_alg_values_supported"))
+    if not algorithms:
+        raise ProviderUnavailable("no_public_key_algorithm")
+    return Metadata(
+        authorization_endpoint=endpoints[0],
+        token_endpoint=endpoints[1],
+        jwks_uri=endpoints[2],
+        algorithms=algorithms,
+        iss_supported=document.get("authorization_response_iss_parameter_supported") is True,
+        userinfo_endpoint=userinfo if rules.endpoint_allowed(issuer, userinfo) else None,
+    )
+
+
+def _keys_of(document: Any) -> list[dict[str, Any]]:
+    keys = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(keys, list):
+        raise ProviderUnavailable("jwks_not_a_key_set")
+    # Private members never make a key usable here (RFC 7517 §9.2): such keys are skipped.
+    return [k for k in keys if isinstance(k, dict) and not ({"d", "k", "p", "q"} & k.keys())]
+
+
+def _key_for(keys: list[dict[str, Any]], kid: str | None, alg: str) -> dict[str, Any] | None:
+    usable = [k for k in keys if k.get("use", "sig") == "sig" and k.get("alg", alg) == alg]
+    if kid is not None:
+        usable = [k for k in usable if k.get("kid") == kid]
+    return usable[0] if len(usable) == 1 or (kid is not None and usable) else None
+
+
+# ---------------------------------------------------------------------------- local users
+
+
+@dataclass(frozen=True)
+class SignedIn:
+    subject: str
+    outcome: str  # returning, linked or created: for the log
+    # RFC 8176 methods the provider says it used (its ID token's `amr`, registered names
+    # only): what this server's ID tokens then say of the sign-in. None are this server's.
+    amr: tuple[str, ...] = ()
+
+
+class Accounts:
+    """Step 8 of the module docstring: the local user an identity signs in as."""
+
+    def __init__(self, store: Store, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    async def sign_in(
+        self, provider: Provider, provider_subject: str, claims: Mapping[str, Any]
+    ) -> SignedIn:
+        owner = await self.store.identity_owner(provider.issuer, provider_subject)
+        if owner is not None:
+            return await self._returning(owner)
+        now = self.clock()
+        email = rules.email_to_link(claims, provider.claims, provider.link_domains)
+        if email is not None:
+            existing = [
+                u
+                for u in await self.store.list_users()
+                if rules.same_email(u.claims.get("email"), email)
+            ]
+            if len(existing) > 1:
+                raise FederationRefused(
+                    "ambiguous_email",
+                    "More than one account here has this email; "
+                    "ask an administrator to link yours.",
+                )
+            if existing:
+                if existing[0].disabled:
+                    raise FederationRefused("disabled", "Your account here is disabled.")
+                link = IdentityLink(provider.issuer, provider_subject, existing[0].subject, now)
+                return await self._link(link, None, "linked")
+        username, local_claims = rules.profile_of(claims, provider.claims, provider_subject)
+        subject = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+        suffixes = (secrets.token_hex(3) for _ in range(_USERNAME_TRIES))
+        for name in rules.usernames(username, suffixes):
+            user = UserRecord(
+                subject=subject,
+                username=name,
+                password_hash="",  # no password: this user signs in through the provider
+                claims=local_claims,
+                roles=(),
+                disabled=False,
+                managed_by=MANAGED_BY_API,
+                created_at=now,
+                updated_at=now,
+            )
+            try:
+                return await self._link(
+                    IdentityLink(provider.issuer, provider_subject, subject, now), user, "created"
+                )
+            except AlreadyExists:
+                continue  # the username is taken: the next one
+        raise FederationRefused(
+            "no_username", "No username could be given to your account; ask an administrator."
+        )
+
+    async def _link(self, link: IdentityLink, user: UserRecord | None, outcome: str) -> SignedIn:
+        try:
+            await self.store.link_identity(link, user)
+        except AlreadyExists:
+            # A sign-in of the same identity, at the same time, linked it first.
+            owner = await self.store.identity_owner(link.issuer, link.provider_subject)
+            if owner is None:
+                raise
+            return await self._returning(owner)
+        return SignedIn(link.subject, outcome)
+
+    async def _returning(self, subject: str) -> SignedIn:
+        user = await self.store.get_user(subject)
+        if user is None or user.disabled:
+            raise FederationRefused("disabled", "Your account here is disabled.")
+        return SignedIn(subject, "returning")
+
+
+# ---------------------------------------------------------------------------- the pending sign-in
+
+
+@dataclass(frozen=True)
+class Pending:
+    state: str
+    nonce: str
+    verifier: str
+    carried: list[tuple[str, str]]
+    expires_at: float
+
+
+def _sealing_key(session: Session, provider: str) -> bytes:
+    return hmac.new(
+        session.record.csrf_secret, b"federation\x00" + provider.encode(), hashlib.sha256
+    ).digest()
+
+
+def seal(session: Session, provider: str, pending: Pending) -> str:
+    payload = orjson.dumps(
+        {
+            "s": pending.state,
+            "n": pending.nonce,
+            "v": pending.verifier,
+            "c": pending.carried,
+            "e": pending.expires_at,
+        }
+    )
+    iv = os.urandom(12)
+    sealed = AESGCM(_sealing_key(session, provider)).encrypt(iv, payload, provider.encode())
+    return base64.urlsafe_b64encode(iv + sealed).rstrip(b"=").decode()
+
+
+def unseal(session: Session, provider: str, value: str, now: float) -> Pending | None:
+    """The pending sign-in, unless the value was sealed for another session or provider,
+    altered, or is past its time."""
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        payload = AESGCM(_sealing_key(session, provider)).decrypt(
+            raw[:12], raw[12:], provider.encode()
+        )
+        data = orjson.loads(payload)
+        pending = Pending(
+            data["s"], data["n"], data["v"], [(k, v) for k, v in data["c"]], float(data["e"])
+        )
+    except (ValueError, InvalidTag, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
+    return pending if pending.expires_at > now else None
+
+
+# ---------------------------------------------------------------------------- the routes
+
+
+@dataclass(frozen=True)
+class SignInLinks:
+    """The sign-in page's buttons: one link per provider, for one request and session."""
+
+    providers: tuple[tuple[str, str], ...]  # (name, display name)
+    base_path: str
+
+    def __call__(self, session: Session, carried: list[tuple[str, str]]) -> list[dict[str, str]]:
+        return [
+            {
+                "name": shown,
+                "href": with_query(
+                    f"{self.base_path}/federation/{name}/start",
+                    {
+                        **dict(carried),
+                        PROOF: Sessions.proof(session, [("federation", name), *carried]),
+                    },
+                ),
+            }
+            for name, shown in self.providers
+        ]
+
+
+class Federation:
+    """GET /federation/{name}/start and /federation/{name}/callback."""
+
+    def __init__(
+        self,
+        providers: Iterable[Provider],
+        *,
+        authorize: AuthorizationEndpoint,
+        sessions: Sessions,
+        store: Store,
+        issuer: str,
+        base_path: str,
+        secure: bool,
+        clock: Clock = time.time,
+    ) -> None:
+        self.upstreams = {p.name: Upstream(p, clock) for p in providers}
+        self.authorize = authorize
+        self.sessions = sessions
+        self.store = store
+        self.accounts = Accounts(store, clock)
+        self.issuer = issuer
+        self.base_path = base_path
+        self.clock = clock
+        self.secure = secure
+        self.cookie = "__Host-portcullis_federation" if secure else "portcullis_federation"
+
+    def redirect_uri(self, name: str) -> str:
+        return f"{self.issuer}/federation/{name}/callback"
+
+    async def start(self, request: web.Request) -> web.StreamResponse:
+        upstream = self.upstreams.get(request.match_info["name"])
+        if upstream is None:
+            raise web.HTTPNotFound()
+        name = upstream.provider.name
+        try:
+            try:
+                given = Parameters.collect(query_items(request))
+            except OAuthError as exc:
+                raise PageError(f"The request is malformed: {exc.description}.") from None
+            carried_items = [(k, v) for k, v in given.values.items() if k != PROOF]
+            auth = await self.authorize.validate(Parameters(dict(carried_items), given.repeated))
+            session = await self.sessions.current(request)
+            if session is None or not Sessions.proof_valid(
+                session, [("federation", name), *auth.carried()], given.values.get(PROOF)
+            ):
+                return self.authorize.pages.error(
+                    403,
+                    "Your session expired",
+                    "Please go back to the application and try again.",
+                    "csrf",
+                )
+            try:
+                metadata = await upstream.metadata()
+            except ProviderUnavailable as exc:
+                log.warning(
+                    "federated sign-in unavailable", extra={"provider": name, "reason": exc.reason}
+                )
+                return await self._unavailable(request, auth, upstream.provider)
+            return self._to_provider(upstream.provider, metadata, session, auth.carried())
+        except PageError as exc:
+            return self.authorize.pages.error(
+                400, "This sign-in request cannot be handled", exc.message
+            )
+        except RedirectError as exc:
+            return self.authorize.error_redirect(request, exc)
+
+    def _to_provider(
+        self,
+        provider: Provider,
+        metadata: Metadata,
+        session: Session,
+        carried: list[tuple[str, str]],
+    ) -> web.Response:
+        """Step 3: the redirect to the provider, the pending sign-in sealed beside it."""
+        verifier = secrets.token_urlsafe(48)
+        pending = Pending(
+            state=secrets.token_urlsafe(32),
+            nonce=secrets.token_urlsafe(32),
+            verifier=verifier,
+            carried=carried,
+            expires_at=self.clock() + PENDING_LIFETIME,
+        )
+        location = with_query(
+            metadata.authorization_endpoint,
+            {
+                "response_type": "code",
+                "client_id": provider.client_id,
+                "redirect_uri": self.redirect_uri(provider.name),
+                "scope": " ".join(provider.scopes),
+                "state": pending.state,
+                "nonce": pending.nonce,
+                "code_challenge": pkce.s256(verifier),
+                "code_challenge_method": "S256",
+            },
+        )
+        response = web.Response(
+            status=302, headers={"Location": location, "Cache-Control": "no-store"}
+        )
+        response.set_cookie(
+            self.cookie,
+            seal(session, provider.name, pending),
+            path="/",
+            httponly=True,
+            samesite="Lax",  # sent on the provider's top-level redirect back
+            secure=self.secure,
+            max_age=int(PENDING_LIFETIME),
+        )
+        return response
+
+    async def callback(self, request: web.Request) -> web.StreamResponse:
+        upstream = self.upstreams.get(request.match_info["name"])
+        if upstream is None:
+            raise web.HTTPNotFound()
+        provider = upstream.provider
+        try:
+            params = Parameters.collect(query_items(request))
+        except OAuthError as exc:
+            return self.authorize.pages.error(
+                400,
+                "This sign-in cannot be completed",
+                f"The response is malformed: {exc.description}.",
+            )
+        session = await self.sessions.current(request)
+        value = request.cookies.get(self.cookie)
+        now = self.clock()
+        pending = unseal(session, provider.name, value, now) if session and value else None
+        if pending is None:
+            log.warning(
+                "federated sign-in refused",
+                extra={"provider": provider.name, "reason": "no_pending_sign_in"},
+            )
+            return self._cleared(
+                self.authorize.pages.error(
+                    400,
+                    "This sign-in cannot be completed",
+                    "It was not started in this browser, or it took too long. "
+                    "Go back to the application and sign in again.",
+                )
+            )
+        try:
+            auth = await self.authorize.validate(Parameters.collect(pending.carried))
+        except PageError as exc:
+            return self._cleared(
+                self.authorize.pages.error(
+                    400, "This sign-in request cannot be handled", exc.message
+                )
+            )
+        except RedirectError as exc:
+            return self._cleared(self.authorize.error_redirect(request, exc))
+        try:
+            signed_in = await self._verified_subject(upstream, params, pending, now)
+        except FederationRefused as refused:
+            log.warning(
+                "federated sign-in refused",
+                extra={"provider": provider.name, "reason": refused.reason},
+            )
+            return self._cleared(
+                await self.authorize.login_page(
+                    request,
+                    auth,
+                    error=f"Signing in with {provider.display_name} failed. {refused.message}",
+                    status=400,
+                )
+            )
+        except ProviderUnavailable as exc:
+            log.warning(
+                "federated sign-in unavailable",
+                extra={"provider": provider.name, "reason": exc.reason},
+            )
+            return self._cleared(await self._unavailable(request, auth, provider))
+        assert session is not None
+        new_session = await self.sessions.login(request, signed_in.subject, signed_in.amr)
+        log.info(
+            "federated sign-in", extra={"provider": provider.name, "outcome": signed_in.outcome}
+        )
+        try:
+            response = await self.authorize.proceed(request, auth, new_session, login_done=True)
+        except RedirectError as exc:
+            response = self.authorize.error_redirect(request, exc)
+        self.sessions.set_cookie(response, new_session)
+        return self._cleared(response)
+
+    async def _verified_subject(
+        self, upstream: Upstream, params: Parameters, pending: Pending, now: float
+    ) -> SignedIn:
+        provider = upstream.provider
+        given_state = params.values.get("state", "")
+        if params.repeated or not hmac.compare_digest(given_state.encode(), pending.state.encode()):
+            raise FederationRefused(
+                "state_mismatch", "The response does not belong to this sign-in."
+            )
+        if not await self.store.use_jti(
+            "federation:" + provider.name, pending.state, pending.expires_at, now
+        ):
+            raise FederationRefused("state_replayed", "This response was used already.")
+        metadata = await upstream.metadata()
+        rules.check_response_issuer(
+            params.values.get("iss"), provider.issuer, metadata.iss_supported
+        )
+        if "error" in params.values:
+            raise FederationRefused("provider_error", "The provider did not sign you in.")
+        code = params.values.get("code")
+        if not code:
+            raise FederationRefused("no_code", "The response carries no code.")
+        tokens = await upstream.exchange(code, pending.verifier, self.redirect_uri(provider.name))
+        claims = await self._id_token_claims(upstream, metadata, tokens["id_token"])
+        provider_subject = rules.check_id_token_claims(
+            claims, Expected(provider.issuer, provider.client_id, pending.nonce, self.clock())
+        )
+        if metadata.userinfo_endpoint and rules.missing_claims(claims, provider.claims):
+            # OIDC Core §5.4: a provider may release the scopes' claims at userinfo only.
+            access_token = tokens.get("access_token")
+            if isinstance(access_token, str):
+                given = await upstream.userinfo(metadata.userinfo_endpoint, access_token)
+                claims = rules.with_userinfo(claims, given, provider_subject)
+        signed_in = await self.accounts.sign_in(provider, provider_subject, claims)
+        return replace(signed_in, amr=rules.provider_methods(claims.get("amr")))
+
+    async def _id_token_claims(
+        self, upstream: Upstream, metadata: Metadata, token: str
+    ) -> dict[str, Any]:
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise FederationRefused(
+                "malformed_id_token", "The provider's ID token is malformed."
+            ) from None
+        alg = header.get("alg")
+        if not isinstance(alg, str) or alg not in metadata.algorithms:
+            raise FederationRefused(
+                "id_token_alg",
+                "The provider's ID token is signed with an algorithm it does not advertise.",
+            )
+        kid = header.get("kid")
+        key = await upstream.key(kid if isinstance(kid, str) else None, alg)
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key.key,
+                algorithms=[alg],
+                options={
+                    "verify_aud": False,
+                    "verify_iss": False,
+                    "verify_exp": False,
+                    "verify_iat": False,
+                    "verify_nbf": False,
+                },
+            )
+        except jwt.PyJWTError:
+            raise FederationRefused(
+                "id_token_signature", "The provider's ID token has no valid signature."
+            ) from None
+        return claims
+
+    async def _unavailable(
+        self, request: web.Request, auth: Any, provider: Provider
+    ) -> web.Response:
+        return await self.authorize.login_page(
+            request,
+            auth,
+            error=f"{provider.display_name} cannot be reached right now. "
+            "Sign in with your password, or try again in a moment.",
+            status=502,
+        )
+
+    def _cleared(self, response: web.StreamResponse) -> web.StreamResponse:
+        response.del_cookie(
+            self.cookie, path="/", secure=self.secure, httponly=True, samesite="Lax"
+        )
+        return response

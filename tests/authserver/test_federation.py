@@ -1,0 +1,449 @@
+"""Signing in through an upstream provider that misbehaves: a small OpenID Connect provider
+served here on a loopback port (real HTTP, real keys, real signatures) that answers as the
+test tells it: an ID token for another audience, with another nonce or issuer, signed with
+HMAC or not at all, a discovery document that is garbage, a token endpoint that hangs.
+Each is refused with a page that says so, the password form still on it, and nothing stored.
+It also checks what a well-behaved provider receives: client_secret_post and private_key_jwt
+authentication, PKCE, the exact redirect URI.
+
+tests/e2e/test_federation.py signs in through node-oidc-provider, the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import jwt
+import pytest
+from aiohttp import web
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from authserver.federation_keys import load_signing_key, public_jwk
+from authserver.protocol import pkce
+from tests.authserver.conftest import (
+    REDIRECT,
+    MovableClock,
+    RunningAuthServer,
+    StartAuthServer,
+    default_config,
+)
+from tests.support import start_site
+
+CLIENT_SECRET = "upstream-secret-of-the-authserver-0123456789"
+VERIFIER = "w" * 43
+PROVIDER_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+PROVIDER_JWK = {
+    **json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(PROVIDER_KEY.public_key())),
+    "kid": "p1",
+    "use": "sig",
+}
+
+
+@dataclass
+class Upstream:
+    """The provider: `flaw` says how its next ID token is wrong; what it was sent is kept."""
+
+    url: str = ""
+    flaw: str = ""
+    discovery: Any = None  # replaces the discovery document when set (bytes: sent as is)
+    token_delay: float = 0.0
+    client_keys: list[dict[str, Any]] = field(default_factory=list)
+    codes: dict[str, dict[str, str]] = field(default_factory=dict)
+    token_requests: list[dict[str, Any]] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)  # the paths of discovery and keys GETs
+    signing: tuple[Any, str] = (PROVIDER_KEY, "p1")  # the key that signs, and its kid
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/.well-known/openid-configuration", self.metadata)
+        app.router.add_get("/authorize", self.authorize)
+        app.router.add_post("/token", self.token)
+        app.router.add_get("/jwks", self.jwks)
+        app.router.add_get("/userinfo", self.userinfo)
+        return app
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        self.fetched.append(request.path)
+        if isinstance(self.discovery, bytes):
+            return web.Response(body=self.discovery, content_type="application/json")
+        return web.json_response(
+            self.discovery
+            or {
+                "issuer": self.url,
+                "authorization_endpoint": self.url + "/authorize",
+                "token_endpoint": self.url + "/token",
+                "jwks_uri": self.url + "/jwks",
+                "userinfo_endpoint": self.url + "/userinfo",
+                "id_token_signing_alg_values_supported": ["RS256", "HS256", "none"],
+                "authorization_response_iss_parameter_supported": True,
+            }
+        )
+
+    async def jwks(self, request: web.Request) -> web.Response:
+        self.fetched.append(request.path)
+        key, kid = self.signing
+        public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        return web.json_response({"keys": [{**public, "kid": kid, "use": "sig"}]})
+
+    async def userinfo(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer at":
+            return web.json_response({"error": "invalid_token"}, status=401)
+        sub = "someone-else" if self.flaw == "userinfo_subject" else "upstream-7"
+        return web.json_response(
+            {"sub": sub, "email": "dana@corp.example", "email_verified": True, "name": "Dana"}
+        )
+
+    async def authorize(self, request: web.Request) -> web.Response:
+        query = request.query
+        code = f"code-{len(self.codes)}"
+        self.codes[code] = dict(query)
+        back = {"code": code, "state": query["state"], "iss": self.url}
+        if self.flaw == "denied":  # the person cancelled at the provider
+            back = {"error": "access_denied", "state": query["state"], "iss": self.url}
+        elif self.flaw == "no_iss":  # though the discovery document promises it
+            del back["iss"]
+        raise web.HTTPFound(query["redirect_uri"] + "?" + urlencode(back))
+
+    async def token(self, request: web.Request) -> web.Response:
+        form = dict(await request.post())
+        self.token_requests.append(
+            {"form": form, "authorization": request.headers.get("Authorization")}
+        )
+        await asyncio.sleep(self.token_delay)
+        asked = self.codes.pop(str(form.get("code")), None)
+        if asked is None or pkce.s256(str(form.get("code_verifier"))) != asked["code_challenge"]:
+            return web.json_response({"error": "invalid_grant"}, status=400)
+        if form.get("redirect_uri") != asked["redirect_uri"]:
+            return web.json_response({"error": "invalid_grant"}, status=400)
+        now = int(time.time())
+        claims: dict[str, Any] = {
+            "iss": self.url,
+            "sub": "upstream-7",
+            "aud": asked["client_id"],
+            "exp": now + 300,
+            "iat": now,
+            "nonce": asked["nonce"],
+            "email": "dana@corp.example",
+            "email_verified": True,
+            "preferred_username": "dana",
+        }
+        flaw, alg = self.flaw, "RS256"
+        key, headers = self.signing[0], {"kid": self.signing[1]}
+        if flaw == "audience":
+            claims["aud"] = "another-client"
+        elif flaw == "audiences_without_azp":
+            claims["aud"] = [asked["client_id"], "another-client"]
+        elif flaw == "nonce":
+            claims["nonce"] = "a-nonce-of-another-sign-in"
+        elif flaw == "issuer":
+            claims["iss"] = "https://impostor.example"
+        elif flaw == "expired":
+            claims["exp"], claims["iat"] = now - 3600, now - 4000
+        elif flaw in ("userinfo_subject", "userinfo"):
+            del claims["email"], claims["email_verified"]  # left to userinfo
+        elif flaw == "hmac":
+            # Signed with the client secret: anyone holding it (the client) could forge it.
+            key, alg, headers = CLIENT_SECRET.encode(), "HS256", {}  # type: ignore[assignment]
+        elif flaw == "signature":
+            key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        if flaw == "none":
+            header = base64.urlsafe_b64encode(b'{"alg":"none"}').rstrip(b"=").decode()
+            body = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+            token = f"{header}.{body}."
+        else:
+            token = jwt.encode(claims, key, algorithm=alg, headers=headers)
+        return web.json_response({"access_token": "at", "token_type": "Bearer", "id_token": token})
+
+
+Setup = Callable[..., Awaitable[tuple[RunningAuthServer, Upstream]]]
+
+
+@pytest.fixture
+async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
+    runners: list[Any] = []
+
+    async def setup(
+        clock: Callable[[], float] = time.time, **provider: Any
+    ) -> tuple[RunningAuthServer, Upstream]:
+        upstream = Upstream()
+        runner, url = await start_site(upstream.app())
+        runners.append(runner)
+        upstream.url = url
+        config = default_config()
+        config["clients"].append(
+            {
+                "client_id": "portal",
+                "token_endpoint_auth_method": "none",
+                "redirect_uris": [REDIRECT],
+                "scope": "openid email profile",
+                "skip_consent": True,
+            }
+        )
+        config["identity_providers"] = [
+            {
+                "name": "corp",
+                "display_name": "Corp",
+                "issuer": url,
+                "client_id": "portcullis",
+                "timeout": "1s",
+                **({"client_secret": CLIENT_SECRET} if "private_key_file" not in provider else {}),
+                **provider,
+            }
+        ]
+        return await start_authserver(config, clock=clock), upstream
+
+    yield setup
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def sign_in(server: RunningAuthServer) -> tuple[int, str, str | None]:
+    """Through the sign-in page's button to the end: the last answer's status, page and
+    Location (the client's redirect URI with a code, when it worked)."""
+    query = {
+        "response_type": "code",
+        "client_id": "portal",
+        "redirect_uri": REDIRECT,
+        "scope": "openid email profile",
+        "state": "s",
+        "code_challenge": pkce.s256(VERIFIER),
+        "code_challenge_method": "S256",
+    }
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
+            page = await response.text()
+        marker = 'class="button provider" href="'
+        start = page.index(marker) + len(marker)
+        url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
+        for _ in range(6):
+            async with browser.get(url, allow_redirects=False) as response:
+                location = response.headers.get("Location")
+                if location is None or location.startswith(REDIRECT):
+                    return response.status, await response.text(), location
+                url = location
+    raise AssertionError("too many redirects")
+
+
+async def users_of(server: RunningAuthServer) -> list[str]:
+    return sorted(u.username for u in await server.services.store.list_users())
+
+
+@pytest.mark.parametrize(
+    ("flaw", "message"),
+    [
+        ("audience", "is meant for another client"),
+        ("audiences_without_azp", "is meant for several clients"),
+        ("nonce", "belongs to another sign-in"),
+        ("issuer", "was issued by another issuer"),
+        ("expired", "has expired"),
+        ("hmac", "signed with an algorithm it does not advertise"),
+        ("none", "signed with an algorithm it does not advertise"),
+        ("signature", "has no valid signature"),
+        ("userinfo_subject", "userinfo is about another user"),
+    ],
+)
+async def test_an_id_token_that_is_not_for_this_sign_in_is_refused_and_nothing_stored(
+    federated: Setup, flaw: str, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, upstream = await federated()
+    upstream.flaw = flaw
+    with caplog.at_level(logging.INFO, logger="portcullis.authserver.federation"):
+        status, page, location = await sign_in(server)
+    (line,) = [r for r in caplog.records if r.getMessage() == "federated sign-in refused"]
+    assert line.provider == "corp" and line.reason
+    assert (status, location) == (400, None)
+    assert "Signing in with Corp failed." in page and message in page
+    assert 'name="password"' in page  # the password form is still there
+    assert await users_of(server) == ["alice", "bob"]
+
+
+async def test_a_sound_id_token_signs_in_with_client_secret_post(
+    federated: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, upstream = await federated(token_endpoint_auth_method="client_secret_post")
+    with caplog.at_level(logging.INFO, logger="portcullis.authserver.federation"):
+        status, _, location = await sign_in(server)
+    (line,) = [r for r in caplog.records if r.getMessage() == "federated sign-in"]
+    assert (line.provider, line.outcome) == ("corp", "created")
+    logged = " ".join(str(vars(r)) for r in caplog.records)
+    assert CLIENT_SECRET not in logged and "dana@corp.example" not in logged
+    assert status == 302 and location is not None and "code=" in location
+    (sent,) = upstream.token_requests
+    assert sent["authorization"] is None
+    assert sent["form"]["client_id"] == "portcullis"
+    assert sent["form"]["client_secret"] == CLIENT_SECRET
+    assert sent["form"]["redirect_uri"] == server.endpoint("/federation/corp/callback")
+    assert await users_of(server) == ["alice", "bob", "dana"]
+
+
+async def test_discovery_and_keys_are_kept_and_fetched_again_once_stale_or_unknown(
+    federated: Setup,
+) -> None:
+    clock = MovableClock()
+    server, upstream = await federated(clock=clock, discovery_max_age="1m")
+    for _ in range(3):
+        assert (await sign_in(server))[0] == 302
+    assert upstream.fetched == ["/.well-known/openid-configuration", "/jwks"]
+    # The provider rotates its key: a token under an unknown kid has the keys fetched again,
+    # though not twice within KEYS_REFETCH (10s), however many such tokens come.
+    upstream.signing = (rsa.generate_private_key(public_exponent=65537, key_size=2048), "p2")
+    status, page, _ = await sign_in(server)
+    assert status == 400 and "a key it does not publish" in page
+    assert upstream.fetched[2:] == []
+    clock.advance(11)
+    assert (await sign_in(server))[0] == 302
+    assert upstream.fetched[2:] == ["/jwks"]
+    # Past discovery_max_age, the document (and then the keys) are read again.
+    clock.advance(50)
+    assert (await sign_in(server))[0] == 302
+    assert upstream.fetched[3:] == ["/.well-known/openid-configuration", "/jwks"]
+
+
+@pytest.mark.parametrize(
+    ("flaw", "message"),
+    [
+        ("denied", "The provider did not sign you in."),
+        ("no_iss", "The sign-in response did not name its issuer."),
+    ],
+)
+async def test_a_response_without_a_code_or_without_its_promised_issuer_is_refused(
+    federated: Setup, flaw: str, message: str
+) -> None:
+    server, upstream = await federated()
+    upstream.flaw = flaw
+    status, page, location = await sign_in(server)
+    assert (status, location) == (400, None) and message in page
+    assert upstream.token_requests == []  # no code was exchanged
+    assert await users_of(server) == ["alice", "bob"]
+
+
+async def test_a_callback_whose_query_is_not_utf_8_gets_a_page(
+    federated: Setup, http: aiohttp.ClientSession
+) -> None:
+    server, _ = await federated()
+    for path in ("/federation/corp/callback?state=%FF", "/federation/corp/start?client_id=%FF"):
+        async with http.get(server.endpoint(path), allow_redirects=False) as response:
+            assert response.status == 400, path
+            assert "malformed" in await response.text()
+
+
+async def test_a_disabled_user_cannot_sign_in_through_the_provider(federated: Setup) -> None:
+    server, _ = await federated()
+    assert (await sign_in(server))[0] == 302
+    store = server.services.store
+    dana = await store.user_by_username("dana")
+    assert dana is not None
+    assert await store.save_user(replace(dana, disabled=True), dana.version)
+    status, page, location = await sign_in(server)
+    assert (status, location) == (400, None) and "Your account here is disabled." in page
+
+
+async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup) -> None:
+    server, upstream = await federated()
+    upstream.flaw = "userinfo"
+    status, _, _ = await sign_in(server)
+    assert status == 302
+    user = await server.services.store.user_by_username("dana")
+    assert user is not None
+    assert user.claims == {"email": "dana@corp.example", "email_verified": True, "name": "Dana"}
+
+
+async def test_client_secret_basic_form_encodes_the_secret(federated: Setup) -> None:
+    server, upstream = await federated()
+    status, _, _ = await sign_in(server)
+    assert status == 302
+    (sent,) = upstream.token_requests
+    scheme, _, encoded = sent["authorization"].partition(" ")
+    assert scheme == "Basic"
+    assert base64.b64decode(encoded).decode() == f"portcullis:{CLIENT_SECRET}"
+    assert "client_secret" not in sent["form"]
+
+
+async def test_private_key_jwt_signs_an_assertion_the_provider_can_verify(
+    federated: Setup, tmp_path: Path
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = tmp_path / "upstream.pem"
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server, upstream = await federated(private_key_file=str(pem))
+    status, _, _ = await sign_in(server)
+    assert status == 302
+    (sent,) = upstream.token_requests
+    form = sent["form"]
+    assert form["client_assertion_type"] == "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+    public = jwt.PyJWK(public_jwk(load_signing_key(str(pem))))
+    claims = jwt.decode(
+        form["client_assertion"], public.key, algorithms=["ES256"], audience=upstream.url
+    )
+    assert claims["iss"] == claims["sub"] == "portcullis"
+    assert claims["exp"] - claims["iat"] <= 60 and claims["jti"]
+
+
+@pytest.mark.parametrize(
+    "discovery",
+    [
+        b"<html>maintenance</html>",
+        {"issuer": "https://impostor.example"},
+        {"issuer": "{url}"},  # no endpoints
+        [1, 2, 3],
+    ],
+)
+async def test_a_provider_answering_garbage_shows_the_sign_in_page_with_its_password_form(
+    federated: Setup, discovery: Any
+) -> None:
+    server, upstream = await federated()
+    if isinstance(discovery, dict) and discovery.get("issuer") == "{url}":
+        discovery = {"issuer": upstream.url}
+    upstream.discovery = discovery
+    status, page, location = await sign_in(server)
+    assert (status, location) == (502, None)
+    assert "Corp cannot be reached right now" in page and 'name="password"' in page
+    assert upstream.codes == {}  # nobody was sent there
+
+
+async def test_a_provider_whose_token_endpoint_hangs_is_given_up_on_after_its_timeout(
+    federated: Setup,
+) -> None:
+    server, upstream = await federated()
+    upstream.token_delay = 5.0
+    started = time.monotonic()
+    status, page, _ = await sign_in(server)
+    assert status == 502 and "cannot be reached right now" in page
+    assert time.monotonic() - started < 4.0  # timeout: 1s
+    assert await users_of(server) == ["alice", "bob"]
+
+
+async def test_the_sign_in_page_without_providers_has_no_buttons(
+    start_authserver: StartAuthServer, http: aiohttp.ClientSession
+) -> None:
+    server = await start_authserver()
+    query = {
+        "response_type": "code",
+        "client_id": "spa",
+        "redirect_uri": REDIRECT,
+        "scope": "openid",
+        "code_challenge": pkce.s256(VERIFIER),
+        "code_challenge_method": "S256",
+    }
+    async with http.get(server.endpoint("/authorize?" + urlencode(query))) as response:
+        page = await response.text()
+    assert 'name="password"' in page and "provider" not in page
+    async with http.get(server.endpoint("/federation/corp/start")) as response:
+        assert response.status == 404
