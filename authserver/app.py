@@ -468,6 +468,8 @@ class AuthServer:
                 sessions=sessions,
                 pages=pages,
                 passwords=passwords,
+                codes=codes,
+                factors=factors,
                 hasher=hasher,
                 scope_description=settings.scope_description,
                 base_path=base,
@@ -862,6 +864,11 @@ def build_app(
     r.add_route("POST", base + "/logout", logout, name="logout")
     r.add_get(base + "/account", page(lambda c: c.account.show), name="account")
     r.add_post(base + "/account/login", page(lambda c: c.account.login), name="account_login")
+    r.add_post(
+        base + "/account/login/code",
+        page(lambda c: c.account.login_code),
+        name="account_login_code",
+    )
     r.add_post(
         base + "/account/apps/revoke", page(lambda c: c.account.revoke), name="account_revoke"
     )

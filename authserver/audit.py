@@ -68,6 +68,7 @@ class Event(enum.StrEnum):
     CLIENT_DELETED = "client.deleted"
     CLIENT_CUT_OFF = "client.cut_off"  # every token of the client revoked
     KEY_PUBLISHED = "key.published"
+    IDENTITY_LINKED = "identity.linked"  # an upstream provider's identity to an existing user
     FACTOR_ENROLLED = "factor.enrolled"  # an authenticator app confirmed by its first code
     FACTOR_REMOVED = "factor.removed"
     FACTOR_FAILED = "factor.failed"  # a wrong, replayed or out-of-window code
@@ -82,6 +83,7 @@ _WARNINGS = frozenset(
         Event.CODE_REPLAYED,
         Event.FACTOR_THROTTLED,
         Event.RECOVERY_CODE_USED,
+        Event.IDENTITY_LINKED,
     }
 )
 

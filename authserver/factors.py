@@ -27,7 +27,7 @@ from datetime import timedelta
 from enum import StrEnum
 
 from .clock import Clock
-from .protocol import totp
+from .protocol import assurance, totp
 from .store.base import Store, TotpRecord
 from .stored_keys import KeyCipher
 
@@ -44,6 +44,7 @@ class Method(StrEnum):
     PASSWORD = "pwd"  # noqa: S105 - the name of a method, not a password
     OTP = "otp"  # a code of the authenticator app, or a recovery code: both one-time codes
     MULTIPLE = "mfa"
+    EXTERNAL = assurance.EXTERNAL  # at an upstream provider that named no method
 
 
 def methods_of(*used: Method) -> tuple[str, ...]:

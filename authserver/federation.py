@@ -57,12 +57,16 @@ from aiohttp import web
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from . import audit
+from .audit import Event
 from .clock import Clock
 from .endpoints.authorize import AuthorizationEndpoint, PageError, Parameters, RedirectError
 from .endpoints.forms import query_items, with_query
+from .endpoints.signin import client_address
+from .factors import Method
 from .federation_keys import SigningKey
+from .protocol import assurance, pkce
 from .protocol import federation as rules
-from .protocol import pkce
 from .protocol.errors import OAuthError
 from .protocol.federation import ClaimNames, Expected, FederationRefused
 from .sessions import Session, Sessions
@@ -344,10 +348,15 @@ class Accounts:
         now = self.clock()
         email = rules.email_to_link(claims, provider.claims, provider.link_domains)
         if email is not None:
+            # Only a user whose own email is verified here, and who signs in through no
+            # provider yet: an address a federated sign-in brought (verified or not), or one
+            # a provider gave a former holder, never takes over an account.
             existing = [
                 u
                 for u in await self.store.list_users()
                 if rules.same_email(u.claims.get("email"), email)
+                and u.claims.get("email_verified") is True
+                and not await self.store.identity_links(u.subject)
             ]
             if len(existing) > 1:
                 raise FederationRefused(
@@ -650,10 +659,35 @@ class Federation:
             )
             return self._cleared(await self._unavailable(request, auth, provider))
         assert session is not None
-        new_session = await self.sessions.login(request, signed_in.subject, signed_in.amr)
         log.info(
             "federated sign-in", extra={"provider": provider.name, "outcome": signed_in.outcome}
         )
+        address = client_address(self.authorize.passwords.addresses, request)
+        if signed_in.outcome == "created":
+            audit.record(Event.USER_CREATED, audit.SERVER, subject=signed_in.subject)
+        elif signed_in.outcome == "linked":
+            audit.record(
+                Event.IDENTITY_LINKED,
+                audit.SERVER,
+                subject=signed_in.subject,
+                reason=provider.name,
+            )
+        if Method.MULTIPLE not in signed_in.amr and await self.authorize.factors.enrolled(
+            signed_in.subject
+        ):
+            # The user has an authenticator app here and the provider did not say it asked
+            # for a second factor: its code is the second step, as after a password.
+            return self._cleared(
+                self.authorize.code_page(request, auth, session, signed_in.subject)
+            )
+        audit.record(
+            Event.SIGNIN_SUCCEEDED,
+            audit.USER,
+            subject=signed_in.subject,
+            address=address,
+            reason=f"provider:{provider.name}",
+        )
+        new_session = await self.sessions.login(request, signed_in.subject, signed_in.amr)
         try:
             response = await self.authorize.proceed(request, auth, new_session, login_done=True)
         except RedirectError as exc:
@@ -695,7 +729,8 @@ class Federation:
                 given = await upstream.userinfo(metadata.userinfo_endpoint, access_token)
                 claims = rules.with_userinfo(claims, given, provider_subject)
         signed_in = await self.accounts.sign_in(provider, provider_subject, claims)
-        return replace(signed_in, amr=rules.provider_methods(claims.get("amr")))
+        methods = rules.provider_methods(claims.get("amr")) or (assurance.EXTERNAL,)
+        return replace(signed_in, amr=methods)
 
     async def _id_token_claims(
         self, upstream: Upstream, metadata: Metadata, token: str

@@ -210,8 +210,11 @@ class Minter:
         if nonce is not None:
             claims["nonce"] = nonce
         if amr:
-            # OIDC Core §2: how the user authenticated, and the level that makes.
-            claims["amr"] = list(amr)
+            # OIDC Core §2: how the user authenticated, and the level that makes. A sign-in
+            # at a provider that named no method claims none.
+            named = [method for method in amr if method != assurance.EXTERNAL]
+            if named:
+                claims["amr"] = named
             claims["acr"] = assurance.acr_of(amr)
         claims.update(released(user_claims, scopes))
         return claims

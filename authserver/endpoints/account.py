@@ -32,6 +32,7 @@ from aiohttp import web
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
+from ..factors import Method, SecondFactors, methods_of
 from ..protocol.client_ids import document_url
 from ..registry import ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
@@ -61,6 +62,11 @@ def session_handle(record: SessionRecord) -> str:
     return hashlib.sha256(b"account-handle\x00" + record.session_hash).hexdigest()[:24]
 
 
+# What a pending sign-in to this page is bound to: no authorization request, this page.
+_PENDING_BOUND = [("\x00account", "1")]
+EXPIRED_SIGN_IN = "This sign-in has expired. Please sign in again."
+
+
 class AccountPages:
     def __init__(
         self,
@@ -71,6 +77,8 @@ class AccountPages:
         sessions: Sessions,
         pages: Pages,
         passwords: signin.PasswordCheck,
+        codes: signin.CodeCheck,
+        factors: SecondFactors,
         hasher: PasswordHasher,
         scope_description: Callable[[str], str],
         base_path: str,
@@ -82,6 +90,8 @@ class AccountPages:
         self.sessions = sessions
         self.pages = pages
         self.passwords = passwords
+        self.codes = codes
+        self.factors = factors
         self.hasher = hasher
         self.scope_description = scope_description
         self.base_path = base_path
@@ -119,9 +129,70 @@ class AccountPages:
             return await self._sign_in_page(
                 request, error=signin.WRONG, status=400, username=username
             )
-        new_session = await self.sessions.login(request, outcome.subject)
+        if await self.factors.enrolled(outcome.subject):
+            # As at the authorization endpoint: a user with an app types its code before
+            # anything is signed in (the pending sign-in is bound to this page).
+            assert session is not None
+            return self._code_page(session, outcome.subject)
+        new_session = await self.sessions.login(
+            request, outcome.subject, methods_of(Method.PASSWORD)
+        )
         response = self._back()
         self.sessions.set_cookie(response, new_session)
+        return response
+
+    async def login_code(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/login/code: the second step of a pending sign-in to this page."""
+        form = await read_form(request)
+        session = await self.sessions.current(request)
+        if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return self._expired()
+        subject = signin.PendingSignIn.subject(session, form, _PENDING_BOUND, self.clock())
+        if subject is None:
+            # Forged, expired, or used already (signing in ended the session it was bound
+            # to): the password step again.
+            return await self._sign_in_page(request, error=EXPIRED_SIGN_IN, status=403)
+        until = float(form[signin.PENDING_UNTIL])
+        outcome = await self.codes.check(request, subject, form.get("code", ""))
+        if isinstance(outcome, signin.Throttled):
+            response = self._code_page(
+                session, subject, until=until, error=signin.THROTTLED_CODE, status=429
+            )
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            return self._code_page(
+                session, subject, until=until, error=signin.WRONG_CODE, status=400
+            )
+        new_session = await self.sessions.login(
+            request, subject, methods_of(Method.PASSWORD, Method.OTP)
+        )
+        response = self._back()
+        self.sessions.set_cookie(response, new_session)
+        return response
+
+    def _code_page(
+        self,
+        session: Session,
+        subject: str,
+        *,
+        until: float | None = None,
+        error: str | None = None,
+        status: int = 200,
+    ) -> web.Response:
+        expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
+        pending = signin.PendingSignIn.fields(session, subject, expires, _PENDING_BOUND)
+        response = self.pages.render(
+            "second_step.html",
+            status=status,
+            title="Enter your code",
+            action=self.page_path + "/login/code",
+            csrf_token=Sessions.csrf_token(session),
+            carried=pending,
+            client_name="your account",
+            error=error,
+        )
+        self.sessions.set_cookie(response, session)
         return response
 
     async def revoke(self, request: web.Request) -> web.StreamResponse:

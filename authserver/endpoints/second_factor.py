@@ -191,6 +191,9 @@ class FactorPages:
         signed_in = await self.sessions.login(
             request, subject, methods_of(*_methods(session), Method.OTP)
         )
+        # Sessions signed in before the app was set up, without it, end here (as a changed
+        # password ends them): from now on the user's sessions have all met the code.
+        await self.sessions.store.delete_other_sessions(subject, signed_in.record.session_hash)
         proof = Sessions.proof(signed_in, carried)
         response = self.pages.render(
             "factor_codes.html",

@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 PASSWORD = "urn:portcullis:acr:pwd"  # noqa: S105 - a level's name, not a password
+# The method of a sign-in at an upstream provider that named none (its ID token had no
+# `amr`): kept in sessions so that no method is claimed for it, never written in an ID token.
+EXTERNAL = "fed"
 MULTI_FACTOR = "urn:portcullis:acr:mfa"
 SUPPORTED = (PASSWORD, MULTI_FACTOR)  # lowest first
 _RANK = {value: rank for rank, value in enumerate(SUPPORTED)}

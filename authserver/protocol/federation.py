@@ -156,8 +156,12 @@ def with_userinfo(claims: Mapping[str, Any], userinfo: object, subject: str) -> 
 
 def verified_email(claims: Mapping[str, Any], names: ClaimNames) -> str | None:
     """The email, when the provider says it is verified: `email_verified` exactly true (a
-    string "true" is not), OIDC Core §5.1."""
+    string "true" is not), OIDC Core §5.1. `email_verified` speaks of the standard `email`
+    claim alone: an email read from another claim (`claims.email` mapped elsewhere) is never
+    verified, so never linked by."""
     email = claims.get(names.email)
+    if names.email != "email":
+        return None
     if claims.get("email_verified") is True and isinstance(email, str) and "@" in email:
         return email
     return None

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 import jwt
+import pyotp
 import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
@@ -31,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from authserver.federation_keys import load_signing_key, public_jwk
 from authserver.protocol import pkce
+from authserver.protocol.federation import ClaimNames, email_to_link
 from tests.authserver.conftest import (
     REDIRECT,
     MovableClock,
@@ -140,7 +143,12 @@ class Upstream:
         }
         flaw, alg = self.flaw, "RS256"
         key, headers = self.signing[0], {"kid": self.signing[1]}
-        if flaw == "audience":
+        # Other people at the provider (their names in the token: userinfo is dana's).
+        if flaw == "unverified":  # an address the provider has not verified
+            claims.update(sub="upstream-8", email_verified=False, name="Mallory")
+        elif flaw == "newcomer":  # the address given to someone else since
+            claims.update(sub="upstream-9", name="Newcomer")
+        elif flaw == "audience":
             claims["aud"] = "another-client"
         elif flaw == "audiences_without_azp":
             claims["aud"] = [asked["client_id"], "another-client"]
@@ -174,7 +182,9 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
     runners: list[Any] = []
 
     async def setup(
-        clock: Callable[[], float] = time.time, **provider: Any
+        clock: Callable[[], float] = time.time,
+        more: dict[str, Any] | None = None,
+        **provider: Any,
     ) -> tuple[RunningAuthServer, Upstream]:
         upstream = Upstream()
         runner, url = await start_site(upstream.app())
@@ -201,6 +211,7 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
                 **provider,
             }
         ]
+        config.update(more or {})
         return await start_authserver(config, clock=clock), upstream
 
     yield setup
@@ -347,6 +358,56 @@ async def test_a_disabled_user_cannot_sign_in_through_the_provider(federated: Se
     assert await store.save_user(replace(dana, disabled=True), dana.version)
     status, page, location = await sign_in(server)
     assert (status, location) == (400, None) and "Your account here is disabled." in page
+
+
+async def test_a_user_with_an_app_here_types_its_code_after_the_provider(
+    federated: Setup, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The provider said nothing of a second factor: a user who set an app up here types its
+    code next, as after a password; until then nothing is signed in."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, _ = await federated(more={"second_factors": {"encryption_key": key}})
+    assert (await sign_in(server))[0] == 302  # dana created
+    created = [json.loads(line) for line in capfd.readouterr().err.splitlines() if "event" in line]
+    dana = await server.services.store.user_by_username("dana")
+    assert dana is not None
+    events = {(e["event"], e.get("subject")) for e in created}
+    assert ("user.created", dana.subject) in events
+    assert ("signin.succeeded", dana.subject) in events
+    factors = server.services.authorize.factors
+    enrolment = await factors.begin(dana.subject, "dana")
+    assert enrolment is not None
+    secret = enrolment.grouped.replace(" ", "")
+    assert await factors.confirm(dana.subject, pyotp.TOTP(secret).now()) is not None
+    status, page, location = await sign_in(server)
+    assert (status, location) == (200, None)
+    assert "/login/code" in page and "Enter your code" in page
+
+
+async def test_an_address_a_sign_in_brought_or_that_changed_hands_links_to_nobody(
+    federated: Setup,
+) -> None:
+    """Linking by a verified email takes only a user whose own email is verified and who
+    signs in through no provider: not one a first sign-in created with an unverified
+    address (a pre-hijack), nor one whose address the provider gave to someone else."""
+    server, upstream = await federated(link_by_verified_email_domains=["corp.example"])
+    upstream.flaw = "unverified"
+    assert (await sign_in(server))[0] == 302  # created, with the address unverified
+    upstream.flaw = ""
+    assert (await sign_in(server))[0] == 302  # verified now, another sub: not linked to it
+    upstream.flaw = "newcomer"
+    assert (await sign_in(server))[0] == 302  # the verified holder is linked already
+    store = server.services.store
+    danas = [u for u in await store.list_users() if u.username.startswith("dana")]
+    assert len(danas) == 3
+    for user in danas:
+        assert len(await store.identity_links(user.subject)) == 1
+
+
+def test_an_email_mapped_from_another_claim_is_never_verified() -> None:
+    names = ClaimNames(username="preferred_username", email="upn", name="name")
+    claims = {"upn": "ceo@corp.example", "email_verified": True}
+    assert email_to_link(claims, names, {"corp.example"}) is None
 
 
 async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup) -> None:

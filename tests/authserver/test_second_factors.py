@@ -441,6 +441,37 @@ async def test_each_recovery_code_signs_in_once(
     assert not any(code in written for code in codes)
 
 
+async def test_the_account_page_asks_for_the_code_too(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    """The account page's own sign-in is no way around the app: the password alone signs
+    nothing in there, the code does, and its pending sign-in is used once."""
+    secret, _ = await enrolled_user(server, clock)
+    async with browser() as http:
+        page = await http.get(server.url + "/account")
+        action, fields = parse_form(await page.text())
+        assert action.endswith("/account/login")
+        fields.update(username="alice", password=PASSWORD)
+        answer = await post(http, server, action, fields)
+        assert answer.status == 200
+        action, pending = parse_form(await answer.text())
+        assert action.endswith("/account/login/code")
+        # Not signed in yet: the page is still its sign-in form.
+        still = await http.get(server.url + "/account")
+        assert parse_form(await still.text())[0].endswith("/account/login")
+        wrong = await post(http, server, action, {**pending, "code": "000000"})
+        assert wrong.status == 400
+        signed_in = await post(http, server, action, {**pending, "code": app_code(secret, clock)})
+        assert signed_in.status in (302, 303)
+        account = await http.get(server.url + "/account")
+        assert "Connected apps" in await account.text()
+        # The pending sign-in died with the session it was bound to.
+        again = await post(http, server, action, {**pending, "code": app_code(secret, clock, 1)})
+        assert again.status in (403, 400)
+    session = await server.services.store.sessions_of(server.subject("alice"), clock.now)
+    assert any(record.amr == ("pwd", "otp", "mfa") for record in session)
+
+
 async def test_a_user_without_an_app_signs_in_with_the_password_alone(
     server: RunningAuthServer, clock: MovableClock
 ) -> None:
