@@ -60,7 +60,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from . import audit
 from .audit import Event
 from .clock import Clock
-from .endpoints.authorize import AuthorizationEndpoint, PageError, Parameters, RedirectError
+from .endpoints.authorize import (
+    AuthorizationEndpoint,
+    AuthorizationRequest,
+    PageError,
+    Parameters,
+    RedirectError,
+)
 from .endpoints.forms import query_items, with_query
 from .endpoints.signin import client_address
 from .factors import Method
@@ -330,6 +336,7 @@ class SignedIn:
     # RFC 8176 methods the provider says it used (its ID token's `amr`, registered names
     # only): what this server's ID tokens then say of the sign-in. None are this server's.
     amr: tuple[str, ...] = ()
+    auth_time: float | None = None  # when the user signed in at the provider
 
 
 class Accounts:
@@ -546,7 +553,7 @@ class Federation:
                     "federated sign-in unavailable", extra={"provider": name, "reason": exc.reason}
                 )
                 return await self._unavailable(request, auth, upstream.provider)
-            return self._to_provider(upstream.provider, metadata, session, auth.carried())
+            return self._to_provider(upstream.provider, metadata, session, auth)
         except PageError as exc:
             return self.authorize.pages.error(
                 400, "This sign-in request cannot be handled", exc.message
@@ -559,9 +566,12 @@ class Federation:
         provider: Provider,
         metadata: Metadata,
         session: Session,
-        carried: list[tuple[str, str]],
+        auth: AuthorizationRequest,
     ) -> web.Response:
-        """Step 3: the redirect to the provider, the pending sign-in sealed beside it."""
+        """Step 3: the redirect to the provider, the pending sign-in sealed beside it. A
+        client's `prompt=login` and `max_age` go to the provider too: the sign-in it asked
+        for happens there (checked on the way back, `signed_in_at`)."""
+        carried = auth.carried()
         verifier = secrets.token_urlsafe(48)
         pending = Pending(
             state=secrets.token_urlsafe(32),
@@ -581,6 +591,8 @@ class Federation:
                 "nonce": pending.nonce,
                 "code_challenge": pkce.s256(verifier),
                 "code_challenge_method": "S256",
+                **({"prompt": "login"} if "login" in auth.prompt else {}),
+                **({"max_age": str(auth.max_age)} if auth.max_age is not None else {}),
             },
         )
         response = web.Response(
@@ -638,7 +650,7 @@ class Federation:
         except RedirectError as exc:
             return self._cleared(self.authorize.error_redirect(request, exc))
         try:
-            signed_in = await self._verified_subject(upstream, params, pending, now)
+            signed_in = await self._verified_subject(upstream, params, pending, now, auth)
         except FederationRefused as refused:
             log.warning(
                 "federated sign-in refused",
@@ -687,7 +699,9 @@ class Federation:
             address=address,
             reason=f"provider:{provider.name}",
         )
-        new_session = await self.sessions.login(request, signed_in.subject, signed_in.amr)
+        new_session = await self.sessions.login(
+            request, signed_in.subject, signed_in.amr, signed_in.auth_time
+        )
         try:
             response = await self.authorize.proceed(request, auth, new_session, login_done=True)
         except RedirectError as exc:
@@ -696,7 +710,12 @@ class Federation:
         return self._cleared(response)
 
     async def _verified_subject(
-        self, upstream: Upstream, params: Parameters, pending: Pending, now: float
+        self,
+        upstream: Upstream,
+        params: Parameters,
+        pending: Pending,
+        now: float,
+        auth: AuthorizationRequest,
     ) -> SignedIn:
         provider = upstream.provider
         given_state = params.values.get("state", "")
@@ -728,9 +747,17 @@ class Federation:
             if isinstance(access_token, str):
                 given = await upstream.userinfo(metadata.userinfo_endpoint, access_token)
                 claims = rules.with_userinfo(claims, given, provider_subject)
+        # Before any user is made or linked: a sign-in the client forced must have happened.
+        auth_time = rules.signed_in_at(
+            claims,
+            self.clock(),
+            started_at=pending.expires_at - PENDING_LIFETIME,
+            login_forced="login" in auth.prompt,
+            max_age=auth.max_age,
+        )
         signed_in = await self.accounts.sign_in(provider, provider_subject, claims)
         methods = rules.provider_methods(claims.get("amr")) or (assurance.EXTERNAL,)
-        return replace(signed_in, amr=methods)
+        return replace(signed_in, amr=methods, auth_time=auth_time)
 
     async def _id_token_claims(
         self, upstream: Upstream, metadata: Metadata, token: str

@@ -19,6 +19,7 @@ Every refusal is a `FederationRefused` whose message can be shown as it is.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -228,3 +229,45 @@ def provider_methods(amr: object) -> tuple[str, ...]:
         return ()
     kept = [m for m in amr if isinstance(m, str) and m in REGISTERED_METHODS]
     return tuple(dict.fromkeys(kept))[:8]
+
+
+# How far the provider's clock may be from ours when its `auth_time` is judged.
+AUTH_TIME_LEEWAY = 30.0
+
+
+def signed_in_at(
+    claims: Mapping[str, Any],
+    now: float,
+    *,
+    started_at: float,
+    login_forced: bool,
+    max_age: int | None,
+) -> float:
+    """When the user signed in at the provider, as this server's session then says: the ID
+    token's `auth_time`, else now. Where the client forced a sign-in (`prompt=login`) or
+    bounded its age (`max_age`), both passed on to the provider, the ID token must say when
+    (OIDC Core §3.1.2.1: `auth_time` is required then), after this sign-in began for
+    `prompt=login`, within `max_age` for the other: a provider's single sign-on left in
+    place is no fresh sign-in. FederationRefused otherwise."""
+    raw = claims.get("auth_time")
+    given = (
+        float(raw)
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw)
+        else None
+    )
+    if given is not None and given > now + AUTH_TIME_LEEWAY:
+        raise FederationRefused("auth_time_future", "The provider's answer is not yet valid.")
+    if login_forced or max_age is not None:
+        if given is None:
+            raise FederationRefused(
+                "no_auth_time", "The provider did not say when you signed in there."
+            )
+        if login_forced and given < started_at - AUTH_TIME_LEEWAY:
+            raise FederationRefused(
+                "not_signed_in_again", "The provider did not ask you to sign in again."
+            )
+        if max_age is not None and now - given > max_age + AUTH_TIME_LEEWAY:
+            raise FederationRefused(
+                "auth_too_old", "You signed in at the provider too long ago: sign in there again."
+            )
+    return min(given, now) if given is not None else now

@@ -65,6 +65,7 @@ class Upstream:
     codes: dict[str, dict[str, str]] = field(default_factory=dict)
     token_requests: list[dict[str, Any]] = field(default_factory=list)
     fetched: list[str] = field(default_factory=list)  # the paths of discovery and keys GETs
+    asked: list[dict[str, str]] = field(default_factory=list)  # each authorization request
     signing: tuple[Any, str] = (PROVIDER_KEY, "p1")  # the key that signs, and its kid
 
     def app(self) -> web.Application:
@@ -111,6 +112,7 @@ class Upstream:
         query = request.query
         code = f"code-{len(self.codes)}"
         self.codes[code] = dict(query)
+        self.asked.append(dict(query))
         back = {"code": code, "state": query["state"], "iss": self.url}
         if self.flaw == "denied":  # the person cancelled at the provider
             back = {"error": "access_denied", "state": query["state"], "iss": self.url}
@@ -141,7 +143,13 @@ class Upstream:
             "email_verified": True,
             "preferred_username": "dana",
         }
+        if "max_age" in asked or asked.get("prompt") == "login":
+            claims["auth_time"] = now  # asked for a fresh sign-in, it says when
         flaw, alg = self.flaw, "RS256"
+        if flaw == "stale_auth":  # its single sign-on left in place
+            claims["auth_time"] = now - 3600
+        elif flaw == "no_auth_time":
+            claims.pop("auth_time", None)
         key, headers = self.signing[0], {"kid": self.signing[1]}
         # Other people at the provider (their names in the token: userinfo is dana's).
         if flaw == "unverified":  # an address the provider has not verified
@@ -219,10 +227,11 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
         await runner.cleanup()
 
 
-async def sign_in(server: RunningAuthServer) -> tuple[int, str, str | None]:
+async def sign_in(server: RunningAuthServer, **extra: str) -> tuple[int, str, str | None]:
     """Through the sign-in page's button to the end: the last answer's status, page and
     Location (the client's redirect URI with a code, when it worked)."""
     query = {
+        **extra,
         "response_type": "code",
         "client_id": "portal",
         "redirect_uri": REDIRECT,
@@ -408,6 +417,30 @@ def test_an_email_mapped_from_another_claim_is_never_verified() -> None:
     names = ClaimNames(username="preferred_username", email="upn", name="name")
     claims = {"upn": "ceo@corp.example", "email_verified": True}
     assert email_to_link(claims, names, {"corp.example"}) is None
+
+
+async def test_a_forced_sign_in_is_asked_of_the_provider_and_must_have_happened_there(
+    federated: Setup,
+) -> None:
+    """`prompt=login` and `max_age` go to the provider, and its ID token must say when the
+    user signed in there (OIDC Core §3.1.2.1): a single sign-on left in place, or no word of
+    when, is refused before any user is made."""
+    server, upstream = await federated()
+    status, _, location = await sign_in(server, prompt="login", max_age="0")
+    assert status == 302 and location is not None and "code=" in location
+    assert (upstream.asked[-1]["prompt"], upstream.asked[-1]["max_age"]) == ("login", "0")
+    assert await users_of(server) == ["alice", "bob", "dana"]
+    server, upstream = await federated()
+    upstream.flaw = "stale_auth"
+    status, page, location = await sign_in(server, max_age="60")
+    assert (status, location) == (400, None) and "too long ago" in page
+    upstream.flaw = "no_auth_time"
+    status, page, _ = await sign_in(server, prompt="login")
+    assert status == 400 and "did not say when you signed in" in page
+    assert await users_of(server) == ["alice", "bob"]  # nothing made
+    upstream.flaw = ""
+    assert (await sign_in(server))[0] == 302  # neither asked: no auth_time needed
+    assert "prompt" not in upstream.asked[-1] and "max_age" not in upstream.asked[-1]
 
 
 async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup) -> None:

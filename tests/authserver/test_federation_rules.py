@@ -19,6 +19,7 @@ from authserver.protocol.federation import (
     missing_claims,
     profile_of,
     provider_methods,
+    signed_in_at,
     with_userinfo,
 )
 
@@ -174,3 +175,22 @@ def test_the_methods_a_provider_names_are_passed_on_registered_and_once() -> Non
         )
         == 8
     )
+
+
+def test_when_the_user_signed_in_at_the_provider() -> None:
+    now, started = 10_000.0, 9_990.0
+    at = {"auth_time": 9_995}
+    plain = {"login_forced": False, "max_age": None, "started_at": started}
+    assert signed_in_at({}, now, **plain) == now  # not asked, not said: now
+    assert signed_in_at(at, now, **plain) == 9_995
+    assert signed_in_at(at, now, started_at=started, login_forced=True, max_age=10) == 9_995
+    for claims, forced, max_age in (
+        ({}, True, None),  # asked, not said
+        ({}, False, 0),
+        ({"auth_time": True}, True, None),  # not a number
+        ({"auth_time": 9_000}, True, None),  # before this sign-in began
+        ({"auth_time": 9_000}, False, 600),  # older than max_age
+        ({"auth_time": now + 3600}, False, None),  # in the future
+    ):
+        with pytest.raises(FederationRefused):
+            signed_in_at(claims, now, started_at=started, login_forced=forced, max_age=max_age)
