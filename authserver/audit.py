@@ -8,7 +8,7 @@ be an attack: throttled sign-ins, a refresh token or a code presented again), `l
 (`portcullis.authserver.audit`) and `message` (the event's name again). They are written
 whatever `log_level` says, and not through `logging`: its records cost ten times the line
 itself, which the token endpoint, writing one per token, would feel. Lines go out at the
-end of the event loop's turn they were written in (accesslog.JsonLines). The fields:
+end of the event loop's turn they were written in (portcullis/jsonlines.py). The fields:
 
   event            what happened: one of `Event`'s values, `signin.failed` say
   actor            who did it: `user` (at the login form, or signed in), `client` (an
@@ -34,10 +34,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from portcullis.jsonlines import JsonLines
+
 from . import accesslog
 
 LOGGER = "portcullis.authserver.audit"
-LINES = accesslog.JsonLines("stderr", 0.0)
+LINES = JsonLines("stderr", 0.0)
 
 
 class Event(enum.StrEnum):

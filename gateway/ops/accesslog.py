@@ -15,21 +15,16 @@ the request path only appends to a list.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
-import sys
-import time
 from collections import OrderedDict
-from typing import IO, Any
+from typing import Any
 
-import orjson
+from portcullis.jsonlines import JsonLines
 
 from ..core.exchange import Exchange
 from ..core.records import AccessLogOptions
 
-_MILLISECONDS = tuple(f".{ms:03d}Z" for ms in range(1000))
-_MAX_WAITING = 256 * 1024  # bytes of lines held before writing at once
 _SUBJECTS_REMEMBERED = 16_384
 
 
@@ -41,19 +36,7 @@ class AccessLog:
         self._key = settings.subject_hash_key.encode()
         # subject -> its digest, for the latest subjects (ordered: the oldest found at once)
         self._hashed: OrderedDict[str, str] = OrderedDict()
-        # One growing buffer: holding each line as its own bytes object until the flush
-        # costs several times more than serialising it (the allocator suffers).
-        self._buffer = bytearray()
-        self._file: IO[bytes] | None = None
-        if settings.output not in ("stderr", "stdout"):
-            self._file = open(settings.output, "ab")  # noqa: SIM115 - closed by close()
-        self._flush_handle: asyncio.TimerHandle | None = None
-        self._interval = settings.flush_interval.total_seconds()
-        self._second = -1
-        self._second_text = ""
-        # Wall-clock time from the monotonic clock requests are timed with: one subtraction
-        # instead of a second clock read per line.
-        self._clock_offset = time.time() - time.perf_counter()
+        self._lines = JsonLines(settings.output, settings.flush_interval.total_seconds())
 
     def record(self, exchange: Exchange, status: int, finished: float) -> None:
         """One line for an exchange that ended at `finished` (time.perf_counter)."""
@@ -69,7 +52,7 @@ class AccessLog:
                     subject = self._hash(principal.subject)
         upstream = exchange.upstream_seconds
         entry: dict[str, Any] = {
-            "time": self._time(finished),
+            "time": self._lines.time_of(finished),
             "request_id": exchange.request_id,
             "trace_id": exchange.trace_id,
             "client": exchange.client,
@@ -85,11 +68,7 @@ class AccessLog:
             "upstream_ms": int(upstream * 1_000_000) / 1000 if upstream is not None else None,
             "total_ms": int((finished - exchange.started) * 1_000_000) / 1000,
         }
-        self._buffer += orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
-        if len(self._buffer) >= _MAX_WAITING:
-            self.flush()
-        elif self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_later(self._interval, self.flush)
+        self._lines.write(entry)
 
     def _hash(self, subject: str) -> str:
         """The subject's keyed digest, remembered for the most recent subjects."""
@@ -99,35 +78,8 @@ class AccessLog:
         self._hashed[subject] = digest
         return digest
 
-    def _time(self, finished: float) -> str:
-        now = finished + self._clock_offset
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return self._second_text + _MILLISECONDS[int((now - second) * 1000)]
-
     def flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        if not self._buffer:
-            return
-        data = bytes(self._buffer)
-        self._buffer.clear()
-        try:
-            if self._file is not None:
-                self._file.write(data)
-                self._file.flush()
-            else:
-                stream = sys.stdout if self.settings.output == "stdout" else sys.stderr
-                stream.write(data.decode())
-                stream.flush()
-        except (OSError, ValueError):
-            pass  # a full disk or a closed stream must not take requests down with it
+        self._lines.flush()
 
     def close(self) -> None:
-        self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._lines.close()
