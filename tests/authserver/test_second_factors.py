@@ -464,10 +464,22 @@ async def test_the_account_page_asks_for_the_code_too(
         signed_in = await post(http, server, action, {**pending, "code": app_code(secret, clock)})
         assert signed_in.status in (302, 303)
         account = await http.get(server.url + "/account")
-        assert "Connected apps" in await account.text()
-        # The pending sign-in died with the session it was bound to.
-        again = await post(http, server, action, {**pending, "code": app_code(secret, clock, 1)})
-        assert again.status in (403, 400)
+        page = await account.text()
+        assert "Connected apps" in page
+        # The pending sign-in died with the session it was bound to: sent again with the new
+        # session's CSRF token, its proof no longer holds.
+        _, signed_in_fields = parse_form(page)
+        again = await post(
+            http,
+            server,
+            action,
+            {
+                **pending,
+                "csrf_token": signed_in_fields["csrf_token"],
+                "code": app_code(secret, clock, 1),
+            },
+        )
+        assert again.status == 403 and "This sign-in has expired" in await again.text()
     session = await server.services.store.sessions_of(server.subject("alice"), clock.now)
     assert any(record.amr == ("pwd", "otp", "mfa") for record in session)
 
