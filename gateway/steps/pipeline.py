@@ -45,7 +45,7 @@ import asyncio
 import secrets
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDictProxy
@@ -89,14 +89,28 @@ class LastToken:
     without it). Held by the connection, gone with it; values longer than
     REMEMBERED_AUTHORIZATION_CHARS are not kept."""
 
-    __slots__ = ("key", "scheme", "value")
+    __slots__ = ("credentials", "key", "prefix", "size")
 
     def __init__(self) -> None:
-        # The Authorization value remembered (None before any), `scheme` followed by a space
-        # and the token, compared whole. The token is not kept apart from it.
-        self.value: str | None = None
-        self.scheme: Literal["Bearer", "DPoP"] = bearer.BEARER
+        # The credentials of the value remembered (None before any), parsed from exactly
+        # `prefix` (the scheme and one space) followed by the token, `size` characters in
+        # all; the value itself is not kept beside the token.
+        self.credentials: Credentials | None = None
+        self.prefix = ""
+        self.size = 0
         self.key = b""
+
+    def recall(self, value: str) -> Credentials | None:
+        """The credentials of `value` when it is the Authorization value remembered."""
+        credentials = self.credentials
+        if (
+            credentials is not None
+            and len(value) == self.size
+            and value.endswith(credentials.token)
+            and value.startswith(self.prefix)
+        ):
+            return credentials
+        return None
 
 
 class Forward(Protocol):
@@ -437,18 +451,26 @@ class Pipeline(Generic[F]):
 
         rule = plan.rule
         if rule is not None and not rule.public:
-            # 3-8 for a token: each step's value, or its refusal.
-            verified = await self.authenticate(request, plan, rule, last)
-            if isinstance(verified, Refusal):
-                exchange.deny(verified.reason, monitor)
-                if not monitor:
-                    return _with_headers(verified, extra)
-                principal = verified.principal
+            # 3-4. extract, verify: a token verified before comes from the cache.
+            presented = self.cached(headers, last) or await self.verify(request, rule, plan)
+            if isinstance(presented, Refusal):
+                refused: Refusal | None = presented
             else:
-                principal, nonce = verified
-                if nonce is not None:
-                    # RFC 9449 §9: the nonce for the client's next proof.
-                    extra = (*extra, ("DPoP-Nonce", nonce))
+                principal, credentials = presented
+                # 5-7. bind-check, revocation-check, decide: every request, cache hit or not.
+                if principal.jkt is None and credentials.scheme == bearer.BEARER:
+                    refused = self.check_bearer(plan, rule, principal)
+                else:
+                    refused, nonce = await self.check_bound(
+                        request, plan, rule, principal, credentials
+                    )
+                    if nonce is not None:  # RFC 9449 §9: the nonce for the client's next proof
+                        extra = (*extra, ("DPoP-Nonce", nonce))
+            if refused is not None:
+                exchange.deny(refused.reason, monitor)
+                if not monitor:
+                    return _with_headers(refused, extra)
+                principal = refused.principal
             exchange.principal = principal
 
         # 8. limit
@@ -467,41 +489,6 @@ class Pipeline(Generic[F]):
                     return _with_headers(refusal, extra)
             extra = (*extra, *limit_headers)
         return Admitted(plan, principal, extra)
-
-    async def authenticate(
-        self,
-        request: Incoming,
-        plan: RoutePlan,
-        rule: rules.Rule[Route],
-        last: LastToken | None,
-    ) -> tuple[Principal, str | None] | Refusal:
-        """Steps 3 to 7 on a route that needs a token: the principal allowed, with the DPoP
-        nonce for the client's next proof when nonces are on; or the first refusal."""
-        # 3-4. extract, verify: a token verified before comes from the cache.
-        presented = self.cached(request.headers, last) or await self.verify(request, rule, plan)
-        if isinstance(presented, Refusal):
-            return presented
-        principal, credentials = presented
-        scheme = credentials.scheme
-        # 5. bind-check: every request, cache hit or not.
-        nonce = None
-        if principal.jkt is None and scheme == bearer.BEARER:
-            refused = self.bearer_check(plan, principal)
-        else:
-            refused = await self.bind_check(request, plan, principal, credentials)
-            if refused is None and self.nonces is not None:
-                nonce = self.nonces.current(self._now())
-        # 6. revocation-check: every request, cache hit or not.
-        if refused is None and self.revocations is not None:
-            refused = self.revocation_check(plan, principal, scheme)
-        # 7. decide
-        if refused is None:
-            refused = self.decide(plan, rule, principal, scheme)
-        if refused is None:
-            return principal, nonce
-        if nonce is not None:  # a refusal after the proof passed carries the next nonce too
-            return _with_headers(refused, (("DPoP-Nonce", nonce),))
-        return refused
 
     # ------------------------------------------------------------------ 1. match
 
@@ -592,12 +579,11 @@ class Pipeline(Generic[F]):
             return None
         value = authorization[0]
         verifier = self.verifier
-        if last is not None and value == last.value:
-            principal = self._look(last.key)
-            if principal is None:
-                return None
-            scheme = last.scheme
-            return principal, Credentials(scheme, value[len(scheme) + 1 :])
+        if last is not None:
+            remembered = last.recall(value)
+            if remembered is not None:
+                principal = self._look(last.key)
+                return (principal, remembered) if principal is not None else None
         if value.startswith("Bearer "):
             credentials = Credentials(bearer.BEARER, value[7:])
         elif value.startswith("DPoP "):
@@ -608,7 +594,8 @@ class Pipeline(Generic[F]):
             return None
         key = token_key(credentials.token)
         if last is not None and len(value) <= REMEMBERED_AUTHORIZATION_CHARS:
-            last.value, last.scheme, last.key = value, credentials.scheme, key
+            last.credentials, last.key, last.size = credentials, key, len(value)
+            last.prefix = value[: len(value) - len(credentials.token)]
         principal = self._look(key)
         if principal is None:
             return None
@@ -649,17 +636,45 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 5. bind-check
 
-    def bearer_check(self, plan: RoutePlan, principal: Principal) -> Refusal | None:
-        """A bearer token bound to no key: refused where DPoP is required (by the route, or
-        by the token's issuer)."""
-        if plan.dpop_required:
-            return self._unbound(plan, "this route accepts DPoP-bound tokens only")
-        if principal.issuer in self._dpop_issuers:
-            return self._unbound(plan, "this issuer's tokens are accepted DPoP-bound only")
-        return None
+    def check_bearer(
+        self, plan: RoutePlan, rule: rules.Rule[Route], principal: Principal
+    ) -> Refusal | None:
+        """Steps 5 to 7 for a bearer token bound to no key: None when it is allowed."""
+        # 5. bind-check: refused where DPoP is required, by the route or the token's issuer.
+        if plan.dpop_required or principal.issuer in self._dpop_issuers:
+            return self.bearer_refused(plan)
+        return self.allowed(plan, rule, principal, bearer.BEARER)
 
-    @staticmethod
-    def _unbound(plan: RoutePlan, description: str) -> Refusal:
+    async def check_bound(
+        self,
+        request: Incoming,
+        plan: RoutePlan,
+        rule: rules.Rule[Route],
+        principal: Principal,
+        credentials: Credentials,
+    ) -> tuple[Refusal | None, str | None]:
+        """Steps 5 to 7 for a token bound to a key, or one sent with the DPoP scheme: None
+        and, when nonces are on, the nonce for the client's next proof; or the refusal (which
+        carries that nonce once the proof passed)."""
+        # 5. bind-check
+        refused = await self.bind_check(request, plan, principal, credentials)
+        if refused is not None:
+            return refused, None
+        refused = self.allowed(plan, rule, principal, credentials.scheme)
+        if self.nonces is None:
+            return refused, None
+        nonce = self.nonces.current(self._now())
+        if refused is not None:
+            return _with_headers(refused, (("DPoP-Nonce", nonce),)), None
+        return None, nonce
+
+    def bearer_refused(self, plan: RoutePlan) -> Refusal:
+        """The refusal of a bearer token bound to no key where DPoP is required: by the
+        route, else by the token's issuer."""
+        if plan.dpop_required:
+            description = "this route accepts DPoP-bound tokens only"
+        else:
+            description = "this issuer's tokens are accepted DPoP-bound only"
         return errors.invalid_token(description, plan.offer, bearer.DPOP, "dpop_required")
 
     async def bind_check(
@@ -747,18 +762,22 @@ class Pipeline(Generic[F]):
 
     # ------------------------------------------------------------------ 7. decide
 
-    def decide(
-        self,
-        plan: RoutePlan,
-        rule: rules.Rule[Route],
-        principal: Principal,
-        scheme: str,
+    def allowed(
+        self, plan: RoutePlan, rule: rules.Rule[Route], principal: Principal, scheme: str
     ) -> Refusal | None:
-        """Whether the verified principal may use the route (`scheme`: the one the token
-        came with, whose challenge carries the error)."""
+        """Steps 6 and 7 for a token whose binding was checked: None when the route allows
+        its principal (`scheme`: the one the token came with, whose challenge carries the
+        error)."""
+        # 6. revocation-check
+        if self.revocations is not None:
+            refused = self.revocation_check(plan, principal, scheme)
+            if refused is not None:
+                return refused
+        # 7. decide
         decision = policy.decide(rule, principal)
-        if isinstance(decision, policy.Allow):
+        if decision is policy.ALLOW:
             return None
+        assert isinstance(decision, policy.Deny)
         if decision.code == "insufficient_scope":
             # The token is valid for this API; only the scope is missing.
             return errors.insufficient_scope(

@@ -508,7 +508,8 @@ async def admit_both(
     """The request admitted by the gateway that remembers (given the connection's memory)
     and by the one that does not, the two decisions compared; what was decided, as a label
     for the statistics."""
-    remembered = last.value is not None and headers.getall("Authorization", []) == [last.value]
+    values = headers.getall("Authorization", [])
+    remembered = len(values) == 1 and last.recall(values[0]) is not None
     decisions = []
     for gateway, memory in ((remembering, last), (forgetting, None)):
         request = Sent(step.method, step.path, CIMultiDictProxy(headers))

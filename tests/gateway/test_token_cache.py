@@ -206,12 +206,12 @@ async def test_tokens_alternating_on_one_connection_each_carry_their_own_identit
                 assert header_values(answer.body, "X-Auth-Subject") == [f"{subject}-user"], round_
         # The one connection remembers the value it sent last.
         remembered = [
-            connection.last_token.value
+            connection.last_token.credentials
             for runner in gateway.runners
             for connection in getattr(runner.server, "connections", ())
             if hasattr(connection, "last_token")
         ]
-        assert remembered == [f"Bearer {first}"]
+        assert remembered == [("Bearer", first)]
     assert (cache.hits, cache.misses) == (7, 2)
     assert len(upstream.requests) == 9
 
@@ -281,7 +281,7 @@ async def test_only_authorization_values_up_to_the_bound_are_remembered(gateway,
         headers = CIMultiDictProxy(CIMultiDict({"Authorization": f"Bearer {token}"}))
         found = pipeline.cached(headers, last)
         assert found is not None and found[1].token == token
-        assert (last.value == f"Bearer {token}") is remembered
+        assert (last.recall(f"Bearer {token}") is not None) is remembered
     # The short one stays remembered, and its hit gives the same principal as a full look.
     headers = CIMultiDictProxy(CIMultiDict({"Authorization": f"Bearer {short}"}))
     assert pipeline.cached(headers, last) == pipeline.cached(headers)
@@ -435,10 +435,10 @@ async def test_admit_remembers_a_value_and_its_cache_key_and_decides_every_reque
 
     first = await admit("GET")  # verified, and cached from now on
     assert isinstance(first, Admitted) and first.principal is not None
-    assert last.value is None, "an empty cache is not searched, and nothing remembered"
+    assert last.credentials is None, "an empty cache is not searched, and nothing remembered"
     allowed = await admit("GET")
     assert isinstance(allowed, Admitted) and allowed.principal is first.principal
-    assert (last.value, last.scheme) == (f"Bearer {reader}", "Bearer")
+    assert last.credentials == ("Bearer", reader) and last.recall(f"Bearer {reader}") is not None
     assert last.key == hashlib.sha256(reader.encode()).digest()
     refused = await admit("PUT")  # orders-write: the token lacks orders:write
     assert getattr(refused, "status", None) == 403
