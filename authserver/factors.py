@@ -53,6 +53,15 @@ def methods_of(*used: Method) -> tuple[str, ...]:
     return (*names, Method.MULTIPLE.value) if len(names) >= 2 else tuple(names)
 
 
+def with_code(first: tuple[str, ...]) -> tuple[str, ...]:
+    """The `amr` of a sign-in whose first step used `first` (a password here, or whatever an
+    upstream provider named) and then a code of this server: those methods, `otp` and
+    `mfa`. The code is a factor of its own whatever the first step was (an `otp` at the
+    provider included), so the sign-in is always a multi-factor one."""
+    kept = [m for m in first if m not in (Method.OTP.value, Method.MULTIPLE.value)]
+    return (*dict.fromkeys(kept), Method.OTP.value, Method.MULTIPLE.value)
+
+
 def multi_factor(amr: tuple[str, ...]) -> bool:
     return Method.MULTIPLE.value in amr
 

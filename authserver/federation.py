@@ -68,7 +68,7 @@ from .endpoints.authorize import (
     RedirectError,
 )
 from .endpoints.forms import query_items, with_query
-from .endpoints.signin import client_address
+from .endpoints.signin import FirstStep, client_address
 from .factors import Method
 from .federation_keys import SigningKey
 from .protocol import assurance, pkce
@@ -689,8 +689,9 @@ class Federation:
         ):
             # The user has an authenticator app here and the provider did not say it asked
             # for a second factor: its code is the second step, as after a password.
+            first = FirstStep(signed_in.amr, signed_in.auth_time)
             return self._cleared(
-                self.authorize.code_page(request, auth, session, signed_in.subject)
+                self.authorize.code_page(request, auth, session, signed_in.subject, first=first)
             )
         audit.record(
             Event.SIGNIN_SUCCEEDED,

@@ -36,10 +36,15 @@ from authserver.protocol import pkce
 from authserver.protocol.federation import ClaimNames, email_to_link
 from tests.authserver.conftest import (
     REDIRECT,
+    CodeResult,
     MovableClock,
     RunningAuthServer,
     StartAuthServer,
     default_config,
+    exchange_code,
+    parse_form,
+    query_of,
+    verify_jwt,
 )
 from tests.support import start_site
 
@@ -67,6 +72,8 @@ class Upstream:
     fetched: list[str] = field(default_factory=list)  # the paths of discovery and keys GETs
     asked: list[dict[str, str]] = field(default_factory=list)  # each authorization request
     signing: tuple[Any, str] = (PROVIDER_KEY, "p1")  # the key that signs, and its kid
+    amr: list[str] | None = None  # the methods its ID tokens name, when set
+    issued_auth_times: list[int] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -143,8 +150,11 @@ class Upstream:
             "email_verified": True,
             "preferred_username": "dana",
         }
+        if self.amr is not None:
+            claims["amr"] = self.amr
         if "max_age" in asked or asked.get("prompt") == "login":
-            claims["auth_time"] = now  # asked for a fresh sign-in, it says when
+            claims["auth_time"] = now - 5  # asked for a fresh sign-in, it says when
+            self.issued_auth_times.append(now - 5)
         flaw, alg = self.flaw, "RS256"
         if flaw == "stale_auth":  # its single sign-on left in place
             claims["auth_time"] = now - 3600
@@ -227,9 +237,21 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
         await runner.cleanup()
 
 
-async def sign_in(server: RunningAuthServer, **extra: str) -> tuple[int, str, str | None]:
+async def sign_in(
+    server: RunningAuthServer, browser: aiohttp.ClientSession | None = None, **extra: str
+) -> tuple[int, str, str | None]:
     """Through the sign-in page's button to the end: the last answer's status, page and
-    Location (the client's redirect URI with a code, when it worked)."""
+    Location (the client's redirect URI with a code, when it worked). In `browser` when
+    given (a test goes on with it), else in a browser of its own."""
+    if browser is not None:
+        return await _sign_in(server, browser, **extra)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as own:
+        return await _sign_in(server, own, **extra)
+
+
+async def _sign_in(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, **extra: str
+) -> tuple[int, str, str | None]:
     query = {
         **extra,
         "response_type": "code",
@@ -240,18 +262,24 @@ async def sign_in(server: RunningAuthServer, **extra: str) -> tuple[int, str, st
         "code_challenge": pkce.s256(VERIFIER),
         "code_challenge_method": "S256",
     }
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-        async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
-            page = await response.text()
-        marker = 'class="button provider" href="'
-        start = page.index(marker) + len(marker)
-        url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
-        for _ in range(6):
-            async with browser.get(url, allow_redirects=False) as response:
-                location = response.headers.get("Location")
-                if location is None or location.startswith(REDIRECT):
-                    return response.status, await response.text(), location
-                url = location
+    async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
+        page = await response.text()
+    return await follow_provider_button(server, browser, page)
+
+
+async def follow_provider_button(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, page: str
+) -> tuple[int, str, str | None]:
+    """The first provider button of `page`, followed through the provider and back."""
+    marker = 'class="button provider" href="'
+    start = page.index(marker) + len(marker)
+    url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
+    for _ in range(6):
+        async with browser.get(url, allow_redirects=False) as response:
+            location = response.headers.get("Location")
+            if location is None or location.startswith(REDIRECT):
+                return response.status, await response.text(), location
+            url = location
     raise AssertionError("too many redirects")
 
 
@@ -391,6 +419,53 @@ async def test_a_user_with_an_app_here_types_its_code_after_the_provider(
     status, page, location = await sign_in(server)
     assert (status, location) == (200, None)
     assert "/login/code" in page and "Enter your code" in page
+
+
+@pytest.mark.parametrize(
+    ("named", "expected"),
+    [(None, ["otp", "mfa"]), (["hwk", "pwd"], ["hwk", "pwd", "otp", "mfa"])],
+)
+async def test_the_id_token_after_the_provider_and_the_code_tells_of_both(
+    federated: Setup, named: list[str] | None, expected: list[str]
+) -> None:
+    """After the provider and the code of the app here, the ID token names the provider's
+    methods (none when it named none: no password was typed here) with `otp` and `mfa`,
+    and says when the user signed in at the provider."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, upstream = await federated(more={"second_factors": {"encryption_key": key}})
+    assert (await sign_in(server))[0] == 302  # dana created
+    dana = await server.services.store.user_by_username("dana")
+    assert dana is not None
+    factors = server.services.authorize.factors
+    enrolment = await factors.begin(dana.subject, "dana")
+    assert enrolment is not None
+    app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+    assert await factors.confirm(dana.subject, app.now()) is not None
+    upstream.amr = named  # no `mfa` among them: the code is asked here
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        status, page, _ = await sign_in(browser=browser, server=server, max_age="600")
+        assert status == 200, page
+        action, fields = parse_form(page)
+        assert action.endswith("/login/code")
+        # The first step's methods are under the pending sign-in's proof.
+        forged = {**fields, "pending_methods": "pwd hwk", "code": app.at(time.time() + 30)}
+        async with browser.post(server.url + action, data=forged, allow_redirects=False) as refused:
+            assert refused.status == 403
+        # The first code was used at enrolment: the next step's code.
+        fields["code"] = app.at(time.time() + 30)
+        async with browser.post(
+            server.url + action, data=fields, allow_redirects=False
+        ) as response:
+            assert response.status in (302, 303), await response.text()
+            code = query_of(response.headers["Location"])["code"]
+        result = CodeResult(code, VERIFIER, REDIRECT, "s", None, "")
+        status, body = await exchange_code(browser, server, result, client_id="portal")
+        assert status == 200, body
+        claims = await verify_jwt(browser, server, body["id_token"], audience="portal")
+    assert claims["amr"] == expected
+    assert claims["acr"] == "urn:portcullis:acr:mfa"
+    asked_at = upstream.issued_auth_times[-1]
+    assert claims["auth_time"] == asked_at  # the provider's, not the code's
 
 
 async def test_an_address_a_sign_in_brought_or_that_changed_hands_links_to_nobody(
