@@ -330,7 +330,7 @@ class AuthServer:
         passwords = PasswordCheck(
             store, users, hasher, login_rules(settings.login_throttle), addresses, clock, metrics
         )
-        factors = second_factors(settings, store, clock)
+        factors = second_factors(settings, store, clock, metrics)
         codes = CodeCheck(
             store, factors, login_rules(settings.login_throttle), addresses, clock, metrics
         )
@@ -474,6 +474,7 @@ class AuthServer:
                 scope_description=settings.scope_description,
                 base_path=base,
                 clock=clock,
+                requirement=requirement,
             ),
             events=EventStream(
                 authenticator,
@@ -510,6 +511,7 @@ class AuthServer:
                     keyring=keyring,
                     base_url=admin_url,
                     revocations=revocations,
+                    metrics=metrics,
                 ),
                 AdminAccess(resource_tokens, users, admin_url),
                 base + ADMIN_PREFIX,
@@ -716,7 +718,9 @@ def proof_checker(dpop: DpopSettings, store: Store, clock: Clock, metrics: Metri
     )
 
 
-def second_factors(settings: Settings, store: Store, clock: Clock) -> SecondFactors:
+def second_factors(
+    settings: Settings, store: Store, clock: Clock, metrics: Metrics
+) -> SecondFactors:
     """Authenticator apps, sealed with second_factors.encryption_key (or keys')."""
     secret = settings.second_factor_key
     cipher = (
@@ -724,7 +728,7 @@ def second_factors(settings: Settings, store: Store, clock: Clock) -> SecondFact
         if secret is not None and not isinstance(secret, Withheld)
         else None
     )
-    return SecondFactors(store, cipher, issuer_label(settings.issuer), clock)
+    return SecondFactors(store, cipher, issuer_label(settings.issuer), clock, metrics)
 
 
 def login_rules(throttle: LoginThrottle) -> LoginRules:
@@ -881,6 +885,16 @@ def build_app(
         base + "/account/password",
         page(lambda c: c.account.change_password),
         name="account_password",
+    )
+    r.add_post(
+        base + "/account/factors/recovery-codes",
+        page(lambda c: c.account.renew_recovery_codes),
+        name="account_recovery_codes",
+    )
+    r.add_post(
+        base + "/account/factors/totp/remove",
+        page(lambda c: c.account.remove_factor),
+        name="account_factor_remove",
     )
     admin = _current(live, lambda c: c.admin.handle)
     r.add_route("*", base + ADMIN_PREFIX + "{tail:(/.*)?}", admin, name="admin")

@@ -51,7 +51,8 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
-from ..factors import SecondFactors, Used
+from ..factors import THROTTLED as CODE_THROTTLED
+from ..factors import SecondFactors, Used, factor_of
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
@@ -236,6 +237,7 @@ class CodeCheck:
         )
         if refused is not None:
             self.metrics.login_throttled()
+            self.metrics.count_factor(factor_of(typed), CODE_THROTTLED)
             audit.record(
                 Event.FACTOR_THROTTLED,
                 audit.USER,
@@ -244,7 +246,9 @@ class CodeCheck:
                 reason=refused.key.split(":")[1],
             )
             return Throttled(max(1, int(refused.retry_after)))
-        used = await self.factors.verify(subject, typed)
+        verdict = await self.factors.verify(subject, typed)
+        self.metrics.count_factor(verdict.factor, verdict.outcome)
+        used = verdict.used
         if used is None:
             self.metrics.login_failed()
             audit.record(Event.FACTOR_FAILED, audit.USER, subject=subject, address=address)
