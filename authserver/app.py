@@ -368,6 +368,7 @@ class AuthServer:
                 base_path=base,
                 secure=settings.secure_cookies,
                 clock=clock,
+                metrics=metrics,
             )
             if providers
             else None

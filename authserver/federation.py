@@ -7,7 +7,8 @@ server rendered that link (Sessions.proof): a link made elsewhere starts nothing
 
 start:
  1. the proof and the authorization request checked again (AuthorizationEndpoint.validate);
- 2. the provider's discovery document, kept `discovery_max_age` (`Upstream`): fetched with
+ 2. the provider's discovery document, kept `discovery_max_age` (`Upstream`, which also
+    uses the last good copy for `discovery_stale_if_error` while fetching fails): fetched with
     `timeout` for all of it, at most MAX_DOCUMENT bytes, redirects never followed, its
     `issuer` the configured one exactly (OIDC Discovery §4.3);
  3. a new `state`, `nonce` and PKCE verifier (RFC 7636, S256) sealed into a cookie
@@ -71,6 +72,7 @@ from .endpoints.forms import query_items, with_query
 from .endpoints.signin import FirstStep, client_address
 from .factors import Method
 from .federation_keys import SigningKey
+from .metrics import Metrics
 from .protocol import assurance, pkce
 from .protocol import federation as rules
 from .protocol.errors import OAuthError
@@ -83,6 +85,7 @@ log = logging.getLogger("portcullis.authserver.federation")
 MAX_DOCUMENT = 256 * 1024  # bytes of a discovery document, key set or token response
 PENDING_LIFETIME = 600.0  # seconds between start and callback
 KEYS_REFETCH = 10.0  # seconds: the least time between two fetches of a provider's keys
+RETRY_AFTER_FAILURE = 10.0  # seconds: after a failed fetch, while a stale copy is used
 PROOF = "proof"
 _USERNAME_TRIES = 5
 
@@ -112,6 +115,8 @@ class Provider:
     timeout: float  # seconds
     max_age: float  # seconds the discovery document and keys are kept
     tls: ssl.SSLContext
+    # Seconds past max_age the last good copies are still used while fetching fails.
+    stale_if_error: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -128,44 +133,84 @@ class Metadata:
 
 @dataclass
 class _Kept:
+    """The last good copies of a provider's documents, when each was fetched, and when a
+    failed fetch may be tried again."""
+
     metadata: Metadata | None = None
-    metadata_until: float = 0.0
+    metadata_at: float = float("-inf")
+    metadata_retry: float = float("-inf")
     keys: list[dict[str, Any]] = field(default_factory=list)
-    keys_fetched: float = float("-inf")
+    keys_at: float = float("-inf")
+    keys_current: bool = False  # fetched since the document kept was
+    keys_retry: float = float("-inf")
 
 
 class Upstream:
-    """A provider's documents, fetched with bounds and kept a while, and its token endpoint."""
+    """A provider's documents, fetched with bounds and kept a while, and its token endpoint.
 
-    def __init__(self, provider: Provider, clock: Clock) -> None:
+    The discovery document is fetched again after `max_age`, the keys after each new
+    document (and, at most once per KEYS_REFETCH, for a kid they lack): a key the provider
+    withdrew (compromised, say) stops verifying within `max_age`. When fetching again fails
+    (unreachable, an error status, an answer that does not pass its checks), the last good
+    copy is used for at most `stale_if_error` past its age, as RFC 5861 §4's stale-if-error
+    lets an HTTP cache do: a provider's moment of trouble does not stop everyone's sign-in.
+    Each such failure is logged and counted (`federation_stale_documents`), and the next
+    fetch waits RETRY_AFTER_FAILURE, so sign-ins do not each wait out the timeout. Past the
+    bound, or with no good copy, the provider is unavailable: closed, not trusted blindly.
+    """
+
+    def __init__(self, provider: Provider, clock: Clock, metrics: Metrics | None = None) -> None:
         self.provider = provider
         self.clock = clock
+        self.metrics = metrics
         self._kept = _Kept()
         self._lock = asyncio.Lock()
 
     async def metadata(self) -> Metadata:
         async with self._lock:
-            now = self.clock()
-            if self._kept.metadata is None or now >= self._kept.metadata_until:
+            now, kept, max_age = self.clock(), self._kept, self.provider.max_age
+            if kept.metadata is not None and (
+                now < kept.metadata_at + max_age
+                or (now < kept.metadata_retry and self._servable(kept.metadata_at, now))
+            ):
+                return kept.metadata
+            try:
                 document = await self._get(
                     self.provider.issuer + "/.well-known/openid-configuration"
                 )
-                self._kept.metadata = _metadata(document, self.provider.issuer)
-                self._kept.metadata_until = now + self.provider.max_age
-                # The keys are kept no longer than the document: a key the provider withdrew
-                # (compromised, say) stops verifying within discovery_max_age.
-                self._kept.keys, self._kept.keys_fetched = [], float("-inf")
-            return self._kept.metadata
+                metadata = _metadata(document, self.provider.issuer)
+            except ProviderUnavailable as exc:
+                if kept.metadata is None or not self._servable(kept.metadata_at, now):
+                    raise
+                self._used_stale("discovery", exc.reason, now - kept.metadata_at)
+                kept.metadata_retry = now + RETRY_AFTER_FAILURE
+                return kept.metadata
+            kept.metadata, kept.metadata_at = metadata, now
+            kept.keys_current = False  # the keys are fetched again after each new document
+            return metadata
 
     async def key(self, kid: str | None, alg: str) -> jwt.PyJWK:
         """The provider's key for an ID token's header; FederationRefused when none fits."""
         metadata = await self.metadata()
         async with self._lock:
-            found = _key_for(self._kept.keys, kid, alg)
-            if found is None and self.clock() - self._kept.keys_fetched >= KEYS_REFETCH:
-                self._kept.keys = _keys_of(await self._get(metadata.jwks_uri))
-                self._kept.keys_fetched = self.clock()
-                found = _key_for(self._kept.keys, kid, alg)
+            now, kept = self.clock(), self._kept
+            found = _key_for(kept.keys, kid, alg) if kept.keys_current else None
+            servable = self._servable(kept.keys_at, now)
+            if not kept.keys_current and now < kept.keys_retry and servable:
+                found = _key_for(kept.keys, kid, alg)  # a fetch failed moments ago
+            elif found is None and (not kept.keys_current or now - kept.keys_at >= KEYS_REFETCH):
+                try:
+                    keys = _keys_of(await self._get(metadata.jwks_uri))
+                except ProviderUnavailable as exc:
+                    # Only keys that were current may stand in: a kid the current keys lack
+                    # is no better known for an error.
+                    if kept.keys_current or not kept.keys or not servable:
+                        raise
+                    self._used_stale("jwks", exc.reason, now - kept.keys_at)
+                    kept.keys_retry = now + RETRY_AFTER_FAILURE
+                else:
+                    kept.keys, kept.keys_at, kept.keys_current = keys, now, True
+                found = _key_for(kept.keys, kid, alg)
         if found is None:
             raise FederationRefused(
                 "unknown_key", "The provider's ID token is signed by a key it does not publish."
@@ -176,6 +221,23 @@ class Upstream:
             raise FederationRefused(
                 "unknown_key", "The provider's ID token is signed by a key that does not fit."
             ) from None
+
+    def _servable(self, fetched_at: float, now: float) -> bool:
+        """Whether a copy fetched at `fetched_at` may still be used when fetching it fails."""
+        return now < fetched_at + self.provider.max_age + self.provider.stale_if_error
+
+    def _used_stale(self, document: str, reason: str, age: float) -> None:
+        log.warning(
+            "identity provider document used stale",
+            extra={
+                "provider": self.provider.name,
+                "document": document,
+                "reason": reason,
+                "age_seconds": int(age),
+            },
+        )
+        if self.metrics is not None:
+            self.metrics.stale_document(self.provider.name, document)
 
     async def exchange(self, code: str, verifier: str, redirect_uri: str) -> dict[str, Any]:
         """The token response for `code` (OIDC Core §3.1.3.1, RFC 7636 §4.5)."""
@@ -509,8 +571,9 @@ class Federation:
         base_path: str,
         secure: bool,
         clock: Clock = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.upstreams = {p.name: Upstream(p, clock) for p in providers}
+        self.upstreams = {p.name: Upstream(p, clock, metrics) for p in providers}
         self.authorize = authorize
         self.sessions = sessions
         self.store = store

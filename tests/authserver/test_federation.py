@@ -30,6 +30,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from prometheus_client.parser import text_string_to_metric_families
 
 from authserver.federation_keys import load_signing_key, public_jwk
 from authserver.protocol import pkce
@@ -73,6 +74,9 @@ class Upstream:
     asked: list[dict[str, str]] = field(default_factory=list)  # each authorization request
     signing: tuple[Any, str] = (PROVIDER_KEY, "p1")  # the key that signs, and its kid
     amr: list[str] | None = None  # the methods its ID tokens name, when set
+    failing: set[str] = field(default_factory=set)  # paths answered with a 503
+    clock: Callable[[], float] = time.time  # the time its ID tokens are issued at
+    runner: Any = None
     issued_auth_times: list[int] = field(default_factory=list)
 
     def app(self) -> web.Application:
@@ -86,6 +90,8 @@ class Upstream:
 
     async def metadata(self, request: web.Request) -> web.Response:
         self.fetched.append(request.path)
+        if request.path in self.failing:
+            return web.json_response({"error": "maintenance"}, status=503)
         if isinstance(self.discovery, bytes):
             return web.Response(body=self.discovery, content_type="application/json")
         return web.json_response(
@@ -103,6 +109,8 @@ class Upstream:
 
     async def jwks(self, request: web.Request) -> web.Response:
         self.fetched.append(request.path)
+        if request.path in self.failing:
+            return web.json_response({"error": "maintenance"}, status=503)
         key, kid = self.signing
         public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
         return web.json_response({"keys": [{**public, "kid": kid, "use": "sig"}]})
@@ -138,7 +146,7 @@ class Upstream:
             return web.json_response({"error": "invalid_grant"}, status=400)
         if form.get("redirect_uri") != asked["redirect_uri"]:
             return web.json_response({"error": "invalid_grant"}, status=400)
-        now = int(time.time())
+        now = int(self.clock())
         claims: dict[str, Any] = {
             "iss": self.url,
             "sub": "upstream-7",
@@ -207,7 +215,9 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
         upstream = Upstream()
         runner, url = await start_site(upstream.app())
         runners.append(runner)
-        upstream.url = url
+        upstream.url, upstream.runner = url, runner
+        if isinstance(clock, MovableClock):
+            upstream.clock = clock
         config = default_config()
         config["clients"].append(
             {
@@ -356,6 +366,80 @@ async def test_discovery_and_keys_are_kept_and_fetched_again_once_stale_or_unkno
     clock.advance(50)
     assert (await sign_in(server))[0] == 302
     assert upstream.fetched[3:] == ["/.well-known/openid-configuration", "/jwks"]
+
+
+def stale_counts(server: RunningAuthServer) -> dict[str, float]:
+    exposition = server.services.token.metrics.exposition().decode()
+    return {
+        sample.labels["document"]: sample.value
+        for family in text_string_to_metric_families(exposition)
+        if family.name == "portcullis_authserver_federation_stale_documents"
+        for sample in family.samples
+        if sample.labels["provider"] == "corp"
+    }
+
+
+async def test_a_failing_provider_s_documents_are_used_stale_within_a_bound_then_refused(
+    federated: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fetching the discovery document or the keys again fails: the last good copies are
+    used for discovery_stale_if_error past their age (logged, counted), then, with the
+    provider gone, the sign-in page says it cannot be reached."""
+    clock = MovableClock()
+    server, upstream = await federated(
+        clock=clock, discovery_max_age="1m", discovery_stale_if_error="5m"
+    )
+    assert (await sign_in(server))[0] == 302
+    assert upstream.fetched == ["/.well-known/openid-configuration", "/jwks"]
+    clock.advance(61)  # the document is fetched again (t=61), the keys fail
+    upstream.failing = {"/jwks"}
+    with caplog.at_level(logging.WARNING, logger="portcullis.authserver.federation"):
+        assert (await sign_in(server))[0] == 302
+    (line,) = [
+        r for r in caplog.records if r.getMessage() == "identity provider document used stale"
+    ]
+    assert (line.provider, line.document, line.reason) == ("corp", "jwks", "http_503")
+    assert stale_counts(server) == {"jwks": 1}
+    clock.advance(61)  # both fail now (t=122); the keys of t=0 are within 1m + 5m
+    upstream.failing = {"/.well-known/openid-configuration", "/jwks"}
+    assert (await sign_in(server))[0] == 302
+    assert stale_counts(server) == {"discovery": 1, "jwks": 2}
+    # Within RETRY_AFTER_FAILURE of a failure nothing is asked of the provider again.
+    before = len(upstream.fetched)
+    assert (await sign_in(server))[0] == 302
+    assert len(upstream.fetched) == before
+    # The provider goes away: its documents of t=61 still send a sign-in there...
+    for site in list(upstream.runner.sites):
+        await site.stop()
+    clock.advance(100)  # t=222
+    status, location = await start_at_provider(server)
+    assert status == 302 and location.startswith(upstream.url + "/authorize?")
+    assert stale_counts(server) == {"discovery": 2, "jwks": 2}
+    # ...until 1m + 5m after they were fetched: then the sign-in page says so.
+    clock.advance(200)  # t=422
+    status, page, location = await sign_in(server)
+    assert (status, location) == (502, None)
+    assert "Corp cannot be reached right now" in page and 'name="password"' in page
+
+
+async def start_at_provider(server: RunningAuthServer) -> tuple[int, str]:
+    """The sign-in page's provider button: the start's status and Location."""
+    query = {
+        "response_type": "code",
+        "client_id": "portal",
+        "redirect_uri": REDIRECT,
+        "scope": "openid",
+        "code_challenge": pkce.s256(VERIFIER),
+        "code_challenge_method": "S256",
+    }
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
+            page = await response.text()
+        marker = 'class="button provider" href="'
+        start = page.index(marker) + len(marker)
+        url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
+        async with browser.get(url, allow_redirects=False) as response:
+            return response.status, response.headers.get("Location", "")
 
 
 @pytest.mark.parametrize(
