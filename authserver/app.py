@@ -339,6 +339,29 @@ class AuthServer:
             frozenset(settings.second_factors.required_for_roles),
         )
         providers = settings_module.federation_providers(settings)
+        sign_in_links = SignInLinks(tuple((p.name, p.display_name) for p in providers), base)
+        device = DevicePages(
+            store=store,
+            clients=clients,
+            users=users,
+            sessions=sessions,
+            pages=pages,
+            passwords=passwords,
+            codes=codes,
+            factors=factors,
+            requirement=requirement,
+            guesses=CodeGuesses(
+                per_session=settings.device.max_failures,
+                per_address=settings.device.max_failures_per_address,
+                window=settings.device.window,
+            ),
+            addresses=addresses,
+            scope_description=settings.scope_description,
+            audiences=audiences,
+            base_path=base,
+            clock=clock,
+            sign_in_links=sign_in_links,
+        )
         authorize = AuthorizationEndpoint(
             clients=clients,
             users=users,
@@ -356,7 +379,7 @@ class AuthServer:
             base_path=base,
             clock=clock,
             documents=documents,
-            sign_in_links=SignInLinks(tuple((p.name, p.display_name) for p in providers), base),
+            sign_in_links=sign_in_links,
         )
         federation = (
             Federation(
@@ -369,6 +392,7 @@ class AuthServer:
                 secure=settings.secure_cookies,
                 clock=clock,
                 metrics=metrics,
+                device=device,
             )
             if providers
             else None
@@ -423,27 +447,7 @@ class AuthServer:
             userinfo=UserInfoEndpoint(resource_tokens, users, issuer + "/userinfo"),
             authorize=authorize,
             federation=federation,
-            device=DevicePages(
-                store=store,
-                clients=clients,
-                users=users,
-                sessions=sessions,
-                pages=pages,
-                passwords=passwords,
-                codes=codes,
-                factors=factors,
-                requirement=requirement,
-                guesses=CodeGuesses(
-                    per_session=settings.device.max_failures,
-                    per_address=settings.device.max_failures_per_address,
-                    window=settings.device.window,
-                ),
-                addresses=addresses,
-                scope_description=settings.scope_description,
-                audiences=audiences,
-                base_path=base,
-                clock=clock,
-            ),
+            device=device,
             factors=FactorPages(
                 factors=factors,
                 users=users,

@@ -47,6 +47,7 @@ from tests.authserver.conftest import (
     query_of,
     verify_jwt,
 )
+from tests.authserver.device_support import DEVICE_GRANT, poll
 from tests.support import start_site
 
 CLIENT_SECRET = "upstream-secret-of-the-authserver-0123456789"
@@ -210,6 +211,7 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
     async def setup(
         clock: Callable[[], float] = time.time,
         more: dict[str, Any] | None = None,
+        clients: tuple[dict[str, Any], ...] = (),
         **provider: Any,
     ) -> tuple[RunningAuthServer, Upstream]:
         upstream = Upstream()
@@ -228,6 +230,7 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
                 "skip_consent": True,
             }
         )
+        config["clients"].extend(clients)
         config["identity_providers"] = [
             {
                 "name": "corp",
@@ -550,6 +553,91 @@ async def test_the_id_token_after_the_provider_and_the_code_tells_of_both(
     assert claims["acr"] == "urn:portcullis:acr:mfa"
     asked_at = upstream.issued_auth_times[-1]
     assert claims["auth_time"] == asked_at  # the provider's, not the code's
+
+
+TV = {
+    "client_id": "tv",
+    "client_name": "Living Room TV",
+    "token_endpoint_auth_method": "none",
+    "grant_types": [DEVICE_GRANT],
+    "scope": "openid",
+}
+
+
+async def device_sign_in(
+    server: RunningAuthServer, browser: aiohttp.ClientSession
+) -> tuple[str, tuple[int, str, str | None]]:
+    """A device asks; the person types its code on the device page and presses the
+    provider's button: the device code, and the last answer after the provider."""
+    async with browser.post(
+        server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+    ) as started:
+        body = await started.json()
+    async with browser.get(server.endpoint("/device")) as page:
+        action, fields = parse_form(await page.text())
+    fields["user_code"] = body["user_code"]
+    async with browser.post(server.url + action, data=fields) as checked:
+        login = await checked.text()
+    assert 'name="password"' in login and "Or sign in with" in login
+    return body["device_code"], await follow_provider_button(server, browser, login)
+
+
+async def approve_device(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, page: str, device_code: str
+) -> dict[str, Any]:
+    action, fields = parse_form(page)
+    assert action.endswith("/device/consent"), action
+    async with browser.post(server.url + action, data={**fields, "decision": "approve"}) as done:
+        assert "Device connected" in await done.text()
+    status, tokens = await poll(browser, server, device_code)
+    assert status == 200, tokens
+    return await verify_jwt(browser, server, tokens["id_token"], audience="tv")
+
+
+async def test_the_device_page_offers_the_providers_and_comes_back_to_its_code(
+    federated: Setup,
+) -> None:
+    """The device page's sign-in form has the providers' buttons; the user code goes through
+    the provider and back to the consent page for that code, and after the app's code when
+    the user has one here (the ID token then saying so)."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, _ = await federated(more={"second_factors": {"encryption_key": key}}, clients=(TV,))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        device_code, (status, page, _) = await device_sign_in(server, browser)
+        assert status == 200 and "Allow a device" in page
+        claims = await approve_device(server, browser, page, device_code)
+    dana = await server.services.store.user_by_username("dana")
+    assert dana is not None and claims["sub"] == dana.subject
+    factors = server.services.authorize.factors
+    enrolment = await factors.begin(dana.subject, "dana")
+    assert enrolment is not None
+    app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+    assert await factors.confirm(dana.subject, app.now()) is not None
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        device_code, (status, page, _) = await device_sign_in(server, browser)
+        action, fields = parse_form(page)
+        assert status == 200 and action.endswith("/device/login/code")
+        fields["code"] = app.at(time.time() + 30)
+        async with browser.post(server.url + action, data=fields) as answer:
+            consent = await answer.text()
+        claims = await approve_device(server, browser, consent, device_code)
+    assert claims["amr"] == ["otp", "mfa"] and claims["acr"] == "urn:portcullis:acr:mfa"
+
+
+async def test_a_device_sign_in_link_is_not_a_way_to_try_user_codes(
+    federated: Setup, http: aiohttp.ClientSession
+) -> None:
+    server, upstream = await federated(clients=(TV,))
+    async with http.post(
+        server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+    ) as started:
+        user_code = (await started.json())["user_code"]
+    # A link the device page did not give this session starts nothing and looks nothing up.
+    for code in (user_code, "BCDF-GHJK"):
+        start = server.endpoint("/federation/corp/start?" + urlencode({"user_code": code}))
+        async with http.get(start, allow_redirects=False) as response:
+            assert response.status == 403 and "Your session expired" in await response.text()
+    assert upstream.asked == []
 
 
 async def test_an_address_a_sign_in_brought_or_that_changed_hands_links_to_nobody(
