@@ -373,7 +373,7 @@ class AccountPages:
         user = await self.users.by_subject(session.record.subject)
         if user is None or not user.password_hash:
             # Signed in through an upstream provider only: no password to type here.
-            return await self._page(session, factor_problem=SIGN_IN_AGAIN, status=401)
+            return await self._page(session, factor_problem=SIGN_IN_AGAIN, status=403)
         outcome = await self.passwords.check(request, user.username, form.get("current", ""), None)
         if isinstance(outcome, signin.Throttled):
             response = await self._page(session, factor_problem=signin.THROTTLED, status=429)

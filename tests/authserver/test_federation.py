@@ -624,6 +624,35 @@ async def test_the_device_page_offers_the_providers_and_comes_back_to_its_code(
     assert claims["amr"] == ["otp", "mfa"] and claims["acr"] == "urn:portcullis:acr:mfa"
 
 
+async def test_a_user_without_a_password_signs_in_again_to_change_their_app(
+    federated: Setup,
+) -> None:
+    """On the account page, renewing recovery codes or removing the app of a session older
+    than a set-up allows asks for the password; a user who has none signs in again."""
+    clock = MovableClock()
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, _ = await federated(clock=clock, more={"second_factors": {"encryption_key": key}})
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        assert (await sign_in(server, browser))[0] == 302
+        dana = await server.services.store.user_by_username("dana")
+        assert dana is not None
+        factors = server.services.authorize.factors
+        enrolment = await factors.begin(dana.subject, "dana")
+        assert enrolment is not None
+        app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+        assert await factors.confirm(dana.subject, app.at(clock.now)) is not None
+        clock.advance(16 * 60)
+        async with browser.get(server.endpoint("/account")) as response:
+            page = await response.text()
+        assert "needs a recent sign-in" in page and 'id="renew-current"' not in page
+        csrf = {"csrf_token": parse_form(page)[1]["csrf_token"]}
+        for path in ("/account/factors/recovery-codes", "/account/factors/totp/remove"):
+            async with browser.post(server.endpoint(path), data=csrf) as refused:
+                assert refused.status == 403, path
+                assert "sign out, sign in again" in await refused.text()
+    assert await factors.enrolled(dana.subject)
+
+
 async def test_a_device_sign_in_link_is_not_a_way_to_try_user_codes(
     federated: Setup, http: aiohttp.ClientSession
 ) -> None:

@@ -789,6 +789,7 @@ async def test_clients_made_through_the_admin_api_may_require_a_second_factor(
         assert (await admin.delete(f"/users/{bob}/second-factor"))[0] == 404
         assert (await admin.get("/users/nobody/second-factor"))[0] == 404
     assert await server.services.store.get_totp(bob) is None
+    assert factor_counts(server)[("changes", "totp", "removed")] == 1  # the one that was there
     async with browser() as http:
         # The password alone for a client that asks no more; set up again where required.
         response, _ = await password_step(http, server, username="bob")
