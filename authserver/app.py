@@ -330,7 +330,7 @@ class AuthServer:
         passwords = PasswordCheck(
             store, users, hasher, login_rules(settings.login_throttle), addresses, clock, metrics
         )
-        factors = second_factors(settings, store, clock)
+        factors = second_factors(settings, store, clock, metrics)
         codes = CodeCheck(
             store, factors, login_rules(settings.login_throttle), addresses, clock, metrics
         )
@@ -339,6 +339,29 @@ class AuthServer:
             frozenset(settings.second_factors.required_for_roles),
         )
         providers = settings_module.federation_providers(settings)
+        sign_in_links = SignInLinks(tuple((p.name, p.display_name) for p in providers), base)
+        device = DevicePages(
+            store=store,
+            clients=clients,
+            users=users,
+            sessions=sessions,
+            pages=pages,
+            passwords=passwords,
+            codes=codes,
+            factors=factors,
+            requirement=requirement,
+            guesses=CodeGuesses(
+                per_session=settings.device.max_failures,
+                per_address=settings.device.max_failures_per_address,
+                window=settings.device.window,
+            ),
+            addresses=addresses,
+            scope_description=settings.scope_description,
+            audiences=audiences,
+            base_path=base,
+            clock=clock,
+            sign_in_links=sign_in_links,
+        )
         authorize = AuthorizationEndpoint(
             clients=clients,
             users=users,
@@ -356,7 +379,7 @@ class AuthServer:
             base_path=base,
             clock=clock,
             documents=documents,
-            sign_in_links=SignInLinks(tuple((p.name, p.display_name) for p in providers), base),
+            sign_in_links=sign_in_links,
         )
         federation = (
             Federation(
@@ -368,6 +391,8 @@ class AuthServer:
                 base_path=base,
                 secure=settings.secure_cookies,
                 clock=clock,
+                metrics=metrics,
+                device=device,
             )
             if providers
             else None
@@ -422,27 +447,7 @@ class AuthServer:
             userinfo=UserInfoEndpoint(resource_tokens, users, issuer + "/userinfo"),
             authorize=authorize,
             federation=federation,
-            device=DevicePages(
-                store=store,
-                clients=clients,
-                users=users,
-                sessions=sessions,
-                pages=pages,
-                passwords=passwords,
-                codes=codes,
-                factors=factors,
-                requirement=requirement,
-                guesses=CodeGuesses(
-                    per_session=settings.device.max_failures,
-                    per_address=settings.device.max_failures_per_address,
-                    window=settings.device.window,
-                ),
-                addresses=addresses,
-                scope_description=settings.scope_description,
-                audiences=audiences,
-                base_path=base,
-                clock=clock,
-            ),
+            device=device,
             factors=FactorPages(
                 factors=factors,
                 users=users,
@@ -474,6 +479,7 @@ class AuthServer:
                 scope_description=settings.scope_description,
                 base_path=base,
                 clock=clock,
+                requirement=requirement,
             ),
             events=EventStream(
                 authenticator,
@@ -510,6 +516,7 @@ class AuthServer:
                     keyring=keyring,
                     base_url=admin_url,
                     revocations=revocations,
+                    metrics=metrics,
                 ),
                 AdminAccess(resource_tokens, users, admin_url),
                 base + ADMIN_PREFIX,
@@ -716,7 +723,9 @@ def proof_checker(dpop: DpopSettings, store: Store, clock: Clock, metrics: Metri
     )
 
 
-def second_factors(settings: Settings, store: Store, clock: Clock) -> SecondFactors:
+def second_factors(
+    settings: Settings, store: Store, clock: Clock, metrics: Metrics
+) -> SecondFactors:
     """Authenticator apps, sealed with second_factors.encryption_key (or keys')."""
     secret = settings.second_factor_key
     cipher = (
@@ -724,7 +733,7 @@ def second_factors(settings: Settings, store: Store, clock: Clock) -> SecondFact
         if secret is not None and not isinstance(secret, Withheld)
         else None
     )
-    return SecondFactors(store, cipher, issuer_label(settings.issuer), clock)
+    return SecondFactors(store, cipher, issuer_label(settings.issuer), clock, metrics)
 
 
 def login_rules(throttle: LoginThrottle) -> LoginRules:
@@ -881,6 +890,16 @@ def build_app(
         base + "/account/password",
         page(lambda c: c.account.change_password),
         name="account_password",
+    )
+    r.add_post(
+        base + "/account/factors/recovery-codes",
+        page(lambda c: c.account.renew_recovery_codes),
+        name="account_recovery_codes",
+    )
+    r.add_post(
+        base + "/account/factors/totp/remove",
+        page(lambda c: c.account.remove_factor),
+        name="account_factor_remove",
     )
     admin = _current(live, lambda c: c.admin.handle)
     r.add_route("*", base + ADMIN_PREFIX + "{tail:(/.*)?}", admin, name="admin")

@@ -72,7 +72,8 @@ class Event(enum.StrEnum):
     KEY_PUBLISHED = "key.published"
     IDENTITY_LINKED = "identity.linked"  # an upstream provider's identity to an existing user
     FACTOR_ENROLLED = "factor.enrolled"  # an authenticator app confirmed by its first code
-    FACTOR_REMOVED = "factor.removed"
+    FACTOR_REMOVED = "factor.removed"  # by the user (account page) or an admin
+    RECOVERY_CODES_RENEWED = "factor.recovery_codes_renewed"  # the earlier ones void
     FACTOR_FAILED = "factor.failed"  # a wrong, replayed or out-of-window code
     FACTOR_THROTTLED = "factor.throttled"
     RECOVERY_CODE_USED = "factor.recovery_code_used"

@@ -11,7 +11,10 @@ holds the secret:
     returned once, to be shown once.
 At sign-in, `verify` accepts a code of a later time step than the last accepted (the store
 records it under a compare-and-set: two requests with one code cannot both pass), or an
-unused recovery code (marked used in one statement). Guessing is bounded by the caller,
+unused recovery code (marked used in one statement).
+Later, signed in again, the user may renew the recovery codes (`renew_recovery_codes`: new
+ones, shown once, replacing every earlier one in one store call) or remove the app
+(`remove`; the account page decides when that is allowed). Guessing is bounded by the caller,
 which charges the sign-in throttle before calling (endpoints/signin.py).
 
 The secret is sealed as the signing keys kept in the store are (stored_keys.KeyCipher,
@@ -27,6 +30,7 @@ from datetime import timedelta
 from enum import StrEnum
 
 from .clock import Clock
+from .metrics import Metrics
 from .protocol import assurance, totp
 from .store.base import Store, TotpRecord
 from .stored_keys import KeyCipher
@@ -53,6 +57,15 @@ def methods_of(*used: Method) -> tuple[str, ...]:
     return (*names, Method.MULTIPLE.value) if len(names) >= 2 else tuple(names)
 
 
+def with_code(first: tuple[str, ...]) -> tuple[str, ...]:
+    """The `amr` of a sign-in whose first step used `first` (a password here, or whatever an
+    upstream provider named) and then a code of this server: those methods, `otp` and
+    `mfa`. The code is a factor of its own whatever the first step was (an `otp` at the
+    provider included), so the sign-in is always a multi-factor one."""
+    kept = [m for m in first if m not in (Method.OTP.value, Method.MULTIPLE.value)]
+    return (*dict.fromkeys(kept), Method.OTP.value, Method.MULTIPLE.value)
+
+
 def multi_factor(amr: tuple[str, ...]) -> bool:
     return Method.MULTIPLE.value in amr
 
@@ -75,6 +88,31 @@ class Used(StrEnum):
     RECOVERY_CODE = "recovery_code"
 
 
+# The factors' names and the outcomes of a second step, as the metrics count them
+# (metrics.FACTORS, metrics.FACTOR_OUTCOMES).
+TOTP = "totp"
+RECOVERY_CODE = "recovery_code"
+SUCCEEDED, FAILED, REPLAYED, THROTTLED = "succeeded", "failed", "replayed", "throttled"
+
+
+def factor_of(typed: str) -> str:
+    """Which factor a typed second step is meant for: six digits are a code of the app, a
+    recovery code looks like one; anything else is counted as a wrong code of the app."""
+    if totp.normalised_code(typed) is None and totp.normalised_recovery_code(typed) is not None:
+        return RECOVERY_CODE
+    return TOTP
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a second step typed was meant for (`factor`), how it went (`outcome`), and what
+    passed, when it did."""
+
+    factor: str
+    outcome: str
+    used: Used | None = None
+
+
 def _associated(subject: str) -> bytes:
     return b"totp\x00" + subject.encode()
 
@@ -88,13 +126,21 @@ class Enrolment:
 
 
 class SecondFactors:
-    def __init__(self, store: Store, cipher: KeyCipher | None, label: str, clock: Clock) -> None:
+    def __init__(
+        self,
+        store: Store,
+        cipher: KeyCipher | None,
+        label: str,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
         """`cipher` None: no encryption key is configured, and nobody can enrol; `label`
         names this server in authenticator apps (the issuer's host)."""
         self.store = store
         self.cipher = cipher
         self.label = label
         self.clock = clock
+        self.metrics = metrics
 
     @property
     def available(self) -> bool:
@@ -144,29 +190,54 @@ class SecondFactors:
             subject, record.sealed_secret, step, digests, self.clock()
         ):
             return None  # another enrolment began, or this one was confirmed, meanwhile
+        self.metrics.factor_changed(TOTP, "enrolled")
         return codes
 
-    async def verify(self, subject: str, typed: str) -> Used | None:
+    async def verify(self, subject: str, typed: str) -> Verdict:
         """Whether `typed` is a code of the user's app not accepted before, or one of their
-        unused recovery codes; either is used up by this call."""
+        unused recovery codes; either is used up by this call. A code of the app for a time
+        step accepted already (or taken by a request at the same time) is `replayed`."""
         record = await self.store.get_totp(subject)
+        factor = factor_of(typed)
         if record is None or not record.confirmed:
-            return None
+            return Verdict(factor, FAILED)
         code = totp.normalised_code(typed)
         if code is not None:
             secret = self._open(record)
             if secret is None:
-                return None
-            step = totp.matching_step(secret, code, self.clock(), record.last_step)
-            if step is not None and await self.store.use_totp_step(subject, step):
-                return Used.APP_CODE
-            return None
+                return Verdict(factor, FAILED)
+            step = totp.matching_step(secret, code, self.clock(), None)
+            if step is None:
+                return Verdict(factor, FAILED)
+            if record.last_step is not None and step <= record.last_step:
+                return Verdict(factor, REPLAYED)
+            if await self.store.use_totp_step(subject, step):
+                return Verdict(factor, SUCCEEDED, Used.APP_CODE)
+            return Verdict(factor, REPLAYED)  # a request with the same code came first
         recovery = totp.normalised_recovery_code(typed)
         if recovery is not None and await self.store.use_recovery_code(
             subject, totp.recovery_digest(subject, recovery), self.clock()
         ):
-            return Used.RECOVERY_CODE
-        return None
+            return Verdict(factor, SUCCEEDED, Used.RECOVERY_CODE)
+        return Verdict(factor, FAILED)
+
+    async def remove(self, subject: str) -> bool:
+        """Remove the user's app and recovery codes; False when there was none."""
+        removed = await self.store.delete_totp(subject)
+        if removed:
+            self.metrics.factor_changed(TOTP, "removed")
+        return removed
+
+    async def renew_recovery_codes(self, subject: str) -> list[str] | None:
+        """New recovery codes for the user's confirmed app, returned once to be shown once:
+        in one store call their digests replace every earlier code, used or not, so none of
+        those signs in any more. None, with nothing changed, when the user has no app."""
+        codes = totp.new_recovery_codes()
+        digests = totp.recovery_digests(subject, codes)
+        if not await self.store.replace_recovery_codes(subject, digests):
+            return None
+        self.metrics.factor_changed(RECOVERY_CODE, "renewed")
+        return codes
 
     def _shown(self, secret: bytes, account: str) -> Enrolment:
         return Enrolment(totp.provisioning_uri(secret, self.label, account), totp.grouped(secret))

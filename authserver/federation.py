@@ -3,11 +3,14 @@ is an ordinary client of each (OIDC Core §3.1, the authorization code flow).
 
 The sign-in page links each provider to `/federation/NAME/start`, with the authorization
 request the person is signing in for and a proof, bound to their browser session, that the
-server rendered that link (Sessions.proof): a link made elsewhere starts nothing.
+server rendered that link (Sessions.proof): a link made elsewhere starts nothing. The device
+page's sign-in form has the same links for the user code it checked (`_ForDevice`): the
+code, sealed with the rest, comes back through the provider to that code's consent page.
 
 start:
  1. the proof and the authorization request checked again (AuthorizationEndpoint.validate);
- 2. the provider's discovery document, kept `discovery_max_age` (`Upstream`): fetched with
+ 2. the provider's discovery document, kept `discovery_max_age` (`Upstream`, which also
+    uses the last good copy for `discovery_stale_if_error` while fetching fails): fetched with
     `timeout` for all of it, at most MAX_DOCUMENT bytes, redirects never followed, its
     `issuer` the configured one exactly (OIDC Discovery §4.3);
  3. a new `state`, `nonce` and PKCE verifier (RFC 7636, S256) sealed into a cookie
@@ -27,8 +30,10 @@ callback:
     operator's rule allows it (a verified email of a trusted domain), the existing user with
     that email; else a user created now, with a new random `sub` that no later claim of the
     provider changes;
- 9. a new login session, and the authorization request resumed where the password form
-    would have taken it.
+ 9. a new login session, and the authorization request (or the device page) resumed where
+    the password form would have taken it; for a user with an authenticator app here whose
+    provider did not say `mfa`, its code first (the pending sign-in of endpoints/signin.py,
+    carrying the provider's methods and auth_time for the ID token).
 A provider that cannot be reached or answers what it should not is a `ProviderUnavailable`,
 a refusal a FederationRefused: either shows the sign-in page again with what happened, the
 password form still there. Nothing is stored for a refused sign-in but its used `state`.
@@ -45,9 +50,9 @@ import os
 import secrets
 import ssl
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -67,22 +72,34 @@ from .endpoints.authorize import (
     Parameters,
     RedirectError,
 )
+from .endpoints.device import GONE as DEVICE_GONE
+from .endpoints.device import DevicePages
 from .endpoints.forms import query_items, with_query
-from .endpoints.signin import client_address
+from .endpoints.signin import FirstStep, client_address
 from .factors import Method
 from .federation_keys import SigningKey
-from .protocol import assurance, pkce
+from .metrics import Metrics
+from .protocol import assurance, pkce, user_codes
 from .protocol import federation as rules
 from .protocol.errors import OAuthError
 from .protocol.federation import ClaimNames, Expected, FederationRefused
+from .registry import Client
 from .sessions import Session, Sessions
-from .store.base import MANAGED_BY_API, AlreadyExists, IdentityLink, Store, UserRecord
+from .store.base import (
+    MANAGED_BY_API,
+    AlreadyExists,
+    DeviceRecord,
+    IdentityLink,
+    Store,
+    UserRecord,
+)
 
 log = logging.getLogger("portcullis.authserver.federation")
 
 MAX_DOCUMENT = 256 * 1024  # bytes of a discovery document, key set or token response
 PENDING_LIFETIME = 600.0  # seconds between start and callback
 KEYS_REFETCH = 10.0  # seconds: the least time between two fetches of a provider's keys
+RETRY_AFTER_FAILURE = 10.0  # seconds: after a failed fetch, while a stale copy is used
 PROOF = "proof"
 _USERNAME_TRIES = 5
 
@@ -112,6 +129,8 @@ class Provider:
     timeout: float  # seconds
     max_age: float  # seconds the discovery document and keys are kept
     tls: ssl.SSLContext
+    # Seconds past max_age the last good copies are still used while fetching fails.
+    stale_if_error: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -128,44 +147,84 @@ class Metadata:
 
 @dataclass
 class _Kept:
+    """The last good copies of a provider's documents, when each was fetched, and when a
+    failed fetch may be tried again."""
+
     metadata: Metadata | None = None
-    metadata_until: float = 0.0
+    metadata_at: float = float("-inf")
+    metadata_retry: float = float("-inf")
     keys: list[dict[str, Any]] = field(default_factory=list)
-    keys_fetched: float = float("-inf")
+    keys_at: float = float("-inf")
+    keys_current: bool = False  # fetched since the document kept was
+    keys_retry: float = float("-inf")
 
 
 class Upstream:
-    """A provider's documents, fetched with bounds and kept a while, and its token endpoint."""
+    """A provider's documents, fetched with bounds and kept a while, and its token endpoint.
 
-    def __init__(self, provider: Provider, clock: Clock) -> None:
+    The discovery document is fetched again after `max_age`, the keys after each new
+    document (and, at most once per KEYS_REFETCH, for a kid they lack): a key the provider
+    withdrew (compromised, say) stops verifying within `max_age`. When fetching again fails
+    (unreachable, an error status, an answer that does not pass its checks), the last good
+    copy is used for at most `stale_if_error` past its age, as RFC 5861 §4's stale-if-error
+    lets an HTTP cache do: a provider's moment of trouble does not stop everyone's sign-in.
+    Each such failure is logged and counted (`federation_stale_documents`), and the next
+    fetch waits RETRY_AFTER_FAILURE, so sign-ins do not each wait out the timeout. Past the
+    bound, or with no good copy, the provider is unavailable: closed, not trusted blindly.
+    """
+
+    def __init__(self, provider: Provider, clock: Clock, metrics: Metrics | None = None) -> None:
         self.provider = provider
         self.clock = clock
+        self.metrics = metrics
         self._kept = _Kept()
         self._lock = asyncio.Lock()
 
     async def metadata(self) -> Metadata:
         async with self._lock:
-            now = self.clock()
-            if self._kept.metadata is None or now >= self._kept.metadata_until:
+            now, kept, max_age = self.clock(), self._kept, self.provider.max_age
+            if kept.metadata is not None and (
+                now < kept.metadata_at + max_age
+                or (now < kept.metadata_retry and self._servable(kept.metadata_at, now))
+            ):
+                return kept.metadata
+            try:
                 document = await self._get(
                     self.provider.issuer + "/.well-known/openid-configuration"
                 )
-                self._kept.metadata = _metadata(document, self.provider.issuer)
-                self._kept.metadata_until = now + self.provider.max_age
-                # The keys are kept no longer than the document: a key the provider withdrew
-                # (compromised, say) stops verifying within discovery_max_age.
-                self._kept.keys, self._kept.keys_fetched = [], float("-inf")
-            return self._kept.metadata
+                metadata = _metadata(document, self.provider.issuer)
+            except ProviderUnavailable as exc:
+                if kept.metadata is None or not self._servable(kept.metadata_at, now):
+                    raise
+                self._used_stale("discovery", exc.reason, now - kept.metadata_at)
+                kept.metadata_retry = now + RETRY_AFTER_FAILURE
+                return kept.metadata
+            kept.metadata, kept.metadata_at = metadata, now
+            kept.keys_current = False  # the keys are fetched again after each new document
+            return metadata
 
     async def key(self, kid: str | None, alg: str) -> jwt.PyJWK:
         """The provider's key for an ID token's header; FederationRefused when none fits."""
         metadata = await self.metadata()
         async with self._lock:
-            found = _key_for(self._kept.keys, kid, alg)
-            if found is None and self.clock() - self._kept.keys_fetched >= KEYS_REFETCH:
-                self._kept.keys = _keys_of(await self._get(metadata.jwks_uri))
-                self._kept.keys_fetched = self.clock()
-                found = _key_for(self._kept.keys, kid, alg)
+            now, kept = self.clock(), self._kept
+            found = _key_for(kept.keys, kid, alg) if kept.keys_current else None
+            servable = self._servable(kept.keys_at, now)
+            if not kept.keys_current and now < kept.keys_retry and servable:
+                found = _key_for(kept.keys, kid, alg)  # a fetch failed moments ago
+            elif found is None and (not kept.keys_current or now - kept.keys_at >= KEYS_REFETCH):
+                try:
+                    keys = _keys_of(await self._get(metadata.jwks_uri))
+                except ProviderUnavailable as exc:
+                    # Only keys that were current may stand in: a kid the current keys lack
+                    # is no better known for an error.
+                    if kept.keys_current or not kept.keys or not servable:
+                        raise
+                    self._used_stale("jwks", exc.reason, now - kept.keys_at)
+                    kept.keys_retry = now + RETRY_AFTER_FAILURE
+                else:
+                    kept.keys, kept.keys_at, kept.keys_current = keys, now, True
+                found = _key_for(kept.keys, kid, alg)
         if found is None:
             raise FederationRefused(
                 "unknown_key", "The provider's ID token is signed by a key it does not publish."
@@ -176,6 +235,23 @@ class Upstream:
             raise FederationRefused(
                 "unknown_key", "The provider's ID token is signed by a key that does not fit."
             ) from None
+
+    def _servable(self, fetched_at: float, now: float) -> bool:
+        """Whether a copy fetched at `fetched_at` may still be used when fetching it fails."""
+        return now < fetched_at + self.provider.max_age + self.provider.stale_if_error
+
+    def _used_stale(self, document: str, reason: str, age: float) -> None:
+        log.warning(
+            "identity provider document used stale",
+            extra={
+                "provider": self.provider.name,
+                "document": document,
+                "reason": reason,
+                "age_seconds": int(age),
+            },
+        )
+        if self.metrics is not None:
+            self.metrics.stale_document(self.provider.name, document)
 
     async def exchange(self, code: str, verifier: str, redirect_uri: str) -> dict[str, Any]:
         """The token response for `code` (OIDC Core §3.1.3.1, RFC 7636 §4.5)."""
@@ -509,8 +585,11 @@ class Federation:
         base_path: str,
         secure: bool,
         clock: Clock = time.time,
+        metrics: Metrics | None = None,
+        device: DevicePages | None = None,
     ) -> None:
-        self.upstreams = {p.name: Upstream(p, clock) for p in providers}
+        self.upstreams = {p.name: Upstream(p, clock, metrics) for p in providers}
+        self.device = device  # the device page, whose sign-in form has the buttons too
         self.authorize = authorize
         self.sessions = sessions
         self.store = store
@@ -534,26 +613,26 @@ class Federation:
                 given = Parameters.collect(query_items(request))
             except OAuthError as exc:
                 raise PageError(f"The request is malformed: {exc.description}.") from None
-            carried_items = [(k, v) for k, v in given.values.items() if k != PROOF]
-            auth = await self.authorize.validate(Parameters(dict(carried_items), given.repeated))
+            values = {k: v for k, v in given.values.items() if k != PROOF}
             session = await self.sessions.current(request)
-            if session is None or not Sessions.proof_valid(
-                session, [("federation", name), *auth.carried()], given.values.get(PROOF)
-            ):
-                return self.authorize.pages.error(
-                    403,
-                    "Your session expired",
-                    "Please go back to the application and try again.",
-                    "csrf",
+
+            def proven(carried: list[tuple[str, str]]) -> bool:
+                return session is not None and Sessions.proof_valid(
+                    session, [("federation", name), *carried], given.values.get(PROOF)
                 )
+
+            target = await self._target(Parameters(values, given.repeated), proven)
+            if isinstance(target, web.Response):
+                return target
+            assert session is not None
             try:
                 metadata = await upstream.metadata()
             except ProviderUnavailable as exc:
                 log.warning(
                     "federated sign-in unavailable", extra={"provider": name, "reason": exc.reason}
                 )
-                return await self._unavailable(request, auth, upstream.provider)
-            return self._to_provider(upstream.provider, metadata, session, auth)
+                return await target.refused(request, _unreachable(upstream.provider), 502)
+            return self._to_provider(upstream.provider, metadata, session, target)
         except PageError as exc:
             return self.authorize.pages.error(
                 400, "This sign-in request cannot be handled", exc.message
@@ -561,17 +640,54 @@ class Federation:
         except RedirectError as exc:
             return self.authorize.error_redirect(request, exc)
 
+    async def _target(
+        self, params: Parameters, proven: Callable[[list[tuple[str, str]]], bool]
+    ) -> _Target | web.Response:
+        """What the sign-in is for, once `proven` says the parameters are the server's own
+        for this session: the device page's user code (its proof stands for the page's
+        throttled check of the code, so no code is looked up before it holds), else an
+        authorization request, validated again (PageError, RedirectError)."""
+        if "user_code" in params.values:
+            code = user_codes.normalise(params.values["user_code"])
+            carried = [("user_code", code)] if code else []
+            if (
+                self.device is None
+                or not carried
+                or params.repeated
+                or set(params.values) != {"user_code"}
+                or not proven(carried)
+            ):
+                return self._expired()
+            assert code is not None
+            found = await self.device.pending_code(code)
+            if found is None:
+                return self.device.pages.error(400, "This code cannot be used", DEVICE_GONE)
+            record, client = found
+            return _ForDevice(self.device, self.sessions, code, client, record)
+        auth = await self.authorize.validate(params)
+        if not proven(auth.carried()):
+            return self._expired()
+        return _ForAuthorization(self.authorize, auth)
+
+    def _expired(self) -> web.Response:
+        return self.authorize.pages.error(
+            403,
+            "Your session expired",
+            "Please go back to the application and try again.",
+            "csrf",
+        )
+
     def _to_provider(
         self,
         provider: Provider,
         metadata: Metadata,
         session: Session,
-        auth: AuthorizationRequest,
+        target: _Target,
     ) -> web.Response:
         """Step 3: the redirect to the provider, the pending sign-in sealed beside it. A
         client's `prompt=login` and `max_age` go to the provider too: the sign-in it asked
         for happens there (checked on the way back, `signed_in_at`)."""
-        carried = auth.carried()
+        carried = target.carried
         verifier = secrets.token_urlsafe(48)
         pending = Pending(
             state=secrets.token_urlsafe(32),
@@ -591,8 +707,8 @@ class Federation:
                 "nonce": pending.nonce,
                 "code_challenge": pkce.s256(verifier),
                 "code_challenge_method": "S256",
-                **({"prompt": "login"} if "login" in auth.prompt else {}),
-                **({"max_age": str(auth.max_age)} if auth.max_age is not None else {}),
+                **({"prompt": "login"} if target.login_forced else {}),
+                **({"max_age": str(target.max_age)} if target.max_age is not None else {}),
             },
         )
         response = web.Response(
@@ -640,7 +756,8 @@ class Federation:
                 )
             )
         try:
-            auth = await self.authorize.validate(Parameters.collect(pending.carried))
+            # Sealed by this server for this session: its own parameters already.
+            target = await self._target(Parameters.collect(pending.carried), lambda _: True)
         except PageError as exc:
             return self._cleared(
                 self.authorize.pages.error(
@@ -649,19 +766,20 @@ class Federation:
             )
         except RedirectError as exc:
             return self._cleared(self.authorize.error_redirect(request, exc))
+        if isinstance(target, web.Response):
+            return self._cleared(target)
         try:
-            signed_in = await self._verified_subject(upstream, params, pending, now, auth)
+            signed_in = await self._verified_subject(upstream, params, pending, now, target)
         except FederationRefused as refused:
             log.warning(
                 "federated sign-in refused",
                 extra={"provider": provider.name, "reason": refused.reason},
             )
             return self._cleared(
-                await self.authorize.login_page(
+                await target.refused(
                     request,
-                    auth,
-                    error=f"Signing in with {provider.display_name} failed. {refused.message}",
-                    status=400,
+                    f"Signing in with {provider.display_name} failed. {refused.message}",
+                    400,
                 )
             )
         except ProviderUnavailable as exc:
@@ -669,7 +787,7 @@ class Federation:
                 "federated sign-in unavailable",
                 extra={"provider": provider.name, "reason": exc.reason},
             )
-            return self._cleared(await self._unavailable(request, auth, provider))
+            return self._cleared(await target.refused(request, _unreachable(provider), 502))
         assert session is not None
         log.info(
             "federated sign-in", extra={"provider": provider.name, "outcome": signed_in.outcome}
@@ -689,9 +807,8 @@ class Federation:
         ):
             # The user has an authenticator app here and the provider did not say it asked
             # for a second factor: its code is the second step, as after a password.
-            return self._cleared(
-                self.authorize.code_page(request, auth, session, signed_in.subject)
-            )
+            first = FirstStep(signed_in.amr, signed_in.auth_time)
+            return self._cleared(target.code_step(request, session, signed_in.subject, first))
         audit.record(
             Event.SIGNIN_SUCCEEDED,
             audit.USER,
@@ -702,10 +819,7 @@ class Federation:
         new_session = await self.sessions.login(
             request, signed_in.subject, signed_in.amr, signed_in.auth_time
         )
-        try:
-            response = await self.authorize.proceed(request, auth, new_session, login_done=True)
-        except RedirectError as exc:
-            response = self.authorize.error_redirect(request, exc)
+        response = await target.signed_in(request, new_session)
         self.sessions.set_cookie(response, new_session)
         return self._cleared(response)
 
@@ -715,7 +829,7 @@ class Federation:
         params: Parameters,
         pending: Pending,
         now: float,
-        auth: AuthorizationRequest,
+        target: _Target,
     ) -> SignedIn:
         provider = upstream.provider
         given_state = params.values.get("state", "")
@@ -752,8 +866,8 @@ class Federation:
             claims,
             self.clock(),
             started_at=pending.expires_at - PENDING_LIFETIME,
-            login_forced="login" in auth.prompt,
-            max_age=auth.max_age,
+            login_forced=target.login_forced,
+            max_age=target.max_age,
         )
         signed_in = await self.accounts.sign_in(provider, provider_subject, claims)
         methods = rules.provider_methods(claims.get("amr")) or (assurance.EXTERNAL,)
@@ -795,19 +909,104 @@ class Federation:
             ) from None
         return claims
 
-    async def _unavailable(
-        self, request: web.Request, auth: Any, provider: Provider
-    ) -> web.Response:
-        return await self.authorize.login_page(
-            request,
-            auth,
-            error=f"{provider.display_name} cannot be reached right now. "
-            "Sign in with your password, or try again in a moment.",
-            status=502,
-        )
-
     def _cleared(self, response: web.StreamResponse) -> web.StreamResponse:
         response.del_cookie(
             self.cookie, path="/", secure=self.secure, httponly=True, samesite="Lax"
         )
         return response
+
+
+def _unreachable(provider: Provider) -> str:
+    return (
+        f"{provider.display_name} cannot be reached right now. "
+        "Sign in with your password, or try again in a moment."
+    )
+
+
+# ---------------------------------------------------------------------------- what it is for
+
+
+class _Target(Protocol):
+    """What a federated sign-in is for, and where it goes on: the items its pending sign-in
+    carries, the fresh sign-in it asks of the provider, the page that tells of a refusal,
+    the code step for a user with an app here, and what comes once it is signed in."""
+
+    @property
+    def carried(self) -> list[tuple[str, str]]: ...
+    @property
+    def login_forced(self) -> bool: ...
+    @property
+    def max_age(self) -> int | None: ...
+
+    async def refused(self, request: web.Request, message: str, status: int) -> web.Response: ...
+
+    def code_step(
+        self, request: web.Request, session: Session, subject: str, first: FirstStep
+    ) -> web.Response: ...
+
+    async def signed_in(self, request: web.Request, session: Session) -> web.Response: ...
+
+
+@dataclass(frozen=True)
+class _ForAuthorization:
+    """An authorization request: its sign-in page, its code step, then consent or the code."""
+
+    endpoint: AuthorizationEndpoint
+    auth: AuthorizationRequest
+
+    @property
+    def carried(self) -> list[tuple[str, str]]:
+        return self.auth.carried()
+
+    @property
+    def login_forced(self) -> bool:
+        return "login" in self.auth.prompt
+
+    @property
+    def max_age(self) -> int | None:
+        return self.auth.max_age
+
+    async def refused(self, request: web.Request, message: str, status: int) -> web.Response:
+        return await self.endpoint.login_page(request, self.auth, error=message, status=status)
+
+    def code_step(
+        self, request: web.Request, session: Session, subject: str, first: FirstStep
+    ) -> web.Response:
+        return self.endpoint.code_page(request, self.auth, session, subject, first=first)
+
+    async def signed_in(self, request: web.Request, session: Session) -> web.Response:
+        try:
+            return await self.endpoint.proceed(request, self.auth, session, login_done=True)
+        except RedirectError as exc:
+            return self.endpoint.error_redirect(request, exc)
+
+
+@dataclass(frozen=True)
+class _ForDevice:
+    """The device page's user code (RFC 8628 §3.3): its sign-in form, its code step, then
+    the device's consent page for that code, which the whole flow carried."""
+
+    pages: DevicePages
+    sessions: Sessions
+    code: str
+    client: Client
+    record: DeviceRecord
+
+    @property
+    def carried(self) -> list[tuple[str, str]]:
+        return [("user_code", self.code)]
+
+    login_forced = False  # the device page asks for no fresh sign-in
+    max_age = None
+
+    async def refused(self, request: web.Request, message: str, status: int) -> web.Response:
+        session = await self.sessions.ensure(request)
+        return self.pages.login_page(session, self.client, self.code, error=message, status=status)
+
+    def code_step(
+        self, request: web.Request, session: Session, subject: str, first: FirstStep
+    ) -> web.Response:
+        return self.pages.second_step_page(session, self.client, self.code, subject, first)
+
+    async def signed_in(self, request: web.Request, session: Session) -> web.Response:
+        return await self.pages.signed_in(session, self.client, self.record)

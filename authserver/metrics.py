@@ -20,13 +20,25 @@ turned into metric families by prometheus-client when scraped:
                                                             blocked | invalid_url
   portcullis_authserver_dpop_proofs_total{endpoint, result}  token | userinfo | admin; accepted |
                                                             invalid | nonce_required | replayed
+  portcullis_authserver_second_factor_attempts_total{factor, outcome}
+                                                            totp | recovery_code | passkey;
+                                                            succeeded | failed | throttled |
+                                                            replayed
+  portcullis_authserver_second_factor_changes_total{factor, change}
+                                                            totp | recovery_code | passkey;
+                                                            enrolled | removed | renewed
+  portcullis_authserver_federation_stale_documents_total{provider, document}
+                                                            provider: a configured name;
+                                                            discovery | jwks
   portcullis_build_info{version}                            always 1
 
 Every label has a bounded set of values: endpoints are the names of the routes (`unmatched`
 for paths no route serves), paths the templates of the routes (never the path a request
 named: `unmatched` again), methods the standard ones (any other is `OTHER`), statuses three
 digits and status classes `1xx` to `5xx`, grant types the ones the token endpoint dispatches
-to, operations the Store's method names.
+to, operations the Store's method names, factors, outcomes, changes and documents the
+values named above (any other is refused: a programming error, not a label), providers the
+names the configuration gives them.
 """
 
 from __future__ import annotations
@@ -83,6 +95,17 @@ REQUEST_BUCKETS = (
 )
 _REQUEST_BOUNDS = Bounds(REQUEST_BUCKETS)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# The second factors, what became of an attempt with one, and what changed of a user's.
+FACTORS = frozenset({"totp", "recovery_code", "passkey"})
+FACTOR_OUTCOMES = frozenset({"succeeded", "failed", "throttled", "replayed"})
+FACTOR_CHANGES = frozenset({"enrolled", "removed", "renewed"})
+STALE_DOCUMENTS = frozenset({"discovery", "jwks"})
+
+
+def _bounded(value: str, allowed: frozenset[str], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {sorted(allowed)}")
+    return value
 
 
 class Metrics:
@@ -103,6 +126,9 @@ class Metrics:
         self.reloads: dict[str, int] = {"applied": 0, "rejected": 0}
         self.dpop_proofs: dict[tuple[str, str], int] = {}
         self.metadata_documents: dict[str, int] = {}
+        self.factor_attempts: dict[tuple[str, str], int] = {}
+        self.factor_changes: dict[tuple[str, str], int] = {}
+        self.stale_documents: dict[tuple[str, str], int] = {}
         self.registry.register(_Collector(self))
         self.registry.register(BuildInfo())
 
@@ -149,6 +175,23 @@ class Metrics:
     def metadata_document(self, result: str) -> None:
         """A Client ID Metadata Document fetched (`fetched`) or refused (why)."""
         self.metadata_documents[result] = self.metadata_documents.get(result, 0) + 1
+
+    def count_factor(self, factor: str, outcome: str) -> None:
+        """An attempt at a sign-in's second step with `factor` (`totp`, `recovery_code`,
+        `passkey`) and how it went (`succeeded`, `failed`, `throttled`, `replayed`)."""
+        key = (_bounded(factor, FACTORS, "factor"), _bounded(outcome, FACTOR_OUTCOMES, "outcome"))
+        self.factor_attempts[key] = self.factor_attempts.get(key, 0) + 1
+
+    def factor_changed(self, factor: str, change: str) -> None:
+        """A user's `factor` `enrolled`, `removed`, or (recovery codes) `renewed`."""
+        key = (_bounded(factor, FACTORS, "factor"), _bounded(change, FACTOR_CHANGES, "change"))
+        self.factor_changes[key] = self.factor_changes.get(key, 0) + 1
+
+    def stale_document(self, provider: str, document: str) -> None:
+        """An upstream provider's `discovery` document or `jwks` used past its age because
+        fetching it again failed (stale-if-error)."""
+        key = (provider, _bounded(document, STALE_DOCUMENTS, "document"))
+        self.stale_documents[key] = self.stale_documents.get(key, 0) + 1
 
     def reloaded(self, applied: bool) -> None:
         self.reloads["applied" if applied else "rejected"] += 1
@@ -244,3 +287,29 @@ class _Collector(Collector):
         for result, value in list(m.metadata_documents.items()):
             documents.add_metric([result], value)
         yield documents
+        attempts = CounterMetricFamily(
+            PREFIX + "second_factor_attempts",
+            "Second steps of sign-ins, by factor (totp, recovery_code, passkey) and outcome"
+            " (succeeded, failed, throttled, replayed).",
+            labels=["factor", "outcome"],
+        )
+        for (factor, outcome), value in list(m.factor_attempts.items()):
+            attempts.add_metric([factor, outcome], value)
+        yield attempts
+        changes = CounterMetricFamily(
+            PREFIX + "second_factor_changes",
+            "Second factors enrolled or removed, and recovery codes renewed, by factor.",
+            labels=["factor", "change"],
+        )
+        for (factor, change), value in list(m.factor_changes.items()):
+            changes.add_metric([factor, change], value)
+        yield changes
+        stale = CounterMetricFamily(
+            PREFIX + "federation_stale_documents",
+            "Upstream providers' discovery documents and key sets used past their age because"
+            " fetching them again failed, by provider and document (discovery, jwks).",
+            labels=["provider", "document"],
+        )
+        for (provider, document), value in list(m.stale_documents.items()):
+            stale.add_metric([provider, document], value)
+        yield stale

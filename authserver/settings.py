@@ -455,6 +455,9 @@ class IdentityProviderSettings:
         "A first sign-in whose email the provider verified, of one of these domains, signs in the existing local user with that email; empty: never linked, a new user is created.", default=(), parser=email_domain)
     timeout: timedelta = setting("A request to the provider (discovery, keys, token), from connecting to the last byte.", default=timedelta(seconds=5), more_than=ZERO, maximum=timedelta(seconds=30))
     discovery_max_age: timedelta = setting("How long its discovery document and keys are kept before they are fetched again.", default=timedelta(hours=1), minimum=timedelta(seconds=1), maximum=timedelta(days=1))
+    discovery_stale_if_error: timedelta = setting(
+        "How long past discovery_max_age the last good discovery document and keys are still used while fetching them again fails (logged and counted); past it, sign-in through the provider is refused until a fetch succeeds. 0s: never used stale.",
+        default=timedelta(hours=1), minimum=ZERO, maximum=timedelta(days=1))
     ca_file: str | None = setting("CA certificates the provider is verified against, instead of the system's.", default=None)
     line: int = section_line()
 
@@ -718,6 +721,7 @@ def federation_providers(settings: Settings) -> list[Provider]:
             link_domains=frozenset(p.link_by_verified_email_domains),
             timeout=p.timeout.total_seconds(),
             max_age=p.discovery_max_age.total_seconds(),
+            stale_if_error=p.discovery_stale_if_error.total_seconds(),
             tls=tls.client_context(p.ca_file),
         )
         for p in settings.identity_providers

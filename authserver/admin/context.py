@@ -12,6 +12,7 @@ from ..audit import Event
 from ..clock import Clock
 from ..events import Revocations
 from ..keys import SigningRing
+from ..metrics import Metrics
 from ..store.base import Store
 from ..users import PasswordHasher
 from .access import Caller
@@ -29,6 +30,7 @@ class Context:
     base_url: str  # {issuer}/admin/v1
     # The one way to cut a client or a user off: revokes, records the event (events.py).
     revocations: Revocations
+    metrics: Metrics | None = None  # counts the second factors removed here
 
     def location(self, collection: str, item_id: str) -> str:
         return f"{self.base_url}/{collection}/{quote(item_id, safe='')}"

@@ -264,6 +264,8 @@ class Users:
         old = await self._existing(ids[0])
         if not await self.c.store.delete_totp(old.subject):
             raise not_found("second factor")
+        if self.c.metrics is not None:
+            self.c.metrics.factor_changed("totp", "removed")
         self.c.audit(caller, Event.FACTOR_REMOVED, subject=old.subject)
         return no_content()
 

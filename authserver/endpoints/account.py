@@ -14,6 +14,15 @@ and their password.
 - Password: the current one is checked as a sign-in is (the same throttle), the new one held
   to the admin API's rule; the other sessions end. Only for users kept in the store: one
   defined in the configuration file changes there.
+- Security: the authenticator app, when it was set up and how many recovery codes are left;
+  new recovery codes (shown once; the earlier ones stop working in the same store call), or
+  the app removed. Either needs what setting an app up needs, a sign-in within
+  factors.ENROLMENT_NEEDS_SIGN_IN_WITHIN, or else the current password (checked as the
+  password change checks it): a session cookie left on a shared computer must not be enough
+  to strip a second factor or read new recovery codes. Where the operator requires a second
+  factor of the user (`second_factors`) and the app is their only one, it is not removed:
+  the page says why, and that an administrator can remove it (the user then sets a new one
+  up at their next sign-in), rather than leave an account that no longer meets the rule.
 
 Signed out, the page is a sign-in form of its own. Every form carries the session's CSRF
 token; each change answers 303 back to the page (POST, redirect, GET), with a notice named
@@ -26,13 +35,20 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
 
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
-from ..factors import Method, SecondFactors, methods_of
+from ..factors import (
+    ENROLMENT_NEEDS_SIGN_IN_WITHIN,
+    Method,
+    Requirement,
+    SecondFactors,
+    methods_of,
+)
 from ..protocol.client_ids import document_url
 from ..registry import ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
@@ -46,10 +62,21 @@ NOTICES = {
     "revoked": "Access was revoked. The application will have to ask again.",
     "signed-out": "Those sessions were signed out.",
     "password": "Your password was changed. Your other sessions were signed out.",
+    "factor-removed": "Your authenticator app was removed. Your password alone signs you in now.",
 }
 WRONG_CURRENT = "The current password is not correct."
 CHANGED_MEANWHILE = "Your account changed meanwhile: please try again."
 CONFIG_MANAGED = "This account is defined in the server's configuration: ask its operator."
+NO_FACTOR = "Your account has no authenticator app."
+SIGN_IN_AGAIN = (
+    "This change needs a recent sign-in: sign out, sign in again, then come back to this page."
+)
+ONLY_FACTOR = (
+    "Your account must sign in with a second factor, and this app is its only one, so it "
+    "cannot be removed here. On a new phone, sign in with a recovery code and renew them; "
+    "or ask an administrator to remove the app: you will set a new one up at your next "
+    "sign-in."
+)
 
 
 def shown_time(seconds: float) -> str:
@@ -83,7 +110,9 @@ class AccountPages:
         scope_description: Callable[[str], str],
         base_path: str,
         clock: Clock,
+        requirement: Requirement,
     ) -> None:
+        self.requirement = requirement  # who the operator requires a second factor of
         self.store = store
         self.clients = clients
         self.users = users
@@ -282,7 +311,77 @@ class AccountPages:
         audit.record(Event.SESSIONS_ENDED, audit.USER, subject=subject, sessions=ended)
         return self._back("password")
 
+    async def renew_recovery_codes(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/factors/recovery-codes: new recovery codes, shown once."""
+        form, session = await self._signed_in_form(request)
+        if session is None:
+            return self._expired()
+        subject = session.record.subject
+        refused = await self._recent_or_password(request, session, form)
+        if refused is not None:
+            return refused
+        codes = await self.factors.renew_recovery_codes(subject)
+        if codes is None:
+            return await self._page(session, factor_problem=NO_FACTOR, status=400)
+        audit.record(Event.RECOVERY_CODES_RENEWED, audit.USER, subject=subject)
+        return self.pages.render(
+            "factor_codes.html",
+            title="Your recovery codes",
+            codes=codes,
+            renewed=True,
+            back=self.page_path,
+            client_continues=False,
+            carried=[],
+        )
+
+    async def remove_factor(self, request: web.Request) -> web.StreamResponse:
+        """POST /account/factors/totp/remove: the app and its recovery codes."""
+        form, session = await self._signed_in_form(request)
+        if session is None:
+            return self._expired()
+        subject = session.record.subject
+        if not await self.factors.enrolled(subject):
+            return await self._page(session, factor_problem=NO_FACTOR, status=400)
+        if await self._factor_required(subject):
+            return await self._page(session, factor_problem=ONLY_FACTOR, status=409)
+        refused = await self._recent_or_password(request, session, form)
+        if refused is not None:
+            return refused
+        if await self.factors.remove(subject):
+            audit.record(Event.FACTOR_REMOVED, audit.USER, subject=subject)
+        return self._back("factor-removed")
+
     # ------------------------------------------------------------------------- steps
+
+    def _recent(self, session: Session) -> bool:
+        signed_in_for = self.clock() - session.record.auth_time
+        return signed_in_for <= ENROLMENT_NEEDS_SIGN_IN_WITHIN.total_seconds()
+
+    async def _factor_required(self, subject: str) -> bool:
+        """Whether the operator requires a second factor of the user and the app is the
+        only one they have (the only kind of factor this server keeps)."""
+        user = await self.users.by_subject(subject)
+        return user is not None and self.requirement.applies_to(user.roles)
+
+    async def _recent_or_password(
+        self, request: web.Request, session: Session, form: dict[str, str]
+    ) -> web.Response | None:
+        """None when the session signed in recently or the form's `current` password is
+        right; the page saying what is missing otherwise."""
+        if self._recent(session):
+            return None
+        user = await self.users.by_subject(session.record.subject)
+        if user is None or not user.password_hash:
+            # Signed in through an upstream provider only: no password to type here.
+            return await self._page(session, factor_problem=SIGN_IN_AGAIN, status=403)
+        outcome = await self.passwords.check(request, user.username, form.get("current", ""), None)
+        if isinstance(outcome, signin.Throttled):
+            response = await self._page(session, factor_problem=signin.THROTTLED, status=429)
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None or outcome.subject != user.subject:
+            return await self._page(session, factor_problem=WRONG_CURRENT, status=400)
+        return None
 
     async def _signed_in_form(self, request: web.Request) -> tuple[dict[str, str], Session | None]:
         """The form, and the session when it is signed in and the CSRF token is its own."""
@@ -335,6 +434,7 @@ class AccountPages:
         *,
         notice: str | None = None,
         problem: str | None = None,
+        factor_problem: str | None = None,
         status: int = 200,
     ) -> web.Response:
         subject = session.record.subject
@@ -417,4 +517,23 @@ class AccountPages:
             password_changeable=record is not None and record.managed_by == MANAGED_BY_API,
             notice=notice,
             problem=problem,
+            **await self._security(session, user is not None and bool(user.password_hash)),
+            factor_problem=factor_problem,
         )
+
+    async def _security(self, session: Session, has_password: bool) -> dict[str, Any]:
+        """What the Security section shows."""
+        subject = session.record.subject
+        record = await self.factors.record(subject) if self.factors.available else None
+        since = record.confirmed_at if record is not None else None
+        enrolled = since is not None
+        return {
+            "factors_available": self.factors.available,
+            "factors_page": self.base_path + "/factors",
+            "app_since": shown_time(since) if since is not None else None,
+            "recovery_codes_left": record.recovery_codes_left if record else 0,
+            "factor_required": enrolled and await self._factor_required(subject),
+            # A session older than a set-up would need: the password is asked, or, for a
+            # user without one, a new sign-in.
+            "recheck": None if self._recent(session) else "password" if has_password else "sign-in",
+        }

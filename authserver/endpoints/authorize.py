@@ -50,6 +50,7 @@ from ..factors import (
     SecondFactors,
     methods_of,
     multi_factor,
+    with_code,
 )
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
@@ -665,10 +666,12 @@ class AuthorizationEndpoint:
         until: float | None = None,
         error: str | None = None,
         status: int = 200,
+        first: signin.FirstStep = signin.PASSWORD_STEP,
     ) -> web.Response:
-        """The second step: the code of the user's app, the password already checked."""
+        """The second step: the code of the user's app, the first step (`first`: the
+        password, or a sign-in at an upstream provider) already passed."""
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
-        pending = signin.PendingSignIn.fields(session, subject, expires, auth.carried())
+        pending = signin.PendingSignIn.fields(session, subject, expires, auth.carried(), first)
         response = self.pages.render(
             "second_step.html",
             status=status,
@@ -694,8 +697,8 @@ class AuthorizationEndpoint:
             if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
                 return self._expired_session()
             now = self.clock()
-            subject = signin.PendingSignIn.subject(session, form, auth.carried(), now)
-            if subject is None:
+            pending = signin.PendingSignIn.verified(session, form, auth.carried(), now)
+            if pending is None:
                 # Forged, for another request, expired, or used already (signing in ended
                 # the session it was bound to): the password step again.
                 return self.pages.error(
@@ -704,6 +707,7 @@ class AuthorizationEndpoint:
                     "This sign-in has expired. Go back to the application and try again.",
                     "login_expired",
                 )
+            subject, first = pending.subject, pending.first
             until = float(form[signin.PENDING_UNTIL])
             outcome = await self.codes.check(request, subject, form.get("code", ""))
             if isinstance(outcome, signin.Throttled):
@@ -715,6 +719,7 @@ class AuthorizationEndpoint:
                     until=until,
                     error=signin.THROTTLED_CODE,
                     status=429,
+                    first=first,
                 )
                 response.headers["Retry-After"] = str(outcome.retry_after)
                 return response
@@ -727,9 +732,12 @@ class AuthorizationEndpoint:
                     until=until,
                     error=signin.WRONG_CODE,
                     status=400,
+                    first=first,
                 )
+            # The first step's methods (the password, or what an upstream provider named)
+            # and the code: an ID token of this sign-in tells of both (RFC 8176 §2).
             new_session = await self.sessions.login(
-                request, subject, methods_of(Method.PASSWORD, Method.OTP)
+                request, subject, with_code(first.methods), first.auth_time
             )
             return await self.proceed(request, auth, new_session, login_done=True)
         except PageError as exc:

@@ -9,7 +9,10 @@ Steps, each a form posted back with the session's CSRF token:
  3. POST /device/login: the login form, when the session is not signed in, with the
     password checks and throttle of every login form; for a user with an authenticator
     app, then POST /device/login/code: its code, as on the authorization endpoint's
-    sign-in (the pending sign-in of endpoints/signin.py);
+    sign-in (the pending sign-in of endpoints/signin.py). The form also has a button per
+    upstream identity provider (`identity_providers`), as the authorization endpoint's
+    does: the sign-in there carries the user code, bound to this session by the link's
+    proof (federation.py), and comes back to step 4 for it, or to the app's code first;
  4. POST /device/consent: the client's name, the scopes, and a warning to approve only a
     device the person is holding (§5.4: a code can be phished); approve or deny.
 The forms of steps 3 and 4 carry the code with a proof, bound to the session, that it
@@ -43,7 +46,7 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
-from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
+from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor, with_code
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
@@ -109,7 +112,10 @@ class DevicePages:
         audiences: Audiences,
         base_path: str,
         clock: Clock,
+        sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
+        | None = None,
     ) -> None:
+        self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
         self.audiences = audiences
         self.store = store
         self.clients = clients
@@ -169,6 +175,7 @@ class DevicePages:
         until: float | None = None,
         error: str | None = None,
         status: int = 200,
+        first: signin.FirstStep = signin.PASSWORD_STEP,
     ) -> web.Response:
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
         bound = [("user_code", code)]
@@ -181,7 +188,7 @@ class DevicePages:
             carried=[
                 *bound,
                 (PROOF, _proof(session, code)),
-                *signin.PendingSignIn.fields(session, subject, expires, bound),
+                *signin.PendingSignIn.fields(session, subject, expires, bound, first),
             ],
             client_name=client.client_name,
             error=error,
@@ -209,6 +216,9 @@ class DevicePages:
             client_name=client.client_name,
             error=error,
             username=username,
+            providers=(
+                self.sign_in_links(session, [("user_code", code)]) if self.sign_in_links else []
+            ),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -383,8 +393,8 @@ class DevicePages:
         if code is None or not _proof_valid(session, code, form.get(PROOF)):
             return self.pages.error(400, "This code was not checked", GONE)
         now = self.clock()
-        subject = signin.PendingSignIn.subject(session, form, [("user_code", code)], now)
-        if subject is None:
+        pending = signin.PendingSignIn.verified(session, form, [("user_code", code)], now)
+        if pending is None:
             return self.pages.error(
                 403,
                 "Please sign in again",
@@ -395,6 +405,7 @@ class DevicePages:
         if found is None:
             return self.pages.error(400, "This code cannot be used", GONE)
         record, client = found
+        subject, first = pending.subject, pending.first
         until = float(form[signin.PENDING_UNTIL])
         outcome = await self.codes.check(request, subject, form.get("code", ""))
         if isinstance(outcome, signin.Throttled):
@@ -406,17 +417,49 @@ class DevicePages:
                 until=until,
                 error=signin.THROTTLED_CODE,
                 status=429,
+                first=first,
             )
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None:
             return self._second_step_page(
-                session, client, code, subject, until=until, error=signin.WRONG_CODE, status=400
+                session,
+                client,
+                code,
+                subject,
+                until=until,
+                error=signin.WRONG_CODE,
+                status=400,
+                first=first,
             )
         new_session = await self.sessions.login(
-            request, subject, methods_of(Method.PASSWORD, Method.OTP)
+            request, subject, with_code(first.methods), first.auth_time
         )
         return await self._consent_page(new_session, client, record)
+
+    # ------------------------------------------------- a sign-in through an identity provider
+
+    async def pending_code(self, code: str) -> tuple[DeviceRecord, Client] | None:
+        """The device waiting for `code` and its client; None when it no longer waits."""
+        return await self._pending(code, self.clock())
+
+    def login_page(
+        self, session: Session, client: Client, code: str, *, error: str, status: int
+    ) -> web.Response:
+        """The sign-in form for `code` again, saying what went wrong at the provider."""
+        return self._login_page(session, client, code, error=error, status=status)
+
+    def second_step_page(
+        self, session: Session, client: Client, code: str, subject: str, first: signin.FirstStep
+    ) -> web.Response:
+        """The code of the user's app, after the provider (`first`)."""
+        return self._second_step_page(session, client, code, subject, first=first)
+
+    async def signed_in(
+        self, session: Session, client: Client, record: DeviceRecord
+    ) -> web.Response:
+        """Step 4 for a session just signed in: the device's consent page."""
+        return await self._consent_page(session, client, record)
 
     async def consent(self, request: web.Request) -> web.Response:
         """POST /device/consent: the person's decision."""

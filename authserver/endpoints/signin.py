@@ -51,7 +51,8 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
-from ..factors import SecondFactors, Used
+from ..factors import THROTTLED as CODE_THROTTLED
+from ..factors import SecondFactors, Used, factor_of
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
@@ -236,6 +237,7 @@ class CodeCheck:
         )
         if refused is not None:
             self.metrics.login_throttled()
+            self.metrics.count_factor(factor_of(typed), CODE_THROTTLED)
             audit.record(
                 Event.FACTOR_THROTTLED,
                 audit.USER,
@@ -244,7 +246,9 @@ class CodeCheck:
                 reason=refused.key.split(":")[1],
             )
             return Throttled(max(1, int(refused.retry_after)))
-        used = await self.factors.verify(subject, typed)
+        verdict = await self.factors.verify(subject, typed)
+        self.metrics.count_factor(verdict.factor, verdict.outcome)
+        used = verdict.used
         if used is None:
             self.metrics.login_failed()
             audit.record(Event.FACTOR_FAILED, audit.USER, subject=subject, address=address)
@@ -260,6 +264,28 @@ class CodeCheck:
 PENDING_SUBJECT = "pending_subject"
 PENDING_UNTIL = "pending_until"
 PENDING_PROOF = "pending_proof"
+PENDING_METHODS = "pending_methods"  # the first step's methods, space-separated
+PENDING_AUTH_TIME = "pending_auth_time"  # when the first step happened, if not at the code
+
+
+@dataclass(frozen=True)
+class FirstStep:
+    """What the step before the code was: a password here (the default), or a sign-in at an
+    upstream provider, with the RFC 8176 methods it named and when it happened there."""
+
+    methods: tuple[str, ...] = ("pwd",)
+    auth_time: float | None = None
+
+
+PASSWORD_STEP = FirstStep()
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pending sign-in whose proof holds: who, and what their first step was."""
+
+    subject: str
+    first: FirstStep
 
 
 class PendingSignIn:
@@ -267,13 +293,26 @@ class PendingSignIn:
 
     @staticmethod
     def fields(
-        session: Session, subject: str, until: float, bound: list[tuple[str, str]]
+        session: Session,
+        subject: str,
+        until: float,
+        bound: list[tuple[str, str]],
+        first: FirstStep = PASSWORD_STEP,
     ) -> list[tuple[str, str]]:
         """The hidden fields of the code form for `subject`, valid until `until`, for the
-        request whose parameters are `bound`."""
+        request whose parameters are `bound`, after the first step `first`."""
         until_text = str(int(until))
-        proof = Sessions.proof(session, _pending_items(subject, until_text, bound))
-        return [(PENDING_SUBJECT, subject), (PENDING_UNTIL, until_text), (PENDING_PROOF, proof)]
+        methods, auth_time = _first_texts(first)
+        proof = Sessions.proof(
+            session, _pending_items(subject, until_text, bound, methods, auth_time)
+        )
+        return [
+            (PENDING_SUBJECT, subject),
+            (PENDING_UNTIL, until_text),
+            (PENDING_METHODS, methods),
+            *([(PENDING_AUTH_TIME, auth_time)] if auth_time else []),
+            (PENDING_PROOF, proof),
+        ]
 
     @staticmethod
     def subject(
@@ -284,14 +323,48 @@ class PendingSignIn:
     ) -> str | None:
         """The subject whose password this session checked for this request, if the form
         proves it and the proof has not expired; None otherwise."""
+        pending = PendingSignIn.verified(session, form, bound, now)
+        return None if pending is None else pending.subject
+
+    @staticmethod
+    def verified(
+        session: Session | None,
+        form: dict[str, str],
+        bound: list[tuple[str, str]],
+        now: float,
+    ) -> Pending | None:
+        """The pending sign-in the form carries, if its proof holds for this session and
+        request and has not expired; None otherwise. The first step's methods and time are
+        under the proof: a form cannot claim a sign-in other than the one that happened."""
         subject, until = form.get(PENDING_SUBJECT), form.get(PENDING_UNTIL)
         if session is None or not subject or not until or not until.isdigit():
             return None
         if int(until) <= now:
             return None
-        items = _pending_items(subject, until, bound)
-        return subject if Sessions.proof_valid(session, items, form.get(PENDING_PROOF)) else None
+        methods = form.get(PENDING_METHODS, "")
+        auth_time = form.get(PENDING_AUTH_TIME, "")
+        items = _pending_items(subject, until, bound, methods, auth_time)
+        if not Sessions.proof_valid(session, items, form.get(PENDING_PROOF)):
+            return None
+        first = FirstStep(
+            tuple(methods.split()) or PASSWORD_STEP.methods,
+            float(auth_time) if auth_time.isdigit() else None,
+        )
+        return Pending(subject, first)
 
 
-def _pending_items(subject: str, until: str, bound: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [*bound, ("\x00pending_subject", subject), ("\x00pending_until", until)]
+def _first_texts(first: FirstStep) -> tuple[str, str]:
+    auth_time = "" if first.auth_time is None else str(int(first.auth_time))
+    return " ".join(first.methods), auth_time
+
+
+def _pending_items(
+    subject: str, until: str, bound: list[tuple[str, str]], methods: str, auth_time: str
+) -> list[tuple[str, str]]:
+    return [
+        *bound,
+        ("\x00pending_subject", subject),
+        ("\x00pending_until", until),
+        ("\x00pending_methods", methods),
+        ("\x00pending_auth_time", auth_time),
+    ]

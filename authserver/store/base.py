@@ -595,6 +595,13 @@ class Store(Protocol):
 
         Invariant: of concurrent calls for one code, at most one returns True."""
 
+    async def replace_recovery_codes(self, subject: str, recovery_codes: Sequence[bytes]) -> bool:
+        """In one transaction: every recovery code of the user, used or not, deleted and
+        these digests stored in their place, when the user's factor is confirmed. False,
+        with nothing changed, otherwise.
+
+        Invariant: no moment at which an old code and a new one are both usable."""
+
     async def delete_totp(self, subject: str) -> bool:
         """Remove the user's factor and recovery codes; False when there was none."""
 

@@ -843,6 +843,23 @@ class PostgresStore:
             )
         return used is not None
 
+    async def replace_recovery_codes(self, subject: str, recovery_codes: Sequence[bytes]) -> bool:
+        async with self._transaction("replace_recovery_codes") as conn:
+            # The factor's row locked: a removal or a confirmation at the same time waits.
+            confirmed = await conn.fetchval(
+                "SELECT 1 FROM totp_factors WHERE subject = $1 AND confirmed_at IS NOT NULL"
+                " FOR UPDATE",
+                subject,
+            )
+            if confirmed is None:
+                return False
+            await conn.execute("DELETE FROM recovery_codes WHERE subject = $1", subject)
+            await conn.executemany(
+                "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES ($1, $2, NULL)",
+                [(subject, digest) for digest in recovery_codes],
+            )
+            return True
+
     async def delete_totp(self, subject: str) -> bool:
         async with self._connection("delete_totp") as conn:
             # Its recovery codes go with it (ON DELETE CASCADE).

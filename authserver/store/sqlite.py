@@ -366,6 +366,12 @@ class SQLiteStore:
             "use_recovery_code", lambda conn: _use_recovery_code(conn, subject, code_sha256, now)
         )
 
+    async def replace_recovery_codes(self, subject: str, recovery_codes: Sequence[bytes]) -> bool:
+        return await self._call(
+            "replace_recovery_codes",
+            lambda conn: _replace_recovery_codes(conn, subject, recovery_codes),
+        )
+
     async def delete_totp(self, subject: str) -> bool:
         return await self._call("delete_totp", lambda conn: _delete_totp(conn, subject))
 
@@ -1157,6 +1163,24 @@ def _use_recovery_code(
             (now, subject, code_sha256),
         ).rowcount
         return changed == 1
+
+
+def _replace_recovery_codes(
+    conn: sqlite3.Connection, subject: str, recovery_codes: Sequence[bytes]
+) -> bool:
+    with _transaction(conn):
+        confirmed = conn.execute(
+            "SELECT 1 FROM totp_factors WHERE subject = ? AND confirmed_at IS NOT NULL",
+            (subject,),
+        ).fetchone()
+        if confirmed is None:
+            return False
+        conn.execute("DELETE FROM recovery_codes WHERE subject = ?", (subject,))
+        conn.executemany(
+            "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES (?, ?, NULL)",
+            [(subject, digest) for digest in recovery_codes],
+        )
+        return True
 
 
 def _delete_totp(conn: sqlite3.Connection, subject: str) -> bool:

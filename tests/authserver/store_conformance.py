@@ -993,6 +993,22 @@ class StoreConformance:
         assert not await store.use_recovery_code("sub-alice", b"a" * 32, T0 + 2)
         assert await store.use_recovery_code("sub-alice", b"b" * 32, T0 + 2)
 
+    async def test_renewed_recovery_codes_replace_every_earlier_one(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        assert not await store.replace_recovery_codes("sub-alice", [b"x" * 32])  # no factor
+        await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))
+        assert not await store.replace_recovery_codes("sub-alice", [b"x" * 32])  # waiting
+        assert await store.get_totp("sub-alice") == TotpRecord("sub-alice", b"sealed", T0)
+        await store.confirm_totp("sub-alice", b"sealed", 7, [b"a" * 32, b"b" * 32], T0)
+        assert await store.use_recovery_code("sub-alice", b"a" * 32, T0 + 1)
+        assert await other.replace_recovery_codes("sub-alice", [b"c" * 32, b"d" * 32, b"e" * 32])
+        assert (await store.get_totp("sub-alice")).recovery_codes_left == 3  # type: ignore[union-attr]
+        assert not await store.use_recovery_code("sub-alice", b"b" * 32, T0 + 2)  # unused, gone
+        assert await store.use_recovery_code("sub-alice", b"c" * 32, T0 + 2)
+        assert (await store.get_totp("sub-alice")).last_step == 7  # type: ignore[union-attr]
+
     async def test_a_users_factor_goes_with_the_user(self, store: Store) -> None:
         await store.save_user(a_user(), None)
         await store.begin_totp(TotpRecord("sub-alice", b"sealed", T0))

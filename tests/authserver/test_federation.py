@@ -30,17 +30,24 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from prometheus_client.parser import text_string_to_metric_families
 
 from authserver.federation_keys import load_signing_key, public_jwk
 from authserver.protocol import pkce
 from authserver.protocol.federation import ClaimNames, email_to_link
 from tests.authserver.conftest import (
     REDIRECT,
+    CodeResult,
     MovableClock,
     RunningAuthServer,
     StartAuthServer,
     default_config,
+    exchange_code,
+    parse_form,
+    query_of,
+    verify_jwt,
 )
+from tests.authserver.device_support import DEVICE_GRANT, poll
 from tests.support import start_site
 
 CLIENT_SECRET = "upstream-secret-of-the-authserver-0123456789"
@@ -67,6 +74,11 @@ class Upstream:
     fetched: list[str] = field(default_factory=list)  # the paths of discovery and keys GETs
     asked: list[dict[str, str]] = field(default_factory=list)  # each authorization request
     signing: tuple[Any, str] = (PROVIDER_KEY, "p1")  # the key that signs, and its kid
+    amr: list[str] | None = None  # the methods its ID tokens name, when set
+    failing: set[str] = field(default_factory=set)  # paths answered with a 503
+    clock: Callable[[], float] = time.time  # the time its ID tokens are issued at
+    runner: Any = None
+    issued_auth_times: list[int] = field(default_factory=list)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -79,6 +91,8 @@ class Upstream:
 
     async def metadata(self, request: web.Request) -> web.Response:
         self.fetched.append(request.path)
+        if request.path in self.failing:
+            return web.json_response({"error": "maintenance"}, status=503)
         if isinstance(self.discovery, bytes):
             return web.Response(body=self.discovery, content_type="application/json")
         return web.json_response(
@@ -96,6 +110,8 @@ class Upstream:
 
     async def jwks(self, request: web.Request) -> web.Response:
         self.fetched.append(request.path)
+        if request.path in self.failing:
+            return web.json_response({"error": "maintenance"}, status=503)
         key, kid = self.signing
         public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
         return web.json_response({"keys": [{**public, "kid": kid, "use": "sig"}]})
@@ -131,7 +147,7 @@ class Upstream:
             return web.json_response({"error": "invalid_grant"}, status=400)
         if form.get("redirect_uri") != asked["redirect_uri"]:
             return web.json_response({"error": "invalid_grant"}, status=400)
-        now = int(time.time())
+        now = int(self.clock())
         claims: dict[str, Any] = {
             "iss": self.url,
             "sub": "upstream-7",
@@ -143,8 +159,11 @@ class Upstream:
             "email_verified": True,
             "preferred_username": "dana",
         }
+        if self.amr is not None:
+            claims["amr"] = self.amr
         if "max_age" in asked or asked.get("prompt") == "login":
-            claims["auth_time"] = now  # asked for a fresh sign-in, it says when
+            claims["auth_time"] = now - 5  # asked for a fresh sign-in, it says when
+            self.issued_auth_times.append(now - 5)
         flaw, alg = self.flaw, "RS256"
         if flaw == "stale_auth":  # its single sign-on left in place
             claims["auth_time"] = now - 3600
@@ -192,12 +211,15 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
     async def setup(
         clock: Callable[[], float] = time.time,
         more: dict[str, Any] | None = None,
+        clients: tuple[dict[str, Any], ...] = (),
         **provider: Any,
     ) -> tuple[RunningAuthServer, Upstream]:
         upstream = Upstream()
         runner, url = await start_site(upstream.app())
         runners.append(runner)
-        upstream.url = url
+        upstream.url, upstream.runner = url, runner
+        if isinstance(clock, MovableClock):
+            upstream.clock = clock
         config = default_config()
         config["clients"].append(
             {
@@ -208,6 +230,7 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
                 "skip_consent": True,
             }
         )
+        config["clients"].extend(clients)
         config["identity_providers"] = [
             {
                 "name": "corp",
@@ -227,9 +250,21 @@ async def federated(start_authserver: StartAuthServer) -> AsyncIterator[Setup]:
         await runner.cleanup()
 
 
-async def sign_in(server: RunningAuthServer, **extra: str) -> tuple[int, str, str | None]:
+async def sign_in(
+    server: RunningAuthServer, browser: aiohttp.ClientSession | None = None, **extra: str
+) -> tuple[int, str, str | None]:
     """Through the sign-in page's button to the end: the last answer's status, page and
-    Location (the client's redirect URI with a code, when it worked)."""
+    Location (the client's redirect URI with a code, when it worked). In `browser` when
+    given (a test goes on with it), else in a browser of its own."""
+    if browser is not None:
+        return await _sign_in(server, browser, **extra)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as own:
+        return await _sign_in(server, own, **extra)
+
+
+async def _sign_in(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, **extra: str
+) -> tuple[int, str, str | None]:
     query = {
         **extra,
         "response_type": "code",
@@ -240,18 +275,24 @@ async def sign_in(server: RunningAuthServer, **extra: str) -> tuple[int, str, st
         "code_challenge": pkce.s256(VERIFIER),
         "code_challenge_method": "S256",
     }
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
-        async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
-            page = await response.text()
-        marker = 'class="button provider" href="'
-        start = page.index(marker) + len(marker)
-        url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
-        for _ in range(6):
-            async with browser.get(url, allow_redirects=False) as response:
-                location = response.headers.get("Location")
-                if location is None or location.startswith(REDIRECT):
-                    return response.status, await response.text(), location
-                url = location
+    async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
+        page = await response.text()
+    return await follow_provider_button(server, browser, page)
+
+
+async def follow_provider_button(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, page: str
+) -> tuple[int, str, str | None]:
+    """The first provider button of `page`, followed through the provider and back."""
+    marker = 'class="button provider" href="'
+    start = page.index(marker) + len(marker)
+    url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
+    for _ in range(6):
+        async with browser.get(url, allow_redirects=False) as response:
+            location = response.headers.get("Location")
+            if location is None or location.startswith(REDIRECT):
+                return response.status, await response.text(), location
+            url = location
     raise AssertionError("too many redirects")
 
 
@@ -330,6 +371,80 @@ async def test_discovery_and_keys_are_kept_and_fetched_again_once_stale_or_unkno
     assert upstream.fetched[3:] == ["/.well-known/openid-configuration", "/jwks"]
 
 
+def stale_counts(server: RunningAuthServer) -> dict[str, float]:
+    exposition = server.services.token.metrics.exposition().decode()
+    return {
+        sample.labels["document"]: sample.value
+        for family in text_string_to_metric_families(exposition)
+        if family.name == "portcullis_authserver_federation_stale_documents"
+        for sample in family.samples
+        if sample.labels["provider"] == "corp"
+    }
+
+
+async def test_a_failing_provider_s_documents_are_used_stale_within_a_bound_then_refused(
+    federated: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fetching the discovery document or the keys again fails: the last good copies are
+    used for discovery_stale_if_error past their age (logged, counted), then, with the
+    provider gone, the sign-in page says it cannot be reached."""
+    clock = MovableClock()
+    server, upstream = await federated(
+        clock=clock, discovery_max_age="1m", discovery_stale_if_error="5m"
+    )
+    assert (await sign_in(server))[0] == 302
+    assert upstream.fetched == ["/.well-known/openid-configuration", "/jwks"]
+    clock.advance(61)  # the document is fetched again (t=61), the keys fail
+    upstream.failing = {"/jwks"}
+    with caplog.at_level(logging.WARNING, logger="portcullis.authserver.federation"):
+        assert (await sign_in(server))[0] == 302
+    (line,) = [
+        r for r in caplog.records if r.getMessage() == "identity provider document used stale"
+    ]
+    assert (line.provider, line.document, line.reason) == ("corp", "jwks", "http_503")
+    assert stale_counts(server) == {"jwks": 1}
+    clock.advance(61)  # both fail now (t=122); the keys of t=0 are within 1m + 5m
+    upstream.failing = {"/.well-known/openid-configuration", "/jwks"}
+    assert (await sign_in(server))[0] == 302
+    assert stale_counts(server) == {"discovery": 1, "jwks": 2}
+    # Within RETRY_AFTER_FAILURE of a failure nothing is asked of the provider again.
+    before = len(upstream.fetched)
+    assert (await sign_in(server))[0] == 302
+    assert len(upstream.fetched) == before
+    # The provider goes away: its documents of t=61 still send a sign-in there...
+    for site in list(upstream.runner.sites):
+        await site.stop()
+    clock.advance(100)  # t=222
+    status, location = await start_at_provider(server)
+    assert status == 302 and location.startswith(upstream.url + "/authorize?")
+    assert stale_counts(server) == {"discovery": 2, "jwks": 2}
+    # ...until 1m + 5m after they were fetched: then the sign-in page says so.
+    clock.advance(200)  # t=422
+    status, page, location = await sign_in(server)
+    assert (status, location) == (502, None)
+    assert "Corp cannot be reached right now" in page and 'name="password"' in page
+
+
+async def start_at_provider(server: RunningAuthServer) -> tuple[int, str]:
+    """The sign-in page's provider button: the start's status and Location."""
+    query = {
+        "response_type": "code",
+        "client_id": "portal",
+        "redirect_uri": REDIRECT,
+        "scope": "openid",
+        "code_challenge": pkce.s256(VERIFIER),
+        "code_challenge_method": "S256",
+    }
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(server.endpoint("/authorize?" + urlencode(query))) as response:
+            page = await response.text()
+        marker = 'class="button provider" href="'
+        start = page.index(marker) + len(marker)
+        url = server.url + page[start : page.index('"', start)].replace("&amp;", "&")
+        async with browser.get(url, allow_redirects=False) as response:
+            return response.status, response.headers.get("Location", "")
+
+
 @pytest.mark.parametrize(
     ("flaw", "message"),
     [
@@ -391,6 +506,167 @@ async def test_a_user_with_an_app_here_types_its_code_after_the_provider(
     status, page, location = await sign_in(server)
     assert (status, location) == (200, None)
     assert "/login/code" in page and "Enter your code" in page
+
+
+@pytest.mark.parametrize(
+    ("named", "expected"),
+    [(None, ["otp", "mfa"]), (["hwk", "pwd"], ["hwk", "pwd", "otp", "mfa"])],
+)
+async def test_the_id_token_after_the_provider_and_the_code_tells_of_both(
+    federated: Setup, named: list[str] | None, expected: list[str]
+) -> None:
+    """After the provider and the code of the app here, the ID token names the provider's
+    methods (none when it named none: no password was typed here) with `otp` and `mfa`,
+    and says when the user signed in at the provider."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, upstream = await federated(more={"second_factors": {"encryption_key": key}})
+    assert (await sign_in(server))[0] == 302  # dana created
+    dana = await server.services.store.user_by_username("dana")
+    assert dana is not None
+    factors = server.services.authorize.factors
+    enrolment = await factors.begin(dana.subject, "dana")
+    assert enrolment is not None
+    app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+    assert await factors.confirm(dana.subject, app.now()) is not None
+    upstream.amr = named  # no `mfa` among them: the code is asked here
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        status, page, _ = await sign_in(browser=browser, server=server, max_age="600")
+        assert status == 200, page
+        action, fields = parse_form(page)
+        assert action.endswith("/login/code")
+        # The first step's methods are under the pending sign-in's proof.
+        forged = {**fields, "pending_methods": "pwd hwk", "code": app.at(time.time() + 30)}
+        async with browser.post(server.url + action, data=forged, allow_redirects=False) as refused:
+            assert refused.status == 403
+        # The first code was used at enrolment: the next step's code.
+        fields["code"] = app.at(time.time() + 30)
+        async with browser.post(
+            server.url + action, data=fields, allow_redirects=False
+        ) as response:
+            assert response.status in (302, 303), await response.text()
+            code = query_of(response.headers["Location"])["code"]
+        result = CodeResult(code, VERIFIER, REDIRECT, "s", None, "")
+        status, body = await exchange_code(browser, server, result, client_id="portal")
+        assert status == 200, body
+        claims = await verify_jwt(browser, server, body["id_token"], audience="portal")
+    assert claims["amr"] == expected
+    assert claims["acr"] == "urn:portcullis:acr:mfa"
+    asked_at = upstream.issued_auth_times[-1]
+    assert claims["auth_time"] == asked_at  # the provider's, not the code's
+
+
+TV = {
+    "client_id": "tv",
+    "client_name": "Living Room TV",
+    "token_endpoint_auth_method": "none",
+    "grant_types": [DEVICE_GRANT],
+    "scope": "openid",
+}
+
+
+async def device_sign_in(
+    server: RunningAuthServer, browser: aiohttp.ClientSession
+) -> tuple[str, tuple[int, str, str | None]]:
+    """A device asks; the person types its code on the device page and presses the
+    provider's button: the device code, and the last answer after the provider."""
+    async with browser.post(
+        server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+    ) as started:
+        body = await started.json()
+    async with browser.get(server.endpoint("/device")) as page:
+        action, fields = parse_form(await page.text())
+    fields["user_code"] = body["user_code"]
+    async with browser.post(server.url + action, data=fields) as checked:
+        login = await checked.text()
+    assert 'name="password"' in login and "Or sign in with" in login
+    return body["device_code"], await follow_provider_button(server, browser, login)
+
+
+async def approve_device(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, page: str, device_code: str
+) -> dict[str, Any]:
+    action, fields = parse_form(page)
+    assert action.endswith("/device/consent"), action
+    async with browser.post(server.url + action, data={**fields, "decision": "approve"}) as done:
+        assert "Device connected" in await done.text()
+    status, tokens = await poll(browser, server, device_code)
+    assert status == 200, tokens
+    return await verify_jwt(browser, server, tokens["id_token"], audience="tv")
+
+
+async def test_the_device_page_offers_the_providers_and_comes_back_to_its_code(
+    federated: Setup,
+) -> None:
+    """The device page's sign-in form has the providers' buttons; the user code goes through
+    the provider and back to the consent page for that code, and after the app's code when
+    the user has one here (the ID token then saying so)."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, _ = await federated(more={"second_factors": {"encryption_key": key}}, clients=(TV,))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        device_code, (status, page, _) = await device_sign_in(server, browser)
+        assert status == 200 and "Allow a device" in page
+        claims = await approve_device(server, browser, page, device_code)
+    dana = await server.services.store.user_by_username("dana")
+    assert dana is not None and claims["sub"] == dana.subject
+    factors = server.services.authorize.factors
+    enrolment = await factors.begin(dana.subject, "dana")
+    assert enrolment is not None
+    app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+    assert await factors.confirm(dana.subject, app.now()) is not None
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        device_code, (status, page, _) = await device_sign_in(server, browser)
+        action, fields = parse_form(page)
+        assert status == 200 and action.endswith("/device/login/code")
+        fields["code"] = app.at(time.time() + 30)
+        async with browser.post(server.url + action, data=fields) as answer:
+            consent = await answer.text()
+        claims = await approve_device(server, browser, consent, device_code)
+    assert claims["amr"] == ["otp", "mfa"] and claims["acr"] == "urn:portcullis:acr:mfa"
+
+
+async def test_a_user_without_a_password_signs_in_again_to_change_their_app(
+    federated: Setup,
+) -> None:
+    """On the account page, renewing recovery codes or removing the app of a session older
+    than a set-up allows asks for the password; a user who has none signs in again."""
+    clock = MovableClock()
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, _ = await federated(clock=clock, more={"second_factors": {"encryption_key": key}})
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        assert (await sign_in(server, browser))[0] == 302
+        dana = await server.services.store.user_by_username("dana")
+        assert dana is not None
+        factors = server.services.authorize.factors
+        enrolment = await factors.begin(dana.subject, "dana")
+        assert enrolment is not None
+        app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+        assert await factors.confirm(dana.subject, app.at(clock.now)) is not None
+        clock.advance(16 * 60)
+        async with browser.get(server.endpoint("/account")) as response:
+            page = await response.text()
+        assert "needs a recent sign-in" in page and 'id="renew-current"' not in page
+        csrf = {"csrf_token": parse_form(page)[1]["csrf_token"]}
+        for path in ("/account/factors/recovery-codes", "/account/factors/totp/remove"):
+            async with browser.post(server.endpoint(path), data=csrf) as refused:
+                assert refused.status == 403, path
+                assert "sign out, sign in again" in await refused.text()
+    assert await factors.enrolled(dana.subject)
+
+
+async def test_a_device_sign_in_link_is_not_a_way_to_try_user_codes(
+    federated: Setup, http: aiohttp.ClientSession
+) -> None:
+    server, upstream = await federated(clients=(TV,))
+    async with http.post(
+        server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+    ) as started:
+        user_code = (await started.json())["user_code"]
+    # A link the device page did not give this session starts nothing and looks nothing up.
+    for code in (user_code, "BCDF-GHJK"):
+        start = server.endpoint("/federation/corp/start?" + urlencode({"user_code": code}))
+        async with http.get(start, allow_redirects=False) as response:
+            assert response.status == 403 and "Your session expired" in await response.text()
+    assert upstream.asked == []
 
 
 async def test_an_address_a_sign_in_brought_or_that_changed_hands_links_to_nobody(

@@ -20,6 +20,7 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 import pyotp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from authserver.protocol import totp
 from tests.authserver.admin_support import StartAdminServer, admin_for, start_admin_server
@@ -788,6 +789,7 @@ async def test_clients_made_through_the_admin_api_may_require_a_second_factor(
         assert (await admin.delete(f"/users/{bob}/second-factor"))[0] == 404
         assert (await admin.get("/users/nobody/second-factor"))[0] == 404
     assert await server.services.store.get_totp(bob) is None
+    assert factor_counts(server)[("changes", "totp", "removed")] == 1  # the one that was there
     async with browser() as http:
         # The password alone for a client that asks no more; set up again where required.
         response, _ = await password_step(http, server, username="bob")
@@ -895,3 +897,213 @@ async def test_an_old_session_led_to_set_up_an_app_signs_in_again_first(
         after = await enrolment_led_by_sign_in(http, server, clock, response)
         claims = await id_token(http, server, await finish(http, server, after), verifier)
     assert claims["acr"] == MFA
+
+
+# ---------------------------------------------------------------------------- the account page
+
+
+async def account_signed_in(
+    http: aiohttp.ClientSession, server: RunningAuthServer, secret: str, clock: MovableClock
+) -> str:
+    """Sign in to the account page with the password and a code: the page."""
+    page = await http.get(server.url + "/account")
+    action, fields = parse_form(await page.text())
+    fields.update(username="alice", password=PASSWORD)
+    answer = await post(http, server, action, fields)
+    action, pending = parse_form(await answer.text())
+    signed_in = await post(http, server, action, {**pending, "code": app_code(secret, clock)})
+    assert signed_in.status == 303
+    clock.advance(30)  # that step is used
+    account = await http.get(server.url + "/account")
+    return await account.text()
+
+
+def security_form(page: str, path: str) -> dict[str, str]:
+    """The hidden fields of the Security section's form posting to `path`."""
+    section = page.split('id="security-heading"', 1)[1]
+    form = section.split(f'action="/account{path}"', 1)[1].split("</form>", 1)[0]
+    return dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)"', form))
+
+
+def audit_events(capfd: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    written = capfd.readouterr().err
+    return [json.loads(line) for line in written.splitlines() if '"event"' in line]
+
+
+async def test_the_account_page_renews_the_recovery_codes_and_voids_the_old_ones(
+    server: RunningAuthServer, clock: MovableClock, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret, old = await enrolled_user(server, clock)
+    subject = server.subject("alice")
+    async with browser() as http:
+        page = await account_signed_in(http, server, secret, clock)
+        assert 'id="recovery-left">10<' in page and "Authenticator app set up" in page
+        fields = security_form(page, "/factors/recovery-codes")
+        assert "current" not in page.split('id="security-heading"', 1)[1]  # a recent sign-in
+        # Without this session's CSRF token, nothing changes.
+        forged = await post(http, server, "/account/factors/recovery-codes", {"csrf_token": "x"})
+        assert forged.status == 403
+        renewed = await post(http, server, "/account/factors/recovery-codes", fields)
+        assert renewed.status == 200
+        text = await renewed.text()
+        assert 'id="renewed"' in text and renewed.headers["Cache-Control"] == "no-store"
+        new = recovery_codes_on(text)
+        assert len(new) == 10 and not set(new) & set(old)
+        after = await (await http.get(server.url + "/account")).text()
+        assert 'id="recovery-left">10<' in after
+    # Only their digests are kept, under the subject.
+    record = await server.services.store.get_totp(subject)
+    assert record is not None and record.recovery_codes_left == 10
+    await asyncio.sleep(0)
+    events = audit_events(capfd)
+    renewals = [e for e in events if e["event"] == "factor.recovery_codes_renewed"]
+    assert [(e["actor"], e["subject"]) for e in renewals] == [("user", subject)]
+    assert not any(code in json.dumps(events) for code in new)
+    # An old code, even an unused one, no longer signs in; a new one does, once.
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        action, fields = await second_step(http, server, response)
+        refused = await post(http, server, action, {**fields, "code": old[1]})
+        assert refused.status == 400
+        await finish(http, server, await post(http, server, action, {**fields, "code": new[0]}))
+    record = await server.services.store.get_totp(subject)
+    assert record is not None and record.recovery_codes_left == 9
+
+
+async def test_removing_the_app_needs_a_recent_sign_in_or_the_password(
+    server: RunningAuthServer, clock: MovableClock, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret, _ = await enrolled_user(server, clock)
+    subject = server.subject("alice")
+    async with browser() as http:
+        await account_signed_in(http, server, secret, clock)
+        clock.advance(16 * 60)  # older than a set-up would allow
+        page = await (await http.get(server.url + "/account")).text()
+        assert 'id="remove-current"' in page and 'id="renew-current"' in page
+        fields = security_form(page, "/factors/totp/remove")
+        for wrong in ({}, {"current": "not-the-password"}):
+            refused = await post(http, server, "/account/factors/totp/remove", {**fields, **wrong})
+            assert refused.status == 400
+            assert "The current password is not correct." in await refused.text()
+        assert await server.services.authorize.factors.enrolled(subject)
+        renewal = security_form(page, "/factors/recovery-codes")
+        stale = await post(http, server, "/account/factors/recovery-codes", renewal)
+        assert stale.status == 400
+        removed = await post(
+            http, server, "/account/factors/totp/remove", {**fields, "current": PASSWORD}
+        )
+        assert removed.status == 303
+        assert removed.headers["Location"] == "/account?done=factor-removed"
+        notice = await (await http.get(server.url + removed.headers["Location"])).text()
+        assert "Your authenticator app was removed." in notice and "Set one up" in notice
+        again = await post(
+            http, server, "/account/factors/totp/remove", {**fields, "current": PASSWORD}
+        )
+        assert again.status == 400 and "no authenticator app" in await again.text()
+    assert await server.services.store.get_totp(subject) is None
+    await asyncio.sleep(0)
+    removals = [e for e in audit_events(capfd) if e["event"] == "factor.removed"]
+    assert [(e["actor"], e["subject"]) for e in removals] == [("user", subject)]
+    # The password alone signs in again.
+    async with browser() as http:
+        response, verifier = await password_step(http, server)
+        claims = await id_token(http, server, await finish(http, server, response), verifier)
+    assert claims["amr"] == ["pwd"]
+
+
+async def test_an_app_the_operator_requires_is_not_removed_when_it_is_the_only_factor(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    server = await start_authserver(factor_config(required_for_everyone=True), clock=clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        await finish(http, server, await enrolment_led_by_sign_in(http, server, clock, response))
+    clock.advance(30)
+    subject = server.subject("alice")
+    record = await server.services.store.get_totp(subject)
+    assert record is not None
+    async with browser() as http:
+        page = await http.get(server.url + "/account")
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        answer = await post(http, server, action, fields)
+        action, pending = parse_form(await answer.text())
+        secret = _secret_of(server, record)
+        await post(http, server, action, {**pending, "code": app_code(secret, clock)})
+        page_text = await (await http.get(server.url + "/account")).text()
+        assert 'id="factor-required"' in page_text
+        assert 'action="/account/factors/totp/remove"' not in page_text
+        csrf = security_form(page_text, "/factors/recovery-codes")
+        refused = await post(http, server, "/account/factors/totp/remove", csrf)
+        assert refused.status == 409
+        assert "cannot be removed here" in await refused.text()
+        # Renewing the recovery codes stays open to them.
+        renewed = await post(http, server, "/account/factors/recovery-codes", csrf)
+        assert renewed.status == 200
+    assert await server.services.authorize.factors.enrolled(subject)
+
+
+def _secret_of(server: RunningAuthServer, record: Any) -> str:
+    """The base32 secret of a stored factor, opened as the server opens it."""
+    factors = server.services.authorize.factors
+    assert factors.cipher is not None
+    opened = factors.cipher.open_bytes(b"totp\x00" + record.subject.encode(), record.sealed_secret)
+    assert opened is not None
+    return totp.base32(opened)
+
+
+def factor_counts(server: RunningAuthServer) -> dict[tuple[str, str, str], float]:
+    """The second-factor series of the metrics: (metric, factor, outcome or change) -> value."""
+    exposition = server.services.token.metrics.exposition().decode()
+    counts = {}
+    for family in text_string_to_metric_families(exposition):
+        kind = family.name.removeprefix("portcullis_authserver_second_factor_")
+        if kind in ("attempts", "changes"):
+            for sample in family.samples:
+                what = sample.labels.get("outcome") or sample.labels["change"]
+                counts[(kind, sample.labels["factor"], what)] = sample.value
+    return counts
+
+
+async def test_second_steps_are_counted_by_factor_and_outcome(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = factor_config()
+    config["login_throttle"] = {"max_failures": 3}
+    server = await start_authserver(config, clock=clock)
+    secret, codes = await enrolled_user(server, clock)
+    used = app_code(secret, clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        action, fields = await second_step(http, server, response)
+        await finish(http, server, await post(http, server, action, {**fields, "code": used}))
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        action, fields = await second_step(http, server, response)
+        assert (await post(http, server, action, {**fields, "code": used})).status == 400
+        assert (await post(http, server, action, {**fields, "code": "000000"})).status == 400
+        signed_in = await post(http, server, action, {**fields, "code": codes[0]})
+        await finish(http, server, signed_in)
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        action, fields = await second_step(http, server, response)
+        for _ in range(3):
+            await post(http, server, action, {**fields, "code": "aaaaa-aaaaa"})
+        assert (await post(http, server, action, {**fields, "code": codes[1]})).status == 429
+    assert factor_counts(server) == {
+        ("attempts", "totp", "succeeded"): 1,
+        ("attempts", "totp", "replayed"): 1,
+        ("attempts", "totp", "failed"): 1,
+        ("attempts", "recovery_code", "succeeded"): 1,
+        ("attempts", "recovery_code", "failed"): 3,
+        ("attempts", "recovery_code", "throttled"): 1,
+        ("changes", "totp", "enrolled"): 1,
+    }
+    factors = server.services.authorize.factors
+    assert await factors.renew_recovery_codes(server.subject("alice")) is not None
+    assert await factors.remove(server.subject("alice"))
+    counts = factor_counts(server)
+    assert counts[("changes", "recovery_code", "renewed")] == 1
+    assert counts[("changes", "totp", "removed")] == 1
+    with pytest.raises(ValueError, match="factor 'sms'"):
+        factors.metrics.count_factor("sms", "succeeded")

@@ -138,6 +138,19 @@ async def test_setting_up_an_app_then_signing_in_with_its_code(
     # Consent was given at the first sign-in: straight back to the client.
     await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
     assert await tab.locator("#acr").inner_text() == "urn:portcullis:acr:mfa"
+
+    # The account page, signed in by that sign-in: new recovery codes, then the app removed.
+    await tab.goto(authserver.settings.issuer + "/account")
+    assert await tab.locator("#recovery-left").inner_text() == "9"
+    await tab.get_by_role("button", name="Get new recovery codes").click()
+    await tab.locator("#renewed").wait_for()
+    renewed = await tab.locator(".recovery-codes code").all_inner_texts()
+    assert len(renewed) == 10 and not set(renewed) & set(codes)
+    await tab.get_by_role("link", name="Back to your account").click()
+    assert await tab.locator("#recovery-left").inner_text() == "10"
+    await tab.get_by_role("button", name="Remove authenticator app").click()
+    assert "was removed" in await tab.get_by_role("status").inner_text()
+    await tab.get_by_role("link", name="Set one up").wait_for()
     await context.close()
 
 
