@@ -690,7 +690,7 @@ class Federation:
             # The user has an authenticator app here and the provider did not say it asked
             # for a second factor: its code is the second step, as after a password.
             return self._cleared(
-                self.authorize.code_page(request, auth, session, signed_in.subject)
+                await self.authorize.code_page(request, auth, session, signed_in.subject)
             )
         audit.record(
             Event.SIGNIN_SUCCEEDED,

@@ -41,11 +41,14 @@ from ..users import PasswordHasher, password_problems
 from . import signin
 from .forms import read_form
 from .pages import Pages
+from .passkey_offers import PasskeyOffers
 
 NOTICES = {
     "revoked": "Access was revoked. The application will have to ask again.",
     "signed-out": "Those sessions were signed out.",
     "password": "Your password was changed. Your other sessions were signed out.",
+    "passkey-added": "Your passkey was added. You can sign in with it now.",
+    "passkey-removed": "That passkey was removed.",
 }
 WRONG_CURRENT = "The current password is not correct."
 CHANGED_MEANWHILE = "Your account changed meanwhile: please try again."
@@ -83,7 +86,9 @@ class AccountPages:
         scope_description: Callable[[str], str],
         base_path: str,
         clock: Clock,
+        passkeys: PasskeyOffers | None = None,
     ) -> None:
+        self.passkeys = passkeys  # the page's passkeys section, and passkeys at its sign-in
         self.store = store
         self.clients = clients
         self.users = users
@@ -129,11 +134,12 @@ class AccountPages:
             return await self._sign_in_page(
                 request, error=signin.WRONG, status=400, username=username
             )
-        if await self.factors.enrolled(outcome.subject):
+        has_passkey = self.passkeys is not None and await self.passkeys.enrolled(outcome.subject)
+        if has_passkey or await self.factors.enrolled(outcome.subject):
             # As at the authorization endpoint: a user with an app types its code before
             # anything is signed in (the pending sign-in is bound to this page).
             assert session is not None
-            return self._code_page(session, outcome.subject)
+            return await self._code_page(session, outcome.subject)
         new_session = await self.sessions.login(
             request, outcome.subject, methods_of(Method.PASSWORD)
         )
@@ -155,13 +161,13 @@ class AccountPages:
         until = float(form[signin.PENDING_UNTIL])
         outcome = await self.codes.check(request, subject, form.get("code", ""))
         if isinstance(outcome, signin.Throttled):
-            response = self._code_page(
+            response = await self._code_page(
                 session, subject, until=until, error=signin.THROTTLED_CODE, status=429
             )
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None:
-            return self._code_page(
+            return await self._code_page(
                 session, subject, until=until, error=signin.WRONG_CODE, status=400
             )
         new_session = await self.sessions.login(
@@ -171,7 +177,7 @@ class AccountPages:
         self.sessions.set_cookie(response, new_session)
         return response
 
-    def _code_page(
+    async def _code_page(
         self,
         session: Session,
         subject: str,
@@ -182,6 +188,11 @@ class AccountPages:
     ) -> web.Response:
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
         pending = signin.PendingSignIn.fields(session, subject, expires, _PENDING_BOUND)
+        passkey = None
+        if self.passkeys is not None:
+            passkey = await self.passkeys.offer_second_step(
+                session, subject, [], pending, account=True
+            )
         response = self.pages.render(
             "second_step.html",
             status=status,
@@ -191,6 +202,8 @@ class AccountPages:
             carried=pending,
             client_name="your account",
             error=error,
+            passkey=passkey,
+            app=await self.factors.enrolled(subject),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -325,6 +338,9 @@ class AccountPages:
             client_name="your account",
             error=error,
             username=username,
+            passkey=(
+                self.passkeys.offer_sign_in(session, [], account=True) if self.passkeys else None
+            ),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -417,4 +433,5 @@ class AccountPages:
             password_changeable=record is not None and record.managed_by == MANAGED_BY_API,
             notice=notice,
             problem=problem,
+            passkeys=await self.passkeys.account_section(session) if self.passkeys else None,
         )

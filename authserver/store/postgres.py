@@ -110,6 +110,7 @@ from authserver.store.base import (
     GrantSummary,
     IdentityLink,
     Issuance,
+    PasskeyRecord,
     Poll,
     PoolLimits,
     RefreshRecord,
@@ -121,7 +122,6 @@ from authserver.store.base import (
     SignInRecord,
     StoreObserver,
     StoreUnavailable,
-    PasskeyRecord,
     TotpRecord,
     UserRecord,
     unobserved,
@@ -858,7 +858,7 @@ class PostgresStore:
         r = record
         async with self._connection("add_passkey") as conn:
             added = await conn.fetchval(
-                f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"
+                f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"  # noqa: S608 - fixed names
                 " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL"
                 " WHERE EXISTS (SELECT 1 FROM users WHERE subject = $2)"
                 " ON CONFLICT (credential_id) DO NOTHING RETURNING 1",
@@ -878,7 +878,7 @@ class PostgresStore:
     async def passkeys_of(self, subject: str) -> list[PasskeyRecord]:
         async with self._connection("passkeys_of") as conn:
             rows = await conn.fetch(
-                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE subject = $1"
+                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE subject = $1"  # noqa: S608 - fixed names
                 " ORDER BY created_at, credential_id",
                 subject,
             )
@@ -887,7 +887,7 @@ class PostgresStore:
     async def get_passkey(self, credential_id: bytes) -> PasskeyRecord | None:
         async with self._connection("get_passkey") as conn:
             row = await conn.fetchrow(
-                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE credential_id = $1",
+                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE credential_id = $1",  # noqa: S608 - fixed names
                 credential_id,
             )
         return None if row is None else _passkey(row)

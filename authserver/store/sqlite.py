@@ -64,7 +64,7 @@ from datetime import timedelta
 from functools import partial
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -85,6 +85,7 @@ from authserver.store.base import (
     GrantSummary,
     IdentityLink,
     Issuance,
+    PasskeyRecord,
     Poll,
     RefreshRecord,
     RevocationEvent,
@@ -95,7 +96,6 @@ from authserver.store.base import (
     SignInRecord,
     StoreObserver,
     StoreUnavailable,
-    PasskeyRecord,
     TotpRecord,
     UserRecord,
     unobserved,
@@ -1198,27 +1198,27 @@ _PASSKEY_COLUMNS = (
 )
 
 
-def _passkey(row: sqlite3.Row | tuple[object, ...]) -> PasskeyRecord:
+def _passkey(row: Any) -> PasskeyRecord:
     (cid, subject, handle, key, count, transports, eligible, backed_up, name, created, used) = row
     return PasskeyRecord(
-        credential_id=bytes(cid),  # type: ignore[arg-type]
-        subject=str(subject),
-        user_handle=bytes(handle),  # type: ignore[arg-type]
-        public_key=bytes(key),  # type: ignore[arg-type]
-        sign_count=int(count),  # type: ignore[call-overload]
-        transports=tuple(str(transports).split()),
+        credential_id=bytes(cid),
+        subject=subject,
+        user_handle=bytes(handle),
+        public_key=bytes(key),
+        sign_count=int(count),
+        transports=tuple(transports.split()),
         backup_eligible=bool(eligible),
         backed_up=bool(backed_up),
-        name=str(name),
-        created_at=float(created),  # type: ignore[arg-type]
-        last_used_at=None if used is None else float(used),  # type: ignore[arg-type]
+        name=name,
+        created_at=float(created),
+        last_used_at=None if used is None else float(used),
     )
 
 
 def _add_passkey(conn: sqlite3.Connection, r: PasskeyRecord) -> bool:
     with _transaction(conn):
         cursor = conn.execute(
-            f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"
+            f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"  # noqa: S608 - fixed names
             " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL"
             " WHERE EXISTS (SELECT 1 FROM users WHERE subject = ?)"
             " ON CONFLICT (credential_id) DO NOTHING",
@@ -1241,7 +1241,7 @@ def _add_passkey(conn: sqlite3.Connection, r: PasskeyRecord) -> bool:
 
 def _passkeys_of(conn: sqlite3.Connection, subject: str) -> list[PasskeyRecord]:
     rows = conn.execute(
-        f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE subject = ?"
+        f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE subject = ?"  # noqa: S608 - fixed names
         " ORDER BY created_at, credential_id",
         (subject,),
     ).fetchall()
@@ -1250,7 +1250,8 @@ def _passkeys_of(conn: sqlite3.Connection, subject: str) -> list[PasskeyRecord]:
 
 def _get_passkey(conn: sqlite3.Connection, credential_id: bytes) -> PasskeyRecord | None:
     row = conn.execute(
-        f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE credential_id = ?", (credential_id,)
+        f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE credential_id = ?",  # noqa: S608
+        (credential_id,),
     ).fetchone()
     return None if row is None else _passkey(row)
 
