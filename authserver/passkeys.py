@@ -41,6 +41,7 @@ from fido2.cose import CoseKey, UnsupportedKey
 from fido2.server import Fido2Server
 from fido2.webauthn import (
     Aaguid,
+    AttestationConveyancePreference,
     AttestedCredentialData,
     AuthenticationResponse,
     AuthenticatorTransport,
@@ -177,7 +178,7 @@ class Passkeys:
             if self.rp_id is None
             else Fido2Server(
                 PublicKeyCredentialRpEntity(name=self.rp_id, id=self.rp_id),
-                attestation=None,
+                attestation=AttestationConveyancePreference.NONE,
                 # WebAuthn §7.1 step 9, §7.2 step 13: the origin is exactly the issuer's.
                 verify_origin=lambda given: given == self.origin,
             )

@@ -48,6 +48,7 @@ from authserver.store.base import (
     GrantRecord,
     IdentityLink,
     Issuance,
+    PasskeyRecord,
     Poll,
     RefreshRecord,
     RevokedToken,
@@ -57,7 +58,6 @@ from authserver.store.base import (
     SignInRecord,
     Store,
     StoreObserver,
-    PasskeyRecord,
     TotpRecord,
     UserRecord,
 )
