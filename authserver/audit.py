@@ -73,7 +73,7 @@ class Event(enum.StrEnum):
     CLIENT_CUT_OFF = "client.cut_off"  # every token of the client revoked
     KEY_PUBLISHED = "key.published"
     IDENTITY_LINKED = "identity.linked"  # an upstream provider's identity to an existing user
-    FACTOR_ENROLLED = "factor.enrolled"  # an authenticator app confirmed by its first code
+    FACTOR_ENROLLED = "factor.enrolled"  # an app confirmed by its first code; a passkey added
     FACTOR_REMOVED = "factor.removed"
     FACTOR_FAILED = "factor.failed"  # a wrong, replayed or out-of-window code
     FACTOR_THROTTLED = "factor.throttled"

@@ -300,8 +300,9 @@ class Passkeys:
             return MALFORMED  # §7.1 step 25
         if isinstance(credential.public_key, UnsupportedKey):
             return UNSUPPORTED
+        posted_response = data.get("response")
         transports = webauthn.known_transports(
-            data.get("response", {}).get("transports") if isinstance(data, dict) else None
+            posted_response.get("transports") if isinstance(posted_response, dict) else None
         )
         record = PasskeyRecord(
             credential_id=credential.credential_id,

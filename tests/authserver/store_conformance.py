@@ -1069,7 +1069,7 @@ class StoreConformance:
         assert not await store.use_passkey(cid, 0, False, T0 + 4)
         assert (await store.get_passkey(cid)).last_used_at == T0 + 3  # type: ignore[union-attr]
 
-    async def test_of_concurrent_uses_with_one_counter_exactly_one_succeeds(
+    async def test_of_concurrent_uses_of_a_passkey_with_one_counter_exactly_one_succeeds(
         self, store: Store, other: Store
     ) -> None:
         await store.save_user(a_user(), None)
