@@ -18,6 +18,8 @@ import aiohttp
 import pytest
 
 from authserver.protocol import assurance, webauthn
+from authserver.store.base import PasskeyRecord
+from tests.authserver.admin_support import StartAdminServer, admin_for, start_admin_server
 from tests.authserver.conftest import (
     PASSWORD,
     MovableClock,
@@ -34,6 +36,8 @@ from tests.authserver.passkey_support import (
     passkey_form,
 )
 from tests.authserver.test_second_factors import authorize_url, id_token
+
+__all__ = ["start_admin_server"]  # the fixture, used here by name
 
 # ------------------------------------------------------------------------- the pure rules
 
@@ -616,3 +620,45 @@ async def test_an_https_issuer_names_its_host_and_an_ip_issuer_offers_no_passkey
         path = urlsplit(server.endpoint("/account/passkeys")).path
         response = await http.post(origin_of(server) + path, data=fields, allow_redirects=False)
         assert response.status == 404
+
+
+async def test_an_operator_lists_a_users_passkeys_and_removes_a_lost_one(
+    start_admin_server: StartAdminServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """On SQLite and on PostgreSQL: the admin API shows no key, and removes one passkey."""
+    server = await start_admin_server()
+    bob = server.subject("bob")
+    store = server.services.store
+    for label, synced in (("phone", True), ("key", False)):
+        record = PasskeyRecord(
+            credential_id=label.encode() * 4,
+            subject=bob,
+            user_handle=b"h" * 32,
+            public_key=b"cose-" + label.encode(),
+            sign_count=0,
+            transports=("internal",),
+            backup_eligible=synced,
+            backed_up=synced,
+            name=f"Bob's {label}",
+            created_at=server.clock(),
+        )
+        assert await store.add_passkey(record)
+    async with browser() as http:
+        admin = await admin_for(http, server)
+        status, listed, _ = await admin.get(f"/users/{bob}/passkeys?sort=name")
+        assert status == 200, listed
+        assert [p["name"] for p in listed["data"]] == ["Bob's key", "Bob's phone"]
+        assert [p["backupEligible"] for p in listed["data"]] == [False, True]
+        assert "cose" not in json.dumps(listed)  # never the key
+        lost = listed["data"][1]["id"]
+        assert lost == b64(b"phone" * 4)
+        assert (await admin.delete(f"/users/{bob}/passkeys/{lost}"))[0] == 204
+        assert (await admin.delete(f"/users/{bob}/passkeys/{lost}"))[0] == 404
+        assert (await admin.delete(f"/users/{bob}/passkeys/%25%25"))[0] == 404
+        assert (await admin.get("/users/nobody/passkeys"))[0] == 404
+        status, listed, _ = await admin.get(f"/users/{bob}/passkeys")
+        assert [p["name"] for p in listed["data"]] == ["Bob's key"]
+    await asyncio.sleep(0)
+    removed = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.removed"]
+    assert len(removed) == 1 and removed[0]["factor"] == "passkey"
+    assert removed[0]["actor"] == "admin" and removed[0]["subject"] == bob
