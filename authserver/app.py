@@ -500,6 +500,7 @@ class AuthServer:
                 pages=pages,
                 authorize=authorize,
                 account=account,
+                factors=factors,
                 base_path=base,
                 clock=clock,
             ),

@@ -28,7 +28,7 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
-from ..factors import ENROLMENT_NEEDS_SIGN_IN_WITHIN
+from ..factors import ENROLMENT_NEEDS_SIGN_IN_WITHIN, SecondFactors
 from ..metrics import Metrics
 from ..passkeys import (
     COUNTER,
@@ -181,6 +181,7 @@ class PasskeyPages:
         pages: Pages,
         authorize: AuthorizationEndpoint,
         account: AccountPages,
+        factors: SecondFactors,
         base_path: str,
         clock: Clock,
     ) -> None:
@@ -191,6 +192,7 @@ class PasskeyPages:
         self.pages = pages
         self.authorize = authorize
         self.account = account
+        self.factors = factors
         self.base_path = base_path
         self.clock = clock
 
@@ -306,6 +308,7 @@ class PasskeyPages:
         theirs = await self.passkeys.of(subject)
         if handle is None or len(handle) != 32 or (theirs and theirs[0].user_handle != handle):
             challenge = None
+        first_factor = not theirs and not await self.factors.enrolled(subject)
         outcome = (
             EXPIRED
             if challenge is None
@@ -325,6 +328,12 @@ class PasskeyPages:
                 400, "The passkey was not added", outcome.message, outcome.reason
             )
         audit.record(Event.FACTOR_ENROLLED, audit.USER, subject=subject, factor=FACTOR)
+        if first_factor:
+            # As when an authenticator app is set up: sessions signed in before the user had
+            # a second factor, without one, end here; from now on every session met it.
+            this = session.record.session_hash
+            ended = await self.sessions.store.delete_other_sessions(subject, this)
+            audit.record(Event.SESSIONS_ENDED, audit.USER, subject=subject, sessions=ended)
         return self._back("passkey-added")
 
     async def remove(self, request: web.Request) -> web.StreamResponse:

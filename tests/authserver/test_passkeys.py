@@ -226,7 +226,8 @@ async def passkeys_stored(server: RunningAuthServer, subject: str) -> list[Any]:
 async def test_a_passkey_is_added_on_the_account_page_and_listed(
     server: RunningAuthServer,
 ) -> None:
-    async with browser() as http:
+    async with browser() as elsewhere, browser() as http:
+        await account_sign_in(elsewhere, server)  # signed in before the passkey existed
         await account_sign_in(http, server)
         form = await account_passkey_form(http, server)
         # WebAuthn §5.4: this server's RP, attestation none, a random user handle.
@@ -245,8 +246,14 @@ async def test_a_passkey_is_added_on_the_account_page_and_listed(
         again = await account_passkey_form(http, server)
         assert [d["id"] for d in again.options["excludeCredentials"]] == [b64(key.credential_id)]
         assert again.options["user"]["id"] == form.options["user"]["id"]
-    [stored] = await passkeys_stored(server, server_subject(server, "alice"))
-    assert stored.credential_id == key.credential_id
+        # The first second factor ends the sessions signed in without one; not this one.
+        other = await (await elsewhere.get(server.endpoint("/account"))).text()
+        assert 'name="password"' in other and "Signed in as" not in other
+        await add_passkey(http, server, "Second")
+        assert "Signed in as" in await (await http.get(server.endpoint("/account"))).text()
+    stored_ones = await passkeys_stored(server, server_subject(server, "alice"))
+    [stored] = [p for p in stored_ones if p.credential_id == key.credential_id]
+    assert len(stored_ones) == 2
     assert stored.transports == ("internal",)  # the unknown one dropped
     assert not stored.backup_eligible
     assert stored.name == "My laptop"
