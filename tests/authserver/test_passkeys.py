@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import pyotp
 import pytest
 
 from authserver.protocol import assurance, webauthn
@@ -35,7 +36,12 @@ from tests.authserver.passkey_support import (
     b64,
     passkey_form,
 )
-from tests.authserver.test_second_factors import authorize_url, id_token
+from tests.authserver.test_second_factors import (
+    ENCRYPTION_KEY,
+    authorize_url,
+    id_token,
+    secret_on,
+)
 
 __all__ = ["start_admin_server"]  # the fixture, used here by name
 
@@ -669,3 +675,33 @@ async def test_an_operator_lists_a_users_passkeys_and_removes_a_lost_one(
     removed = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.removed"]
     assert len(removed) == 1 and removed[0]["factor"] == "passkey"
     assert removed[0]["actor"] == "admin" and removed[0]["subject"] == bob
+
+
+async def test_a_user_with_an_app_and_a_passkey_is_offered_both_at_the_second_step(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = passkey_config()
+    config["second_factors"] = {"encryption_key": ENCRYPTION_KEY}
+    server = await start_authserver(config, clock=clock)
+    async with browser() as http:
+        await account_sign_in(http, server)
+        page = await http.get(server.endpoint("/factors"))
+        action, fields = parse_form(await page.text())
+        enrolment = await (await post(http, server, action, fields)).text()
+        secret = secret_on(enrolment)
+        action, fields = parse_form(enrolment)
+        fields["code"] = pyotp.TOTP(secret).at(clock.now)
+        assert (await post(http, server, action, fields)).status == 200
+        key = await add_passkey(http, server)
+    async with browser() as http:
+        url, verifier = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        step = await (await post(http, server, action, fields)).text()
+        assert 'name="code"' in step  # the app's code, and beside it the passkey
+        form = passkey_form(step)
+        assert form is not None
+        code = await finish(http, server, await submit(http, server, form, key.get(form.options)))
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["pwd", "hwk", "user", "mfa"]
