@@ -63,6 +63,8 @@ from .endpoints.errors import Handler, json_errors_of
 from .endpoints.introspect import IntrospectionEndpoint
 from .endpoints.logout import LogoutEndpoint
 from .endpoints.pages import Pages, page_environment
+from .endpoints.passkey_offers import PasskeyOffers
+from .endpoints.passkeys import PasskeyCheck, PasskeyPages
 from .endpoints.registration import RegistrationEndpoint
 from .endpoints.revoke import RevocationEndpoint
 from .endpoints.second_factor import FactorPages, issuer_label
@@ -81,6 +83,7 @@ from .grants.refresh_token import RefreshToken
 from .keys import Event, KeyRing, SigningRing
 from .metadata_documents import DocumentFetcher, MetadataDocuments
 from .metrics import CONTENT_TYPE, Metrics
+from .passkeys import Passkeys
 from .protocol.cors import CorsPolicy
 from .resource_tokens import AccessTokens, ResourceTokens
 from .sessions import Sessions
@@ -144,6 +147,7 @@ class Components:
     factors: FactorPages  # /factors: setting up an authenticator app
     logout: LogoutEndpoint
     account: AccountPages  # /account: the signed-in user's grants, sessions and password
+    passkeys: PasskeyPages  # /login/passkey, /account/passkeys: signing in with a passkey
     events: EventStream  # GET /revocation_events
     registration: RegistrationEndpoint | None  # /register, when registration.enabled
     # Revoking every token of a subject or client at once (users disabled, clients deleted).
@@ -338,6 +342,8 @@ class AuthServer:
             settings.second_factors.required_for_everyone,
             frozenset(settings.second_factors.required_for_roles),
         )
+        passkeys = Passkeys(store, issuer, clock)
+        passkey_offers = PasskeyOffers(passkeys=passkeys, users=users, base_path=base, clock=clock)
         providers = settings_module.federation_providers(settings)
         sign_in_links = SignInLinks(tuple((p.name, p.display_name) for p in providers), base)
         device = DevicePages(
@@ -380,6 +386,23 @@ class AuthServer:
             clock=clock,
             documents=documents,
             sign_in_links=sign_in_links,
+            passkeys=passkey_offers,
+        )
+        account = AccountPages(
+            store=store,
+            clients=clients,
+            users=users,
+            sessions=sessions,
+            pages=pages,
+            passwords=passwords,
+            codes=codes,
+            factors=factors,
+            hasher=hasher,
+            scope_description=settings.scope_description,
+            base_path=base,
+            clock=clock,
+            requirement=requirement,
+            passkeys=passkey_offers,
         )
         federation = (
             Federation(
@@ -466,20 +489,26 @@ class AuthServer:
                 id_token_algs=settings.id_token_algs,
                 base_path=base,
             ),
-            account=AccountPages(
-                store=store,
-                clients=clients,
+            account=account,
+            passkeys=PasskeyPages(
+                passkeys=passkeys,
+                check=PasskeyCheck(
+                    passkeys,
+                    store,
+                    users,
+                    login_rules(settings.login_throttle),
+                    addresses,
+                    clock,
+                    metrics,
+                ),
                 users=users,
                 sessions=sessions,
                 pages=pages,
-                passwords=passwords,
-                codes=codes,
+                authorize=authorize,
+                account=account,
                 factors=factors,
-                hasher=hasher,
-                scope_description=settings.scope_description,
                 base_path=base,
                 clock=clock,
-                requirement=requirement,
             ),
             events=EventStream(
                 authenticator,
@@ -880,6 +909,20 @@ def build_app(
     )
     r.add_post(
         base + "/account/apps/revoke", page(lambda c: c.account.revoke), name="account_revoke"
+    )
+    r.add_post(base + "/login/passkey", page(lambda c: c.passkeys.sign_in), name="login_passkey")
+    r.add_post(
+        base + "/account/login/passkey",
+        page(lambda c: c.passkeys.account_sign_in),
+        name="account_login_passkey",
+    )
+    r.add_post(
+        base + "/account/passkeys", page(lambda c: c.passkeys.create), name="account_passkeys"
+    )
+    r.add_post(
+        base + "/account/passkeys/remove",
+        page(lambda c: c.passkeys.remove),
+        name="account_passkeys_remove",
     )
     r.add_post(
         base + "/account/sessions/end",

@@ -21,7 +21,9 @@ and those of the event's own that are known: `client_id`, `subject`, `grant_id` 
 which is also the id of its refresh family), `jti` (an access token's id), `kid`,
 `grant_type`, `scope`, `reason`, `address` (the client address a sign-in came from),
 `username_known` (a failed sign-in: whether the username names a user), `sessions` (how
-many were ended) and `revocation_event` (the id of the revocation event recorded).
+many were ended), `revocation_event` (the id of the revocation event recorded) and
+`factor` (the kind of second factor of a `factor.*` event: `passkey`; none for an
+authenticator app's).
 
 Never a secret, a password, a token, a code, a hash of any of them, or a username typed
 into a failed sign-in (people type passwords there): tokens are named by their ids only.
@@ -71,11 +73,14 @@ class Event(enum.StrEnum):
     CLIENT_CUT_OFF = "client.cut_off"  # every token of the client revoked
     KEY_PUBLISHED = "key.published"
     IDENTITY_LINKED = "identity.linked"  # an upstream provider's identity to an existing user
-    FACTOR_ENROLLED = "factor.enrolled"  # an authenticator app confirmed by its first code
+    FACTOR_ENROLLED = "factor.enrolled"  # an app confirmed by its first code; a passkey added
     FACTOR_REMOVED = "factor.removed"  # by the user (account page) or an admin
     RECOVERY_CODES_RENEWED = "factor.recovery_codes_renewed"  # the earlier ones void
     FACTOR_FAILED = "factor.failed"  # a wrong, replayed or out-of-window code
     FACTOR_THROTTLED = "factor.throttled"
+    FACTOR_USED = "factor.used"  # a passkey signed a sign-in
+    # A passkey's signature counter did not grow: its authenticator may have been cloned.
+    FACTOR_SIGN_COUNT_REGRESSED = "factor.sign_count_regressed"
     RECOVERY_CODE_USED = "factor.recovery_code_used"
 
 
@@ -85,6 +90,7 @@ _WARNINGS = frozenset(
         Event.REFRESH_REUSED,
         Event.CODE_REPLAYED,
         Event.FACTOR_THROTTLED,
+        Event.FACTOR_SIGN_COUNT_REGRESSED,
         Event.RECOVERY_CODE_USED,
         Event.IDENTITY_LINKED,
     }
@@ -123,6 +129,7 @@ def record(
     username_known: bool | None = None,
     sessions: int | None = None,
     revocation_event: int | None = None,
+    factor: str | None = None,
 ) -> None:
     """Write one audit event. Every value is an id, a name or a count: nothing else is
     accepted, so no secret can be handed to it by mistake."""
@@ -151,6 +158,7 @@ def record(
         ("username_known", username_known),
         ("sessions", sessions),
         ("revocation_event", revocation_event),
+        ("factor", factor),
     ):
         if value is not None:
             fields[name] = value

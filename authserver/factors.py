@@ -31,7 +31,7 @@ from enum import StrEnum
 
 from .clock import Clock
 from .metrics import Metrics
-from .protocol import assurance, totp
+from .protocol import assurance, totp, webauthn
 from .store.base import Store, TotpRecord
 from .stored_keys import KeyCipher
 
@@ -47,6 +47,9 @@ class Method(StrEnum):
 
     PASSWORD = "pwd"  # noqa: S105 - the name of a method, not a password
     OTP = "otp"  # a code of the authenticator app, or a recovery code: both one-time codes
+    DEVICE_KEY = webauthn.DEVICE_BOUND  # a passkey bound to its device (passkeys.py)
+    SYNCED_KEY = webauthn.SYNCED  # a passkey that may be synced to other devices
+    PRESENCE = webauthn.PRESENCE  # the user presence test of a passkey's ceremony
     MULTIPLE = "mfa"
     EXTERNAL = assurance.EXTERNAL  # at an upstream provider that named no method
 

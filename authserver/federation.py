@@ -808,7 +808,7 @@ class Federation:
             # The user has an authenticator app here and the provider did not say it asked
             # for a second factor: its code is the second step, as after a password.
             first = FirstStep(signed_in.amr, signed_in.auth_time)
-            return self._cleared(target.code_step(request, session, signed_in.subject, first))
+            return self._cleared(await target.code_step(request, session, signed_in.subject, first))
         audit.record(
             Event.SIGNIN_SUCCEEDED,
             audit.USER,
@@ -940,7 +940,7 @@ class _Target(Protocol):
 
     async def refused(self, request: web.Request, message: str, status: int) -> web.Response: ...
 
-    def code_step(
+    async def code_step(
         self, request: web.Request, session: Session, subject: str, first: FirstStep
     ) -> web.Response: ...
 
@@ -969,10 +969,10 @@ class _ForAuthorization:
     async def refused(self, request: web.Request, message: str, status: int) -> web.Response:
         return await self.endpoint.login_page(request, self.auth, error=message, status=status)
 
-    def code_step(
+    async def code_step(
         self, request: web.Request, session: Session, subject: str, first: FirstStep
     ) -> web.Response:
-        return self.endpoint.code_page(request, self.auth, session, subject, first=first)
+        return await self.endpoint.code_page(request, self.auth, session, subject, first=first)
 
     async def signed_in(self, request: web.Request, session: Session) -> web.Response:
         try:
@@ -1003,7 +1003,7 @@ class _ForDevice:
         session = await self.sessions.ensure(request)
         return self.pages.login_page(session, self.client, self.code, error=message, status=status)
 
-    def code_step(
+    async def code_step(
         self, request: web.Request, session: Session, subject: str, first: FirstStep
     ) -> web.Response:
         return self.pages.second_step_page(session, self.client, self.code, subject, first)

@@ -395,6 +395,7 @@ AUTHSERVER_LAYERS: tuple[tuple[str, ...], ...] = (
         "authserver.clients",
         "authserver.sessions",
         "authserver.factors",
+        "authserver.passkeys",
         "authserver.dpop",
         "authserver.resource_tokens",
     ),

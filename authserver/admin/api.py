@@ -87,6 +87,8 @@ class AdminApi:
                 {"GET": users.second_factor, "DELETE": users.remove_second_factor},
             ),
             Route(("users", "*", "identities"), {"GET": users.identities}),
+            Route(("users", "*", "passkeys"), {"GET": users.passkeys}),
+            Route(("users", "*", "passkeys", "*"), {"DELETE": users.remove_passkey}),
             Route(("grants",), {"GET": grants.index}),
             Route(("grants", "*"), {"GET": grants.show, "DELETE": grants.delete}),
             Route(("keys",), {"GET": keys.index, "POST": keys.publish}),

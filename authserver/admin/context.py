@@ -44,10 +44,12 @@ class Context:
         subject: str | None = None,
         grant_id: str | None = None,
         kid: str | None = None,
+        factor: str | None = None,
     ) -> None:
         """One audit event per change (audit.py): who (the token's client and user), what,
-        and the id of what changed (`client_id`, `subject`, `grant_id` or `kid`). Never a
-        secret or a password: callers pass ids only."""
+        and the id of what changed (`client_id`, `subject`, `grant_id` or `kid`; `factor`,
+        the kind of a second factor removed). Never a secret or a password: callers pass
+        ids only."""
         audit.record(
             event,
             audit.admin(caller.client_id, caller.subject),
@@ -55,4 +57,5 @@ class Context:
             subject=subject,
             grant_id=grant_id,
             kid=kid,
+            factor=factor,
         )

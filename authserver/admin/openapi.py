@@ -146,6 +146,20 @@ SCHEMAS: dict[str, Any] = {
         },
         ("kind", "createdAt", "recoveryCodesLeft"),
     ),
+    "Passkey": _object(
+        {
+            "id": {**_STR, "description": "the credential id, base64url"},
+            "name": {**_STR, "description": "the name the user gave it"},
+            "createdAt": _DATE,
+            "lastUsedAt": {"type": ["string", "null"], "format": "date-time"},
+            "backupEligible": {
+                "type": "boolean",
+                "description": "may be synced to other devices (amr swk; else hwk)",
+            },
+            "transports": _STRS,
+        },
+        ("id", "name", "createdAt", "lastUsedAt", "backupEligible", "transports"),
+    ),
     "Identity": _object(
         {
             "id": _STR,
@@ -359,6 +373,14 @@ def _identities() -> dict[str, Any]:
     return path
 
 
+def _passkeys() -> dict[str, Any]:
+    """A user's passkeys: listed, never their keys; removed one by one."""
+    path = {"parameters": [_ID], **_collection("Passkey", users.PASSKEYS, None)}
+    path["get"]["summary"] = "list the user's passkeys (never their keys)"
+    path["get"]["responses"].update(_errors("404"))
+    return path
+
+
 def document(base_url: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -417,6 +439,17 @@ def document(base_url: str) -> dict[str, Any]:
                 },
             },
             "/users/{id}/identities": _identities(),
+            "/users/{id}/passkeys": _passkeys(),
+            "/users/{id}/passkeys/{passkeyId}": {
+                "parameters": [
+                    _ID,
+                    {"name": "passkeyId", "in": "path", "required": True, "schema": _STR},
+                ],
+                "delete": {
+                    "summary": "remove one of the user's passkeys",
+                    "responses": {"204": {"description": "removed"}, **_errors("404")},
+                },
+            },
             "/grants": _collection("Grant", grants.COLLECTION, None),
             "/grants/{id}": _item("Grant", None, True),
             "/keys": _collection("Key", keys.COLLECTION, "KeyInput"),

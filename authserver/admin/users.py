@@ -12,6 +12,10 @@ recovery codes are left); DELETE removes it with its recovery codes, for a user 
 both: they sign in with the password alone again (or are led to set an app up again where
 one is required). The secret itself is never shown. Users of the configuration file have
 theirs too: a factor is the user's, not the file's.
+
+/admin/v1/users/{id}/passkeys: the user's passkeys (name, when added and last used, whether
+synced; never the key); DELETE /admin/v1/users/{id}/passkeys/{passkeyId} removes one, for a
+user who lost the device that held it. `passkeyId` is the credential id, base64url.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from .. import users as passwords
 from ..audit import Event
 from ..declarations import DeclaredUser, claim_names
 from ..events import Reason
+from ..protocol import webauthn
 from ..registry import plain
 from ..store.base import (
     MANAGED_BY_API,
     MANAGED_BY_CONFIG,
     AlreadyExists,
     IdentityLink,
+    PasskeyRecord,
     UserRecord,
 )
 from ..users import password_problems
@@ -99,6 +105,26 @@ IDENTITIES = Collection(
 )
 
 
+PASSKEYS = Collection(
+    key="id",
+    fields=("id", "name", "createdAt", "lastUsedAt", "backupEligible", "transports"),
+    filters=frozenset({"backupEligible"}),
+    sortable=frozenset({"name", "createdAt", "lastUsedAt"}),
+    search=("name",),
+)
+
+
+def represent_passkey(record: PasskeyRecord) -> dict[str, Any]:
+    return {
+        "id": base64.urlsafe_b64encode(record.credential_id).rstrip(b"=").decode(),
+        "name": record.name,
+        "createdAt": iso(record.created_at),
+        "lastUsedAt": None if record.last_used_at is None else iso(record.last_used_at),
+        "backupEligible": record.backup_eligible,
+        "transports": list(record.transports),
+    }
+
+
 def represent_identity(link: IdentityLink) -> dict[str, Any]:
     """`id` names the link without spelling out the provider's subject twice; `subject` is
     the provider's `sub`, as its ID tokens say it."""
@@ -142,6 +168,26 @@ class Users:
         record = await self._existing(ids[0])
         links = await self.c.store.identity_links(record.subject)
         return json_answer(page(IDENTITIES, query, [represent_identity(k) for k in links]))
+
+    async def passkeys(self, request: web.Request, caller: Caller, ids: list[str]) -> web.Response:
+        query = parse_query(PASSKEYS, request.query)
+        record = await self._existing(ids[0])
+        found = await self.c.store.passkeys_of(record.subject)
+        return json_answer(page(PASSKEYS, query, [represent_passkey(p) for p in found]))
+
+    async def remove_passkey(
+        self, request: web.Request, caller: Caller, ids: list[str]
+    ) -> web.Response:
+        old = await self._existing(ids[0])
+        credential_id = webauthn.base64url(ids[1], webauthn.MAX_CREDENTIAL_ID)
+        if credential_id is None or not await self.c.store.delete_passkey(
+            old.subject, credential_id
+        ):
+            raise not_found("passkey")
+        if self.c.metrics is not None:
+            self.c.metrics.factor_changed("passkey", "removed")
+        self.c.audit(caller, Event.FACTOR_REMOVED, subject=old.subject, factor="passkey")
+        return no_content()
 
     # ------------------------------------------------------------------ changing
 

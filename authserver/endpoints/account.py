@@ -57,12 +57,15 @@ from ..users import PasswordHasher, password_problems
 from . import signin
 from .forms import read_form
 from .pages import Pages
+from .passkey_offers import PasskeyOffers
 
 NOTICES = {
     "revoked": "Access was revoked. The application will have to ask again.",
     "signed-out": "Those sessions were signed out.",
     "password": "Your password was changed. Your other sessions were signed out.",
-    "factor-removed": "Your authenticator app was removed. Your password alone signs you in now.",
+    "factor-removed": "Your authenticator app was removed.",
+    "passkey-added": "Your passkey was added. You can sign in with it now.",
+    "passkey-removed": "That passkey was removed.",
 }
 WRONG_CURRENT = "The current password is not correct."
 CHANGED_MEANWHILE = "Your account changed meanwhile: please try again."
@@ -73,9 +76,9 @@ SIGN_IN_AGAIN = (
 )
 ONLY_FACTOR = (
     "Your account must sign in with a second factor, and this app is its only one, so it "
-    "cannot be removed here. On a new phone, sign in with a recovery code and renew them; "
-    "or ask an administrator to remove the app: you will set a new one up at your next "
-    "sign-in."
+    "cannot be removed here: add a passkey first. On a new phone, sign in with a recovery "
+    "code and renew them, or ask an administrator to remove the app: you will set a new "
+    "one up at your next sign-in."
 )
 
 
@@ -111,8 +114,10 @@ class AccountPages:
         base_path: str,
         clock: Clock,
         requirement: Requirement,
+        passkeys: PasskeyOffers | None = None,
     ) -> None:
         self.requirement = requirement  # who the operator requires a second factor of
+        self.passkeys = passkeys  # the page's passkeys section, and passkeys at its sign-in
         self.store = store
         self.clients = clients
         self.users = users
@@ -158,11 +163,12 @@ class AccountPages:
             return await self._sign_in_page(
                 request, error=signin.WRONG, status=400, username=username
             )
-        if await self.factors.enrolled(outcome.subject):
+        has_passkey = self.passkeys is not None and await self.passkeys.enrolled(outcome.subject)
+        if has_passkey or await self.factors.enrolled(outcome.subject):
             # As at the authorization endpoint: a user with an app types its code before
             # anything is signed in (the pending sign-in is bound to this page).
             assert session is not None
-            return self._code_page(session, outcome.subject)
+            return await self._code_page(session, outcome.subject)
         new_session = await self.sessions.login(
             request, outcome.subject, methods_of(Method.PASSWORD)
         )
@@ -184,13 +190,13 @@ class AccountPages:
         until = float(form[signin.PENDING_UNTIL])
         outcome = await self.codes.check(request, subject, form.get("code", ""))
         if isinstance(outcome, signin.Throttled):
-            response = self._code_page(
+            response = await self._code_page(
                 session, subject, until=until, error=signin.THROTTLED_CODE, status=429
             )
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None:
-            return self._code_page(
+            return await self._code_page(
                 session, subject, until=until, error=signin.WRONG_CODE, status=400
             )
         new_session = await self.sessions.login(
@@ -200,7 +206,7 @@ class AccountPages:
         self.sessions.set_cookie(response, new_session)
         return response
 
-    def _code_page(
+    async def _code_page(
         self,
         session: Session,
         subject: str,
@@ -211,6 +217,11 @@ class AccountPages:
     ) -> web.Response:
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
         pending = signin.PendingSignIn.fields(session, subject, expires, _PENDING_BOUND)
+        passkey = None
+        if self.passkeys is not None:
+            passkey = await self.passkeys.offer_second_step(
+                session, subject, [], pending, account=True
+            )
         response = self.pages.render(
             "second_step.html",
             status=status,
@@ -220,6 +231,8 @@ class AccountPages:
             carried=pending,
             client_name="your account",
             error=error,
+            passkey=passkey,
+            app=await self.factors.enrolled(subject),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -342,7 +355,7 @@ class AccountPages:
         subject = session.record.subject
         if not await self.factors.enrolled(subject):
             return await self._page(session, factor_problem=NO_FACTOR, status=400)
-        if await self._factor_required(subject):
+        if await self.last_required_factor(subject):
             return await self._page(session, factor_problem=ONLY_FACTOR, status=409)
         refused = await self._recent_or_password(request, session, form)
         if refused is not None:
@@ -357,11 +370,14 @@ class AccountPages:
         signed_in_for = self.clock() - session.record.auth_time
         return signed_in_for <= ENROLMENT_NEEDS_SIGN_IN_WITHIN.total_seconds()
 
-    async def _factor_required(self, subject: str) -> bool:
-        """Whether the operator requires a second factor of the user and the app is the
-        only one they have (the only kind of factor this server keeps)."""
+    async def last_required_factor(self, subject: str) -> bool:
+        """Whether the operator requires a second factor of the user and they have one
+        left, their authenticator app or one passkey: removing it here would lock them out."""
         user = await self.users.by_subject(subject)
-        return user is not None and self.requirement.applies_to(user.roles)
+        if user is None or not self.requirement.applies_to(user.roles):
+            return False
+        app = await self.factors.enrolled(subject)
+        return app + len(await self.store.passkeys_of(subject)) <= 1
 
     async def _recent_or_password(
         self, request: web.Request, session: Session, form: dict[str, str]
@@ -424,6 +440,9 @@ class AccountPages:
             client_name="your account",
             error=error,
             username=username,
+            passkey=(
+                self.passkeys.offer_sign_in(session, [], account=True) if self.passkeys else None
+            ),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -519,6 +538,7 @@ class AccountPages:
             problem=problem,
             **await self._security(session, user is not None and bool(user.password_hash)),
             factor_problem=factor_problem,
+            passkeys=await self.passkeys.account_section(session) if self.passkeys else None,
         )
 
     async def _security(self, session: Session, has_password: bool) -> dict[str, Any]:
@@ -532,7 +552,7 @@ class AccountPages:
             "factors_page": self.base_path + "/factors",
             "app_since": shown_time(since) if since is not None else None,
             "recovery_codes_left": record.recovery_codes_left if record else 0,
-            "factor_required": enrolled and await self._factor_required(subject),
+            "factor_required": enrolled and await self.last_required_factor(subject),
             # A session older than a set-up would need: the password is asked, or, for a
             # user without one, a new sign-in.
             "recheck": None if self._recent(session) else "password" if has_password else "sign-in",

@@ -66,6 +66,7 @@ from ..tokens import digest, random_token
 from . import signin
 from .forms import form_items, given_more_than_once, query_items, with_query
 from .pages import Pages
+from .passkey_offers import PasskeyOffers
 
 CARRIED = (
     "response_type",
@@ -269,7 +270,9 @@ class AuthorizationEndpoint:
         documents: MetadataDocuments | None = None,
         sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
         | None = None,
+        passkeys: PasskeyOffers | None = None,
     ) -> None:
+        self.passkeys = passkeys  # the passkey forms of the login page and the second step
         self.documents = documents
         self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
         self.clients = clients
@@ -434,7 +437,7 @@ class AuthorizationEndpoint:
         assert session is not None
         subject = session.record.subject
         if not multi_factor(session.amr) and await self._needs_second_factor(auth, subject):
-            if await self.factors.enrolled(subject):
+            if await self._has_second_factor(subject):
                 # Signed in with the password alone (before the app was set up): both now.
                 if "none" in auth.prompt:
                     raise RedirectError(
@@ -504,6 +507,12 @@ class AuthorizationEndpoint:
         self.sessions.set_cookie(response, session)
         return response
 
+    async def _has_second_factor(self, subject: str) -> bool:
+        """An authenticator app, or a passkey."""
+        if await self.factors.enrolled(subject):
+            return True
+        return self.passkeys is not None and await self.passkeys.enrolled(subject)
+
     async def _needs_second_factor(self, auth: AuthorizationRequest, subject: str) -> bool:
         client = auth.client
         if client.require_mfa:
@@ -557,6 +566,7 @@ class AuthorizationEndpoint:
             username=username or auth.params.get("login_hint"),
             form_targets=[auth.redirect_uri],
             providers=self.sign_in_links(session, auth.carried()) if self.sign_in_links else [],
+            passkey=self.passkeys.offer_sign_in(session, auth.carried()) if self.passkeys else None,
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -642,9 +652,9 @@ class AuthorizationEndpoint:
                 return await self.login_page(
                     request, auth, error=signin.WRONG, status=400, username=username
                 )
-            if await self.factors.enrolled(outcome.subject):
+            if await self._has_second_factor(outcome.subject):
                 assert session is not None
-                return self.code_page(request, auth, session, outcome.subject)
+                return await self.code_page(request, auth, session, outcome.subject)
             new_session = await self.sessions.login(
                 request, outcome.subject, methods_of(Method.PASSWORD)
             )
@@ -656,7 +666,7 @@ class AuthorizationEndpoint:
         except OAuthError as exc:
             return self._cannot_handle(exc.description)
 
-    def code_page(
+    async def code_page(
         self,
         request: web.Request,
         auth: AuthorizationRequest,
@@ -668,10 +678,16 @@ class AuthorizationEndpoint:
         status: int = 200,
         first: signin.FirstStep = signin.PASSWORD_STEP,
     ) -> web.Response:
-        """The second step: the code of the user's app, the first step (`first`: the
-        password, or a sign-in at an upstream provider) already passed."""
+        """The second step: the code of the user's app, or one of their passkeys, the first
+        step (`first`: the password, or a sign-in at an upstream provider) already passed."""
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
         pending = signin.PendingSignIn.fields(session, subject, expires, auth.carried(), first)
+        passkey = None
+        if self.passkeys is not None:
+            fields = [*auth.carried(), *pending]
+            passkey = await self.passkeys.offer_second_step(
+                session, subject, auth.carried(), fields
+            )
         response = self.pages.render(
             "second_step.html",
             status=status,
@@ -682,6 +698,8 @@ class AuthorizationEndpoint:
             client_name=auth.client.client_name,
             error=error,
             form_targets=[auth.redirect_uri],
+            passkey=passkey,
+            app=await self.factors.enrolled(subject),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -711,7 +729,7 @@ class AuthorizationEndpoint:
             until = float(form[signin.PENDING_UNTIL])
             outcome = await self.codes.check(request, subject, form.get("code", ""))
             if isinstance(outcome, signin.Throttled):
-                response = self.code_page(
+                response = await self.code_page(
                     request,
                     auth,
                     session,
@@ -724,7 +742,7 @@ class AuthorizationEndpoint:
                 response.headers["Retry-After"] = str(outcome.retry_after)
                 return response
             if outcome is None:
-                return self.code_page(
+                return await self.code_page(
                     request,
                     auth,
                     session,

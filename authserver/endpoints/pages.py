@@ -62,8 +62,11 @@ class Pages:
             static=self.static_path, title=context.pop("title", "Portcullis"), **context
         )
         sources = ["'self'", *dict.fromkeys(o for o in map(_origin, form_targets) if o)]
+        # A page with a passkey form runs this server's one script (static/passkeys.js),
+        # which starts the browser's ceremony; every other page runs none.
+        scripts = "script-src 'self'; " if context.get("passkey") or context.get("passkeys") else ""
         csp = (
-            "default-src 'none'; style-src 'self'; img-src 'self'; "
+            f"default-src 'none'; {scripts}style-src 'self'; img-src 'self'; "
             f"form-action {' '.join(sources)}; frame-ancestors 'none'; base-uri 'none'"
         )
         return web.Response(

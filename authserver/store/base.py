@@ -284,6 +284,28 @@ class TotpRecord:
 
 
 @dataclass(frozen=True)
+class PasskeyRecord:
+    """A user's passkey (WebAuthn Level 3 §4 "public key credential source", as the relying
+    party keeps it; authserver/passkeys.py): its credential id, the COSE_Key public key
+    (RFC 9052 §7, CBOR as the authenticator sent it), the latest signature counter (§6.1.1),
+    the transports the browser reported, the backup flags of its authenticator data (§6.1,
+    BE and BS), the user handle it was created with (§5.4.3 `user.id`), the user's name for
+    it, when it was created and when it last signed a sign-in."""
+
+    credential_id: bytes
+    subject: str
+    user_handle: bytes
+    public_key: bytes
+    sign_count: int
+    transports: tuple[str, ...]
+    backup_eligible: bool
+    backed_up: bool
+    name: str
+    created_at: float
+    last_used_at: float | None = None
+
+
+@dataclass(frozen=True)
 class Poll:
     """A device's poll as the domain decided it: the code must still be in `move.expected`
     with the `last_poll` read before; it goes to `move.next`, polled at `at`, with
@@ -604,6 +626,32 @@ class Store(Protocol):
 
     async def delete_totp(self, subject: str) -> bool:
         """Remove the user's factor and recovery codes; False when there was none."""
+
+    # -- passkeys (WebAuthn): any number per user, each under its credential id
+    async def add_passkey(self, record: PasskeyRecord) -> bool:
+        """Store a new passkey. False, with nothing changed, when a passkey with its
+        credential id exists already, of this user or any other (WebAuthn §7.1 step 26:
+        a credential id registered once is refused again), or the user is not in the store."""
+
+    async def passkeys_of(self, subject: str) -> list[PasskeyRecord]:
+        """The user's passkeys, oldest first."""
+
+    async def get_passkey(self, credential_id: bytes) -> PasskeyRecord | None: ...
+
+    async def use_passkey(
+        self, credential_id: bytes, sign_count: int, backed_up: bool, now: float
+    ) -> bool:
+        """Record a sign-in by the passkey: its new signature counter, backup state and
+        `last_used_at`. Only when the counter moved forward, or when both the stored and the
+        new counter are 0 (an authenticator without a counter, WebAuthn §6.1.1); False, with
+        nothing changed, otherwise: a counter that did not grow is a sign that the
+        authenticator was cloned (§7.2 step 22), or the passkey is gone.
+
+        Invariant: of concurrent calls with one new counter, at most one returns True
+        (both counters 0 excepted: there is nothing to compare then)."""
+
+    async def delete_passkey(self, subject: str, credential_id: bytes) -> bool:
+        """Remove the user's passkey; False when the user has none by that id."""
 
     # -- replay cache for client assertions (RFC 7523 §3) and DPoP proofs (RFC 9449 §11.1)
     async def use_jti(self, client_id: str, jti: str, expires_at: float, now: float) -> bool:

@@ -110,6 +110,7 @@ from authserver.store.base import (
     GrantSummary,
     IdentityLink,
     Issuance,
+    PasskeyRecord,
     Poll,
     PoolLimits,
     RefreshRecord,
@@ -865,6 +866,73 @@ class PostgresStore:
             # Its recovery codes go with it (ON DELETE CASCADE).
             deleted = await conn.fetchval(
                 "DELETE FROM totp_factors WHERE subject = $1 RETURNING 1", subject
+            )
+        return deleted is not None
+
+    # -- passkeys: each change one statement
+
+    async def add_passkey(self, record: PasskeyRecord) -> bool:
+        r = record
+        async with self._connection("add_passkey") as conn:
+            added = await conn.fetchval(
+                f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"  # noqa: S608 - fixed names
+                " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL"
+                " WHERE EXISTS (SELECT 1 FROM users WHERE subject = $2)"
+                " ON CONFLICT (credential_id) DO NOTHING RETURNING 1",
+                r.credential_id,
+                r.subject,
+                r.user_handle,
+                r.public_key,
+                r.sign_count,
+                " ".join(r.transports),
+                r.backup_eligible,
+                r.backed_up,
+                r.name,
+                r.created_at,
+            )
+        return added is not None
+
+    async def passkeys_of(self, subject: str) -> list[PasskeyRecord]:
+        async with self._connection("passkeys_of") as conn:
+            rows = await conn.fetch(
+                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE subject = $1"  # noqa: S608 - fixed names
+                " ORDER BY created_at, credential_id",
+                subject,
+            )
+        return [_passkey(row) for row in rows]
+
+    async def get_passkey(self, credential_id: bytes) -> PasskeyRecord | None:
+        async with self._connection("get_passkey") as conn:
+            row = await conn.fetchrow(
+                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE credential_id = $1",  # noqa: S608 - fixed names
+                credential_id,
+            )
+        return None if row is None else _passkey(row)
+
+    async def use_passkey(
+        self, credential_id: bytes, sign_count: int, backed_up: bool, now: float
+    ) -> bool:
+        async with self._connection("use_passkey") as conn:
+            # WebAuthn §6.1.1: the counter must grow, unless the authenticator keeps none
+            # (both 0). A second caller with one counter waits on the first's row lock,
+            # then reads the grown counter and matches nothing.
+            used = await conn.fetchval(
+                "UPDATE passkeys SET sign_count = $2, backed_up = $3, last_used_at = $4"
+                " WHERE credential_id = $1 AND (sign_count < $2 OR (sign_count = 0 AND $2 = 0))"
+                " RETURNING 1",
+                credential_id,
+                sign_count,
+                backed_up,
+                now,
+            )
+        return used is not None
+
+    async def delete_passkey(self, subject: str, credential_id: bytes) -> bool:
+        async with self._connection("delete_passkey") as conn:
+            deleted = await conn.fetchval(
+                "DELETE FROM passkeys WHERE subject = $1 AND credential_id = $2 RETURNING 1",
+                subject,
+                credential_id,
             )
         return deleted is not None
 
@@ -1667,3 +1735,25 @@ def _methods(text: str) -> tuple[str, ...]:
 
 def _methods_text(amr: Sequence[str]) -> str:
     return " ".join(amr)
+
+
+_PASSKEY_COLUMNS = (
+    "credential_id, subject, user_handle, public_key, sign_count, transports,"
+    " backup_eligible, backed_up, name, created_at, last_used_at"
+)
+
+
+def _passkey(row: Any) -> PasskeyRecord:
+    return PasskeyRecord(
+        credential_id=bytes(row["credential_id"]),
+        subject=row["subject"],
+        user_handle=bytes(row["user_handle"]),
+        public_key=bytes(row["public_key"]),
+        sign_count=int(row["sign_count"]),
+        transports=tuple(row["transports"].split()),
+        backup_eligible=bool(row["backup_eligible"]),
+        backed_up=bool(row["backed_up"]),
+        name=row["name"],
+        created_at=float(row["created_at"]),
+        last_used_at=None if row["last_used_at"] is None else float(row["last_used_at"]),
+    )

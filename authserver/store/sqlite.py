@@ -64,7 +64,7 @@ from datetime import timedelta
 from functools import partial
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
@@ -85,6 +85,7 @@ from authserver.store.base import (
     GrantSummary,
     IdentityLink,
     Issuance,
+    PasskeyRecord,
     Poll,
     RefreshRecord,
     RevocationEvent,
@@ -374,6 +375,30 @@ class SQLiteStore:
 
     async def delete_totp(self, subject: str) -> bool:
         return await self._call("delete_totp", lambda conn: _delete_totp(conn, subject))
+
+    # -- passkeys
+
+    async def add_passkey(self, record: PasskeyRecord) -> bool:
+        return await self._call("add_passkey", lambda conn: _add_passkey(conn, record))
+
+    async def passkeys_of(self, subject: str) -> list[PasskeyRecord]:
+        return await self._call("passkeys_of", lambda conn: _passkeys_of(conn, subject))
+
+    async def get_passkey(self, credential_id: bytes) -> PasskeyRecord | None:
+        return await self._call("get_passkey", lambda conn: _get_passkey(conn, credential_id))
+
+    async def use_passkey(
+        self, credential_id: bytes, sign_count: int, backed_up: bool, now: float
+    ) -> bool:
+        return await self._call(
+            "use_passkey",
+            lambda conn: _use_passkey(conn, credential_id, sign_count, backed_up, now),
+        )
+
+    async def delete_passkey(self, subject: str, credential_id: bytes) -> bool:
+        return await self._call(
+            "delete_passkey", lambda conn: _delete_passkey(conn, subject, credential_id)
+        )
 
     # -- client assertion replay cache
 
@@ -1187,6 +1212,96 @@ def _delete_totp(conn: sqlite3.Connection, subject: str) -> bool:
     with _transaction(conn):
         # Its recovery codes go with it (ON DELETE CASCADE).
         return conn.execute("DELETE FROM totp_factors WHERE subject = ?", (subject,)).rowcount == 1
+
+
+# -- passkeys: each change one statement
+
+_PASSKEY_COLUMNS = (
+    "credential_id, subject, user_handle, public_key, sign_count, transports,"
+    " backup_eligible, backed_up, name, created_at, last_used_at"
+)
+
+
+def _passkey(row: Any) -> PasskeyRecord:
+    (cid, subject, handle, key, count, transports, eligible, backed_up, name, created, used) = row
+    return PasskeyRecord(
+        credential_id=bytes(cid),
+        subject=subject,
+        user_handle=bytes(handle),
+        public_key=bytes(key),
+        sign_count=int(count),
+        transports=tuple(transports.split()),
+        backup_eligible=bool(eligible),
+        backed_up=bool(backed_up),
+        name=name,
+        created_at=float(created),
+        last_used_at=None if used is None else float(used),
+    )
+
+
+def _add_passkey(conn: sqlite3.Connection, r: PasskeyRecord) -> bool:
+    with _transaction(conn):
+        cursor = conn.execute(
+            f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"  # noqa: S608 - fixed names
+            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL"
+            " WHERE EXISTS (SELECT 1 FROM users WHERE subject = ?)"
+            " ON CONFLICT (credential_id) DO NOTHING",
+            (
+                r.credential_id,
+                r.subject,
+                r.user_handle,
+                r.public_key,
+                r.sign_count,
+                " ".join(r.transports),
+                int(r.backup_eligible),
+                int(r.backed_up),
+                r.name,
+                r.created_at,
+                r.subject,
+            ),
+        )
+        return cursor.rowcount == 1
+
+
+def _passkeys_of(conn: sqlite3.Connection, subject: str) -> list[PasskeyRecord]:
+    rows = conn.execute(
+        f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE subject = ?"  # noqa: S608 - fixed names
+        " ORDER BY created_at, credential_id",
+        (subject,),
+    ).fetchall()
+    return [_passkey(row) for row in rows]
+
+
+def _get_passkey(conn: sqlite3.Connection, credential_id: bytes) -> PasskeyRecord | None:
+    row = conn.execute(
+        f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE credential_id = ?",  # noqa: S608
+        (credential_id,),
+    ).fetchone()
+    return None if row is None else _passkey(row)
+
+
+def _use_passkey(
+    conn: sqlite3.Connection, credential_id: bytes, sign_count: int, backed_up: bool, now: float
+) -> bool:
+    with _transaction(conn):
+        # WebAuthn §6.1.1: the counter must grow, unless the authenticator keeps none (both 0).
+        changed = conn.execute(
+            "UPDATE passkeys SET sign_count = ?, backed_up = ?, last_used_at = ?"
+            " WHERE credential_id = ? AND (sign_count < ? OR (sign_count = 0 AND ? = 0))",
+            (sign_count, int(backed_up), now, credential_id, sign_count, sign_count),
+        ).rowcount
+        return changed == 1
+
+
+def _delete_passkey(conn: sqlite3.Connection, subject: str, credential_id: bytes) -> bool:
+    with _transaction(conn):
+        return (
+            conn.execute(
+                "DELETE FROM passkeys WHERE subject = ? AND credential_id = ?",
+                (subject, credential_id),
+            ).rowcount
+            == 1
+        )
 
 
 # -- throttles on guessing: one row per key, whatever the number of attempts it counts.

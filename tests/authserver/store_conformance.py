@@ -48,6 +48,7 @@ from authserver.store.base import (
     GrantRecord,
     IdentityLink,
     Issuance,
+    PasskeyRecord,
     Poll,
     RefreshRecord,
     RevokedToken,
@@ -298,6 +299,22 @@ def a_user(subject: str = "sub-alice", username: str = "alice", **changes: Any) 
         managed_by=MANAGED_BY_API,
         created_at=T0,
         updated_at=T0,
+    )
+    return replace(record, **changes)
+
+
+def a_passkey(label: str = "pk-1", subject: str = "sub-alice", **changes: Any) -> PasskeyRecord:
+    record = PasskeyRecord(
+        credential_id=digest(label),
+        subject=subject,
+        user_handle=b"handle-" + subject.encode(),
+        public_key=b"cose-key-" + label.encode(),
+        sign_count=0,
+        transports=("internal", "hybrid"),
+        backup_eligible=True,
+        backed_up=False,
+        name=f"Passkey {label}",
+        created_at=T0,
     )
     return replace(record, **changes)
 
@@ -1018,6 +1035,82 @@ class StoreConformance:
         await store.save_user(a_user(), None)
         assert await store.get_totp("sub-alice") is None
         assert not await store.use_recovery_code("sub-alice", b"a" * 32, T0)
+
+    # -- passkeys -----------------------------------------------------------------------
+
+    async def test_a_passkey_is_stored_once_under_its_credential_id(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.save_user(a_user("sub-bob", "bob"), None)
+        first = a_passkey("pk-1")
+        assert await store.add_passkey(first)
+        assert await other.get_passkey(first.credential_id) == first
+        # WebAuthn §7.1 step 26: a credential id registered once is refused, for anyone.
+        assert not await store.add_passkey(replace(first, name="again"))
+        assert not await store.add_passkey(replace(first, subject="sub-bob"))
+        # No passkey for a user the store does not hold.
+        assert not await store.add_passkey(a_passkey("pk-x", subject="sub-nobody"))
+        second = a_passkey("pk-2", created_at=T0 + 1, backup_eligible=False, transports=())
+        assert await store.add_passkey(second)
+        assert await store.add_passkey(a_passkey("pk-3", subject="sub-bob"))
+        assert await other.passkeys_of("sub-alice") == [first, second]
+        assert await store.passkeys_of("sub-nobody") == []
+        assert await store.get_passkey(digest("pk-x")) is None
+
+    async def test_a_passkeys_counter_only_moves_forward(self, store: Store) -> None:
+        await store.save_user(a_user(), None)
+        await store.add_passkey(a_passkey(sign_count=5))
+        cid = digest("pk-1")
+        assert not await store.use_passkey(cid, 5, False, T0 + 1)  # not greater: a clone?
+        assert not await store.use_passkey(cid, 4, False, T0 + 1)
+        assert not await store.use_passkey(cid, 0, False, T0 + 1)
+        assert (await store.get_passkey(cid)) == a_passkey(sign_count=5)  # nothing changed
+        assert await store.use_passkey(cid, 9, True, T0 + 2)
+        assert (await store.get_passkey(cid)) == a_passkey(
+            sign_count=9, backed_up=True, last_used_at=T0 + 2
+        )
+        assert not await store.use_passkey(digest("pk-unknown"), 10, False, T0 + 3)
+
+    async def test_a_passkey_without_a_counter_is_used_while_both_counters_are_zero(
+        self, store: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.add_passkey(a_passkey())
+        cid = digest("pk-1")
+        assert await store.use_passkey(cid, 0, False, T0 + 1)
+        assert await store.use_passkey(cid, 0, False, T0 + 2)
+        assert await store.use_passkey(cid, 1, False, T0 + 3)
+        # Once it counted, a 0 is a counter gone back.
+        assert not await store.use_passkey(cid, 0, False, T0 + 4)
+        assert (await store.get_passkey(cid)).last_used_at == T0 + 3  # type: ignore[union-attr]
+
+    async def test_of_concurrent_uses_of_a_passkey_with_one_counter_exactly_one_succeeds(
+        self, store: Store, other: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.add_passkey(a_passkey(sign_count=1))
+        results = await asyncio.gather(
+            *(
+                (store if i % 2 else other).use_passkey(digest("pk-1"), 2, False, T0 + 1)
+                for i in range(RACERS)
+            )
+        )
+        assert results.count(True) == 1
+
+    async def test_a_passkey_is_removed_by_its_owner_and_goes_with_the_user(
+        self, store: Store
+    ) -> None:
+        await store.save_user(a_user(), None)
+        await store.save_user(a_user("sub-bob", "bob"), None)
+        await store.add_passkey(a_passkey("pk-1"))
+        await store.add_passkey(a_passkey("pk-2"))
+        assert not await store.delete_passkey("sub-bob", digest("pk-1"))  # not Bob's
+        assert await store.delete_passkey("sub-alice", digest("pk-1"))
+        assert not await store.delete_passkey("sub-alice", digest("pk-1"))
+        assert [p.credential_id for p in await store.passkeys_of("sub-alice")] == [digest("pk-2")]
+        assert await store.delete_user("sub-alice")
+        assert await store.get_passkey(digest("pk-2")) is None
 
     # -- throttles on guessing ----------------------------------------------------------
 

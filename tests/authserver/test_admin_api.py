@@ -785,6 +785,8 @@ async def test_the_openapi_document_describes_every_path(
         "/users/{id}/password",
         "/users/{id}/second-factor",
         "/users/{id}/identities",
+        "/users/{id}/passkeys",
+        "/users/{id}/passkeys/{passkeyId}",
         "/grants",
         "/grants/{id}",
         "/keys",

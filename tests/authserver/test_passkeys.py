@@ -1,0 +1,710 @@
+"""Passkeys (WebAuthn): the pure rules, then the ceremonies against a running server, driven
+at the HTTP level with a software authenticator (passkey_support.py) that makes the bytes a
+browser would post: adding a passkey on the account page, passwordless sign-in, the passkey
+as the second step after the password, and every refusal of bad input, with nothing stored.
+
+The issuer is http://localhost:PORT: an RP ID must be a domain, and http is a secure context
+on localhost alone (protocol/webauthn.py). The server runs on a MovableClock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pyotp
+import pytest
+
+from authserver.protocol import assurance, webauthn
+from authserver.store.base import PasskeyRecord
+from tests.authserver.admin_support import StartAdminServer, admin_for, start_admin_server
+from tests.authserver.conftest import (
+    PASSWORD,
+    MovableClock,
+    RunningAuthServer,
+    StartAuthServer,
+    default_config,
+    parse_form,
+    query_of,
+)
+from tests.authserver.passkey_support import (
+    PasskeyForm,
+    SoftAuthenticator,
+    b64,
+    passkey_form,
+)
+from tests.authserver.test_second_factors import (
+    ENCRYPTION_KEY,
+    authorize_url,
+    id_token,
+    secret_on,
+)
+
+__all__ = ["start_admin_server"]  # the fixture, used here by name
+
+# ------------------------------------------------------------------------- the pure rules
+
+
+def test_the_rp_id_is_the_issuers_domain_in_a_secure_context() -> None:
+    assert webauthn.rp_id("https://auth.example.com/tenant") == "auth.example.com"
+    assert webauthn.rp_id("http://localhost:9000") == "localhost"
+    assert webauthn.rp_id("http://auth.localhost") == "auth.localhost"
+    assert webauthn.rp_id("http://auth.example.com") is None  # not a secure context
+    assert webauthn.rp_id("https://192.0.2.1") is None  # an IP address is no domain
+    assert webauthn.rp_id("http://127.0.0.1:9000") is None
+    assert webauthn.rp_id("https://[2001:db8::1]") is None
+
+
+def test_the_origin_is_the_issuers_serialised_as_browsers_do() -> None:
+    assert webauthn.origin("https://auth.example.com/tenant") == "https://auth.example.com"
+    assert webauthn.origin("https://auth.example.com:443") == "https://auth.example.com"
+    assert webauthn.origin("https://Auth.Example.com:8443/x") == "https://auth.example.com:8443"
+    assert webauthn.origin("http://localhost:9000") == "http://localhost:9000"
+
+
+def test_a_passkeys_methods_follow_its_backup_flag_and_user_verification() -> None:
+    # RFC 8176 §2: hwk for a device-bound key, swk for a synced one; user for presence.
+    alone = webauthn.methods(backup_eligible=False, user_verified=True, first=None)
+    assert alone == ("hwk", "user", "mfa")
+    synced = webauthn.methods(backup_eligible=True, user_verified=True, first=None)
+    assert synced == ("swk", "user", "mfa")
+    # Without user verification a passkey alone is one factor: no mfa, the password level.
+    bare = webauthn.methods(backup_eligible=False, user_verified=False, first=None)
+    assert bare == ("hwk", "user")
+    assert assurance.acr_of(bare) == assurance.PASSWORD
+    second = webauthn.methods(backup_eligible=True, user_verified=False, first=("pwd",))
+    assert second == ("pwd", "swk", "user", "mfa")
+    assert assurance.acr_of(second) == assurance.MULTI_FACTOR
+    # After an upstream provider: its methods, then the passkey's; mfa once, at the end.
+    federated = webauthn.methods(backup_eligible=False, user_verified=True, first=("mfa", "fed"))
+    assert federated == ("fed", "hwk", "user", "mfa")
+
+
+def test_a_counter_must_grow_unless_both_are_zero() -> None:
+    assert webauthn.counter_moves_on(0, 0)
+    assert webauthn.counter_moves_on(0, 1)
+    assert webauthn.counter_moves_on(5, 6)
+    assert not webauthn.counter_moves_on(5, 5)
+    assert not webauthn.counter_moves_on(5, 4)
+    assert not webauthn.counter_moves_on(5, 0)
+
+
+def test_base64url_is_read_strictly() -> None:
+    assert webauthn.base64url("AQID") == b"\x01\x02\x03"
+    assert webauthn.base64url("AQI") == b"\x01\x02"
+    assert webauthn.base64url("") == b""
+    for bad in ("AQ==", "A", "AQ+/", "AQ ID", "é", 3, None):
+        assert webauthn.base64url(bad) is None, bad
+    assert webauthn.base64url("A" * 48, max_bytes=32) is None
+    assert webauthn.base64url("A" * 43, max_bytes=32) is not None
+
+
+def test_transports_and_names_are_kept_only_when_known_and_sensible() -> None:
+    given = ["internal", "hybrid", "internal", "carrier-pigeon", 7]
+    assert webauthn.known_transports(given) == ("internal", "hybrid")
+    assert webauthn.known_transports("usb") == ()
+    assert webauthn.passkey_name("  My   phone ") == "My phone"
+    assert webauthn.passkey_name("   ") is None
+    assert webauthn.passkey_name("x" * 65) is None
+    assert webauthn.passkey_name("tab\x07bell") is None
+
+
+# ------------------------------------------------------------------------- the server
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+def passkey_config(**changes: Any) -> dict[str, Any]:
+    config = default_config()
+    config["issuer"] = "http://localhost:{port}"
+    config["login_throttle"] = {
+        "max_failures": 50,
+        "max_failures_per_address": 100,
+        "backoff_after": 100,
+    }
+    config.update(changes)
+    return config
+
+
+@pytest.fixture
+async def server(start_authserver: StartAuthServer, clock: MovableClock) -> RunningAuthServer:
+    return await start_authserver(passkey_config(), clock=clock)
+
+
+def browser() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+def origin_of(server: RunningAuthServer) -> str:
+    return server.settings.issuer
+
+
+async def post(
+    http: aiohttp.ClientSession, server: RunningAuthServer, action: str, fields: dict[str, str]
+) -> aiohttp.ClientResponse:
+    """A form posted as the browser would: to the issuer's host (localhost), whose cookies
+    the session has."""
+    url = origin_of(server) + urlsplit(action).path
+    return await http.post(url, data=fields, allow_redirects=False)
+
+
+async def finish(
+    http: aiohttp.ClientSession, server: RunningAuthServer, response: aiohttp.ClientResponse
+) -> str:
+    """Approve consent if asked; the code of the redirect."""
+    if response.status == 200:
+        action, fields = parse_form(await response.text())
+        assert action.endswith("/consent"), action
+        fields["decision"] = "approve"
+        response = await post(http, server, action, fields)
+    assert response.status in (302, 303), await response.text()
+    return query_of(response.headers["Location"])["code"]
+
+
+async def submit(
+    http: aiohttp.ClientSession,
+    server: RunningAuthServer,
+    form: PasskeyForm,
+    credential: dict[str, Any] | str,
+    **extra: str,
+) -> aiohttp.ClientResponse:
+    fields = dict(form.fields)
+    fields["passkey_response"] = (
+        credential if isinstance(credential, str) else json.dumps(credential)
+    )
+    fields.update(extra)
+    return await post(http, server, form.action, fields)
+
+
+async def account_sign_in(http: aiohttp.ClientSession, server: RunningAuthServer) -> None:
+    page = await http.get(server.endpoint("/account"))
+    action, fields = parse_form(await page.text())
+    fields.update(username="alice", password=PASSWORD)
+    response = await post(http, server, action, fields)
+    assert response.status == 303, await response.text()
+
+
+async def account_passkey_form(
+    http: aiohttp.ClientSession, server: RunningAuthServer
+) -> PasskeyForm:
+    page = await http.get(server.endpoint("/account"))
+    assert page.status == 200
+    form = passkey_form(await page.text())
+    assert form is not None and form.mode == "create"
+    return form
+
+
+async def add_passkey(
+    http: aiohttp.ClientSession, server: RunningAuthServer, name: str = "My laptop", **kind: Any
+) -> SoftAuthenticator:
+    form = await account_passkey_form(http, server)
+    key = SoftAuthenticator(origin_of(server), **kind)
+    response = await submit(http, server, form, key.create(form.options), name=name)
+    assert response.status == 303, await response.text()
+    assert response.headers["Location"].endswith("/account?done=passkey-added")
+    return key
+
+
+async def user_with_passkey(server: RunningAuthServer, **kind: Any) -> SoftAuthenticator:
+    async with browser() as http:
+        await account_sign_in(http, server)
+        return await add_passkey(http, server, **kind)
+
+
+async def login_page_form(
+    http: aiohttp.ClientSession, server: RunningAuthServer, **extra: str
+) -> tuple[PasskeyForm, str]:
+    url, verifier = authorize_url(server, **extra)
+    page = await http.get(url, allow_redirects=False)
+    assert page.status == 200
+    form = passkey_form(await page.text())
+    assert form is not None and form.action.endswith("/login/passkey")
+    return form, verifier
+
+
+async def passkeys_stored(server: RunningAuthServer, subject: str) -> list[Any]:
+    return await server.services.passkeys.passkeys.of(subject)
+
+
+async def test_a_passkey_is_added_on_the_account_page_and_listed(
+    server: RunningAuthServer,
+) -> None:
+    async with browser() as elsewhere, browser() as http:
+        await account_sign_in(elsewhere, server)  # signed in before the passkey existed
+        await account_sign_in(http, server)
+        form = await account_passkey_form(http, server)
+        # WebAuthn §5.4: this server's RP, attestation none, a random user handle.
+        assert form.options["rp"]["id"] == "localhost"
+        assert form.options["attestation"] == "none"
+        assert form.options["authenticatorSelection"]["userVerification"] == "preferred"
+        assert form.options["user"]["name"] == "alice"
+        assert len(form.options["user"]["id"]) == 43  # 32 bytes
+        key = SoftAuthenticator(origin_of(server))
+        response = await submit(http, server, form, key.create(form.options), name="  My laptop ")
+        assert response.status == 303
+        page = await (await http.get(server.endpoint("/account?done=passkey-added"))).text()
+        assert 'class="passkey-name">My laptop<' in page
+        assert "not used yet" in page
+        # Another passkey: the first is excluded (§5.4.3), the user handle is the same.
+        again = await account_passkey_form(http, server)
+        assert [d["id"] for d in again.options["excludeCredentials"]] == [b64(key.credential_id)]
+        assert again.options["user"]["id"] == form.options["user"]["id"]
+        # The first second factor ends the sessions signed in without one; not this one.
+        other = await (await elsewhere.get(server.endpoint("/account"))).text()
+        assert 'name="password"' in other and "Signed in as" not in other
+        await add_passkey(http, server, "Second")
+        assert "Signed in as" in await (await http.get(server.endpoint("/account"))).text()
+    stored_ones = await passkeys_stored(server, server_subject(server, "alice"))
+    [stored] = [p for p in stored_ones if p.credential_id == key.credential_id]
+    assert len(stored_ones) == 2
+    assert stored.transports == ("internal",)  # the unknown one dropped
+    assert not stored.backup_eligible
+    assert stored.name == "My laptop"
+
+
+def server_subject(server: RunningAuthServer, username: str) -> str:
+    return server.subject(username)
+
+
+async def test_adding_a_passkey_refuses_bad_input_and_stores_nothing(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    async with browser() as http:
+        await account_sign_in(http, server)
+        origin = origin_of(server)
+        cases: list[tuple[str, Any, dict[str, str]]] = []
+        form = await account_passkey_form(http, server)
+        key = SoftAuthenticator(origin)
+        good = key.create(form.options)
+        cases.append(("malformed", "{not json", {"name": "x"}))
+        cases.append(("malformed", json.dumps({**good, "rawId": "!!"}), {"name": "x"}))
+        cases.append(("origin", key.create(form.options, origin="http://evil.localhost"), {}))
+        wrong_rp = dict(form.options, rp={"id": "evil.localhost", "name": "x"})
+        cases.append(("rp_id", key.create(wrong_rp), {}))
+        other = dict(form.options, challenge=b64(b"c" * 32))
+        cases.append(("challenge", key.create(other), {}))
+        for reason, credential, extra in cases:
+            form = await account_passkey_form(http, server)
+            response = await submit(http, server, form, credential, **{"name": "n", **extra})
+            assert response.status == 400, (reason, await response.text())
+        # No name, or a form without CSRF token, or whose challenge was used.
+        form = await account_passkey_form(http, server)
+        response = await submit(http, server, form, key.create(form.options), name=" ")
+        assert response.status == 400
+        response = await submit(
+            http, server, form, key.create(form.options), name="n", csrf_token="x"
+        )
+        assert response.status == 403
+        assert (await submit(http, server, form, key.create(form.options), name="n")).status == 303
+        replayed = await submit(http, server, form, key.create(form.options), name="n")
+        assert replayed.status == 400
+        assert "already used" in await replayed.text()
+        # The challenge expires.
+        form = await account_passkey_form(http, server)
+        clock.advance(6 * 60)
+        response = await submit(
+            http, server, form, SoftAuthenticator(origin).create(form.options), name="n"
+        )
+        assert response.status in (400, 401)
+    assert len(await passkeys_stored(server, server_subject(server, "alice"))) == 1
+
+
+async def test_adding_a_passkey_needs_a_recent_sign_in(
+    server: RunningAuthServer, clock: MovableClock
+) -> None:
+    async with browser() as http:
+        await account_sign_in(http, server)
+        form = await account_passkey_form(http, server)
+        clock.advance(16 * 60)
+        page = await (await http.get(server.endpoint("/account"))).text()
+        assert "needs a recent sign-in" in page and passkey_form(page) is None
+        key = SoftAuthenticator(origin_of(server))
+        response = await submit(http, server, form, key.create(form.options), name="n")
+        assert response.status == 401
+    assert await passkeys_stored(server, server_subject(server, "alice")) == []
+
+
+async def test_passwordless_sign_in_is_two_factors_and_device_bound_is_hwk(
+    server: RunningAuthServer,
+) -> None:
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        form, verifier = await login_page_form(http, server)
+        # Discoverable credentials: nothing listed, user verification required (§5.8.6).
+        assert "allowCredentials" not in form.options
+        assert form.options["userVerification"] == "required"
+        response = await submit(http, server, form, key.get(form.options))
+        code = await finish(http, server, response)
+        claims = await id_token(http, server, code, verifier)
+    assert claims["sub"] == server_subject(server, "alice")
+    assert claims["amr"] == ["hwk", "user", "mfa"]
+    assert claims["acr"] == assurance.MULTI_FACTOR
+    [stored] = await passkeys_stored(server, claims["sub"])
+    assert stored.sign_count == 1 and stored.last_used_at is not None
+
+
+async def test_a_synced_passkey_is_swk(server: RunningAuthServer) -> None:
+    key = await user_with_passkey(server, backup_eligible=True)
+    async with browser() as http:
+        form, verifier = await login_page_form(http, server)
+        code = await finish(http, server, await submit(http, server, form, key.get(form.options)))
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["swk", "user", "mfa"]
+
+
+async def test_passwordless_sign_in_refuses_bad_assertions_and_changes_nothing(
+    server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    key = await user_with_passkey(server)
+    subject = server_subject(server, "alice")
+    async with browser() as http:
+        stranger = SoftAuthenticator(origin_of(server))
+        stranger.user_handle = key.user_handle
+        spoiled: list[tuple[str, Any]] = [
+            ("challenge", lambda o: key.get(o, challenge=b64(b"z" * 32))),
+            ("origin", lambda o: key.get(o, origin="http://localhost:1")),
+            ("rp_id", lambda o: key.get(o, rp_id="evil.localhost")),
+            ("not_verified", lambda o: key.get(o, verified=False)),
+            ("signature", lambda o: key.get(o, bad_signature=True)),
+            ("unknown_credential", lambda o: stranger.get(o)),
+            ("unknown_credential", lambda o: key.get(o, user_handle=False)),
+            ("malformed", lambda o: "[1, 2"),
+            ("malformed", lambda o: json.dumps({**key.get(o), "rawId": "%%%"})),
+            ("malformed", lambda o: json.dumps(["x"])),
+            ("malformed", lambda o: ""),
+        ]
+        for reason, make in spoiled:
+            form, _ = await login_page_form(http, server)
+            response = await submit(http, server, form, make(form.options))
+            assert response.status == 400, reason
+            text = await response.text()
+            assert 'role="alert"' in text, reason
+            assert passkey_form(text) is not None  # the login page again, a new challenge
+            key.counter = 0  # what the server stored
+            await asyncio.sleep(0)  # the audit line is written at the end of the loop's turn
+            [failed] = [
+                e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.failed"
+            ]
+            assert failed["reason"] == reason and failed["factor"] == "passkey"
+        [stored] = await passkeys_stored(server, subject)
+        assert stored.sign_count == 0 and stored.last_used_at is None
+        # The good assertion passes.
+        form, _ = await login_page_form(http, server)
+        assertion = key.get(form.options)
+        assert (await submit(http, server, form, assertion)).status in (200, 302, 303)
+    async with browser() as other:
+        # Another browser session cannot present a challenge issued to this one, even with
+        # its own CSRF token: the challenge's proof is bound to the session it was issued to.
+        theirs, _ = await login_page_form(other, server)
+        stolen, _ = await login_page_form(other, server)
+        fields = {**form.fields, "csrf_token": theirs.fields["csrf_token"]}
+        replayed = await submit(
+            other, server, PasskeyForm(form.action, "get", {}, fields), key.get(form.options)
+        )
+        assert replayed.status == 400
+        assert stolen.fields["passkey_challenge"] != form.fields["passkey_challenge"]
+    [stored] = await passkeys_stored(server, subject)
+    assert stored.sign_count == 1
+
+
+async def test_a_replayed_assertion_in_the_same_session_is_refused(
+    server: RunningAuthServer,
+) -> None:
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        assertion = key.get(form.options)
+        first = await submit(http, server, form, assertion)
+        assert first.status in (200, 302, 303)
+        # Signed in now: the same page's fields again (the anonymous session is gone, so
+        # the CSRF token is the new session's; the challenge is still the used one).
+        page = await http.get(authorize_url(server, prompt="login")[0], allow_redirects=False)
+        fresh = passkey_form(await page.text())
+        assert fresh is not None
+        fields = {**form.fields, "csrf_token": fresh.fields["csrf_token"]}
+        again = await submit(
+            http, server, PasskeyForm(form.action, "get", form.options, fields), assertion
+        )
+        assert again.status in (400, 403)
+
+
+async def test_a_counter_going_back_is_refused_as_a_clone(
+    server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        assert (await submit(http, server, form, key.get(form.options, counter=10))).status in (
+            200,
+            302,
+            303,
+        )
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        response = await submit(http, server, form, key.get(form.options, counter=10))
+        assert response.status == 400
+        assert "counter went back" in await response.text()
+    await asyncio.sleep(0)  # the audit line is written at the end of the loop's turn
+    events = audit_lines(capfd.readouterr().err)
+    regressed = [e for e in events if e["event"] == "factor.sign_count_regressed"]
+    assert len(regressed) == 1 and regressed[0]["factor"] == "passkey"
+    assert regressed[0]["level"] == "warning"
+    [stored] = await passkeys_stored(server, server_subject(server, "alice"))
+    assert stored.sign_count == 10
+
+
+def audit_lines(err: str) -> list[dict[str, Any]]:
+    found = []
+    for line in err.splitlines():
+        if '"portcullis.authserver.audit"' in line:
+            found.append(json.loads(line))
+    return found
+
+
+async def test_failed_passkey_attempts_are_throttled(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = passkey_config()
+    config["login_throttle"]["max_failures"] = 3
+    server = await start_authserver(config, clock=clock)
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        statuses = []
+        for _ in range(4):
+            form, _ = await login_page_form(http, server)
+            response = await submit(http, server, form, key.get(form.options, verified=False))
+            statuses.append(response.status)
+        assert statuses == [400, 400, 400, 429]
+        assert "Retry-After" in response.headers
+        # Throttled, even a good assertion is not checked.
+        form, _ = await login_page_form(http, server)
+        assert (await submit(http, server, form, key.get(form.options))).status == 429
+
+
+async def test_a_passkey_is_the_second_step_after_the_password(
+    server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    key = await user_with_passkey(server, backup_eligible=True)
+    async with browser() as http:
+        url, verifier = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        step = await post(http, server, action, fields)
+        assert step.status == 200
+        text = await step.text()
+        # No authenticator app: the passkey is the only way on, and it is listed.
+        assert 'name="code"' not in text
+        form = passkey_form(text)
+        assert form is not None and form.action.endswith("/login/passkey")
+        assert [d["id"] for d in form.options["allowCredentials"]] == [b64(key.credential_id)]
+        assert form.options["userVerification"] == "preferred"
+        # Without user verification it is still a second factor after the password.
+        response = await submit(http, server, form, key.get(form.options, verified=False))
+        code = await finish(http, server, response)
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["pwd", "swk", "user", "mfa"]
+    assert claims["acr"] == assurance.MULTI_FACTOR
+    await asyncio.sleep(0)
+    used = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.used"]
+    assert used[-1]["factor"] == "passkey" and used[-1]["subject"] == claims["sub"]
+
+
+async def test_at_the_second_step_another_users_passkey_is_refused(
+    server: RunningAuthServer, start_authserver: StartAuthServer
+) -> None:
+    alices = await user_with_passkey(server)
+    async with browser() as http:
+        page = await http.get(server.endpoint("/account"))
+        action, fields = parse_form(await page.text())
+        fields.update(username="bob", password=PASSWORD)
+        response = await post(http, server, action, fields)
+        assert response.status == 303
+        bobs = await add_passkey(http, server, "Bob's")
+    async with browser() as http:
+        url, _ = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="bob", password=PASSWORD)
+        step = await post(http, server, action, fields)
+        form = passkey_form(await step.text())
+        assert form is not None
+        response = await submit(http, server, form, alices.get(form.options))
+        assert response.status == 400
+        assert "belongs to another account" in await response.text()
+        # The pending sign-in's fields are needed: without them it is not a second step,
+        # and a forged subject is refused.
+        forged = dict(form.fields, pending_subject=server_subject(server, "alice"))
+        response = await post(
+            http,
+            server,
+            form.action,
+            {**forged, "passkey_response": json.dumps(alices.get(form.options))},
+        )
+        assert response.status == 403
+        # Bob's own passkey passes, from the page the refusal showed.
+        again = passkey_form(await response.text())
+        assert again is None  # the forged form's answer is an error page
+        fresh = await post(http, server, action, fields)  # the password again
+        form = passkey_form(await fresh.text())
+        assert form is not None
+        done = await submit(http, server, form, bobs.get(form.options))
+        assert done.status in (200, 302, 303), await done.text()
+    [alices_stored] = await passkeys_stored(server, server_subject(server, "alice"))
+    assert alices_stored.sign_count == 0 and alices_stored.last_used_at is None
+
+
+async def test_a_passkey_is_removed_with_the_csrf_token_of_its_owners_session(
+    server: RunningAuthServer,
+) -> None:
+    subject = server_subject(server, "alice")
+    async with browser() as http:
+        await account_sign_in(http, server)
+        key = await add_passkey(http, server)
+        page = await (await http.get(server.endpoint("/account"))).text()
+        csrf = parse_form(page)[1]["csrf_token"]
+        remove = server.endpoint("/account/passkeys/remove")
+        path = urlsplit(remove).path
+        fields = {"csrf_token": "nope", "credential": b64(key.credential_id)}
+        assert (
+            await http.post(origin_of(server) + path, data=fields, allow_redirects=False)
+        ).status == 403
+        fields = {"csrf_token": csrf, "credential": b64(b"other")}
+        assert (
+            await http.post(origin_of(server) + path, data=fields, allow_redirects=False)
+        ).status == 400
+        fields = {"csrf_token": csrf, "credential": "%%"}
+        assert (
+            await http.post(origin_of(server) + path, data=fields, allow_redirects=False)
+        ).status == 400
+        assert len(await passkeys_stored(server, subject)) == 1
+        fields = {"csrf_token": csrf, "credential": b64(key.credential_id)}
+        done = await http.post(origin_of(server) + path, data=fields, allow_redirects=False)
+        assert done.status == 303 and done.headers["Location"].endswith("done=passkey-removed")
+        page = await (await http.get(server.endpoint("/account?done=passkey-removed"))).text()
+        assert "That passkey was removed." in page and 'id="no-passkeys"' in page
+    assert await passkeys_stored(server, subject) == []
+    async with browser() as http:
+        # Removed, it signs nobody in.
+        form, _ = await login_page_form(http, server)
+        assert (await submit(http, server, form, key.get(form.options))).status == 400
+
+
+async def test_the_account_page_signs_in_with_a_passkey_too(server: RunningAuthServer) -> None:
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        page = await (await http.get(server.endpoint("/account"))).text()
+        form = passkey_form(page)
+        assert form is not None and form.action.endswith("/account/login/passkey")
+        response = await submit(http, server, form, key.get(form.options))
+        assert response.status == 303
+        page = await (await http.get(server.endpoint("/account"))).text()
+        assert "Signed in as" in page
+        # The password then the passkey, on the account page's second step.
+    async with browser() as http:
+        page = await http.get(server.endpoint("/account"))
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        step = await post(http, server, action, fields)
+        assert step.status == 200
+        form = passkey_form(await step.text())
+        assert form is not None and form.action.endswith("/account/login/passkey")
+        response = await submit(http, server, form, key.get(form.options))
+        assert response.status == 303
+
+
+async def test_an_https_issuer_names_its_host_and_an_ip_issuer_offers_no_passkeys(
+    start_authserver: StartAuthServer,
+) -> None:
+    server = await start_authserver(default_config())  # http://127.0.0.1:PORT
+    async with browser() as http:
+        url, _ = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        text = await page.text()
+        assert passkey_form(text) is None
+        assert "script-src" not in page.headers["Content-Security-Policy"]
+        await account_sign_in(http, server)
+        page = await http.get(server.endpoint("/account"))
+        assert 'id="passkeys-heading"' not in await page.text()
+        fields = {"csrf_token": "x", "name": "n"}
+        path = urlsplit(server.endpoint("/account/passkeys")).path
+        response = await http.post(origin_of(server) + path, data=fields, allow_redirects=False)
+        assert response.status == 404
+
+
+async def test_an_operator_lists_a_users_passkeys_and_removes_a_lost_one(
+    start_admin_server: StartAdminServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """On SQLite and on PostgreSQL: the admin API shows no key, and removes one passkey."""
+    server = await start_admin_server()
+    bob = server.subject("bob")
+    store = server.services.store
+    for label, synced in (("phone", True), ("key", False)):
+        record = PasskeyRecord(
+            credential_id=label.encode() * 4,
+            subject=bob,
+            user_handle=b"h" * 32,
+            public_key=b"cose-" + label.encode(),
+            sign_count=0,
+            transports=("internal",),
+            backup_eligible=synced,
+            backed_up=synced,
+            name=f"Bob's {label}",
+            created_at=server.clock(),
+        )
+        assert await store.add_passkey(record)
+    async with browser() as http:
+        admin = await admin_for(http, server)
+        status, listed, _ = await admin.get(f"/users/{bob}/passkeys?sort=name")
+        assert status == 200, listed
+        assert [p["name"] for p in listed["data"]] == ["Bob's key", "Bob's phone"]
+        assert [p["backupEligible"] for p in listed["data"]] == [False, True]
+        assert "cose" not in json.dumps(listed)  # never the key
+        lost = listed["data"][1]["id"]
+        assert lost == b64(b"phone" * 4)
+        assert (await admin.delete(f"/users/{bob}/passkeys/{lost}"))[0] == 204
+        assert (await admin.delete(f"/users/{bob}/passkeys/{lost}"))[0] == 404
+        assert (await admin.delete(f"/users/{bob}/passkeys/%25%25"))[0] == 404
+        assert (await admin.get("/users/nobody/passkeys"))[0] == 404
+        status, listed, _ = await admin.get(f"/users/{bob}/passkeys")
+        assert [p["name"] for p in listed["data"]] == ["Bob's key"]
+    await asyncio.sleep(0)
+    removed = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.removed"]
+    assert len(removed) == 1 and removed[0]["factor"] == "passkey"
+    assert removed[0]["actor"] == "admin" and removed[0]["subject"] == bob
+
+
+async def test_a_user_with_an_app_and_a_passkey_is_offered_both_at_the_second_step(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    config = passkey_config()
+    config["second_factors"] = {"encryption_key": ENCRYPTION_KEY}
+    server = await start_authserver(config, clock=clock)
+    async with browser() as http:
+        await account_sign_in(http, server)
+        page = await http.get(server.endpoint("/factors"))
+        action, fields = parse_form(await page.text())
+        enrolment = await (await post(http, server, action, fields)).text()
+        secret = secret_on(enrolment)
+        action, fields = parse_form(enrolment)
+        fields["code"] = pyotp.TOTP(secret).at(clock.now)
+        assert (await post(http, server, action, fields)).status == 200
+        key = await add_passkey(http, server)
+    async with browser() as http:
+        url, verifier = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        step = await (await post(http, server, action, fields)).text()
+        assert 'name="code"' in step  # the app's code, and beside it the passkey
+        form = passkey_form(step)
+        assert form is not None
+        code = await finish(http, server, await submit(http, server, form, key.get(form.options)))
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["pwd", "hwk", "user", "mfa"]
