@@ -803,10 +803,6 @@ def build_app(
     app.on_response_prepare.append(_answer_fields)
     app[LIVE] = live
     base = server.base
-    # Preflights are answered there, before routing.
-    app.middlewares.append(
-        cors.middleware(lambda: live.components.cors if live.components else None, base)
-    )
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await server.open()
@@ -990,6 +986,7 @@ def _observed(server: AuthServer) -> Middleware:
     request's alone and is still there when the answer is prepared."""
     metrics, access_log, live = server.metrics, server.access_log, server.live
     perf_counter = time.perf_counter
+    cors_paths = cors.endpoints(server.base)  # answered by cors.answer, preflights included
 
     @web.middleware
     async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -1000,7 +997,12 @@ def _observed(server: AuthServer) -> Middleware:
         accesslog.CURRENT.set(exchange)
         status = 500
         try:
-            response = await handler(request)
+            endpoint = cors_paths.get(request.path)
+            components = live.components
+            if endpoint is None or components is None:  # None: not serving yet
+                response = await handler(request)
+            else:
+                response = await cors.answer(components.cors, endpoint, request, handler)
             status = response.status
             return response
         except web.HTTPException as exc:

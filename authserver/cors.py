@@ -8,7 +8,8 @@ Which endpoints (paths under the issuer's):
 The pages (/authorize, /login, /consent, /device, /logout) are navigations and form posts,
 which need no CORS: none either. Every other path passes through untouched.
 
-Preflights to these paths are answered here, before routing, so no OPTIONS routes exist.
+Preflights to these paths are answered here, before routing (the observing middleware
+calls `answer` for them), so no OPTIONS routes exist.
 Browser clients are the configured public clients of application_type web; their origins
 are computed when a configuration is loaded (at start and on each reload).
 """
@@ -16,10 +17,10 @@ are computed when a configuration is loaded (at start and on each reload).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp.typedefs import Handler
 
 from portcullis.http import json_response
 
@@ -72,40 +73,35 @@ def endpoints(base: str) -> dict[str, Endpoint]:
     return table
 
 
-def middleware(current: Callable[[], CorsPolicy | None], base: str) -> Middleware:
-    """CORS for the paths of `endpoints(base)`, by the policy `current()` gives: the one of
-    the configuration in force, so a reload that adds a browser client allows its origins."""
-    table = endpoints(base)
-
-    @web.middleware
-    async def answer_cors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        endpoint = table.get(request.path)
-        cors = current()
-        if endpoint is None or cors is None:  # None: not serving yet
-            return await handler(request)
-        origins = request.headers.getall("Origin", [])
-        # A browser sends one Origin; anything else is no browser's and gets no CORS.
-        page = origins[0] if len(origins) == 1 else None
-        asked = request.headers.get("Access-Control-Request-Method")
-        if request.method == "OPTIONS" and page is not None and asked is not None:
-            return _preflight(cors, endpoint, page, asked, request)
-        response = await handler(request)
-        client_id = None
-        if endpoint.kind is Kind.CLIENT and page is not None and cors.allows(endpoint, page):
-            client_id = await _browser_client(request)
-            if not cors.allows_client(client_id, page):
-                log.info(
-                    "cross-origin answer withheld: not a browser client of this origin",
-                    extra={"origin": page[:200], "client_id": (client_id or "")[:200]},
-                )
-        for name, value in cors.actual(endpoint, page, client_id):
-            if name == "Vary" and "Vary" in response.headers:
-                response.headers["Vary"] += ", " + value
-            else:
-                response.headers[name] = value
-        return response
-
-    return answer_cors
+async def answer(
+    cors: CorsPolicy, endpoint: Endpoint, request: web.Request, handler: Handler
+) -> web.StreamResponse:
+    """The answer to a request for `endpoint` (one of `endpoints(base)`) under the policy of
+    the configuration in force, so a reload that adds a browser client allows its origins:
+    a preflight is answered here, before routing; any other request is `handler`'s answer
+    with the CORS fields its page may read it with. The one observing middleware
+    (app.py) calls it for these paths alone."""
+    origins = request.headers.getall("Origin", ())
+    # A browser sends one Origin; anything else is no browser's and gets no CORS.
+    page = origins[0] if len(origins) == 1 else None
+    asked = request.headers.get("Access-Control-Request-Method")
+    if request.method == "OPTIONS" and page is not None and asked is not None:
+        return _preflight(cors, endpoint, page, asked, request)
+    response = await handler(request)
+    client_id = None
+    if endpoint.kind is Kind.CLIENT and page is not None and cors.allows(endpoint, page):
+        client_id = await _browser_client(request)
+        if not cors.allows_client(client_id, page):
+            log.info(
+                "cross-origin answer withheld: not a browser client of this origin",
+                extra={"origin": page[:200], "client_id": (client_id or "")[:200]},
+            )
+    for name, value in cors.actual(endpoint, page, client_id):
+        if name == "Vary" and "Vary" in response.headers:
+            response.headers["Vary"] += ", " + value
+        else:
+            response.headers[name] = value
+    return response
 
 
 def _preflight(
