@@ -13,7 +13,11 @@
 # same request bytes, bench/keepalive_client.py), and prints them per request. A second table
 # counts the MCP figures the same way: the RFC 9728 metadata document against auth none, and
 # a tools/call POST on a route with per-call rules against the same POST on a route without
-# them (BENCH_INSTRUCTION_MCP=0 leaves it out). Installs
+# them (BENCH_INSTRUCTION_MCP=0 leaves it out). A third counts the authorization server's
+# instructions per client_credentials token request (ES256, SQLite, the bench's token-es256
+# configuration), the same way (BENCH_INSTRUCTION_TOKEN=0 leaves it out), and with
+# BENCH_INSTRUCTION_OIDC=1 those of oidc-provider (bench/oidc_server.mjs, installed with npm
+# as bench/run.sh does) on the same requests, after a longer warm-up for its JIT. Installs
 # valgrind, nginx and curl with apt-get when they are missing. Everything it starts is
 # stopped on exit.
 #
@@ -22,6 +26,8 @@
 #   BENCH_INSTRUCTION_CONNECTIONS=8    keep-alive connections they are spread over
 #   BENCH_INSTRUCTION_ROUNDS=3         rounds (auth none, then warm, each round)
 #   BENCH_INSTRUCTION_MCP=1            also count the MCP routes (0: not)
+#   BENCH_INSTRUCTION_TOKEN=1          also count the token endpoint (0: not)
+#   BENCH_INSTRUCTION_OIDC=0           also count oidc-provider's (1; minutes under valgrind)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,6 +37,9 @@ REQUESTS=${BENCH_INSTRUCTION_REQUESTS:-2000}
 CONNECTIONS=${BENCH_INSTRUCTION_CONNECTIONS:-8}
 ROUNDS=${BENCH_INSTRUCTION_ROUNDS:-3}
 MCP=${BENCH_INSTRUCTION_MCP:-1}
+TOKEN_ENDPOINT=${BENCH_INSTRUCTION_TOKEN:-1}
+OIDC=${BENCH_INSTRUCTION_OIDC:-0}
+OUT=$ROOT/bench/out
 
 log() { echo "[instructions] $*" >&2; }
 die() {
@@ -44,6 +53,10 @@ missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v curl >/dev/null || missing+=(curl)
+if [ "${BENCH_INSTRUCTION_OIDC:-0}" = 1 ]; then
+    command -v node >/dev/null || missing+=(nodejs)
+    command -v npm >/dev/null || missing+=(npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" -eq 0 ] || die "missing ${missing[*]}; install them or run as root"
     log "installing ${missing[*]}"
@@ -66,7 +79,7 @@ trap cleanup EXIT
 
 # shellcheck source=bench/configs.sh
 source bench/configs.sh
-read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN < <(free_ports 4)
+read -r P_NGINX P_ISSUER P_GW P_GW_ADMIN P_AS P_AS_ADMIN P_OIDC < <(free_ports 7)
 NGINX=http://127.0.0.1:$P_NGINX
 ISSUER=http://127.0.0.1:$P_ISSUER
 
@@ -131,20 +144,27 @@ load() {
             --body "$TMP/call.json" --header "Content-Type: application/json"
             --header "Accept: application/json, text/event-stream"
             --authorization "Bearer $TOKEN") ;;
+    token | oidc)
+        args=(--port "$(if [ "$1" = token ]; then echo "$P_AS"; else echo "$P_OIDC"; fi)"
+            --requests "$2" --connections "$CONNECTIONS" --path /token
+            --method POST --body "$TMP/token-form"
+            --header "Content-Type: application/x-www-form-urlencoded"
+            --authorization "Basic $BASIC") ;;
     *) args+=(--path "/$1/items" --authorization "Bearer $TOKEN") ;;
     esac
     "$PY" bench/keepalive_client.py "${args[@]}"
 }
 
-# count ROUTE: the gateway's instructions per request over REQUESTS requests of ROUTE.
+# count ROUTE [PID]: the instructions per request of the gateway (or of process PID) over
+# REQUESTS requests of ROUTE.
 count() {
-    local before after dump total
-    callgrind_control --zero "$GATEWAY_PID" >/dev/null 2>&1
-    callgrind_control --instr=on "$GATEWAY_PID" >/dev/null 2>&1
+    local before after dump total pid=${2:-$GATEWAY_PID}
+    callgrind_control --zero "$pid" >/dev/null 2>&1
+    callgrind_control --instr=on "$pid" >/dev/null 2>&1
     load "$1" "$REQUESTS"
-    callgrind_control --instr=off "$GATEWAY_PID" >/dev/null 2>&1
+    callgrind_control --instr=off "$pid" >/dev/null 2>&1
     before=$(find "$TMP" -name 'callgrind.*.*' | wc -l)
-    callgrind_control --dump="$1" "$GATEWAY_PID" >/dev/null 2>&1
+    callgrind_control --dump="$1" "$pid" >/dev/null 2>&1
     for _ in $(seq 100); do
         after=$(find "$TMP" -name 'callgrind.*.*' | wc -l)
         [ "$after" -gt "$before" ] && break
@@ -160,38 +180,92 @@ log "warm-up: $REQUESTS requests of each route, not counted"
 load public "$REQUESTS"
 load api "$REQUESTS"
 if [ "$MCP" = 1 ]; then
-    for route in metadata mcp-plain mcp-bare mcp; do load "$route" "$REQUESTS"; done
-fi
-echo "| round | auth none: instructions per request | warm JWT | warm − none | none / warm |"
-echo "| ---: | ---: | ---: | ---: | ---: |"
-gaps=()
-for round in $(seq "$ROUNDS"); do
-    none=$(count public)
-    warm=$(count api)
-    gaps+=($((warm - none)))
-    printf '| %d | %d | %d | %d | %s |\n' "$round" "$none" "$warm" $((warm - none)) \
-        "$("$PY" -c "print(f'{$none / $warm:.3f}')")"
-done
-median=$(printf '%s\n' "${gaps[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-echo
-echo "Median gap: $median instructions per request ($REQUESTS requests per route and round," \
-    "$CONNECTIONS connections; the rest of a request is the same on both routes)."
+        for route in metadata mcp-plain mcp-bare mcp; do load "$route" "$REQUESTS"; done
+    fi
+    echo "| round | auth none: instructions per request | warm JWT | warm − none | none / warm |"
+    echo "| ---: | ---: | ---: | ---: | ---: |"
+    gaps=()
+    for round in $(seq "$ROUNDS"); do
+        none=$(count public)
+        warm=$(count api)
+        gaps+=($((warm - none)))
+        printf '| %d | %d | %d | %d | %s |\n' "$round" "$none" "$warm" $((warm - none)) \
+            "$("$PY" -c "print(f'{$none / $warm:.3f}')")"
+    done
+    median=$(printf '%s\n' "${gaps[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    echo
+    echo "Median gap: $median instructions per request ($REQUESTS requests per route and round," \
+        "$CONNECTIONS connections; the rest of a request is the same on both routes)."
 
-[ "$MCP" = 1 ] || exit 0
-ratio() { "$PY" -c "print(f'{$1 / $2:.3f}')"; }
+    ratio() { "$PY" -c "print(f'{$1 / $2:.3f}')"; }
+    if [ "$MCP" = 1 ]; then
+    echo
+    echo "| round | auth none | metadata document | none / metadata | POST, plain route | POST, MCP route, no call rules | POST, MCP route, call rules | plain / rules | no rules / rules |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for round in $(seq "$ROUNDS"); do
+        none=$(count public)
+        metadata=$(count metadata)
+        plain=$(count mcp-plain)
+        bare=$(count mcp-bare)
+        rules=$(count mcp)
+        printf '| %d | %d | %d | %s | %d | %d | %d | %s | %s |\n' "$round" "$none" "$metadata" \
+            "$(ratio "$none" "$metadata")" "$plain" "$bare" "$rules" "$(ratio "$plain" "$rules")" \
+            "$(ratio "$bare" "$rules")"
+    done
+    echo
+    echo "A ratio of 1 or more: the metadata document costs no more than auth none, the call rules"
+    echo "nothing beyond the route without them (instructions per request, not time)."
+fi
+
+[ "$TOKEN_ENDPOINT" = 1 ] || exit 0
+# The authorization server of the token-es256 scenario (bench/configs.sh authserver_config),
+# started under callgrind as the gateway is; one client, client_secret_basic.
+AUTHSERVER=http://127.0.0.1:$P_AS
+CLIENT_ID=bench
+CLIENT_SECRET=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(30))')
+BASIC=$(printf '%s:%s' "$CLIENT_ID" "$CLIENT_SECRET" | base64 -w0)
+printf 'grant_type=client_credentials&scope=bench:read' >"$TMP/token-form"
+authserver_config ES256
+valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
+    "$PY" -m authserver run --config "$AUTHSERVER_CONFIG" >"$TMP/authserver.log" 2>&1 &
+AUTHSERVER_PID=$!
+PIDS+=("$AUTHSERVER_PID")
+log "authserver under callgrind (pid $AUTHSERVER_PID), waiting for it"
+wait_for "$AUTHSERVER/healthz" authserver "$AUTHSERVER_PID"
+log "warm-up: $REQUESTS token requests, not counted"
+load token "$REQUESTS"
+if [ "$OIDC" = 1 ]; then
+    ensure_oidc_provider
+    NODE_ENV=production BENCH_CLIENT_SECRET="$CLIENT_SECRET" \
+        valgrind --tool=callgrind --smc-check=all-non-file --instr-atstart=no \
+        --callgrind-out-file="$TMP/callgrind.%p" node bench/oidc_server.mjs \
+        --modules "$OIDC_MODULES" --port "$P_OIDC" --alg ES256 --client-id "$CLIENT_ID" \
+        >"$TMP/oidc.log" 2>&1 &
+    OIDC_PID=$!
+    PIDS+=("$OIDC_PID")
+    log "oidc-provider $OIDC_VERSION under callgrind (pid $OIDC_PID), waiting for it"
+    wait_for "http://127.0.0.1:$P_OIDC/.well-known/openid-configuration" oidc "$OIDC_PID"
+    # Its JIT compiles the hot path over the first thousands of requests.
+    log "warm-up: $((REQUESTS * 5)) token requests to oidc-provider, not counted"
+    load oidc $((REQUESTS * 5))
+fi
 echo
-echo "| round | auth none | metadata document | none / metadata | POST, plain route | POST, MCP route, no call rules | POST, MCP route, call rules | plain / rules | no rules / rules |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+if [ "$OIDC" = 1 ]; then
+    echo "| round | token endpoint, client_credentials ES256: instructions per request | oidc-provider | oidc-provider / ours |"
+    echo "| ---: | ---: | ---: | ---: |"
+else
+    echo "| round | token endpoint, client_credentials ES256: instructions per request |"
+    echo "| ---: | ---: |"
+fi
 for round in $(seq "$ROUNDS"); do
-    none=$(count public)
-    metadata=$(count metadata)
-    plain=$(count mcp-plain)
-    bare=$(count mcp-bare)
-    rules=$(count mcp)
-    printf '| %d | %d | %d | %s | %d | %d | %d | %s | %s |\n' "$round" "$none" "$metadata" \
-        "$(ratio "$none" "$metadata")" "$plain" "$bare" "$rules" "$(ratio "$plain" "$rules")" \
-        "$(ratio "$bare" "$rules")"
+    ours=$(count token "$AUTHSERVER_PID")
+    if [ "$OIDC" = 1 ]; then
+        theirs=$(count oidc "$OIDC_PID")
+        printf '| %d | %d | %d | %s |\n' "$round" "$ours" "$theirs" "$(ratio "$theirs" "$ours")"
+    else
+        printf '| %d | %d |\n' "$round" "$ours"
+    fi
 done
 echo
-echo "A ratio of 1 or more: the metadata document costs no more than auth none, the call rules"
-echo "nothing beyond the route without them (instructions per request, not time)."
+echo "User-space instructions only: the kernel's share of a request (its reads and writes) is"
+echo "not counted, nor time spent waiting."

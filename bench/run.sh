@@ -821,27 +821,6 @@ start_authserver() {
     SERVER_PIDS=("$AUTHSERVER_PID")
 }
 
-# ensure_oidc_provider: installs oidc-provider with npm into bench/out/node/ once; sets
-# OIDC_MODULES (the npm prefix) and OIDC_VERSION.
-ensure_oidc_provider() {
-    local major spec
-    major=$(node -p 'process.versions.node.split(".")[0]')
-    [ "$major" -ge 18 ] || die "Node.js $(node -v) is too old for oidc-provider (18 or later)"
-    spec=${BENCH_OIDC_PROVIDER:-}
-    if [ -z "$spec" ]; then
-        # oidc-provider 9 supports Node 22 LTS and later (it warns on 20); 8 runs on 18 and 20.
-        if [ "$major" -ge 22 ]; then spec='oidc-provider@^9'; else spec='oidc-provider@^8'; fi
-    fi
-    OIDC_MODULES=$OUT/node/$(printf '%s' "$spec" | tr -c 'A-Za-z0-9.@_-' '_')
-    if [ ! -f "$OIDC_MODULES/node_modules/oidc-provider/package.json" ]; then
-        log "installing $spec with npm into ${OIDC_MODULES#"$ROOT"/}"
-        mkdir -p "$OIDC_MODULES"
-        npm install --prefix "$OIDC_MODULES" --no-audit --no-fund --loglevel=error "$spec" \
-            >"$TMP/npm.log" 2>&1 || { cat "$TMP/npm.log" >&2; die "npm install $spec failed"; }
-    fi
-    OIDC_VERSION=$(node -p 'require(process.argv[1]).version' \
-        "$OIDC_MODULES/node_modules/oidc-provider/package.json")
-}
 
 # start_oidc ALG: runs oidc-provider (one Node.js process, NODE_ENV=production) on core 0.
 start_oidc() {
