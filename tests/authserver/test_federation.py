@@ -861,7 +861,7 @@ async def test_a_user_with_a_passkey_only_uses_it_after_the_provider(federated: 
     local second step, the passkey offered there (a wrong answer shown again keeps the
     provider's sign-in as the first step), and the ID token names the key after the
     provider's methods (none here: the provider named none)."""
-    server, _ = await federated(more={"issuer": "http://localhost:{port}"})
+    server, _ = await federated(more={"issuer": "http://localhost:{port}"}, clients=(TV,))
     origin = server.settings.issuer
     key = SoftAuthenticator(origin)
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
@@ -914,6 +914,30 @@ async def test_a_user_with_a_passkey_only_uses_it_after_the_provider(federated: 
     assert claims["sub"] == dana.subject
     assert claims["amr"] == ["hwk", "user", "mfa"]
     assert claims["acr"] == "urn:portcullis:acr:mfa"
+    # So does the device page's, for the code the device shows.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.post(
+            origin + "/device_authorization", data={"client_id": "tv", "scope": "openid"}
+        ) as started:
+            device = await started.json()
+        async with browser.get(origin + "/device") as response:
+            action, fields = parse_form(await response.text())
+        fields["user_code"] = device["user_code"]
+        async with browser.post(origin + action, data=fields) as checked:
+            login = await checked.text()
+        status, page, _ = await through_provider(server, browser, login)
+        form = passkey_form(page)
+        assert status == 200 and form is not None and form.action == "/device/login/passkey"
+        async with await post_passkey(server, browser, form, key.get(form.options)) as answer:
+            action, fields = parse_form(await answer.text())
+        assert action == "/device/consent"
+        fields["decision"] = "approve"
+        async with browser.post(origin + action, data=fields) as done:
+            assert "Device connected" in await done.text()
+        status, tokens = await poll(browser, server, device["device_code"])
+        assert status == 200, tokens
+        claims = await verify_jwt(browser, server, tokens["id_token"], audience="tv")
+    assert claims["amr"] == ["hwk", "user", "mfa"]
     # The account page's sign-in through the provider asks for the passkey too.
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
         async with browser.get(origin + "/account") as response:
