@@ -367,6 +367,7 @@ class AuthServer:
             base_path=base,
             clock=clock,
             sign_in_links=sign_in_links,
+            passkeys=passkey_offers,
         )
         authorize = AuthorizationEndpoint(
             clients=clients,
@@ -403,6 +404,7 @@ class AuthServer:
             clock=clock,
             requirement=requirement,
             passkeys=passkey_offers,
+            sign_in_links=sign_in_links,
         )
         federation = (
             Federation(
@@ -416,6 +418,7 @@ class AuthServer:
                 clock=clock,
                 metrics=metrics,
                 device=device,
+                account=account,
             )
             if providers
             else None
@@ -506,6 +509,7 @@ class AuthServer:
                 pages=pages,
                 authorize=authorize,
                 account=account,
+                device=device,
                 factors=factors,
                 base_path=base,
                 clock=clock,
@@ -891,6 +895,11 @@ def build_app(
     r.add_post(base + "/device/login", page(lambda c: c.device.login), name="device_login")
     r.add_post(
         base + "/device/login/code", page(lambda c: c.device.login_code), name="device_login_code"
+    )
+    r.add_post(
+        base + "/device/login/passkey",
+        page(lambda c: c.passkeys.device_sign_in),
+        name="device_login_passkey",
     )
     r.add_post(base + "/device/consent", page(lambda c: c.device.consent), name="device_consent")
     logout = page(lambda c: c.logout.handle)

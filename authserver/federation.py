@@ -6,6 +6,7 @@ request the person is signing in for and a proof, bound to their browser session
 server rendered that link (Sessions.proof): a link made elsewhere starts nothing. The device
 page's sign-in form has the same links for the user code it checked (`_ForDevice`): the
 code, sealed with the rest, comes back through the provider to that code's consent page.
+The account page's own sign-in form has them too (`_ForAccount`), and comes back to it.
 
 start:
  1. the proof and the authorization request checked again (AuthorizationEndpoint.validate);
@@ -30,10 +31,11 @@ callback:
     operator's rule allows it (a verified email of a trusted domain), the existing user with
     that email; else a user created now, with a new random `sub` that no later claim of the
     provider changes;
- 9. a new login session, and the authorization request (or the device page) resumed where
-    the password form would have taken it; for a user with an authenticator app here whose
-    provider did not say `mfa`, its code first (the pending sign-in of endpoints/signin.py,
-    carrying the provider's methods and auth_time for the ID token).
+ 9. a new login session, and the authorization request (or the device page, or the
+    account page) resumed where the password form would have taken it; for a user with a
+    second factor here (an authenticator app or a passkey) whose provider did not say
+    `mfa`, the second step first (the pending sign-in of endpoints/signin.py, carrying the
+    provider's methods and auth_time for the ID token), where either is offered.
 A provider that cannot be reached or answers what it should not is a `ProviderUnavailable`,
 a refusal a FederationRefused: either shows the sign-in page again with what happened, the
 password form still there. Nothing is stored for a refused sign-in but its used `state`.
@@ -65,6 +67,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from . import audit
 from .audit import Event
 from .clock import Clock
+from .endpoints.account import PROVIDER_CARRIED as ACCOUNT_CARRIED
+from .endpoints.account import AccountPages
 from .endpoints.authorize import (
     AuthorizationEndpoint,
     AuthorizationRequest,
@@ -587,9 +591,11 @@ class Federation:
         clock: Clock = time.time,
         metrics: Metrics | None = None,
         device: DevicePages | None = None,
+        account: AccountPages | None = None,
     ) -> None:
         self.upstreams = {p.name: Upstream(p, clock, metrics) for p in providers}
         self.device = device  # the device page, whose sign-in form has the buttons too
+        self.account = account  # and the account page, whose own sign-in form has them
         self.authorize = authorize
         self.sessions = sessions
         self.store = store
@@ -645,8 +651,8 @@ class Federation:
     ) -> _Target | web.Response:
         """What the sign-in is for, once `proven` says the parameters are the server's own
         for this session: the device page's user code (its proof stands for the page's
-        throttled check of the code, so no code is looked up before it holds), else an
-        authorization request, validated again (PageError, RedirectError)."""
+        throttled check of the code, so no code is looked up before it holds), the account
+        page, else an authorization request, validated again (PageError, RedirectError)."""
         if "user_code" in params.values:
             code = user_codes.normalise(params.values["user_code"])
             carried = [("user_code", code)] if code else []
@@ -664,6 +670,13 @@ class Federation:
                 return self.device.pages.error(400, "This code cannot be used", DEVICE_GONE)
             record, client = found
             return _ForDevice(self.device, self.sessions, code, client, record)
+        if "account" in params.values:
+            carried = sorted(params.values.items())
+            if self.account is None or params.repeated or carried != ACCOUNT_CARRIED:
+                return self._expired()
+            if not proven(carried):
+                return self._expired()
+            return _ForAccount(self.account)
         auth = await self.authorize.validate(params)
         if not proven(auth.carried()):
             return self._expired()
@@ -802,11 +815,11 @@ class Federation:
                 subject=signed_in.subject,
                 reason=provider.name,
             )
-        if Method.MULTIPLE not in signed_in.amr and await self.authorize.factors.enrolled(
+        if Method.MULTIPLE not in signed_in.amr and await self.authorize.has_second_factor(
             signed_in.subject
         ):
-            # The user has an authenticator app here and the provider did not say it asked
-            # for a second factor: its code is the second step, as after a password.
+            # The user has a second factor here (an app or a passkey) and the provider did
+            # not say it asked for one: the second step follows, as after a password.
             first = FirstStep(signed_in.amr, signed_in.auth_time)
             return self._cleared(await target.code_step(request, session, signed_in.subject, first))
         audit.record(
@@ -1006,7 +1019,32 @@ class _ForDevice:
     async def code_step(
         self, request: web.Request, session: Session, subject: str, first: FirstStep
     ) -> web.Response:
-        return self.pages.second_step_page(session, self.client, self.code, subject, first)
+        return await self.pages.second_step_page(session, self.client, self.code, subject, first)
 
     async def signed_in(self, request: web.Request, session: Session) -> web.Response:
         return await self.pages.signed_in(session, self.client, self.record)
+
+
+@dataclass(frozen=True)
+class _ForAccount:
+    """The account page's own sign-in: its sign-in form, its second step, then the page."""
+
+    pages: AccountPages
+
+    @property
+    def carried(self) -> list[tuple[str, str]]:
+        return list(ACCOUNT_CARRIED)
+
+    login_forced = False  # the page's changes that need a recent sign-in check auth_time
+    max_age = None
+
+    async def refused(self, request: web.Request, message: str, status: int) -> web.Response:
+        return await self.pages.sign_in_page(request, error=message, status=status)
+
+    async def code_step(
+        self, request: web.Request, session: Session, subject: str, first: FirstStep
+    ) -> web.Response:
+        return await self.pages.code_page(session, subject, first=first)
+
+    async def signed_in(self, request: web.Request, session: Session) -> web.Response:
+        return self.pages.signed_in()

@@ -19,14 +19,17 @@ and their password.
   the app removed. Either needs what setting an app up needs, a sign-in within
   factors.ENROLMENT_NEEDS_SIGN_IN_WITHIN, or else the current password (checked as the
   password change checks it): a session cookie left on a shared computer must not be enough
-  to strip a second factor or read new recovery codes. Where the operator requires a second
-  factor of the user (`second_factors`) and the app is their only one, it is not removed:
-  the page says why, and that an administrator can remove it (the user then sets a new one
-  up at their next sign-in), rather than leave an account that no longer meets the rule.
+  to strip a second factor or read new recovery codes. Removing a passkey needs the same
+  (endpoints/passkeys.py). Where the operator requires a second factor of the user
+  (`second_factors`) and the app or a passkey is their only one, it is not removed: the
+  page says why, and that an administrator can remove it (the user then sets a new one up
+  at their next sign-in), rather than leave an account that no longer meets the rule.
 
-Signed out, the page is a sign-in form of its own. Every form carries the session's CSRF
-token; each change answers 303 back to the page (POST, redirect, GET), with a notice named
-in the query. Every change is an audit event (audit.py).
+Signed out, the page is a sign-in form of its own: the password (then the second step, for
+a user who has a second factor), a passkey, or a button per upstream identity provider
+(`identity_providers`; federation.py brings such a sign-in back here). Every form carries
+the session's CSRF token; each change answers 303 back to the page (POST, redirect, GET),
+with a notice named in the query. Every change is an audit event (audit.py).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from ..factors import (
     Requirement,
     SecondFactors,
     methods_of,
+    with_code,
 )
 from ..protocol.client_ids import document_url
 from ..registry import ClientRegistry, UserDirectory
@@ -57,7 +61,7 @@ from ..users import PasswordHasher, password_problems
 from . import signin
 from .forms import read_form
 from .pages import Pages
-from .passkey_offers import PasskeyOffers
+from .passkey_offers import ACCOUNT_BOUND, PasskeyOffers, has_second_factor
 
 NOTICES = {
     "revoked": "Access was revoked. The application will have to ask again.",
@@ -93,7 +97,9 @@ def session_handle(record: SessionRecord) -> str:
 
 
 # What a pending sign-in to this page is bound to: no authorization request, this page.
-_PENDING_BOUND = [("\x00account", "1")]
+_PENDING_BOUND = ACCOUNT_BOUND
+# What a sign-in at an upstream provider started here carries (federation.py `_ForAccount`).
+PROVIDER_CARRIED = [("account", "1")]
 EXPIRED_SIGN_IN = "This sign-in has expired. Please sign in again."
 
 
@@ -115,7 +121,10 @@ class AccountPages:
         clock: Clock,
         requirement: Requirement,
         passkeys: PasskeyOffers | None = None,
+        sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
+        | None = None,
     ) -> None:
+        self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
         self.requirement = requirement  # who the operator requires a second factor of
         self.passkeys = passkeys  # the page's passkeys section, and passkeys at its sign-in
         self.store = store
@@ -141,7 +150,7 @@ class AccountPages:
         """GET /account: the page, or its sign-in form."""
         session = await self.sessions.current(request)
         if session is None or not session.logged_in:
-            return await self._sign_in_page(request)
+            return await self.sign_in_page(request)
         notice = NOTICES.get(request.query.get("done", ""))
         return await self._page(session, notice=notice)
 
@@ -154,21 +163,20 @@ class AccountPages:
         username = form.get("username", "")
         outcome = await self.passwords.check(request, username, form.get("password", ""), None)
         if isinstance(outcome, signin.Throttled):
-            response = await self._sign_in_page(
+            response = await self.sign_in_page(
                 request, error=signin.THROTTLED, status=429, username=username
             )
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None:
-            return await self._sign_in_page(
+            return await self.sign_in_page(
                 request, error=signin.WRONG, status=400, username=username
             )
-        has_passkey = self.passkeys is not None and await self.passkeys.enrolled(outcome.subject)
-        if has_passkey or await self.factors.enrolled(outcome.subject):
+        if await has_second_factor(self.factors, self.passkeys, outcome.subject):
             # As at the authorization endpoint: a user with an app types its code before
             # anything is signed in (the pending sign-in is bound to this page).
             assert session is not None
-            return await self._code_page(session, outcome.subject)
+            return await self.code_page(session, outcome.subject)
         new_session = await self.sessions.login(
             request, outcome.subject, methods_of(Method.PASSWORD)
         )
@@ -182,31 +190,38 @@ class AccountPages:
         session = await self.sessions.current(request)
         if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
             return self._expired()
-        subject = signin.PendingSignIn.subject(session, form, _PENDING_BOUND, self.clock())
-        if subject is None:
+        pending = signin.PendingSignIn.verified(session, form, _PENDING_BOUND, self.clock())
+        if pending is None:
             # Forged, expired, or used already (signing in ended the session it was bound
             # to): the password step again.
-            return await self._sign_in_page(request, error=EXPIRED_SIGN_IN, status=403)
+            return await self.sign_in_page(request, error=EXPIRED_SIGN_IN, status=403)
+        subject, first = pending.subject, pending.first
         until = float(form[signin.PENDING_UNTIL])
         outcome = await self.codes.check(request, subject, form.get("code", ""))
         if isinstance(outcome, signin.Throttled):
-            response = await self._code_page(
-                session, subject, until=until, error=signin.THROTTLED_CODE, status=429
+            response = await self.code_page(
+                session,
+                subject,
+                until=until,
+                error=signin.THROTTLED_CODE,
+                status=429,
+                first=first,
             )
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None:
-            return await self._code_page(
-                session, subject, until=until, error=signin.WRONG_CODE, status=400
+            return await self.code_page(
+                session, subject, until=until, error=signin.WRONG_CODE, status=400, first=first
             )
+        # The first step's methods (the password, or an upstream provider's) and the code.
         new_session = await self.sessions.login(
-            request, subject, methods_of(Method.PASSWORD, Method.OTP)
+            request, subject, with_code(first.methods), first.auth_time
         )
         response = self._back()
         self.sessions.set_cookie(response, new_session)
         return response
 
-    async def _code_page(
+    async def code_page(
         self,
         session: Session,
         subject: str,
@@ -214,9 +229,12 @@ class AccountPages:
         until: float | None = None,
         error: str | None = None,
         status: int = 200,
+        first: signin.FirstStep = signin.PASSWORD_STEP,
     ) -> web.Response:
+        """The second step of a sign-in to this page, after `first` (the password, or an
+        upstream provider): the code of the user's app, or one of their passkeys."""
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
-        pending = signin.PendingSignIn.fields(session, subject, expires, _PENDING_BOUND)
+        pending = signin.PendingSignIn.fields(session, subject, expires, _PENDING_BOUND, first)
         passkey = None
         if self.passkeys is not None:
             passkey = await self.passkeys.offer_second_step(
@@ -330,7 +348,7 @@ class AccountPages:
         if session is None:
             return self._expired()
         subject = session.record.subject
-        refused = await self._recent_or_password(request, session, form)
+        refused = await self.recent_or_password(request, session, form)
         if refused is not None:
             return refused
         codes = await self.factors.renew_recovery_codes(subject)
@@ -357,7 +375,7 @@ class AccountPages:
             return await self._page(session, factor_problem=NO_FACTOR, status=400)
         if await self.last_required_factor(subject):
             return await self._page(session, factor_problem=ONLY_FACTOR, status=409)
-        refused = await self._recent_or_password(request, session, form)
+        refused = await self.recent_or_password(request, session, form)
         if refused is not None:
             return refused
         if await self.factors.remove(subject):
@@ -379,25 +397,41 @@ class AccountPages:
         app = await self.factors.enrolled(subject)
         return app + len(await self.store.passkeys_of(subject)) <= 1
 
-    async def _recent_or_password(
-        self, request: web.Request, session: Session, form: dict[str, str]
+    async def recent_or_password(
+        self,
+        request: web.Request,
+        session: Session,
+        form: dict[str, str],
+        *,
+        section: str = "security",
     ) -> web.Response | None:
         """None when the session signed in recently or the form's `current` password is
-        right; the page saying what is missing otherwise."""
+        right; the page saying what is missing otherwise, in its `section` (`security`, the
+        authenticator app's, or `passkeys`)."""
         if self._recent(session):
             return None
+
+        async def problem(text: str, status: int) -> web.Response:
+            if section == "passkeys":
+                return await self._page(session, passkey_problem=text, status=status)
+            return await self._page(session, factor_problem=text, status=status)
+
         user = await self.users.by_subject(session.record.subject)
         if user is None or not user.password_hash:
             # Signed in through an upstream provider only: no password to type here.
-            return await self._page(session, factor_problem=SIGN_IN_AGAIN, status=403)
+            return await problem(SIGN_IN_AGAIN, 403)
         outcome = await self.passwords.check(request, user.username, form.get("current", ""), None)
         if isinstance(outcome, signin.Throttled):
-            response = await self._page(session, factor_problem=signin.THROTTLED, status=429)
+            response = await problem(signin.THROTTLED, 429)
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None or outcome.subject != user.subject:
-            return await self._page(session, factor_problem=WRONG_CURRENT, status=400)
+            return await problem(WRONG_CURRENT, 400)
         return None
+
+    def signed_in(self) -> web.Response:
+        """After a sign-in to this page elsewhere (at an upstream provider): the page."""
+        return self._back()
 
     async def _signed_in_form(self, request: web.Request) -> tuple[dict[str, str], Session | None]:
         """The form, and the session when it is signed in and the CSRF token is its own."""
@@ -421,7 +455,7 @@ class AccountPages:
             "csrf",
         )
 
-    async def _sign_in_page(
+    async def sign_in_page(
         self,
         request: web.Request,
         *,
@@ -443,6 +477,7 @@ class AccountPages:
             passkey=(
                 self.passkeys.offer_sign_in(session, [], account=True) if self.passkeys else None
             ),
+            providers=(self.sign_in_links(session, PROVIDER_CARRIED) if self.sign_in_links else []),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -454,6 +489,7 @@ class AccountPages:
         notice: str | None = None,
         problem: str | None = None,
         factor_problem: str | None = None,
+        passkey_problem: str | None = None,
         status: int = 200,
     ) -> web.Response:
         subject = session.record.subject
@@ -538,6 +574,7 @@ class AccountPages:
             problem=problem,
             **await self._security(session, user is not None and bool(user.password_hash)),
             factor_problem=factor_problem,
+            passkey_problem=passkey_problem,
             passkeys=await self.passkeys.account_section(session) if self.passkeys else None,
         )
 

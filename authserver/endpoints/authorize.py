@@ -16,8 +16,9 @@ Order of checks:
  4. the level of the sign-in: a second factor when the request asks for it (`acr_values`,
     else the client's `default_acr_values`), the client requires it (`require_mfa`) or the
     operator requires it of this user (`second_factors`). A session signed in with the
-    password alone signs in again, with both factors; a user without an authenticator app
-    is led to set one up (/factors), and the request goes on from there;
+    password alone signs in again, with both factors; a user without a second factor is
+    led to set one up (an authenticator app at /factors, or a passkey), and the request goes
+    on from there;
  5. consent (unless skipped or already given); then a single-use code in a 302/303
     redirect.
 The login and consent forms carry the authorization parameters as hidden fields and post
@@ -66,7 +67,7 @@ from ..tokens import digest, random_token
 from . import signin
 from .forms import form_items, given_more_than_once, query_items, with_query
 from .pages import Pages
-from .passkey_offers import PasskeyOffers
+from .passkey_offers import PasskeyOffers, has_second_factor
 
 CARRIED = (
     "response_type",
@@ -437,7 +438,7 @@ class AuthorizationEndpoint:
         assert session is not None
         subject = session.record.subject
         if not multi_factor(session.amr) and await self._needs_second_factor(auth, subject):
-            if await self._has_second_factor(subject):
+            if await self.has_second_factor(subject):
                 # Signed in with the password alone (before the app was set up): both now.
                 if "none" in auth.prompt:
                     raise RedirectError(
@@ -447,7 +448,7 @@ class AuthorizationEndpoint:
                         OAuthError(ErrorCode.LOGIN_REQUIRED, "a second factor is required"),
                     )
                 return await self.login_page(request, auth)
-            if not self.factors.available:
+            if not self.factors.available and not self._passkeys_available:
                 raise RedirectError(
                     auth,
                     auth.redirect_uri,
@@ -469,7 +470,7 @@ class AuthorizationEndpoint:
             signed_in_for = self.clock() - session.record.auth_time
             if signed_in_for > ENROLMENT_NEEDS_SIGN_IN_WITHIN.total_seconds():
                 return await self.login_page(request, auth)  # the password first, again
-            return self.enrolment_page(auth, session)
+            return await self.enrolment_page(auth, session)
         if not consent_given and not auth.client.skip_consent:
             granted = await self.store.granted_scopes(subject, auth.client.client_id)
             if "consent" in auth.prompt or not set(auth.scopes) <= granted:
@@ -507,11 +508,13 @@ class AuthorizationEndpoint:
         self.sessions.set_cookie(response, session)
         return response
 
-    async def _has_second_factor(self, subject: str) -> bool:
+    async def has_second_factor(self, subject: str) -> bool:
         """An authenticator app, or a passkey."""
-        if await self.factors.enrolled(subject):
-            return True
-        return self.passkeys is not None and await self.passkeys.enrolled(subject)
+        return await has_second_factor(self.factors, self.passkeys, subject)
+
+    @property
+    def _passkeys_available(self) -> bool:
+        return self.passkeys is not None and self.passkeys.available
 
     async def _needs_second_factor(self, auth: AuthorizationRequest, subject: str) -> bool:
         client = auth.client
@@ -522,9 +525,13 @@ class AuthorizationEndpoint:
         user = await self.users.by_subject(subject)
         return user is not None and self.requirement.applies_to(user.roles)
 
-    def enrolment_page(self, auth: AuthorizationRequest, session: Session) -> web.Response:
-        """A user who must have a second factor and has none: setting one up, the request
+    async def enrolment_page(self, auth: AuthorizationRequest, session: Session) -> web.Response:
+        """A user who must have a second factor and has none: setting one up (an
+        authenticator app, or a passkey, whichever this server can keep), the request
         carried along to go on once it is done."""
+        passkey = None
+        if self.passkeys is not None:
+            passkey = await self.passkeys.offer_creation(session, auth.carried())
         response = self.pages.render(
             "factors.html",
             title="Set up a second factor",
@@ -534,12 +541,26 @@ class AuthorizationEndpoint:
                 f"{auth.client.client_name} asks for a second factor at sign-in, and your "
                 "account has none yet."
             ),
+            app_available=self.factors.available,
             action=self.base_path + "/factors/totp",
             csrf_token=Sessions.csrf_token(session),
             carried=auth.carried(),
+            passkey=passkey,
         )
         self.sessions.set_cookie(response, session)
         return response
+
+    async def after_enrolment(
+        self, request: web.Request, auth: AuthorizationRequest, session: Session
+    ) -> web.Response:
+        """The request a user led to set up a second factor goes on with, now that a passkey
+        was added: the second step, where it is used, after the first step this session
+        signed in with. Adding a passkey proves nothing of its own (its attestation is
+        `none`: no signature), so an assertion of it is what makes the sign-in two factors."""
+        if multi_factor(session.amr):
+            return await self.proceed(request, auth, session)
+        first = signin.FirstStep(session.amr, session.record.auth_time)
+        return await self.code_page(request, auth, session, session.record.subject, first=first)
 
     async def login_page(
         self,
@@ -652,7 +673,7 @@ class AuthorizationEndpoint:
                 return await self.login_page(
                     request, auth, error=signin.WRONG, status=400, username=username
                 )
-            if await self._has_second_factor(outcome.subject):
+            if await self.has_second_factor(outcome.subject):
                 assert session is not None
                 return await self.code_page(request, auth, session, outcome.subject)
             new_session = await self.sessions.login(

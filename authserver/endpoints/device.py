@@ -7,12 +7,14 @@ Steps, each a form posted back with the session's CSRF token:
  2. POST /device: the code is checked. Guesses are throttled per session and per client
     address (below), each charged before its code is looked up and kept when it is wrong;
  3. POST /device/login: the login form, when the session is not signed in, with the
-    password checks and throttle of every login form; for a user with an authenticator
-    app, then POST /device/login/code: its code, as on the authorization endpoint's
-    sign-in (the pending sign-in of endpoints/signin.py). The form also has a button per
+    password checks and throttle of every login form; for a user with a second factor,
+    then the second step, as on the authorization endpoint's sign-in (the pending sign-in
+    of endpoints/signin.py): POST /device/login/code, the code of their authenticator app,
+    or POST /device/login/passkey, one of their passkeys (endpoints/passkeys.py; its
+    challenge bound to the user code as the pending sign-in is). The form also has a button per
     upstream identity provider (`identity_providers`), as the authorization endpoint's
     does: the sign-in there carries the user code, bound to this session by the link's
-    proof (federation.py), and comes back to step 4 for it, or to the app's code first;
+    proof (federation.py), and comes back to step 4 for it, or to the second step first;
  4. POST /device/consent: the client's name, the scopes, and a warning to approve only a
     device the person is holding (§5.4: a code can be phished); approve or deny.
 The forms of steps 3 and 4 carry the code with a proof, bound to the session, that it
@@ -58,6 +60,7 @@ from ..store.base import DeviceRecord, Store
 from . import signin
 from .forms import read_form
 from .pages import Pages
+from .passkey_offers import PasskeyOffers, has_second_factor
 
 log = logging.getLogger("portcullis.authserver.device")
 
@@ -74,6 +77,20 @@ def _proof(session: Session, code: str) -> str:
 
 def _proof_valid(session: Session, code: str, value: str | None) -> bool:
     return Sessions.proof_valid(session, [("device_user_code", code)], value)
+
+
+def code_checked(session: Session, form: dict[str, str]) -> str | None:
+    """The user code a form of steps 3 and 4 carries, when its proof says this session
+    passed step 2 with it; None otherwise (and then the code is never looked up)."""
+    code = user_codes.normalise(form.get("user_code", ""))
+    if code is None or not _proof_valid(session, code, form.get(PROOF)):
+        return None
+    return code
+
+
+def bound_to(code: str) -> list[tuple[str, str]]:
+    """What a pending sign-in, and a passkey's challenge, on the device page is bound to."""
+    return [("user_code", code)]
 
 
 async def _form(request: web.Request) -> dict[str, str] | None:
@@ -114,8 +131,10 @@ class DevicePages:
         clock: Clock,
         sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
         | None = None,
+        passkeys: PasskeyOffers | None = None,
     ) -> None:
         self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
+        self.passkeys = passkeys  # the second step's passkey form
         self.audiences = audiences
         self.store = store
         self.clients = clients
@@ -165,7 +184,7 @@ class DevicePages:
         self.sessions.set_cookie(response, session)
         return response
 
-    def _second_step_page(
+    async def _second_step_page(
         self,
         session: Session,
         client: Client,
@@ -177,21 +196,31 @@ class DevicePages:
         status: int = 200,
         first: signin.FirstStep = signin.PASSWORD_STEP,
     ) -> web.Response:
+        """The code of the user's app, or one of their passkeys (as the authorization
+        endpoint's code_page offers them), after the first step `first`."""
         expires = self.clock() + signin.PENDING.total_seconds() if until is None else until
-        bound = [("user_code", code)]
+        bound = bound_to(code)
+        carried = [
+            *bound,
+            (PROOF, _proof(session, code)),
+            *signin.PendingSignIn.fields(session, subject, expires, bound, first),
+        ]
+        passkey = None
+        if self.passkeys is not None:
+            passkey = await self.passkeys.offer_second_step(
+                session, subject, bound, carried, device=True
+            )
         response = self.pages.render(
             "second_step.html",
             status=status,
             title="Enter your code",
             action=self.base_path + "/device/login/code",
             csrf_token=Sessions.csrf_token(session),
-            carried=[
-                *bound,
-                (PROOF, _proof(session, code)),
-                *signin.PendingSignIn.fields(session, subject, expires, bound, first),
-            ],
+            carried=carried,
             client_name=client.client_name,
             error=error,
+            passkey=passkey,
+            app=await self.factors.enrolled(subject),
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -227,24 +256,32 @@ class DevicePages:
         """The refusal when this sign-in needs a second factor it did not use (the client
         or the operator requires one); None when it may go on. The device page asks for
         no level (it has no acr_values) and sets up no factor: the person does that first,
-        at /factors, and starts again."""
+        at /factors (an authenticator app) or on the account page (a passkey), and starts
+        again."""
         if multi_factor(session.amr):
             return None
-        user = await self.users.by_subject(session.record.subject)
+        subject = session.record.subject
+        user = await self.users.by_subject(subject)
         required = client.require_mfa or (
             user is not None and self.requirement.applies_to(user.roles)
         )
         if not required:
             return None
-        if await self.factors.enrolled(session.record.subject):
+        if await has_second_factor(self.factors, self.passkeys, subject):
             message = (
-                "This device needs you signed in with your authenticator app: sign out, then "
+                "This device needs you signed in with your second factor: sign out, then "
                 "enter the code of your device again."
             )
         else:
+            ways = []
+            if self.factors.available:
+                ways.append(f"set up an authenticator app at {self.base_path}/factors")
+            if self.passkeys is not None and self.passkeys.available:
+                ways.append(f"add a passkey at {self.base_path}/account")
+            how = " or ".join(ways) or "ask the operator to let you set one up"
             message = (
-                f"Your account needs a second factor first: set up an authenticator app at "
-                f"{self.base_path}/factors, then enter the code of your device again."
+                f"Your account needs a second factor first: {how}, then enter the code of "
+                "your device again."
             )
         return self.pages.error(403, "A second factor is required", message, "mfa_required")
 
@@ -374,8 +411,8 @@ class DevicePages:
             return self._login_page(
                 session, client, code, error=signin.WRONG, status=400, username=username
             )
-        if await self.factors.enrolled(outcome.subject):
-            return self._second_step_page(session, client, code, outcome.subject)
+        if await has_second_factor(self.factors, self.passkeys, outcome.subject):
+            return await self._second_step_page(session, client, code, outcome.subject)
         new_session = await self.sessions.login(
             request, outcome.subject, methods_of(Method.PASSWORD)
         )
@@ -389,18 +426,13 @@ class DevicePages:
         session = await self.sessions.current(request)
         if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
             return self._expired_session()
-        code = user_codes.normalise(form.get("user_code", ""))
-        if code is None or not _proof_valid(session, code, form.get(PROOF)):
-            return self.pages.error(400, "This code was not checked", GONE)
+        code = code_checked(session, form)
+        if code is None:
+            return self.not_checked()
         now = self.clock()
-        pending = signin.PendingSignIn.verified(session, form, [("user_code", code)], now)
+        pending = signin.PendingSignIn.verified(session, form, bound_to(code), now)
         if pending is None:
-            return self.pages.error(
-                403,
-                "Please sign in again",
-                "This sign-in has expired. Enter the code of your device again.",
-                "login_expired",
-            )
+            return self.sign_in_expired()
         found = await self._pending(code, now)
         if found is None:
             return self.pages.error(400, "This code cannot be used", GONE)
@@ -409,7 +441,7 @@ class DevicePages:
         until = float(form[signin.PENDING_UNTIL])
         outcome = await self.codes.check(request, subject, form.get("code", ""))
         if isinstance(outcome, signin.Throttled):
-            response = self._second_step_page(
+            response = await self._second_step_page(
                 session,
                 client,
                 code,
@@ -422,7 +454,7 @@ class DevicePages:
             response.headers["Retry-After"] = str(outcome.retry_after)
             return response
         if outcome is None:
-            return self._second_step_page(
+            return await self._second_step_page(
                 session,
                 client,
                 code,
@@ -449,11 +481,38 @@ class DevicePages:
         """The sign-in form for `code` again, saying what went wrong at the provider."""
         return self._login_page(session, client, code, error=error, status=status)
 
-    def second_step_page(
-        self, session: Session, client: Client, code: str, subject: str, first: signin.FirstStep
+    async def second_step_page(
+        self,
+        session: Session,
+        client: Client,
+        code: str,
+        subject: str,
+        first: signin.FirstStep,
+        *,
+        until: float | None = None,
+        error: str | None = None,
+        status: int = 200,
     ) -> web.Response:
-        """The code of the user's app, after the provider (`first`)."""
-        return self._second_step_page(session, client, code, subject, first=first)
+        """The second step after `first` (the provider, or the password): the code of the
+        user's app or one of their passkeys; again, saying what went wrong, with `error`."""
+        return await self._second_step_page(
+            session, client, code, subject, until=until, error=error, status=status, first=first
+        )
+
+    def not_checked(self) -> web.Response:
+        """A form of steps 3 and 4 without the proof that its code passed step 2."""
+        return self.pages.error(400, "This code was not checked", GONE)
+
+    def sign_in_expired(self) -> web.Response:
+        return self.pages.error(
+            403,
+            "Please sign in again",
+            "This sign-in has expired. Enter the code of your device again.",
+            "login_expired",
+        )
+
+    def expired_session(self) -> web.Response:
+        return self._expired_session()
 
     async def signed_in(
         self, session: Session, client: Client, record: DeviceRecord

@@ -1,7 +1,8 @@
 """What the pages offer of passkeys: the forms that start a ceremony, each with its challenge
-(authserver/passkeys.py), for the login page, the second step and the account page. Apart
-from the handlers (endpoints/passkeys.py), so that the pages that show these forms need not
-import the handlers that receive them."""
+(authserver/passkeys.py), for the login page, the second step (of the authorization
+endpoint, the device page and the account page), the account page's list and the page that
+leads a user to set up a second factor. Apart from the handlers (endpoints/passkeys.py), so
+that the pages that show these forms need not import the handlers that receive them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from ..clock import Clock
-from ..factors import ENROLMENT_NEEDS_SIGN_IN_WITHIN
+from ..factors import ENROLMENT_NEEDS_SIGN_IN_WITHIN, SecondFactors
 from ..passkeys import Passkeys, Purpose
 from ..protocol import webauthn
 from ..registry import UserDirectory
@@ -40,6 +41,16 @@ def shown(when: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(when))
 
 
+async def has_second_factor(
+    factors: SecondFactors, passkeys: PasskeyOffers | None, subject: str
+) -> bool:
+    """Whether the user has a second step to take after their first: an authenticator app,
+    or a passkey this server can check."""
+    if await factors.enrolled(subject):
+        return True
+    return passkeys is not None and await passkeys.enrolled(subject)
+
+
 class PasskeyOffers:
     def __init__(
         self, *, passkeys: Passkeys, users: UserDirectory, base_path: str, clock: Clock
@@ -52,6 +63,11 @@ class PasskeyOffers:
     @property
     def account_path(self) -> str:
         return self.base_path + "/account"
+
+    @property
+    def available(self) -> bool:
+        """Whether browsers can use passkeys with this server (passkeys.Passkeys.available)."""
+        return self.passkeys.available
 
     async def enrolled(self, subject: str) -> bool:
         """Whether the user has a passkey this server can check."""
@@ -82,9 +98,12 @@ class PasskeyOffers:
         fields: list[tuple[str, str]],
         *,
         account: bool = False,
+        device: bool = False,
     ) -> Offer | None:
         """The second step's "Use a passkey", when the user has one: `bound` the request's
-        parameters, `fields` the form's hidden fields (the pending sign-in's among them)."""
+        parameters (the device page's: its user code), `fields` the form's hidden fields
+        (the pending sign-in's among them). Posted to /login/passkey, or for the account
+        page's or the device page's second step to theirs."""
         if not self.passkeys.available:
             return None
         theirs = await self.passkeys.of(subject)
@@ -92,8 +111,9 @@ class PasskeyOffers:
             return None
         bound = subject_bound(ACCOUNT_BOUND if account else bound, subject)
         ceremony = self.passkeys.issue(session, Purpose.SECOND_STEP, bound)
+        action = self.base_path + "/device/login/passkey" if device else self._action(account)
         return Offer(
-            self._action(account),
+            action,
             self.passkeys.request_options(ceremony, theirs),
             [*fields, *ceremony.fields()],
             "get",
@@ -102,25 +122,34 @@ class PasskeyOffers:
     def _action(self, account: bool) -> str:
         return (self.account_path if account else self.base_path) + "/login/passkey"
 
+    async def offer_creation(
+        self, session: Session, carried: list[tuple[str, str]] | None = None
+    ) -> Offer | None:
+        """The form adding a passkey for the signed-in user, posted to /account/passkeys;
+        `carried` an authorization request it brings along (from the page that leads a
+        user to set up a second factor), to go on with once the passkey is added."""
+        subject = session.record.subject
+        user = await self.users.by_subject(subject)
+        if not self.passkeys.available or user is None:
+            return None
+        ceremony = self.passkeys.issue(session, Purpose.CREATE, subject_bound([], subject))
+        handle = await self.passkeys.user_handle(subject)
+        options = self.passkeys.creation_options(
+            ceremony, handle, user.username, user.display_name, await self.passkeys.of(subject)
+        )
+        return Offer(
+            self.account_path + "/passkeys",
+            options,
+            [*(carried or []), ("user_handle", webauthn.encoded(handle)), *ceremony.fields()],
+            "create",
+        )
+
     async def account_section(self, session: Session) -> dict[str, object]:
         """What the account page's passkeys section shows: the user's passkeys, and the
         form creating another."""
         subject = session.record.subject
         theirs = await self.passkeys.of(subject) if self.passkeys.available else []
-        offer = None
-        user = await self.users.by_subject(subject)
-        if self.passkeys.available and user is not None:
-            ceremony = self.passkeys.issue(session, Purpose.CREATE, subject_bound([], subject))
-            handle = await self.passkeys.user_handle(subject)
-            options = self.passkeys.creation_options(
-                ceremony, handle, user.username, user.display_name, theirs
-            )
-            offer = Offer(
-                self.account_path + "/passkeys",
-                options,
-                [("user_handle", webauthn.encoded(handle)), *ceremony.fields()],
-                "create",
-            )
+        offer = await self.offer_creation(session)
         return {
             "available": self.passkeys.available,
             "offer": offer,

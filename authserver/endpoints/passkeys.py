@@ -6,7 +6,13 @@
                                 with a pending sign-in's fields, the second step after the
                                 password (one of that user's passkeys);
  POST /account/login/passkey    the same for the account page's own sign-in;
- POST /account/passkeys         a new passkey for the signed-in user, named by them;
+ POST /device/login/passkey     the second step of the device page's sign-in (after the
+                                password or an upstream provider), for the user code the
+                                form carries with its proof (endpoints/device.py);
+ POST /account/passkeys         a new passkey for the signed-in user, named by them; from
+                                the page that leads a user to set up a second factor, with
+                                the authorization request carried, which goes on at its
+                                second step, where the new passkey is used;
  POST /account/passkeys/remove  one of their passkeys removed.
 Each page that offers a ceremony issues its challenge (`offer_*`): the page's script
 (static/passkeys.js) runs the browser's side and posts the form; without JavaScript the
@@ -14,9 +20,11 @@ passkey forms stay hidden and everything else works. Every form carries the sess
 token and the challenge's proof; a failed assertion is charged to the throttle codes have
 (endpoints/signin.py), under the user (second step) or the address (passwordless), before
 it is checked. Creating a passkey needs a recent sign-in, as setting up an authenticator app
-does (factors.ENROLMENT_NEEDS_SIGN_IN_WITHIN). Every outcome is an audit event: the
-`factor.*` events of authenticator apps, with `reason` naming the passkey's check that
-failed, and `factor.sign_count_regressed` (a warning) for a counter that went back.
+does (factors.ENROLMENT_NEEDS_SIGN_IN_WITHIN); removing one needs that or the current
+password, as removing the app does (AccountPages.recent_or_password). Every outcome is an
+audit event: the `factor.*` events of authenticator apps, with `reason` naming the
+passkey's check that failed, and `factor.sign_count_regressed` (a warning) for a counter
+that went back.
 """
 
 from __future__ import annotations
@@ -47,7 +55,9 @@ from ..sessions import Session, Sessions
 from ..store.base import SignInRecord, Store
 from . import signin
 from .account import AccountPages
-from .authorize import AuthorizationEndpoint, PageError, Parameters, RedirectError
+from .authorize import CARRIED, AuthorizationEndpoint, PageError, Parameters, RedirectError
+from .device import GONE as DEVICE_GONE
+from .device import DevicePages, bound_to, code_checked
 from .forms import form_items, read_form
 from .pages import Pages
 from .passkey_offers import ACCOUNT_BOUND, subject_bound
@@ -184,10 +194,12 @@ class PasskeyPages:
         pages: Pages,
         authorize: AuthorizationEndpoint,
         account: AccountPages,
+        device: DevicePages,
         factors: SecondFactors,
         base_path: str,
         clock: Clock,
     ) -> None:
+        self.device = device
         self.passkeys = passkeys
         self.check = check
         self.users = users
@@ -230,9 +242,16 @@ class PasskeyPages:
                 if subject is None:
                     response = await authorize.login_page(request, auth, error=error, status=status)
                 else:
-                    until = float(form[signin.PENDING_UNTIL])
+                    assert pending is not None
                     response = await authorize.code_page(
-                        request, auth, session, subject, until=until, error=error, status=status
+                        request,
+                        auth,
+                        session,
+                        subject,
+                        until=float(form[signin.PENDING_UNTIL]),
+                        error=error,
+                        status=status,
+                        first=pending.first,  # the provider's methods stay the first step's
                     )
                 _retry_after(response, outcome)
                 return response
@@ -264,11 +283,16 @@ class PasskeyPages:
         if not isinstance(outcome, Assertion):
             error, status = _refused(outcome)
             if subject is None:
-                response = await self.account._sign_in_page(request, error=error, status=status)
+                response = await self.account.sign_in_page(request, error=error, status=status)
             else:
-                until = float(form[signin.PENDING_UNTIL])
-                response = await self.account._code_page(
-                    session, subject, until=until, error=error, status=status
+                assert pending is not None
+                response = await self.account.code_page(
+                    session,
+                    subject,
+                    until=float(form[signin.PENDING_UNTIL]),
+                    error=error,
+                    status=status,
+                    first=pending.first,
                 )
             _retry_after(response, outcome)
             return response
@@ -278,6 +302,49 @@ class PasskeyPages:
         )
         self.sessions.set_cookie(response, new_session)
         return response
+
+    async def device_sign_in(self, request: web.Request) -> web.StreamResponse:
+        """POST /device/login/passkey: the second step of the device page's pending sign-in,
+        then the device's consent page."""
+        device = self.device
+        try:
+            form = await read_form(request)
+        except OAuthError as exc:
+            return self.pages.error(400, "This form cannot be read", exc.description)
+        session = await self.sessions.current(request)
+        if session is None or not Sessions.csrf_valid(session, form.get("csrf_token")):
+            return device.expired_session()
+        # As at /device/login/code: no code is looked up before its proof holds.
+        code = code_checked(session, form)
+        if code is None:
+            return device.not_checked()
+        bound = bound_to(code)
+        pending = signin.PendingSignIn.verified(session, form, bound, self.clock())
+        if pending is None:
+            return device.sign_in_expired()
+        found = await device.pending_code(code)
+        if found is None:
+            return self.pages.error(400, "This code cannot be used", DEVICE_GONE)
+        record, client = found
+        outcome = await self.check.check(
+            request, session, form, bound, pending.subject, client.client_id
+        )
+        if not isinstance(outcome, Assertion):
+            error, status = _refused(outcome)
+            response = await device.second_step_page(
+                session,
+                client,
+                code,
+                pending.subject,
+                pending.first,
+                until=float(form[signin.PENDING_UNTIL]),
+                error=error,
+                status=status,
+            )
+            _retry_after(response, outcome)
+            return response
+        new_session = await self.sessions.login(request, *_signed_in(outcome, pending))
+        return await device.signed_in(new_session, client, record)
 
     # ------------------------------------------------------------------ the account page
 
@@ -334,7 +401,25 @@ class PasskeyPages:
             this = session.record.session_hash
             ended = await self.sessions.store.delete_other_sessions(subject, this)
             audit.record(Event.SESSIONS_ENDED, audit.USER, subject=subject, sessions=ended)
+        carried = [(name, form[name]) for name in CARRIED if name in form]
+        if carried:
+            return await self._go_on(request, session, carried)
         return self._back("passkey-added")
+
+    async def _go_on(
+        self, request: web.Request, session: Session, carried: list[tuple[str, str]]
+    ) -> web.StreamResponse:
+        """The authorization request a passkey was added for (the page that leads a user
+        to set up a second factor brought it), validated again from its first check: its
+        second step, with the new passkey."""
+        authorize = self.authorize
+        try:
+            auth = await authorize.validate(Parameters.collect(carried))
+            return await authorize.after_enrolment(request, auth, session)
+        except PageError as exc:
+            return self.pages.error(400, "This sign-in request cannot be handled", exc.message)
+        except RedirectError as exc:
+            return authorize.error_redirect(request, exc)
 
     async def remove(self, request: web.Request) -> web.StreamResponse:
         """POST /account/passkeys/remove: `credential`, one of the user's passkeys."""
@@ -344,7 +429,12 @@ class PasskeyPages:
         session, form = found
         subject = session.record.subject
         credential_id = webauthn.base64url(form.get("credential", ""), webauthn.MAX_CREDENTIAL_ID)
-        if credential_id is not None and await self.account.last_required_factor(subject):
+        theirs = {p.credential_id for p in await self.passkeys.of(subject)}
+        # Whose it is first: another user's credential is no passkey of this account, and
+        # answers nothing about that account's factors.
+        if credential_id is None or credential_id not in theirs:
+            return self._no_such_passkey()
+        if await self.account.last_required_factor(subject):
             return self.pages.error(
                 409,
                 "This passkey cannot be removed",
@@ -352,10 +442,13 @@ class PasskeyPages:
                 "only one: add another passkey or an authenticator app first.",
                 "only_factor",
             )
-        if credential_id is None or not await self.passkeys.remove(subject, credential_id):
-            return self.pages.error(
-                400, "Nothing to remove", "Your account has no such passkey.", "no_passkey"
-            )
+        # As removing the authenticator app: a session cookie left on a shared computer
+        # must not be enough to strip a second factor.
+        refused = await self.account.recent_or_password(request, session, form, section="passkeys")
+        if refused is not None:
+            return refused
+        if not await self.passkeys.remove(subject, credential_id):
+            return self._no_such_passkey()  # removed meanwhile
         self.check.metrics.factor_changed(FACTOR, "removed")
         audit.record(Event.FACTOR_REMOVED, audit.USER, subject=subject, factor=FACTOR)
         return self._back("passkey-removed")
@@ -385,6 +478,11 @@ class PasskeyPages:
         if not Sessions.csrf_valid(session, form.get("csrf_token")):
             return self._expired()
         return session, form
+
+    def _no_such_passkey(self) -> web.Response:
+        return self.pages.error(
+            400, "Nothing to remove", "Your account has no such passkey.", "no_passkey"
+        )
 
     def _back(self, notice: str) -> web.Response:
         return web.Response(

@@ -48,6 +48,7 @@ from tests.authserver.conftest import (
     verify_jwt,
 )
 from tests.authserver.device_support import DEVICE_GRANT, poll
+from tests.authserver.passkey_support import PasskeyForm, SoftAuthenticator, passkey_form
 from tests.support import start_site
 
 CLIENT_SECRET = "upstream-secret-of-the-authserver-0123456789"
@@ -817,3 +818,149 @@ async def test_the_sign_in_page_without_providers_has_no_buttons(
     assert 'name="password"' in page and "provider" not in page
     async with http.get(server.endpoint("/federation/corp/start")) as response:
         assert response.status == 404
+
+
+# ---------------------------------------------------------------------------- passkeys
+
+
+async def through_provider(
+    server: RunningAuthServer, browser: aiohttp.ClientSession, page: str
+) -> tuple[int, str, str | None]:
+    """As follow_provider_button, on an issuer of its own name (http://localhost:PORT, where
+    passkeys work), whose host the browser's cookies are kept for: the last answer's status,
+    page and Location (the account page, or the client's redirect URI)."""
+    origin = server.settings.issuer
+    marker = 'class="button provider" href="'
+    start = page.index(marker) + len(marker)
+    url = origin + page[start : page.index('"', start)].replace("&amp;", "&")
+    for _ in range(6):
+        async with browser.get(url, allow_redirects=False) as response:
+            location = response.headers.get("Location")
+            if location is None or location.startswith(REDIRECT) or location == "/account":
+                return response.status, await response.text(), location
+            url = location
+    raise AssertionError("too many redirects")
+
+
+async def post_passkey(
+    server: RunningAuthServer,
+    browser: aiohttp.ClientSession,
+    form: PasskeyForm,
+    credential: dict[str, Any],
+    **extra: str,
+) -> aiohttp.ClientResponse:
+    fields = {**form.fields, "passkey_response": json.dumps(credential), **extra}
+    return await browser.post(
+        server.settings.issuer + form.action, data=fields, allow_redirects=False
+    )
+
+
+async def test_a_user_with_a_passkey_only_uses_it_after_the_provider(federated: Setup) -> None:
+    """The account page's sign-in offers the provider and comes back to the page, where the
+    user (no password here) adds a passkey; from then on the provider is followed by the
+    local second step, the passkey offered there (a wrong answer shown again keeps the
+    provider's sign-in as the first step), and the ID token names the key after the
+    provider's methods (none here: the provider named none)."""
+    server, _ = await federated(more={"issuer": "http://localhost:{port}"}, clients=(TV,))
+    origin = server.settings.issuer
+    key = SoftAuthenticator(origin)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(origin + "/account") as response:
+            page = await response.text()
+        assert 'name="password"' in page and "Or sign in with" in page
+        status, _, location = await through_provider(server, browser, page)
+        assert (status, location) == (303, "/account")
+        async with browser.get(origin + "/account") as response:
+            page = await response.text()
+        assert "Signed in as" in page
+        form = passkey_form(page)
+        assert form is not None and form.mode == "create"
+        added = await post_passkey(server, browser, form, key.create(form.options), name="Key")
+        assert added.status == 303, await added.text()
+    dana = await server.services.store.user_by_username("dana")
+    assert dana is not None and not dana.password_hash
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        query = {
+            "response_type": "code",
+            "client_id": "portal",
+            "redirect_uri": REDIRECT,
+            "scope": "openid",
+            "state": "s",
+            "code_challenge": pkce.s256(VERIFIER),
+            "code_challenge_method": "S256",
+        }
+        async with browser.get(origin + "/authorize?" + urlencode(query)) as response:
+            page = await response.text()
+        status, page, location = await through_provider(server, browser, page)
+        assert (status, location) == (200, None), page
+        assert 'name="code"' not in page  # no app: the passkey is the second step
+        form = passkey_form(page)
+        assert form is not None and form.action == "/login/passkey"
+        assert form.fields["pending_methods"] == "fed"
+        spoiled = await post_passkey(
+            server, browser, form, key.get(form.options, bad_signature=True)
+        )
+        assert spoiled.status == 400
+        key.counter -= 1
+        form = passkey_form(await spoiled.text())
+        assert form is not None and form.fields["pending_methods"] == "fed"
+        done = await post_passkey(server, browser, form, key.get(form.options))
+        assert done.status in (302, 303), await done.text()
+        code = query_of(done.headers["Location"])["code"]
+        result = CodeResult(code, VERIFIER, REDIRECT, "s", None, "")
+        status, body = await exchange_code(browser, server, result, client_id="portal")
+        assert status == 200, body
+        claims = await verify_jwt(browser, server, body["id_token"], audience="portal")
+    assert claims["sub"] == dana.subject
+    assert claims["amr"] == ["hwk", "user", "mfa"]
+    assert claims["acr"] == "urn:portcullis:acr:mfa"
+    # So does the device page's, for the code the device shows.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.post(
+            origin + "/device_authorization", data={"client_id": "tv", "scope": "openid"}
+        ) as started:
+            device = await started.json()
+        async with browser.get(origin + "/device") as response:
+            action, fields = parse_form(await response.text())
+        fields["user_code"] = device["user_code"]
+        async with browser.post(origin + action, data=fields) as checked:
+            login = await checked.text()
+        status, page, _ = await through_provider(server, browser, login)
+        form = passkey_form(page)
+        assert status == 200 and form is not None and form.action == "/device/login/passkey"
+        async with await post_passkey(server, browser, form, key.get(form.options)) as answer:
+            action, fields = parse_form(await answer.text())
+        assert action == "/device/consent"
+        fields["decision"] = "approve"
+        async with browser.post(origin + action, data=fields) as done:
+            assert "Device connected" in await done.text()
+        status, tokens = await poll(browser, server, device["device_code"])
+        assert status == 200, tokens
+        claims = await verify_jwt(browser, server, tokens["id_token"], audience="tv")
+    assert claims["amr"] == ["hwk", "user", "mfa"]
+    # The account page's sign-in through the provider asks for the passkey too.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(origin + "/account") as response:
+            page = await response.text()
+        status, page, location = await through_provider(server, browser, page)
+        assert (status, location) == (200, None), page
+        form = passkey_form(page)
+        assert form is not None and form.action == "/account/login/passkey"
+        done = await post_passkey(server, browser, form, key.get(form.options))
+        assert (done.status, done.headers["Location"]) == (303, "/account")
+        async with browser.get(origin + "/account") as response:
+            assert "Signed in as" in await response.text()
+
+
+async def test_an_account_sign_in_link_must_be_the_pages_own(
+    federated: Setup, http: aiohttp.ClientSession
+) -> None:
+    server, upstream = await federated()
+    async with http.get(server.endpoint("/account")) as response:
+        assert response.status == 200  # a session, with no proof for the links below
+    for query in ("account=1&proof=forged", "account=2", "account=1&state=x&proof=x"):
+        async with http.get(
+            server.endpoint("/federation/corp/start?" + query), allow_redirects=False
+        ) as response:
+            assert response.status == 403, query
+    assert upstream.asked == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,7 +30,9 @@ from tests.authserver.conftest import (
     default_config,
     parse_form,
     query_of,
+    verify_jwt,
 )
+from tests.authserver.device_support import device_config, poll
 from tests.authserver.passkey_support import (
     PasskeyForm,
     SoftAuthenticator,
@@ -708,3 +711,206 @@ async def test_a_user_with_an_app_and_a_passkey_is_offered_both_at_the_second_st
         code = await finish(http, server, await submit(http, server, form, key.get(form.options)))
         claims = await id_token(http, server, code, verifier)
     assert claims["amr"] == ["pwd", "hwk", "user", "mfa"]
+
+
+# ------------------------------------------------- the device page, the set-up of a factor
+
+
+def required_config(**second_factors: Any) -> dict[str, Any]:
+    """passkey_config() with the device clients and `second_factors` (with a key when
+    `required_for_everyone` is given, which needs one)."""
+    config = passkey_config()
+    config["clients"] = device_config()["clients"]
+    config["device"] = {"interval": "1s"}
+    config["second_factors"] = second_factors
+    return config
+
+
+async def device_second_step(
+    http: aiohttp.ClientSession, server: RunningAuthServer, user_code: str
+) -> aiohttp.ClientResponse:
+    """The device page for `user_code`, then the password: its answer."""
+    page = await http.get(server.endpoint("/device"))
+    action, fields = parse_form(await page.text())
+    checked = await post(http, server, action, {**fields, "user_code": user_code})
+    action, fields = parse_form(await checked.text())
+    assert action.endswith("/device/login"), action
+    return await post(http, server, action, {**fields, "username": "alice", "password": PASSWORD})
+
+
+async def start_device(http: aiohttp.ClientSession, server: RunningAuthServer) -> dict[str, Any]:
+    started = await http.post(
+        server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+    )
+    assert started.status == 200
+    return dict(await started.json())
+
+
+async def test_the_device_page_offers_a_passkey_bound_to_its_user_code(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """A passkey-only user, of whom the operator requires a second factor, passes the device
+    page with it (without, the consent page would refuse them); the challenge is bound to
+    the user code it was issued for, and the ID token tells of the password and the key."""
+    config = required_config(encryption_key=ENCRYPTION_KEY, required_for_everyone=True)
+    server = await start_authserver(config, clock=clock)
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        device = await start_device(http, server)
+        other = await start_device(http, server)
+        step = await device_second_step(http, server, device["user_code"])
+        assert step.status == 200
+        text = await step.text()
+        assert 'name="code"' not in text  # no app: the passkey is the way on
+        form = passkey_form(text)
+        assert form is not None and form.action.endswith("/device/login/passkey")
+        assert [d["id"] for d in form.options["allowCredentials"]] == [b64(key.credential_id)]
+        # Another device's second step, in the same session: its challenge is for its code.
+        theirs = passkey_form(
+            await (await device_second_step(http, server, other["user_code"])).text()
+        )
+        assert theirs is not None
+        ceremony = {k: v for k, v in theirs.fields.items() if k.startswith("passkey_")}
+        crossed = await submit(
+            http,
+            server,
+            PasskeyForm(form.action, "get", theirs.options, {**form.fields, **ceremony}),
+            key.get(theirs.options),
+        )
+        assert crossed.status == 400
+        again = await crossed.text()
+        assert "expired or was already used" in again
+        key.counter -= 1  # that assertion was not counted
+        # The page shown again, with a challenge of its own: the passkey passes.
+        form = passkey_form(again)
+        assert form is not None
+        consent = await submit(http, server, form, key.get(form.options))
+        assert consent.status == 200, await consent.text()
+        action, fields = parse_form(await consent.text())
+        assert action.endswith("/device/consent")
+        done = await post(http, server, action, {**fields, "decision": "approve"})
+        assert "Device connected" in await done.text()
+        status, tokens = await poll(http, server, device["device_code"])
+        assert status == 200, tokens
+        claims = await verify_jwt(http, server, tokens["id_token"], audience="tv")
+    assert claims["amr"] == ["pwd", "hwk", "user", "mfa"]
+    assert claims["acr"] == assurance.MULTI_FACTOR
+
+
+async def test_a_forged_or_stale_device_passkey_form_looks_no_code_up(
+    server: RunningAuthServer,
+) -> None:
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        page = await http.get(server.endpoint("/device"))
+        csrf = parse_form(await page.text())[1]["csrf_token"]
+        path = server.endpoint("/device/login/passkey")
+        for fields, status in (
+            ({"csrf_token": "x", "user_code": "BCDFGHJK"}, 403),
+            ({"csrf_token": csrf, "user_code": "BCDFGHJK", "code_checked": "x"}, 400),
+        ):
+            response = await http.post(path, data=fields, allow_redirects=False)
+            assert response.status == status
+    assert [p.sign_count for p in await passkeys_stored(server, server.subject("alice"))] == [0]
+    assert key.counter == 0
+
+
+@pytest.mark.parametrize("app_available", [True, False], ids=["app-or-passkey", "passkey-only"])
+async def test_the_page_leading_to_a_second_factor_offers_a_passkey_then_goes_on(
+    start_authserver: StartAuthServer, clock: MovableClock, app_available: bool
+) -> None:
+    """A request that needs a second factor, of a user who has none: the page offers a
+    passkey beside the authenticator app (alone, on a server that keeps no apps); once it
+    is added, the request's second step asks for it, and the code follows."""
+    config = required_config(**({"encryption_key": ENCRYPTION_KEY} if app_available else {}))
+    server = await start_authserver(config, clock=clock)
+    async with browser() as http:
+        url, verifier = authorize_url(server, acr_values=assurance.MULTI_FACTOR)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        led = await post(http, server, action, fields)
+        assert led.status == 200
+        text = await led.text()
+        assert 'id="reason"' in text
+        assert ('action="/factors/totp"' in text) is app_available
+        form = passkey_form(text)
+        assert form is not None and form.mode == "create"
+        assert form.fields["acr_values"] == assurance.MULTI_FACTOR  # the request, carried
+        assert "script-src 'self'" in led.headers["Content-Security-Policy"]
+        key = SoftAuthenticator(origin_of(server))
+        step = await submit(http, server, form, key.create(form.options), name="My laptop")
+        assert step.status == 200, await step.text()
+        text = await step.text()
+        assert 'name="code"' not in text
+        second = passkey_form(text)
+        assert second is not None and second.action.endswith("/login/passkey")
+        code = await finish(
+            http, server, await submit(http, server, second, key.get(second.options))
+        )
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["pwd", "hwk", "user", "mfa"]
+    assert claims["acr"] == assurance.MULTI_FACTOR
+    [stored] = await passkeys_stored(server, server.subject("alice"))
+    assert stored.name == "My laptop" and stored.sign_count == 1
+
+
+# ------------------------------------------------- removing one
+
+
+def remove_fields(page: str, credential: bytes) -> dict[str, str]:
+    """The hidden fields of the form removing the passkey `credential`."""
+    item = page.split(f'data-credential-id="{b64(credential)}"', 1)[1].split("</li>", 1)[0]
+    return dict(re.findall(r'<input type="hidden" name="([a-z_]+)" value="([^"]*)"', item))
+
+
+async def test_removing_a_passkey_needs_a_recent_sign_in_or_the_password(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """As removing the authenticator app: after 15 minutes the current password; the last
+    factor the operator requires stays; a credential of another user is no such passkey,
+    whatever that user's factors."""
+    config = required_config(encryption_key=ENCRYPTION_KEY, required_for_everyone=True)
+    server = await start_authserver(config, clock=clock)
+    alice = server.subject("alice")
+    async with browser() as http:
+        page = await http.get(server.endpoint("/account"))
+        action, fields = parse_form(await page.text())
+        fields.update(username="bob", password=PASSWORD)
+        assert (await post(http, server, action, fields)).status == 303
+        bobs = await add_passkey(http, server, "Bob's")  # bob's only one
+    async with browser() as http:
+        await account_sign_in(http, server)
+        first = await add_passkey(http, server, "First")
+        page = await (await http.get(server.endpoint("/account"))).text()
+        csrf = remove_fields(page, first.credential_id)["csrf_token"]
+        # Not hers: no such passkey, before the refusal of removing her only factor.
+        response = await post(
+            http,
+            server,
+            "/account/passkeys/remove",
+            {"csrf_token": csrf, "credential": b64(bobs.credential_id)},
+        )
+        assert response.status == 400 and "no such passkey" in await response.text()
+        second = await add_passkey(http, server, "Second")
+        clock.advance(16 * 60)  # older than a set-up would allow
+        page = await (await http.get(server.endpoint("/account"))).text()
+        assert 'id="passkey-current-1"' in page
+        fields = remove_fields(page, first.credential_id)
+        for wrong in ({}, {"current": "not-the-password"}):
+            refused = await post(http, server, "/account/passkeys/remove", {**fields, **wrong})
+            assert refused.status == 400
+            text = await refused.text()
+            assert 'id="passkeys-problem"' in text
+            assert "The current password is not correct." in text
+        assert len(await passkeys_stored(server, alice)) == 2
+        removed = await post(
+            http, server, "/account/passkeys/remove", {**fields, "current": PASSWORD}
+        )
+        assert removed.status == 303, await removed.text()
+        # The last one, which the operator requires: kept, whatever the password.
+        fields = remove_fields(page, second.credential_id)
+        kept = await post(http, server, "/account/passkeys/remove", {**fields, "current": PASSWORD})
+        assert kept.status == 409
+    assert [p.name for p in await passkeys_stored(server, alice)] == ["Second"]
+    assert len(await passkeys_stored(server, server.subject("bob"))) == 1

@@ -534,6 +534,8 @@ async def enrolment_led_by_sign_in(
     request going on: the answer of the authorization endpoint afterwards."""
     text = await response.text()
     assert response.status == 200 and 'id="reason"' in text, text[:600]
+    # The issuer is an IP address, where browsers offer no passkeys: the app alone.
+    assert "data-passkey" not in text and 'id="add-passkey"' not in text
     action, fields = parse_form(text)
     assert action.endswith("/factors/totp")
     enrolment = await post(http, server, action, fields)
