@@ -11,7 +11,10 @@ Steps, each a form posted back with the session's CSRF token:
     then the second step, as on the authorization endpoint's sign-in (the pending sign-in
     of endpoints/signin.py): POST /device/login/code, the code of their authenticator app,
     or POST /device/login/passkey, one of their passkeys (endpoints/passkeys.py; its
-    challenge bound to the user code as the pending sign-in is). The form also has a button per
+    challenge bound to the user code as the pending sign-in is). The form also offers a
+    passkey instead of the password, as the login page does (POST /device/login/passkey
+    without a pending sign-in: any discoverable passkey, user verification required, its
+    challenge bound to the user code), and a button per
     upstream identity provider (`identity_providers`), as the authorization endpoint's
     does: the sign-in there carries the user code, bound to this session by the link's
     proof (federation.py), and comes back to step 4 for it, or to the second step first;
@@ -235,18 +238,24 @@ class DevicePages:
         status: int = 200,
         username: str | None = None,
     ) -> web.Response:
+        carried = [("user_code", code), (PROOF, _proof(session, code))]
         response = self.pages.render(
             "login.html",
             status=status,
             title="Sign in",
             action=self.base_path + "/device/login",
             csrf_token=Sessions.csrf_token(session),
-            carried=[("user_code", code), (PROOF, _proof(session, code))],
+            carried=carried,
             client_name=client.client_name,
             error=error,
             username=username,
             providers=(
                 self.sign_in_links(session, [("user_code", code)]) if self.sign_in_links else []
+            ),
+            passkey=(
+                self.passkeys.offer_sign_in(session, bound_to(code), device=carried)
+                if self.passkeys is not None
+                else None
             ),
         )
         self.sessions.set_cookie(response, session)

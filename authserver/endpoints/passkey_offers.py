@@ -1,5 +1,6 @@
 """What the pages offer of passkeys: the forms that start a ceremony, each with its challenge
-(authserver/passkeys.py), for the login page, the second step (of the authorization
+(authserver/passkeys.py), for the login pages (the authorization endpoint's, the device
+page's and the account page's), the second step (of the authorization
 endpoint, the device page and the account page), the account page's list and the page that
 leads a user to set up a second factor. Apart from the handlers (endpoints/passkeys.py), so
 that the pages that show these forms need not import the handlers that receive them."""
@@ -74,19 +75,30 @@ class PasskeyOffers:
         return self.passkeys.available and bool(await self.passkeys.of(subject))
 
     def offer_sign_in(
-        self, session: Session, bound: list[tuple[str, str]], *, account: bool = False
+        self,
+        session: Session,
+        bound: list[tuple[str, str]],
+        *,
+        account: bool = False,
+        device: list[tuple[str, str]] | None = None,
     ) -> Offer | None:
         """The login page's "Sign in with a passkey": any discoverable passkey. `bound` the
         authorization request's parameters, carried by the form (the account page's
-        sign-in carries none)."""
+        sign-in carries none). `device`: the device page's sign-in form, `bound` its user
+        code, and these its hidden fields (the code and its proof), posted to
+        /device/login/passkey."""
         if not self.passkeys.available:
             return None
         bound = ACCOUNT_BOUND if account else bound
         ceremony = self.passkeys.issue(session, Purpose.PASSWORDLESS, bound)
+        if device is not None:
+            action, fields = self.base_path + "/device/login/passkey", device
+        else:
+            action, fields = self._action(account), [] if account else bound
         return Offer(
-            self._action(account),
+            action,
             self.passkeys.request_options(ceremony, []),
-            [*([] if account else bound), *ceremony.fields()],
+            [*fields, *ceremony.fields()],
             "get",
         )
 

@@ -6,9 +6,10 @@
                                 with a pending sign-in's fields, the second step after the
                                 password (one of that user's passkeys);
  POST /account/login/passkey    the same for the account page's own sign-in;
- POST /device/login/passkey     the second step of the device page's sign-in (after the
-                                password or an upstream provider), for the user code the
-                                form carries with its proof (endpoints/device.py);
+ POST /device/login/passkey     the same for the device page's sign-in, for the user code
+                                the form carries with its proof (endpoints/device.py):
+                                passwordless, or the second step after the password or an
+                                upstream provider;
  POST /account/passkeys         a new passkey for the signed-in user, named by them; from
                                 the page that leads a user to set up a second factor, with
                                 the authorization request carried, which goes on at its
@@ -304,8 +305,8 @@ class PasskeyPages:
         return response
 
     async def device_sign_in(self, request: web.Request) -> web.StreamResponse:
-        """POST /device/login/passkey: the second step of the device page's pending sign-in,
-        then the device's consent page."""
+        """POST /device/login/passkey: passwordless from the device page's sign-in form, or
+        the second step of its pending sign-in; then the device's consent page."""
         device = self.device
         try:
             form = await read_form(request)
@@ -319,18 +320,25 @@ class PasskeyPages:
         if code is None:
             return device.not_checked()
         bound = bound_to(code)
-        pending = signin.PendingSignIn.verified(session, form, bound, self.clock())
-        if pending is None:
-            return device.sign_in_expired()
+        pending = None
+        if signin.PENDING_SUBJECT in form:
+            pending = signin.PendingSignIn.verified(session, form, bound, self.clock())
+            if pending is None:
+                return device.sign_in_expired()
         found = await device.pending_code(code)
         if found is None:
             return self.pages.error(400, "This code cannot be used", DEVICE_GONE)
         record, client = found
-        outcome = await self.check.check(
-            request, session, form, bound, pending.subject, client.client_id
-        )
+        subject = pending.subject if pending is not None else None
+        outcome = await self.check.check(request, session, form, bound, subject, client.client_id)
         if not isinstance(outcome, Assertion):
             error, status = _refused(outcome)
+            if pending is None:
+                response: web.Response = device.login_page(
+                    session, client, code, error=error, status=status
+                )
+                _retry_after(response, outcome)
+                return response
             response = await device.second_step_page(
                 session,
                 client,

@@ -797,6 +797,79 @@ async def test_the_device_page_offers_a_passkey_bound_to_its_user_code(
     assert claims["acr"] == assurance.MULTI_FACTOR
 
 
+async def device_login_page(
+    http: aiohttp.ClientSession, server: RunningAuthServer, user_code: str
+) -> str:
+    """The device page's sign-in form for `user_code`, checked."""
+    page = await http.get(server.endpoint("/device"))
+    action, fields = parse_form(await page.text())
+    checked = await post(http, server, action, {**fields, "user_code": user_code})
+    assert checked.status == 200
+    return await checked.text()
+
+
+async def test_the_device_pages_sign_in_offers_a_passkey_instead_of_the_password(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """As the login page: any discoverable passkey, user verification required, its
+    challenge bound to the user code the page checked; it meets the operator's requirement
+    of a second factor alone, and the device's consent page follows."""
+    config = required_config(encryption_key=ENCRYPTION_KEY, required_for_everyone=True)
+    server = await start_authserver(config, clock=clock)
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        device = await start_device(http, server)
+        other = await start_device(http, server)
+        text = await device_login_page(http, server, device["user_code"])
+        assert 'name="password"' in text  # the password form is still there
+        form = passkey_form(text)
+        assert form is not None and form.action.endswith("/device/login/passkey")
+        assert "allowCredentials" not in form.options
+        assert form.options["userVerification"] == "required"
+        assert "passkey_subject" not in form.fields and "pending_subject" not in form.fields
+        # Another code's challenge, in the same session, does not pass for this code.
+        theirs = passkey_form(await device_login_page(http, server, other["user_code"]))
+        assert theirs is not None
+        ceremony = {k: v for k, v in theirs.fields.items() if k.startswith("passkey_")}
+        crossed = await submit(
+            http,
+            server,
+            PasskeyForm(form.action, "get", theirs.options, {**form.fields, **ceremony}),
+            key.get(theirs.options),
+        )
+        assert crossed.status == 400
+        again = await crossed.text()
+        assert "expired or was already used" in again and 'name="password"' in again
+        key.counter -= 1  # that assertion was not counted
+        # Without user verification a passkey alone is no sign-in.
+        form = passkey_form(again)
+        assert form is not None
+        unverified = await submit(http, server, form, key.get(form.options, verified=False))
+        assert unverified.status == 400
+        assert "did not verify it was you" in await unverified.text()
+        key.counter -= 1
+        form = passkey_form(await device_login_page(http, server, device["user_code"]))
+        assert form is not None
+        consent = await submit(http, server, form, key.get(form.options))
+        assert consent.status == 200, await consent.text()
+        action, fields = parse_form(await consent.text())
+        assert action.endswith("/device/consent")
+        assert fields["user_code"] == device["user_code"].replace("-", "")
+        done = await post(http, server, action, {**fields, "decision": "approve"})
+        assert "Device connected" in await done.text()
+        status, tokens = await poll(http, server, device["device_code"])
+        assert status == 200, tokens
+        claims = await verify_jwt(http, server, tokens["id_token"], audience="tv")
+        # The other device still waits: nothing was decided for its code.
+        status, waiting = await poll(http, server, other["device_code"])
+        assert status == 400 and waiting["error"] == "authorization_pending"
+    assert claims["sub"] == server.subject("alice")
+    assert claims["amr"] == ["hwk", "user", "mfa"]
+    assert claims["acr"] == assurance.MULTI_FACTOR
+    [stored] = await passkeys_stored(server, server.subject("alice"))
+    assert stored.sign_count == 1
+
+
 async def test_a_forged_or_stale_device_passkey_form_looks_no_code_up(
     server: RunningAuthServer,
 ) -> None:
