@@ -144,7 +144,7 @@ class Components:
     authorize: AuthorizationEndpoint
     federation: Federation | None  # /federation/..., with identity_providers
     device: DevicePages
-    factors: FactorPages  # /factors: setting up an authenticator app
+    factors: FactorPages  # /factors: setting up an authenticator app (or a passkey)
     logout: LogoutEndpoint
     account: AccountPages  # /account: the signed-in user's grants, sessions and password
     passkeys: PasskeyPages  # /login/passkey, /account/passkeys: signing in with a passkey
@@ -481,6 +481,7 @@ class AuthServer:
                 pages=pages,
                 base_path=base,
                 clock=clock,
+                passkeys=passkey_offers,
             ),
             logout=LogoutEndpoint(
                 clients=clients,

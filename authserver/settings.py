@@ -48,6 +48,7 @@ from .federation import Provider
 from .federation_keys import load_signing_key
 from .keys import RotationPolicy
 from .metadata_documents import DocumentPolicy, FetchRules
+from .protocol import webauthn
 from .protocol.cors import origin
 from .protocol.federation import ClaimNames
 from .protocol.resources import Audiences, ProtectedResource
@@ -260,11 +261,12 @@ class LoginThrottle:
 @section
 class SecondFactorSettings:
     """Second factors after the password: one-time codes of an authenticator app (TOTP,
-    RFC 6238) and recovery codes (endpoints/second_factor.py). Users enrol at /factors."""
+    RFC 6238) and recovery codes (endpoints/second_factor.py), and passkeys where the issuer
+    is https (or http://localhost). Users enrol at /factors."""
 
-    encryption_key: str | None = setting("Base64 of 32 random bytes (openssl rand -base64 32): seals the authenticator secrets kept in the storage (AES-256-GCM). keys.encryption_key when absent; without either, nobody can enrol.", default=None, secret=True, from_file=True)
-    required_for_everyone: bool = setting("Every user signs in with a second factor; one without is led to enrol after the password.", default=False)
-    required_for_roles: tuple[str, ...] = setting("Users with any of these roles (e.g. admin) sign in with a second factor; one without is led to enrol.", default=())
+    encryption_key: str | None = setting("Base64 of 32 random bytes (openssl rand -base64 32): seals the authenticator secrets kept in the storage (AES-256-GCM). keys.encryption_key when absent; without either, nobody can set up an authenticator app (passkeys need no key).", default=None, secret=True, from_file=True)
+    required_for_everyone: bool = setting("Every user signs in with a second factor; one without is led to set one up after the password (an authenticator app, or a passkey where the issuer allows them: without an encryption key, passkeys alone, which needs an https or http://localhost issuer).", default=False)
+    required_for_roles: tuple[str, ...] = setting("Users with any of these roles (e.g. admin) sign in with a second factor; one without is led to set one up, as for required_for_everyone.", default=())
 
     def validate(self, check: Check) -> None:
         secret = self.encryption_key
@@ -526,7 +528,7 @@ class Settings:
     lifetimes: Lifetimes = setting("Lifetimes.", default_factory=Lifetimes)
     refresh_grace: timedelta = setting("A retry of a lost refresh response is answered again this long (at most 10s).", default=REFRESH_GRACE, parser=grace)
     login_throttle: LoginThrottle = setting("Wrong passwords.", default_factory=LoginThrottle)
-    second_factors: SecondFactorSettings = setting("Authenticator apps and recovery codes after the password.", default_factory=SecondFactorSettings)
+    second_factors: SecondFactorSettings = setting("Authenticator apps and recovery codes after the password, and who must sign in with a second factor.", default_factory=SecondFactorSettings)
     password_hashing: PasswordHashing = setting("Password checks off the event loop; restart to change.", default_factory=PasswordHashing)
     trusted_proxies: tuple[IPNetwork, ...] = setting("Peers whose X-Forwarded-For names the client (for the throttles).", default=(), parser=network)
     device: DeviceSettings = setting("The device grant.", default_factory=DeviceSettings)
@@ -632,8 +634,13 @@ class Settings:
             where = "PostgreSQL storage keeps the signing keys in the database" if postgres else "without keys.dir the signing keys live in the storage"
             keys.problem(f"{where}: set keys.encryption_key to base64 of 32 random bytes (openssl rand -base64 32), e.g. ${{PORTCULLIS_KEY_SECRET}}")
         factors = self.second_factors
-        if factors.required and self.second_factor_key is None:
-            check.within(factors).problem("a second factor cannot be required without an encryption key to seal it: set second_factors.encryption_key (or keys.encryption_key)")
+        # Passkeys need no key (a public key is no secret) but an issuer browsers run WebAuthn
+        # for (protocol/webauthn.rp_id): a domain in a secure context.
+        if factors.required and self.second_factor_key is None and webauthn.rp_id(self.issuer) is None:
+            check.within(factors).problem(
+                "a second factor cannot be required here: authenticator apps need an encryption key to seal their secrets "
+                "(set second_factors.encryption_key, or keys.encryption_key), and passkeys need an https issuer "
+                "(or http://localhost), which this issuer is not")
         _once(check, self.scopes, lambda s: s.name, "scope {!r} is listed twice")
         _once(check, self.users, lambda u: u.username, "username {!r} is listed twice")
         _once(check, self.clients, lambda c: c.client_id, "client_id is listed twice")

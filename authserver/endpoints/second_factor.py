@@ -1,6 +1,10 @@
 """The second-factor pages of a signed-in user: setting up an authenticator app.
 
- GET  /factors               what the user has, and a button to set up an app;
+ GET  /factors               what the user has, and a button to set up an app; where
+                             passkeys work (passkeys.Passkeys.available), how many the user
+                             has and the form adding one (posted to /account/passkeys,
+                             endpoints/passkeys.py), or alone on a server that keeps no
+                             apps (no encryption key);
  POST /factors/totp          a new secret (a QR code, and the secret in groups of four to
                              type), waiting for a code of it;
  POST /factors/totp/confirm  the code: the app becomes the user's second factor, and the
@@ -37,6 +41,7 @@ from ..sessions import Session, Sessions
 from .authorize import CARRIED, CONSENT_PROOF
 from .forms import read_form
 from .pages import Pages
+from .passkey_offers import PasskeyOffers
 
 log = logging.getLogger("portcullis.authserver.factors")
 
@@ -61,7 +66,9 @@ class FactorPages:
         pages: Pages,
         base_path: str,
         clock: Clock,
+        passkeys: PasskeyOffers | None = None,
     ) -> None:
+        self.passkeys = passkeys  # the status page's passkeys, where browsers can use them
         self.factors = factors
         self.users = users
         self.sessions = sessions
@@ -92,16 +99,34 @@ class FactorPages:
             "not_available",
         )
 
-    def status_page(self, session: Session, enrolled: bool, left: int = 0) -> web.Response:
+    @property
+    def _passkeys(self) -> PasskeyOffers | None:
+        """The passkeys this server offers: None where browsers cannot use them."""
+        return self.passkeys if self.passkeys is not None and self.passkeys.available else None
+
+    async def status_page(self, session: Session, enrolled: bool, left: int = 0) -> web.Response:
+        """What the user has (an authenticator app, passkeys) and what they may add."""
+        passkeys = self._passkeys
+        subject = session.record.subject
+        recent = self.clock() - session.record.auth_time <= RECENT.total_seconds()
+        count = len(await passkeys.passkeys.of(subject)) if passkeys is not None else 0
+        # Adding a passkey needs a recent sign-in, as setting up an app does: an older
+        # session is told so rather than shown a form that would be refused.
+        offer = await passkeys.offer_creation(session) if passkeys is not None and recent else None
         response = self.pages.render(
             "factors.html",
             title="Second factor",
             enrolled=enrolled,
             recovery_codes_left=left,
             reason=None,
+            app_available=self.factors.available,
             action=self.base_path + "/factors/totp",
             csrf_token=Sessions.csrf_token(session),
             carried=[],
+            passkey=offer,
+            passkeys_shown=passkeys is not None,
+            passkey_count=count,
+            account_page=self.base_path + "/account",
         )
         self.sessions.set_cookie(response, session)
         return response
@@ -137,11 +162,18 @@ class FactorPages:
         session = await self.sessions.current(request)
         if session is None or not session.logged_in:
             return self._not_signed_in()
-        if not self.factors.available:
-            return self._unavailable()
-        record = await self.factors.record(session.record.subject)
+        if not self.factors.available and self._passkeys is None:
+            return self.pages.error(
+                404,
+                "Second factors are not set up here",
+                "This server cannot keep second factors: its operator has not configured them.",
+                "not_available",
+            )
+        subject = session.record.subject
+        record = await self.factors.record(subject) if self.factors.available else None
         confirmed = record is not None and record.confirmed
-        return self.status_page(session, confirmed, record.recovery_codes_left if record else 0)
+        left = record.recovery_codes_left if record else 0
+        return await self.status_page(session, confirmed, left)
 
     async def begin(self, request: web.Request) -> web.StreamResponse:
         """POST /factors/totp: a new secret, waiting for its code."""

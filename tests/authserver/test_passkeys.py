@@ -928,6 +928,98 @@ async def test_the_page_leading_to_a_second_factor_offers_a_passkey_then_goes_on
     assert stored.name == "My laptop" and stored.sign_count == 1
 
 
+async def test_the_factors_page_shows_the_users_passkeys_and_adds_one(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """GET /factors, where passkeys work: beside the authenticator app, how many passkeys
+    the user has and the form adding one; once the sign-in is old, a word instead."""
+    config = required_config(encryption_key=ENCRYPTION_KEY)
+    server = await start_authserver(config, clock=clock)
+    async with browser() as http:
+        await account_sign_in(http, server)
+        page = await http.get(server.endpoint("/factors"))
+        assert page.status == 200
+        text = await page.text()
+        assert 'action="/factors/totp"' in text  # the app, as before
+        assert 'id="passkey-count">You have no passkey yet.' in text
+        assert 'href="/account"' in text
+        assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+        form = passkey_form(text)
+        assert form is not None and form.mode == "create"
+        assert form.action.endswith("/account/passkeys")
+        key = SoftAuthenticator(origin_of(server))
+        added = await submit(http, server, form, key.create(form.options), name="Phone")
+        assert added.status == 303, await added.text()
+        text = await (await http.get(server.endpoint("/factors"))).text()
+        assert 'id="passkey-count">You have one passkey.' in text
+        clock.advance(16 * 60)
+        text = await (await http.get(server.endpoint("/factors"))).text()
+        assert passkey_form(text) is None and 'id="passkey-sign-in-again"' in text
+    assert [p.name for p in await passkeys_stored(server, server.subject("alice"))] == ["Phone"]
+
+
+async def test_without_an_encryption_key_a_required_factor_is_a_passkey(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """`required_for_everyone` on an issuer where passkeys work needs no encryption key:
+    no app is offered anywhere, and a passkey meets the requirement."""
+    server = await start_authserver(required_config(required_for_everyone=True), clock=clock)
+    async with browser() as http:
+        url, verifier = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        led = await post(http, server, action, {**fields, "username": "bob", "password": PASSWORD})
+        assert led.status == 200
+        text = await led.text()
+        assert 'id="reason"' in text and "/factors/totp" not in text
+        creation = passkey_form(text)
+        assert creation is not None and creation.mode == "create"
+        # The page of factors offers the passkey alone too.
+        factors = await http.get(server.endpoint("/factors"))
+        assert factors.status == 200
+        factors_text = await factors.text()
+        assert "/factors/totp" not in factors_text and 'id="passkey-count"' in factors_text
+        assert passkey_form(factors_text) is not None
+        assert (await http.post(server.endpoint("/factors/totp"))).status == 404
+        # The device page (this session signed in with the password alone) names the
+        # passkey as the one way to set a factor up.
+        device = await start_device(http, server)
+        page = await http.get(server.endpoint("/device"))
+        action, fields = parse_form(await page.text())
+        refused = await post(http, server, action, {**fields, "user_code": device["user_code"]})
+        assert refused.status == 403
+        message = await refused.text()
+        assert "add a passkey at /account" in message and "authenticator app" not in message
+        key = SoftAuthenticator(origin_of(server))
+        step = await submit(http, server, creation, key.create(creation.options), name="Key")
+        assert step.status == 200, await step.text()
+        second = passkey_form(await step.text())
+        assert second is not None
+        code = await finish(
+            http, server, await submit(http, server, second, key.get(second.options))
+        )
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["pwd", "hwk", "user", "mfa"]
+
+
+def test_a_required_factor_no_issuer_can_meet_is_a_configuration_error(tmp_path: Any) -> None:
+    """Without an encryption key and on an issuer where browsers offer no passkeys (an IP
+    address), nothing could meet the requirement."""
+    from portcullis.yamlconf import ConfigError
+    from tests.authserver.conftest import load_settings
+
+    for issuer in ("http://127.0.0.1:{port}", "http://[::1]:{port}"):
+        config = required_config(required_for_roles=["admin"])
+        config["issuer"] = issuer
+        with pytest.raises(ConfigError, match="passkeys need an https issuer") as raised:
+            load_settings(config, tmp_path, 9000)
+        assert "second_factors.encryption_key" in str(raised.value)
+    for issuer in ("http://localhost:{port}", "https://auth.example.com"):
+        config = required_config(required_for_roles=["admin"])
+        config["issuer"] = issuer
+        assert load_settings(config, tmp_path, 9000).second_factors.required
+
+
 # ------------------------------------------------- removing one
 
 
