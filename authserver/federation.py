@@ -27,10 +27,13 @@ callback:
     by a key of its jwks_uri (fetched again, at most once per KEYS_REFETCH, for a kid not
     known yet), then its claims (protocol/federation.py); the claims the local user is
     filled from that it lacks are read from the userinfo endpoint, about the same `sub`;
- 8. the local user (`Accounts`): the one the identity is linked to; else, only when the
-    operator's rule allows it (a verified email of a trusted domain), the existing user with
-    that email; else a user created now, with a new random `sub` that no later claim of the
-    provider changes;
+ 8. the local user (`Accounts`): the one the identity is linked to, whose mapped claims
+    (`claims`: the name, the email with the provider's word on it, an address only once the
+    provider verified it; the username, when free, of a user without a password here) are
+    refreshed from the provider's (a `user.updated` audit event when something changed);
+    else, only when the operator's rule allows it (a verified email of a trusted domain),
+    the existing user with that email; else a user created now, with a new random `sub`
+    that no later claim of the provider changes;
  9. a new login session, and the authorization request (or the device page, or the
     account page) resumed where the password form would have taken it; for a user with a
     second factor here (an authenticator app or a passkey) whose provider did not say
@@ -91,6 +94,7 @@ from .registry import Client
 from .sessions import Session, Sessions
 from .store.base import (
     MANAGED_BY_API,
+    MANAGED_BY_CONFIG,
     AlreadyExists,
     DeviceRecord,
     IdentityLink,
@@ -417,6 +421,7 @@ class SignedIn:
     # only): what this server's ID tokens then say of the sign-in. None are this server's.
     amr: tuple[str, ...] = ()
     auth_time: float | None = None  # when the user signed in at the provider
+    updated: bool = False  # a returning user's claims changed with the provider's
 
 
 class Accounts:
@@ -431,7 +436,9 @@ class Accounts:
     ) -> SignedIn:
         owner = await self.store.identity_owner(provider.issuer, provider_subject)
         if owner is not None:
-            return await self._returning(owner)
+            user = await self._enabled(owner)
+            updated = await self._refresh(provider, user, claims)
+            return SignedIn(owner, "returning", updated=updated)
         now = self.clock()
         email = rules.email_to_link(claims, provider.claims, provider.link_domains)
         if email is not None:
@@ -493,10 +500,49 @@ class Accounts:
         return SignedIn(link.subject, outcome)
 
     async def _returning(self, subject: str) -> SignedIn:
+        await self._enabled(subject)
+        return SignedIn(subject, "returning")
+
+    async def _enabled(self, subject: str) -> UserRecord:
         user = await self.store.get_user(subject)
         if user is None or user.disabled:
             raise FederationRefused("disabled", "Your account here is disabled.")
-        return SignedIn(subject, "returning")
+        return user
+
+    async def _refresh(
+        self, provider: Provider, user: UserRecord, claims: Mapping[str, Any]
+    ) -> bool:
+        """The claims the operator maps from the provider, as it gives them now, on the
+        linked `user` (protocol/federation.refreshed_claims); whether anything changed.
+
+        Never the `sub`. The username follows the provider's only for a user without a
+        password here (one created by a first sign-in: a user with a password types their
+        username at the password form, which must not move under them), and only when no
+        other user has it. A user of the configuration file is the file's (it would put
+        them back at the next start): left as it is. One compare-and-set store call: a
+        change by an administrator meanwhile wins, and the next sign-in refreshes again."""
+        if user.managed_by == MANAGED_BY_CONFIG:
+            return False
+        refreshed = rules.refreshed_claims(user.claims, claims, provider.claims)
+        username = user.username
+        offered = rules.offered_username(claims, provider.claims)
+        if (
+            offered is not None
+            and offered != username
+            and not user.password_hash
+            and await self.store.user_by_username(offered) is None
+        ):
+            username = offered
+        if refreshed == dict(user.claims) and username == user.username:
+            return False
+        record = replace(user, username=username, claims=refreshed, updated_at=self.clock())
+        try:
+            return await self.store.save_user(record, user.version)
+        except AlreadyExists:
+            # The username was taken meanwhile: the claims without it.
+            if refreshed == dict(user.claims):
+                return False
+            return await self.store.save_user(replace(record, username=user.username), user.version)
 
 
 # ---------------------------------------------------------------------------- the pending sign-in
@@ -808,6 +854,13 @@ class Federation:
         address = client_address(self.authorize.passwords.addresses, request)
         if signed_in.outcome == "created":
             audit.record(Event.USER_CREATED, audit.SERVER, subject=signed_in.subject)
+        elif signed_in.updated:
+            audit.record(
+                Event.USER_UPDATED,
+                audit.SERVER,
+                subject=signed_in.subject,
+                reason=f"provider:{provider.name}",
+            )
         elif signed_in.outcome == "linked":
             audit.record(
                 Event.IDENTITY_LINKED,

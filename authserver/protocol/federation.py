@@ -13,7 +13,9 @@ The checks, in the order federation.py runs them on the way back from the provid
     same `sub` (OIDC Core §5.3.2);
  5. `email_to_link`: whether a first sign-in may be linked to an existing user: only by the
     operator's rule, an email the provider says is verified, of a trusted domain;
- 6. `profile_of`: what a user created at a first sign-in is given.
+ 6. `profile_of`: what a user created at a first sign-in is given;
+ 7. `refreshed_claims`, `offered_username`: what a linked user's later sign-ins change of
+    them: the mapped claims the provider now gives, an address only once it is verified.
 Every refusal is a `FederationRefused` whose message can be shown as it is.
 """
 
@@ -171,7 +173,7 @@ def verified_email(claims: Mapping[str, Any], names: ClaimNames) -> str | None:
 def email_to_link(
     claims: Mapping[str, Any], names: ClaimNames, domains: Collection[str]
 ) -> str | None:
-    """Step 4: the email whose existing local user a first sign-in signs in as; None when
+    """Step 5: the email whose existing local user a first sign-in signs in as; None when
     the rule does not allow linking (no trusted domains, an unverified email, another
     domain). Domains match exactly, case-insensitively: a subdomain is another domain."""
     email = verified_email(claims, names)
@@ -185,14 +187,21 @@ def same_email(a: object, b: str) -> bool:
     return isinstance(a, str) and a.lower() == b.lower()
 
 
+def offered_username(claims: Mapping[str, Any], names: ClaimNames) -> str | None:
+    """The username the provider's claim offers, its characters kept to a safe set; None
+    when it gives none."""
+    raw = claims.get(names.username)
+    username = _USERNAME.sub("-", raw).strip("-")[:64] if isinstance(raw, str) else ""
+    return username or None
+
+
 def profile_of(
     claims: Mapping[str, Any], names: ClaimNames, subject: str
 ) -> tuple[str, dict[str, Any]]:
-    """Step 5: the username a created user is offered (its characters kept to a safe set;
-    the provider's subject when the claim is absent) and the OpenID Connect claims kept
-    about them: the email with the provider's word on its verification, and the name."""
-    raw = claims.get(names.username)
-    username = _USERNAME.sub("-", raw).strip("-")[:64] if isinstance(raw, str) else ""
+    """Step 6: the username a created user is offered (`offered_username`; the provider's
+    subject when the claim is absent) and the OpenID Connect claims kept about them: the
+    email with the provider's word on its verification, and the name."""
+    username = offered_username(claims, names)
     local: dict[str, Any] = {}
     email = claims.get(names.email)
     if isinstance(email, str) and email:
@@ -202,6 +211,32 @@ def profile_of(
     if isinstance(name, str) and name:
         local["name"] = name
     return username or _USERNAME.sub("-", subject)[:64], local
+
+
+def refreshed_claims(
+    local: Mapping[str, Any], claims: Mapping[str, Any], names: ClaimNames
+) -> dict[str, Any]:
+    """Step 7: a linked user's claims after a later sign-in whose claims are `claims`. The
+    name the provider gives replaces the local one. An address replaces the local one only
+    when the provider says it is verified (OIDC Core §5.1 `email_verified`): an unverified
+    one may belong to anyone who typed it there. For the address the user has already, its
+    verification follows the provider's word, either way. A claim the provider no longer
+    gives removes nothing; every other claim (and the `sub`, never a claim here) is kept."""
+    updated = dict(local)
+    name = claims.get(names.name)
+    if isinstance(name, str) and name:
+        updated["name"] = name
+    email = claims.get(names.email)
+    if isinstance(email, str) and email:
+        verified = verified_email(claims, names) is not None
+        if same_email(local.get("email"), email):
+            updated["email_verified"] = verified
+            if verified:
+                updated["email"] = email  # the provider's spelling of it
+        elif verified:
+            updated["email"] = email
+            updated["email_verified"] = True
+    return updated
 
 
 def usernames(first: str, suffixes: Iterable[str]) -> Iterable[str]:

@@ -80,6 +80,7 @@ class Upstream:
     clock: Callable[[], float] = time.time  # the time its ID tokens are issued at
     runner: Any = None
     issued_auth_times: list[int] = field(default_factory=list)
+    profile: dict[str, Any] = field(default_factory=dict)  # claims its ID tokens say now
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -160,6 +161,7 @@ class Upstream:
             "email_verified": True,
             "preferred_username": "dana",
         }
+        claims.update(self.profile)
         if self.amr is not None:
             claims["amr"] = self.amr
         if "max_age" in asked or asked.get("prompt") == "login":
@@ -728,6 +730,108 @@ async def test_claims_the_id_token_lacks_are_read_from_userinfo(federated: Setup
     user = await server.services.store.user_by_username("dana")
     assert user is not None
     assert user.claims == {"email": "dana@corp.example", "email_verified": True, "name": "Dana"}
+
+
+def audit_events(err: str, name: str) -> list[dict[str, Any]]:
+    lines = (json.loads(line) for line in err.splitlines() if '"event"' in line)
+    return [e for e in lines if e["event"] == name]
+
+
+async def signed_in_claims(server: RunningAuthServer) -> dict[str, Any]:
+    """A sign-in through the provider, to the end: the claims of the ID token it gets."""
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        status, page, location = await sign_in(server, browser)
+        assert status == 302 and location is not None, page
+        result = CodeResult(query_of(location)["code"], VERIFIER, REDIRECT, "s", None, "")
+        status, body = await exchange_code(browser, server, result, client_id="portal")
+        assert status == 200, body
+        return await verify_jwt(browser, server, body["id_token"], audience="portal")
+
+
+async def test_a_returning_users_claims_follow_the_providers_at_each_sign_in(
+    federated: Setup, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The name, the email (once verified there) and the username (when free) the provider
+    gives now replace what the user was created with; never the `sub`. Each change is a
+    `user.updated` event; a sign-in that changes nothing writes nothing."""
+    server, upstream = await federated()
+    store = server.services.store
+    first = await signed_in_claims(server)
+    dana = await store.user_by_username("dana")
+    assert dana is not None and first["sub"] == dana.subject
+    assert dana.claims == {"email": "dana@corp.example", "email_verified": True, "name": "Dana"}
+    capfd.readouterr()
+
+    # The same claims again: nothing written.
+    await signed_in_claims(server)
+    assert (await store.get_user(dana.subject)) == dana
+    assert audit_events(capfd.readouterr().err, "user.updated") == []
+
+    # A new name, a new verified address, a new username.
+    upstream.profile = {
+        "name": "Dana Quinn",
+        "email": "dana.quinn@corp.example",
+        "email_verified": True,
+        "preferred_username": "dquinn",
+    }
+    claims = await signed_in_claims(server)
+    assert claims["sub"] == dana.subject
+    assert (claims["email"], claims["email_verified"]) == ("dana.quinn@corp.example", True)
+    assert claims["name"] == "Dana Quinn"
+    renamed = await store.get_user(dana.subject)
+    assert renamed is not None and renamed.username == "dquinn"
+    assert renamed.version == dana.version + 1
+    (event,) = audit_events(capfd.readouterr().err, "user.updated")
+    assert (event["actor"], event["subject"], event["reason"]) == (
+        "server",
+        dana.subject,
+        "provider:corp",
+    )
+    assert "dana.quinn" not in json.dumps(event)  # ids and names only, no claim values
+
+    # An address the provider has not verified changes nothing of the email; a username
+    # another user has stays theirs; the name still follows.
+    upstream.profile = {
+        "name": "D. Quinn",
+        "email": "mallory@elsewhere.example",
+        "email_verified": False,
+        "preferred_username": "alice",
+    }
+    claims = await signed_in_claims(server)
+    assert claims["sub"] == dana.subject
+    assert (claims["email"], claims["email_verified"]) == ("dana.quinn@corp.example", True)
+    assert claims["name"] == "D. Quinn"
+    kept = await store.get_user(dana.subject)
+    assert kept is not None and kept.username == "dquinn"
+    assert len(audit_events(capfd.readouterr().err, "user.updated")) == 1
+
+    # Its own address, no longer verified there: not verified here either.
+    upstream.profile = {
+        "name": "D. Quinn",
+        "email": "Dana.Quinn@corp.example",
+        "email_verified": False,
+        "preferred_username": "dquinn",
+    }
+    claims = await signed_in_claims(server)
+    assert (claims["email"], claims["email_verified"]) == ("dana.quinn@corp.example", False)
+    assert await users_of(server) == ["alice", "bob", "dquinn"]
+    alice = await store.user_by_username("alice")
+    assert alice is not None and "D. Quinn" not in json.dumps(alice.claims)
+
+
+async def test_a_user_with_a_password_here_keeps_their_username(federated: Setup) -> None:
+    """A user who types a password here signs in by their username: the provider's claims
+    refresh the rest, not that."""
+    server, upstream = await federated()
+    store = server.services.store
+    await signed_in_claims(server)
+    dana = await store.user_by_username("dana")
+    assert dana is not None
+    assert await store.save_user(replace(dana, password_hash="scrypt$set-by-an-admin"), 1)
+    upstream.profile = {"name": "Dana Quinn", "preferred_username": "dquinn"}
+    claims = await signed_in_claims(server)
+    assert claims["name"] == "Dana Quinn"
+    assert await users_of(server) == ["alice", "bob", "dana"]
 
 
 async def test_client_secret_basic_form_encodes_the_secret(federated: Setup) -> None:

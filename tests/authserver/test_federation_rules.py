@@ -17,8 +17,10 @@ from authserver.protocol.federation import (
     endpoint_allowed,
     id_token_algorithms,
     missing_claims,
+    offered_username,
     profile_of,
     provider_methods,
+    refreshed_claims,
     signed_in_at,
     with_userinfo,
 )
@@ -122,6 +124,30 @@ def test_a_created_user_gets_a_safe_username_and_the_providers_word_on_the_email
     assert username == "Carol-D-..-x"
     assert local == {"email": "c@x.example", "email_verified": False, "name": "Carol"}
     assert profile_of({}, NAMES, "emp 9")[0] == "emp-9"
+
+
+def test_a_linked_users_claims_follow_the_provider_an_address_only_once_verified() -> None:
+    local = {"email": "d@x.example", "email_verified": True, "name": "Dana", "locale": "fr"}
+    # A new name; an address of the provider's, not verified there: the local one stays.
+    given = {"name": "Dana Q", "email": "m@evil.example", "email_verified": False}
+    assert refreshed_claims(local, given, NAMES) == {**local, "name": "Dana Q"}
+    # A verified new address replaces it; the claims the provider does not map are kept.
+    given = {"email": "dq@x.example", "email_verified": True}
+    assert refreshed_claims(local, given, NAMES) == {**local, "email": "dq@x.example"}
+    # The same address: its verification is the provider's word, either way.
+    given = {"email": "D@x.example", "email_verified": "true"}
+    assert refreshed_claims(local, given, NAMES) == {**local, "email_verified": False}
+    unverified = {**local, "email_verified": False}
+    given = {"email": "D@x.example", "email_verified": True}
+    assert refreshed_claims(unverified, given, NAMES) == {**local, "email": "D@x.example"}
+    # Claims the provider no longer gives, or gives empty, remove nothing.
+    assert refreshed_claims(local, {"name": "", "email": None}, NAMES) == local
+    # An address from another claim is never verified: it replaces nothing.
+    upn = ClaimNames("preferred_username", "upn", "name")
+    assert refreshed_claims(local, {"upn": "ceo@x.example", "email_verified": True}, upn) == local
+    assert offered_username({"preferred_username": "D Q"}, NAMES) == "D-Q"
+    assert offered_username({"preferred_username": "//"}, NAMES) is None
+    assert offered_username({}, NAMES) is None
 
 
 def test_userinfo_completes_the_id_token_only_about_the_same_subject() -> None:
