@@ -137,7 +137,7 @@ class SecondFactors:
         clock: Clock,
         metrics: Metrics,
     ) -> None:
-        """`cipher` None: no encryption key is configured, and nobody can enrol; `label`
+        """`cipher` None: no encryption key is configured, and nobody can set up an app; `label`
         names this server in authenticator apps (the issuer's host)."""
         self.store = store
         self.cipher = cipher

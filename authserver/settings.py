@@ -429,8 +429,9 @@ def _provider_auth_method(values: Mapping[str, Any]) -> str:
 @section
 class ClaimMapping:
     """Which claims of an upstream provider's ID token (or its userinfo, for those the token
-    lacks) fill a local user's fields when the first sign-in creates the user; the local
-    `sub` never follows them."""
+    lacks) fill a local user's fields when the first sign-in creates the user, and refresh
+    them at each later sign-in (an email only once the provider verified it; the username
+    only of a user without a password, when it is free); the local `sub` never follows them."""
 
     username: str = setting("Becomes the local username (suffixed when taken).", default="preferred_username")
     email: str = setting("Becomes the email (with email_verified as the provider says).", default="email")
