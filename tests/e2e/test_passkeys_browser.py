@@ -3,7 +3,8 @@ virtual authenticator (the DevTools protocol's WebAuthn domain: CTAP2, internal 
 resident keys, user verification): adding a passkey on the account page, signing out,
 signing in with the passkey alone, then with the password and the passkey as the second
 step, into the small client application of test_browser_flow.py, which shows the ID
-token's `amr` and `acr`. A replayed assertion and a spoiled one are refused.
+token's `amr` and `acr`. A replayed assertion and a spoiled one are refused. Last, the
+device page's sign-in with the passkey alone.
 
 The issuer is http://localhost:PORT: WebAuthn needs a domain for its RP ID and a secure
 context, which http is on localhost.
@@ -22,9 +23,9 @@ import pytest
 from tests.authserver.conftest import (
     PASSWORD,
     RunningAuthServer,
-    default_config,
     serve_authserver,
 )
+from tests.authserver.device_support import device_config
 from tests.authserver.passkey_support import b64, unb64
 from tests.e2e.test_browser_flow import ClientApp, browser, starting_with
 
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 async def authserver(tmp_path: Path) -> AsyncIterator[RunningAuthServer]:
-    config = default_config()
+    config = device_config()
     config["issuer"] = "http://localhost:{port}"
     server = await serve_authserver(config, tmp_path)
     yield server
@@ -175,6 +176,20 @@ async def test_a_passkey_added_on_the_account_page_signs_in_alone_and_as_second_
     await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
     assert await tab.locator("#amr").inner_text() == "pwd hwk user mfa"
     assert await tab.locator("#acr").inner_text() == "urn:portcullis:acr:mfa"
+
+    # The device page's sign-in: the passkey alone, then that device's consent page.
+    await sign_out(tab, authserver)
+    started = await context.request.post(
+        issuer + "/device_authorization", form={"client_id": "tv", "scope": "openid"}
+    )
+    user_code = (await started.json())["user_code"]
+    await tab.goto(issuer + "/device")
+    await tab.get_by_label("Code").fill(user_code)
+    await tab.get_by_role("button", name="Continue").click()
+    await tab.get_by_role("button", name="Sign in with a passkey").click()
+    await tab.wait_for_url(issuer + "/device/login/passkey")
+    await tab.get_by_role("button", name="Allow").click()
+    await tab.get_by_role("heading", name="Device connected").wait_for()
 
     # The account page lists its last use; every page ran its script within its policy.
     await tab.goto(issuer + "/account")
