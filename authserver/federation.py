@@ -519,8 +519,10 @@ class Accounts:
         password here (one created by a first sign-in: a user with a password types their
         username at the password form, which must not move under them), and only when no
         other user has it. A user of the configuration file is the file's (it would put
-        them back at the next start): left as it is. One compare-and-set store call: a
-        change by an administrator meanwhile wins, and the next sign-in refreshes again."""
+        them back at the next start): left as it is. The write is a compare-and-set on the
+        user's version (a second one without the username, when another user took it
+        meanwhile): a change by an administrator meanwhile wins, and the next sign-in
+        refreshes again."""
         if user.managed_by == MANAGED_BY_CONFIG:
             return False
         refreshed = rules.refreshed_claims(user.claims, claims, provider.claims)
@@ -854,19 +856,19 @@ class Federation:
         address = client_address(self.authorize.passwords.addresses, request)
         if signed_in.outcome == "created":
             audit.record(Event.USER_CREATED, audit.SERVER, subject=signed_in.subject)
-        elif signed_in.updated:
-            audit.record(
-                Event.USER_UPDATED,
-                audit.SERVER,
-                subject=signed_in.subject,
-                reason=f"provider:{provider.name}",
-            )
         elif signed_in.outcome == "linked":
             audit.record(
                 Event.IDENTITY_LINKED,
                 audit.SERVER,
                 subject=signed_in.subject,
                 reason=provider.name,
+            )
+        elif signed_in.updated:
+            audit.record(
+                Event.USER_UPDATED,
+                audit.SERVER,
+                subject=signed_in.subject,
+                reason=f"provider:{provider.name}",
             )
         if Method.MULTIPLE not in signed_in.amr and await self.authorize.has_second_factor(
             signed_in.subject
