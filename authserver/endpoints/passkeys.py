@@ -103,9 +103,14 @@ class PasskeyCheck:
         now = self.clock()
         address = signin.client_address(self.addresses, request)
         # A second step counts with the user's codes (one budget whatever the factor); a
-        # passwordless attempt names nobody until it verifies: its address counts.
+        # passwordless attempt names nobody until it verifies: its address counts, for its
+        # "user" count too. One name for all of them would be a count anyone could charge to
+        # hold back everyone's passwordless sign-in.
         limits = signin.LoginLimits.of(
-            self.rules, subject or "passwordless", address, kind="code" if subject else "passkey"
+            self.rules,
+            subject or f"passwordless {address}",
+            address,
+            kind="code" if subject else "passkey",
         )
         refused = await self.store.reserve_attempt(
             (limits.at_address, limits.address, limits.username), now

@@ -490,6 +490,33 @@ async def test_failed_passkey_attempts_are_throttled(
         assert (await submit(http, server, form, key.get(form.options))).status == 429
 
 
+async def test_failed_passwordless_attempts_from_one_address_do_not_slow_another_down(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """A passwordless attempt names no user: its count is its address's. Were they counted
+    under one name for everybody, anyone could hold every passwordless sign-in back."""
+    config = passkey_config(trusted_proxies=["127.0.0.1/32"])
+    config["login_throttle"]["backoff_after"] = 2
+    server = await start_authserver(config, clock=clock)
+    key = await user_with_passkey(server)
+
+    async def attempt(http: aiohttp.ClientSession, address: str, verified: bool) -> int:
+        form, _ = await login_page_form(http, server)
+        fields = dict(form.fields)
+        fields["passkey_response"] = json.dumps(key.get(form.options, verified=verified))
+        url = origin_of(server) + urlsplit(form.action).path
+        response = await http.post(
+            url, data=fields, headers={"X-Forwarded-For": address}, allow_redirects=False
+        )
+        return response.status
+
+    async with browser() as attacker:
+        for _ in range(4):
+            assert await attempt(attacker, "203.0.113.7", verified=False) in (400, 429)
+    async with browser() as http:
+        assert await attempt(http, "198.51.100.9", verified=True) in (200, 302, 303)
+
+
 async def test_a_passkey_is_the_second_step_after_the_password(
     server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
 ) -> None:
