@@ -63,6 +63,10 @@ log = logging.getLogger("portcullis.authserver.passkeys")
 
 CHALLENGE_LIFETIME = timedelta(minutes=5)
 MAX_RESPONSE = 64 * 1024  # characters of a posted credential's JSON
+# Passkeys one user may have: enough for every device a person holds, and a bound on what
+# one account may store and on the credentials every ceremony of theirs lists (§5.4.3
+# excludeCredentials, §5.5 allowCredentials).
+MAX_PER_USER = 20
 REPLAY_CACHE = "webauthn"  # the replay cache's name for used challenges
 
 # The fields of a ceremony on a page's form.
@@ -119,6 +123,10 @@ COUNTER = Refusal(
     "Use another way to sign in.",
 )
 TAKEN = Refusal("already_registered", "This passkey is registered already.")
+TOO_MANY = Refusal(
+    "too_many",
+    f"Your account has {MAX_PER_USER} passkeys, the most it may have: remove one first.",
+)
 UNSUPPORTED = Refusal("unsupported_key", "This passkey's kind of key is not supported here.")
 
 

@@ -41,7 +41,9 @@ from ..metrics import Metrics
 from ..passkeys import (
     COUNTER,
     EXPIRED,
+    MAX_PER_USER,
     RESPONSE,
+    TOO_MANY,
     Assertion,
     Passkeys,
     Purpose,
@@ -52,7 +54,7 @@ from ..protocol.errors import OAuthError
 from ..protocol.throttle import Refuse
 from ..registry import UserDirectory
 from ..sessions import Session, Sessions
-from ..store.base import SignInRecord, Store
+from ..store.base import PasskeyRecord, SignInRecord, Store
 from . import signin
 from .account import AccountPages
 from .authorize import CARRIED, AuthorizationEndpoint, PageError, Parameters, RedirectError
@@ -380,13 +382,15 @@ class PasskeyPages:
         if handle is None or len(handle) != 32 or (theirs and theirs[0].user_handle != handle):
             challenge = None
         first_factor = not theirs and not await self.factors.enrolled(subject)
-        outcome = (
-            EXPIRED
-            if challenge is None
-            else await self.passkeys.register(
+        outcome: PasskeyRecord | Refusal
+        if challenge is None:
+            outcome = EXPIRED
+        elif len(theirs) >= MAX_PER_USER:
+            outcome = TOO_MANY
+        else:
+            outcome = await self.passkeys.register(
                 subject, handle or b"", name, form.get(RESPONSE, ""), challenge
             )
-        )
         if isinstance(outcome, Refusal):
             audit.record(
                 Event.FACTOR_FAILED,
@@ -396,7 +400,10 @@ class PasskeyPages:
                 factor=FACTOR,
             )
             return self.pages.error(
-                400, "The passkey was not added", outcome.message, outcome.reason
+                409 if outcome is TOO_MANY else 400,
+                "The passkey was not added",
+                outcome.message,
+                outcome.reason,
             )
         self.check.metrics.factor_changed(FACTOR, "enrolled")
         audit.record(Event.FACTOR_ENROLLED, audit.USER, subject=subject, factor=FACTOR)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -316,6 +317,43 @@ async def test_adding_a_passkey_refuses_bad_input_and_stores_nothing(
         )
         assert response.status in (400, 401)
     assert len(await passkeys_stored(server, server_subject(server, "alice"))) == 1
+
+
+async def test_a_user_has_at_most_twenty_passkeys(server: RunningAuthServer) -> None:
+    """Each passkey is stored and listed in every ceremony of its user's: their number is
+    bounded, so an account cannot fill the store or every page of its own."""
+    subject = server_subject(server, "alice")
+    store = server.services.store
+
+    async def stored_directly(count: int) -> None:
+        for _ in range(count):
+            record = PasskeyRecord(
+                credential_id=os.urandom(16),
+                subject=subject,
+                user_handle=b"h" * 32,
+                public_key=b"cose",
+                sign_count=0,
+                transports=(),
+                backup_eligible=False,
+                backed_up=False,
+                name="old",
+                created_at=server.clock(),
+            )
+            assert await store.add_passkey(record)
+
+    async with browser() as http:
+        await account_sign_in(http, server)
+        await stored_directly(19)
+        form = await account_passkey_form(http, server)  # the 20th may still be added
+        await stored_directly(1)
+        key = SoftAuthenticator(origin_of(server))
+        response = await submit(http, server, form, key.create(form.options), name="21st")
+        assert response.status == 409
+        assert "remove one first" in await response.text()
+        page = await (await http.get(server.endpoint("/account"))).text()
+        assert passkey_form(page) is None and 'id="passkeys-full"' in page
+    stored = await passkeys_stored(server, subject)
+    assert len(stored) == 20 and key.credential_id not in {p.credential_id for p in stored}
 
 
 async def test_adding_a_passkey_needs_a_recent_sign_in(
