@@ -128,6 +128,11 @@ TOO_MANY = Refusal(
     f"Your account has {MAX_PER_USER} passkeys, the most it may have: remove one first.",
 )
 UNSUPPORTED = Refusal("unsupported_key", "This passkey's kind of key is not supported here.")
+BACKUP_ELIGIBILITY = Refusal(
+    "backup_eligibility",
+    "This passkey now says it can be synced, which it did not when it was added. "
+    "Use another way to sign in.",
+)
 
 
 @dataclass(frozen=True)
@@ -374,6 +379,11 @@ class Passkeys:
         except ValueError as error:
             return _refusal_of(error)
         auth_data = response.response.authenticator_data
+        if auth_data.is_backup_eligible() != record.backup_eligible:
+            # WebAuthn §6.1.3, §7.2 (its check of currentBe): the BE flag is set once, at
+            # creation, and the `amr` names the key `hwk` or `swk` by it; a flag that
+            # changed is no credential this server knows.
+            return BACKUP_ELIGIBILITY
         if not webauthn.counter_moves_on(record.sign_count, auth_data.counter):
             return COUNTER
         if not await self.store.use_passkey(

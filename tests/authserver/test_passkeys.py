@@ -500,6 +500,31 @@ async def test_a_counter_going_back_is_refused_as_a_clone(
     assert stored.sign_count == 10
 
 
+async def test_a_passkey_whose_backup_eligibility_changed_is_refused(
+    server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """WebAuthn §6.1.3, §7.2: the BE flag is fixed when the credential is created; the amr
+    says `hwk` or `swk` by it, so an assertion whose flag differs from the stored one is
+    refused rather than named a device-bound key it no longer claims to be."""
+    key = await user_with_passkey(server)  # device-bound: BE clear
+    key.backup_eligible = True
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        response = await submit(http, server, form, key.get(form.options))
+        assert response.status == 400
+    await asyncio.sleep(0)  # the audit line is written at the end of the loop's turn
+    [failed] = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.failed"]
+    assert failed["reason"] == "backup_eligibility"
+    [stored] = await passkeys_stored(server, server_subject(server, "alice"))
+    assert stored.sign_count == 0 and stored.last_used_at is None
+    key.backup_eligible = False
+    async with browser() as http:
+        form, verifier = await login_page_form(http, server)
+        code = await finish(http, server, await submit(http, server, form, key.get(form.options)))
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["hwk", "user", "mfa"]
+
+
 def audit_lines(err: str) -> list[dict[str, Any]]:
     found = []
     for line in err.splitlines():
