@@ -230,7 +230,8 @@ class Passkeys:
         presented again after this call, whatever follows."""
         text, until = form.get(CHALLENGE, ""), form.get(UNTIL, "")
         challenge = webauthn.base64url(text, 64)
-        if challenge is None or len(challenge) != 32 or not until.isdigit():
+        # ASCII digits only: str.isdigit() also takes digits int() cannot read ("²").
+        if challenge is None or len(challenge) != 32 or not (until.isascii() and until.isdigit()):
             return None
         now = self.clock()
         if int(until) <= now:

@@ -454,6 +454,27 @@ async def test_passwordless_sign_in_refuses_bad_assertions_and_changes_nothing(
     assert stored.sign_count == 1
 
 
+async def test_a_time_in_digits_int_cannot_read_is_refused_not_an_error(
+    server: RunningAuthServer,
+) -> None:
+    """str.isdigit() takes "²", which int() cannot read: a challenge's or a pending
+    sign-in's expiry written so is refused as any forged one, not answered with a 500."""
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        response = await submit(http, server, form, key.get(form.options), passkey_until="²")
+        assert response.status == 400
+        url, _ = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        step = await post(http, server, action, fields)
+        second = passkey_form(await step.text())
+        assert second is not None
+        response = await submit(http, server, second, key.get(second.options), pending_until="²")
+        assert response.status == 403
+
+
 async def test_a_replayed_assertion_in_the_same_session_is_refused(
     server: RunningAuthServer,
 ) -> None:
