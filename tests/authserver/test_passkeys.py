@@ -794,6 +794,21 @@ async def test_an_operator_lists_a_users_passkeys_and_removes_a_lost_one(
     assert removed[0]["actor"] == "admin" and removed[0]["subject"] == bob
 
 
+async def test_a_limit_in_digits_int_cannot_read_is_a_bad_request(
+    start_admin_server: StartAdminServer,
+) -> None:
+    """A list's `limit` of "²" (a digit to str.isdigit(), not to int()) is refused as any
+    other limit that is no whole number (422, naming the parameter), not answered with a
+    500."""
+    server = await start_admin_server()
+    async with browser() as http:
+        admin = await admin_for(http, server)
+        for path in (f"/users/{server.subject('bob')}/passkeys", "/users"):
+            status, refused, _ = await admin.get(path + "?limit=%C2%B2")
+            assert status == 422, refused
+            assert (await admin.get(path + "?limit=x"))[1] == refused
+
+
 async def test_a_user_with_an_app_and_a_passkey_is_offered_both_at_the_second_step(
     start_authserver: StartAuthServer, clock: MovableClock
 ) -> None:
