@@ -300,12 +300,17 @@ class Passkeys:
             response = RegistrationResponse.from_dict(data)
         except Exception:  # anything a parser raises means "not a credential"
             return MALFORMED
+        if response.response.attestation_object.auth_data.credential_data is None:
+            # §7.1: a new credential's authenticator data holds its attested credential
+            # data (flag AT); fido2 asserts it rather than refusing, so it is checked first.
+            return MALFORMED
         state = {
             "challenge": webauthn.encoded(challenge),
             "user_verification": UserVerificationRequirement.PREFERRED,
         }
+        fido = self._fido()
         try:
-            auth_data = self._fido().register_complete(state, response)
+            auth_data = fido.register_complete(state, response)
         except ValueError as error:
             return _refusal_of(error)
         credential = auth_data.credential_data
@@ -314,6 +319,12 @@ class Passkeys:
         if len(credential.credential_id) > webauthn.MAX_CREDENTIAL_ID:
             return MALFORMED  # §7.1 step 25
         if isinstance(credential.public_key, UnsupportedKey):
+            return UNSUPPORTED
+        offered = {parameters.alg for parameters in fido.allowed_algorithms}
+        if credential.public_key.ALGORITHM not in offered:
+            # §7.1: the key's "alg" must be one of the options' pubKeyCredParams, which
+            # fido2 does not check (it can parse keys, RS1 with SHA-1 among them, that it
+            # never offers).
             return UNSUPPORTED
         posted_response = data.get("response")
         transports = webauthn.known_transports(

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pyotp
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from fido2.cose import RS1
 
 from authserver.protocol import assurance, webauthn
 from authserver.store.base import PasskeyRecord
@@ -354,6 +356,27 @@ async def test_a_user_has_at_most_twenty_passkeys(server: RunningAuthServer) -> 
         assert passkey_form(page) is None and 'id="passkeys-full"' in page
     stored = await passkeys_stored(server, subject)
     assert len(stored) == 20 and key.credential_id not in {p.credential_id for p in stored}
+
+
+async def test_a_new_credential_without_its_data_or_with_a_key_not_offered_is_refused(
+    server: RunningAuthServer,
+) -> None:
+    """WebAuthn §7.1: the authenticator data must hold the attested credential data (flag
+    AT), and the key's algorithm must be one of pubKeyCredParams (step "alg"): an RSA key
+    with SHA-1 (COSE RS1), which this server never offered, is not kept."""
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sha1_key = dict(RS1.from_cryptography_key(rsa_key.public_key()))
+    async with browser() as http:
+        await account_sign_in(http, server)
+        for spoiled in ({"attested": False}, {"public_key": sha1_key}):
+            form = await account_passkey_form(http, server)
+            assert -65535 not in [p["alg"] for p in form.options["pubKeyCredParams"]]
+            key = SoftAuthenticator(origin_of(server))
+            credential = key.create(form.options, **spoiled)
+            response = await submit(http, server, form, credential, name="n")
+            assert response.status == 400, spoiled
+            assert "was not added" in await response.text()
+    assert await passkeys_stored(server, server_subject(server, "alice")) == []
 
 
 async def test_adding_a_passkey_needs_a_recent_sign_in(
