@@ -63,6 +63,10 @@ log = logging.getLogger("portcullis.authserver.passkeys")
 
 CHALLENGE_LIFETIME = timedelta(minutes=5)
 MAX_RESPONSE = 64 * 1024  # characters of a posted credential's JSON
+# Passkeys one user may have: enough for every device a person holds, and a bound on what
+# one account may store and on the credentials every ceremony of theirs lists (§5.4.3
+# excludeCredentials, §5.5 allowCredentials).
+MAX_PER_USER = 20
 REPLAY_CACHE = "webauthn"  # the replay cache's name for used challenges
 
 # The fields of a ceremony on a page's form.
@@ -119,7 +123,16 @@ COUNTER = Refusal(
     "Use another way to sign in.",
 )
 TAKEN = Refusal("already_registered", "This passkey is registered already.")
+TOO_MANY = Refusal(
+    "too_many",
+    f"Your account has {MAX_PER_USER} passkeys, the most it may have: remove one first.",
+)
 UNSUPPORTED = Refusal("unsupported_key", "This passkey's kind of key is not supported here.")
+BACKUP_ELIGIBILITY = Refusal(
+    "backup_eligibility",
+    "This passkey now says it can be synced, which it did not when it was added. "
+    "Use another way to sign in.",
+)
 
 
 @dataclass(frozen=True)
@@ -217,7 +230,8 @@ class Passkeys:
         presented again after this call, whatever follows."""
         text, until = form.get(CHALLENGE, ""), form.get(UNTIL, "")
         challenge = webauthn.base64url(text, 64)
-        if challenge is None or len(challenge) != 32 or not until.isdigit():
+        # ASCII digits only: str.isdigit() also takes digits int() cannot read ("²").
+        if challenge is None or len(challenge) != 32 or not (until.isascii() and until.isdigit()):
             return None
         now = self.clock()
         if int(until) <= now:
@@ -286,12 +300,17 @@ class Passkeys:
             response = RegistrationResponse.from_dict(data)
         except Exception:  # anything a parser raises means "not a credential"
             return MALFORMED
+        if response.response.attestation_object.auth_data.credential_data is None:
+            # §7.1: a new credential's authenticator data holds its attested credential
+            # data (flag AT); fido2 asserts it rather than refusing, so it is checked first.
+            return MALFORMED
         state = {
             "challenge": webauthn.encoded(challenge),
             "user_verification": UserVerificationRequirement.PREFERRED,
         }
+        fido = self._fido()
         try:
-            auth_data = self._fido().register_complete(state, response)
+            auth_data = fido.register_complete(state, response)
         except ValueError as error:
             return _refusal_of(error)
         credential = auth_data.credential_data
@@ -300,6 +319,12 @@ class Passkeys:
         if len(credential.credential_id) > webauthn.MAX_CREDENTIAL_ID:
             return MALFORMED  # §7.1 step 25
         if isinstance(credential.public_key, UnsupportedKey):
+            return UNSUPPORTED
+        offered = {parameters.alg for parameters in fido.allowed_algorithms}
+        if credential.public_key.ALGORITHM not in offered:
+            # §7.1: the key's "alg" must be one of the options' pubKeyCredParams, which
+            # fido2 does not check (it can parse keys, RS1 with SHA-1 among them, that it
+            # never offers).
             return UNSUPPORTED
         posted_response = data.get("response")
         transports = webauthn.known_transports(
@@ -366,6 +391,11 @@ class Passkeys:
         except ValueError as error:
             return _refusal_of(error)
         auth_data = response.response.authenticator_data
+        if auth_data.is_backup_eligible() != record.backup_eligible:
+            # WebAuthn §6.1.3, §7.2 (its check of currentBe): the BE flag is set once, at
+            # creation, and the `amr` names the key `hwk` or `swk` by it; a flag that
+            # changed is no credential this server knows.
+            return BACKUP_ELIGIBILITY
         if not webauthn.counter_moves_on(record.sign_count, auth_data.counter):
             return COUNTER
         if not await self.store.use_passkey(

@@ -81,7 +81,8 @@ def parse_query(collection: Collection, params: MultiMapping[str]) -> Query:
     limit = DEFAULT_LIMIT
     if "limit" in params:
         text = params["limit"]
-        if not text.isdigit() or int(text) < 1:
+        # ASCII digits only: str.isdigit() also takes digits int() cannot read ("²").
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
             problems.append(("limit", f"must be a whole number from 1 to {MAX_LIMIT}"))
         else:
             limit = min(int(text), MAX_LIMIT)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..clock import Clock
 from ..factors import ENROLMENT_NEEDS_SIGN_IN_WITHIN, SecondFactors
-from ..passkeys import Passkeys, Purpose
+from ..passkeys import MAX_PER_USER, Passkeys, Purpose
 from ..protocol import webauthn
 from ..registry import UserDirectory
 from ..sessions import Session
@@ -144,10 +144,13 @@ class PasskeyOffers:
         user = await self.users.by_subject(subject)
         if not self.passkeys.available or user is None:
             return None
+        theirs = await self.passkeys.of(subject)
+        if len(theirs) >= MAX_PER_USER:
+            return None  # the most one account may have (passkeys.MAX_PER_USER)
         ceremony = self.passkeys.issue(session, Purpose.CREATE, subject_bound([], subject))
         handle = await self.passkeys.user_handle(subject)
         options = self.passkeys.creation_options(
-            ceremony, handle, user.username, user.display_name, await self.passkeys.of(subject)
+            ceremony, handle, user.username, user.display_name, theirs
         )
         return Offer(
             self.account_path + "/passkeys",
@@ -165,6 +168,8 @@ class PasskeyOffers:
         return {
             "available": self.passkeys.available,
             "offer": offer,
+            "full": len(theirs) >= MAX_PER_USER,
+            "most": MAX_PER_USER,
             "remove": self.account_path + "/passkeys/remove",
             "recent": self.clock() - session.record.auth_time <= RECENT.total_seconds(),
             "list": [

@@ -42,7 +42,9 @@ from ..metrics import Metrics
 from ..passkeys import (
     COUNTER,
     EXPIRED,
+    MAX_PER_USER,
     RESPONSE,
+    TOO_MANY,
     Assertion,
     Passkeys,
     Purpose,
@@ -53,7 +55,7 @@ from ..protocol.errors import OAuthError
 from ..protocol.throttle import Refuse
 from ..registry import UserDirectory
 from ..sessions import Session, Sessions
-from ..store.base import SignInRecord, Store
+from ..store.base import PasskeyRecord, SignInRecord, Store
 from . import signin
 from .account import AccountPages
 from .authorize import CARRIED, AuthorizationEndpoint, PageError, Parameters, RedirectError
@@ -104,9 +106,14 @@ class PasskeyCheck:
         now = self.clock()
         address = signin.client_address(self.addresses, request)
         # A second step counts with the user's codes (one budget whatever the factor); a
-        # passwordless attempt names nobody until it verifies: its address counts.
+        # passwordless attempt names nobody until it verifies: its address counts, for its
+        # "user" count too. One name for all of them would be a count anyone could charge to
+        # hold back everyone's passwordless sign-in.
         limits = signin.LoginLimits.of(
-            self.rules, subject or "passwordless", address, kind="code" if subject else "passkey"
+            self.rules,
+            subject or f"passwordless {address}",
+            address,
+            kind="code" if subject else "passkey",
         )
         refused = await self.store.reserve_attempt(
             (limits.at_address, limits.address, limits.username), now
@@ -383,13 +390,15 @@ class PasskeyPages:
         if handle is None or len(handle) != 32 or (theirs and theirs[0].user_handle != handle):
             challenge = None
         first_factor = not theirs and not await self.factors.enrolled(subject)
-        outcome = (
-            EXPIRED
-            if challenge is None
-            else await self.passkeys.register(
+        outcome: PasskeyRecord | Refusal
+        if challenge is None:
+            outcome = EXPIRED
+        elif len(theirs) >= MAX_PER_USER:
+            outcome = TOO_MANY
+        else:
+            outcome = await self.passkeys.register(
                 subject, handle or b"", name, form.get(RESPONSE, ""), challenge
             )
-        )
         if isinstance(outcome, Refusal):
             audit.record(
                 Event.FACTOR_FAILED,
@@ -399,7 +408,10 @@ class PasskeyPages:
                 factor=FACTOR,
             )
             return self.pages.error(
-                400, "The passkey was not added", outcome.message, outcome.reason
+                409 if outcome is TOO_MANY else 400,
+                "The passkey was not added",
+                outcome.message,
+                outcome.reason,
             )
         self.check.metrics.factor_changed(FACTOR, "enrolled")
         audit.record(Event.FACTOR_ENROLLED, audit.USER, subject=subject, factor=FACTOR)

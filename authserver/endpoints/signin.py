@@ -337,7 +337,8 @@ class PendingSignIn:
         request and has not expired; None otherwise. The first step's methods and time are
         under the proof: a form cannot claim a sign-in other than the one that happened."""
         subject, until = form.get(PENDING_SUBJECT), form.get(PENDING_UNTIL)
-        if session is None or not subject or not until or not until.isdigit():
+        # ASCII digits only: str.isdigit() also takes digits int() cannot read ("²").
+        if session is None or not subject or not until or not (until.isascii() and until.isdigit()):
             return None
         if int(until) <= now:
             return None

@@ -53,9 +53,17 @@ class SoftAuthenticator:
         return flags | (AT if attested else 0)
 
     def create(
-        self, options: dict[str, Any], *, origin: str | None = None, verified: bool = True
+        self,
+        options: dict[str, Any],
+        *,
+        origin: str | None = None,
+        verified: bool = True,
+        attested: bool = True,
+        public_key: dict[int, Any] | None = None,
     ) -> dict[str, Any]:
-        """RegistrationResponseJSON for `options` (PublicKeyCredentialCreationOptionsJSON)."""
+        """RegistrationResponseJSON for `options` (PublicKeyCredentialCreationOptionsJSON).
+        `attested` False leaves the attested credential data (and its AT flag) out;
+        `public_key` replaces the credential's COSE_Key."""
         self.rp_id = options["rp"]["id"]
         self.user_handle = unb64(options["user"]["id"])
         client_data = json.dumps(
@@ -66,16 +74,19 @@ class SoftAuthenticator:
                 "crossOrigin": False,
             }
         ).encode()
-        public = cbor.encode(dict(ES256.from_cryptography_key(self.key.public_key())))
+        public = cbor.encode(public_key or dict(ES256.from_cryptography_key(self.key.public_key())))
         auth_data = (
             hashlib.sha256(self.rp_id.encode()).digest()
-            + bytes([self._flags(verified, attested=True)])
+            + bytes([self._flags(verified, attested=attested)])
             + struct.pack(">I", self.counter)
-            + bytes(16)  # AAGUID: none
-            + struct.pack(">H", len(self.credential_id))
-            + self.credential_id
-            + public
         )
+        if attested:
+            auth_data += (
+                bytes(16)  # AAGUID: none
+                + struct.pack(">H", len(self.credential_id))
+                + self.credential_id
+                + public
+            )
         attestation = cbor.encode({"fmt": "none", "attStmt": {}, "authData": auth_data})
         return {
             "id": b64(self.credential_id),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,6 +19,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pyotp
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from fido2.cose import RS1
 
 from authserver.protocol import assurance, webauthn
 from authserver.store.base import PasskeyRecord
@@ -318,6 +321,64 @@ async def test_adding_a_passkey_refuses_bad_input_and_stores_nothing(
     assert len(await passkeys_stored(server, server_subject(server, "alice"))) == 1
 
 
+async def test_a_user_has_at_most_twenty_passkeys(server: RunningAuthServer) -> None:
+    """Each passkey is stored and listed in every ceremony of its user's: their number is
+    bounded, so an account cannot fill the store or every page of its own."""
+    subject = server_subject(server, "alice")
+    store = server.services.store
+
+    async def stored_directly(count: int) -> None:
+        for _ in range(count):
+            record = PasskeyRecord(
+                credential_id=os.urandom(16),
+                subject=subject,
+                user_handle=b"h" * 32,
+                public_key=b"cose",
+                sign_count=0,
+                transports=(),
+                backup_eligible=False,
+                backed_up=False,
+                name="old",
+                created_at=server.clock(),
+            )
+            assert await store.add_passkey(record)
+
+    async with browser() as http:
+        await account_sign_in(http, server)
+        await stored_directly(19)
+        form = await account_passkey_form(http, server)  # the 20th may still be added
+        await stored_directly(1)
+        key = SoftAuthenticator(origin_of(server))
+        response = await submit(http, server, form, key.create(form.options), name="21st")
+        assert response.status == 409
+        assert "remove one first" in await response.text()
+        page = await (await http.get(server.endpoint("/account"))).text()
+        assert passkey_form(page) is None and 'id="passkeys-full"' in page
+    stored = await passkeys_stored(server, subject)
+    assert len(stored) == 20 and key.credential_id not in {p.credential_id for p in stored}
+
+
+async def test_a_new_credential_without_its_data_or_with_a_key_not_offered_is_refused(
+    server: RunningAuthServer,
+) -> None:
+    """WebAuthn §7.1: the authenticator data must hold the attested credential data (flag
+    AT), and the key's algorithm must be one of pubKeyCredParams (step "alg"): an RSA key
+    with SHA-1 (COSE RS1), which this server never offered, is not kept."""
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sha1_key = dict(RS1.from_cryptography_key(rsa_key.public_key()))
+    async with browser() as http:
+        await account_sign_in(http, server)
+        for spoiled in ({"attested": False}, {"public_key": sha1_key}):
+            form = await account_passkey_form(http, server)
+            assert -65535 not in [p["alg"] for p in form.options["pubKeyCredParams"]]
+            key = SoftAuthenticator(origin_of(server))
+            credential = key.create(form.options, **spoiled)
+            response = await submit(http, server, form, credential, name="n")
+            assert response.status == 400, spoiled
+            assert "was not added" in await response.text()
+    assert await passkeys_stored(server, server_subject(server, "alice")) == []
+
+
 async def test_adding_a_passkey_needs_a_recent_sign_in(
     server: RunningAuthServer, clock: MovableClock
 ) -> None:
@@ -416,6 +477,27 @@ async def test_passwordless_sign_in_refuses_bad_assertions_and_changes_nothing(
     assert stored.sign_count == 1
 
 
+async def test_a_time_in_digits_int_cannot_read_is_refused_not_an_error(
+    server: RunningAuthServer,
+) -> None:
+    """str.isdigit() takes "²", which int() cannot read: a challenge's or a pending
+    sign-in's expiry written so is refused as any forged one, not answered with a 500."""
+    key = await user_with_passkey(server)
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        response = await submit(http, server, form, key.get(form.options), passkey_until="²")
+        assert response.status == 400
+        url, _ = authorize_url(server)
+        page = await http.get(url, allow_redirects=False)
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        step = await post(http, server, action, fields)
+        second = passkey_form(await step.text())
+        assert second is not None
+        response = await submit(http, server, second, key.get(second.options), pending_until="²")
+        assert response.status == 403
+
+
 async def test_a_replayed_assertion_in_the_same_session_is_refused(
     server: RunningAuthServer,
 ) -> None:
@@ -462,6 +544,31 @@ async def test_a_counter_going_back_is_refused_as_a_clone(
     assert stored.sign_count == 10
 
 
+async def test_a_passkey_whose_backup_eligibility_changed_is_refused(
+    server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """WebAuthn §6.1.3, §7.2: the BE flag is fixed when the credential is created; the amr
+    says `hwk` or `swk` by it, so an assertion whose flag differs from the stored one is
+    refused rather than named a device-bound key it no longer claims to be."""
+    key = await user_with_passkey(server)  # device-bound: BE clear
+    key.backup_eligible = True
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        response = await submit(http, server, form, key.get(form.options))
+        assert response.status == 400
+    await asyncio.sleep(0)  # the audit line is written at the end of the loop's turn
+    [failed] = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.failed"]
+    assert failed["reason"] == "backup_eligibility"
+    [stored] = await passkeys_stored(server, server_subject(server, "alice"))
+    assert stored.sign_count == 0 and stored.last_used_at is None
+    key.backup_eligible = False
+    async with browser() as http:
+        form, verifier = await login_page_form(http, server)
+        code = await finish(http, server, await submit(http, server, form, key.get(form.options)))
+        claims = await id_token(http, server, code, verifier)
+    assert claims["amr"] == ["hwk", "user", "mfa"]
+
+
 def audit_lines(err: str) -> list[dict[str, Any]]:
     found = []
     for line in err.splitlines():
@@ -488,6 +595,33 @@ async def test_failed_passkey_attempts_are_throttled(
         # Throttled, even a good assertion is not checked.
         form, _ = await login_page_form(http, server)
         assert (await submit(http, server, form, key.get(form.options))).status == 429
+
+
+async def test_failed_passwordless_attempts_from_one_address_do_not_slow_another_down(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """A passwordless attempt names no user: its count is its address's. Were they counted
+    under one name for everybody, anyone could hold every passwordless sign-in back."""
+    config = passkey_config(trusted_proxies=["127.0.0.1/32"])
+    config["login_throttle"]["backoff_after"] = 2
+    server = await start_authserver(config, clock=clock)
+    key = await user_with_passkey(server)
+
+    async def attempt(http: aiohttp.ClientSession, address: str, verified: bool) -> int:
+        form, _ = await login_page_form(http, server)
+        fields = dict(form.fields)
+        fields["passkey_response"] = json.dumps(key.get(form.options, verified=verified))
+        url = origin_of(server) + urlsplit(form.action).path
+        response = await http.post(
+            url, data=fields, headers={"X-Forwarded-For": address}, allow_redirects=False
+        )
+        return response.status
+
+    async with browser() as attacker:
+        for _ in range(4):
+            assert await attempt(attacker, "203.0.113.7", verified=False) in (400, 429)
+    async with browser() as http:
+        assert await attempt(http, "198.51.100.9", verified=True) in (200, 302, 303)
 
 
 async def test_a_passkey_is_the_second_step_after_the_password(
@@ -681,6 +815,21 @@ async def test_an_operator_lists_a_users_passkeys_and_removes_a_lost_one(
     removed = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.removed"]
     assert len(removed) == 1 and removed[0]["factor"] == "passkey"
     assert removed[0]["actor"] == "admin" and removed[0]["subject"] == bob
+
+
+async def test_a_limit_in_digits_int_cannot_read_is_a_bad_request(
+    start_admin_server: StartAdminServer,
+) -> None:
+    """A list's `limit` of "²" (a digit to str.isdigit(), not to int()) is refused as any
+    other limit that is no whole number (422, naming the parameter), not answered with a
+    500."""
+    server = await start_admin_server()
+    async with browser() as http:
+        admin = await admin_for(http, server)
+        for path in (f"/users/{server.subject('bob')}/passkeys", "/users"):
+            status, refused, _ = await admin.get(path + "?limit=%C2%B2")
+            assert status == 422, refused
+            assert (await admin.get(path + "?limit=x"))[1] == refused
 
 
 async def test_a_user_with_an_app_and_a_passkey_is_offered_both_at_the_second_step(

@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from authserver.protocol import totp
+from authserver.store.base import PasskeyRecord
 from tests.authserver.admin_support import StartAdminServer, admin_for, start_admin_server
 from tests.authserver.conftest import (
     PASSWORD,
@@ -1042,6 +1043,48 @@ async def test_an_app_the_operator_requires_is_not_removed_when_it_is_the_only_f
         # Renewing the recovery codes stays open to them.
         renewed = await post(http, server, "/account/factors/recovery-codes", csrf)
         assert renewed.status == 200
+    assert await server.services.authorize.factors.enrolled(subject)
+
+
+async def test_a_passkey_this_issuer_cannot_use_does_not_let_the_required_app_go(
+    start_authserver: StartAuthServer, clock: MovableClock
+) -> None:
+    """On an issuer where passkeys cannot work (an IP address), a passkey kept from before
+    signs nobody in: the app is still the user's only factor, and is not removed."""
+    server = await start_authserver(factor_config(required_for_everyone=True), clock=clock)
+    async with browser() as http:
+        response, _ = await password_step(http, server)
+        await finish(http, server, await enrolment_led_by_sign_in(http, server, clock, response))
+    clock.advance(30)
+    subject = server.subject("alice")
+    record = await server.services.store.get_totp(subject)
+    assert record is not None
+    kept = PasskeyRecord(
+        credential_id=os.urandom(16),
+        subject=subject,
+        user_handle=os.urandom(32),
+        public_key=b"cose",
+        sign_count=0,
+        transports=(),
+        backup_eligible=False,
+        backed_up=False,
+        name="from another address",
+        created_at=clock.now,
+    )
+    assert await server.services.store.add_passkey(kept)
+    async with browser() as http:
+        page = await http.get(server.url + "/account")
+        action, fields = parse_form(await page.text())
+        fields.update(username="alice", password=PASSWORD)
+        answer = await post(http, server, action, fields)
+        action, pending = parse_form(await answer.text())
+        secret = _secret_of(server, record)
+        await post(http, server, action, {**pending, "code": app_code(secret, clock)})
+        page_text = await (await http.get(server.url + "/account")).text()
+        assert 'id="factor-required"' in page_text
+        csrf = security_form(page_text, "/factors/recovery-codes")
+        refused = await post(http, server, "/account/factors/totp/remove", csrf)
+        assert refused.status == 409
     assert await server.services.authorize.factors.enrolled(subject)
 
 
