@@ -83,7 +83,7 @@ from .endpoints.device import GONE as DEVICE_GONE
 from .endpoints.device import DevicePages
 from .endpoints.forms import query_items, with_query
 from .endpoints.signin import FirstStep, client_address
-from .factors import Method
+from .factors import ENROLMENT_NEEDS_SIGN_IN_WITHIN, Method
 from .federation_keys import SigningKey
 from .metrics import Metrics
 from .protocol import assurance, pkce, user_codes
@@ -1090,8 +1090,11 @@ class _ForAccount:
     def carried(self) -> list[tuple[str, str]]:
         return list(ACCOUNT_CARRIED)
 
-    login_forced = False  # the page's changes that need a recent sign-in check auth_time
-    max_age = None
+    login_forced = False
+    # The page's changes to factors need a sign-in this recent (its auth_time), and a user
+    # who has no password here can make no other proof: OIDC Core §3.1.2.1, the provider
+    # signs the user in again when its own sign-in is older, and its ID token must say so.
+    max_age = int(ENROLMENT_NEEDS_SIGN_IN_WITHIN.total_seconds())
 
     async def refused(self, request: web.Request, message: str, status: int) -> web.Response:
         return await self.pages.sign_in_page(request, error=message, status=status)

@@ -656,6 +656,59 @@ async def test_a_user_without_a_password_signs_in_again_to_change_their_app(
     assert await factors.enrolled(dana.subject)
 
 
+async def test_the_account_pages_provider_sign_in_is_fresh_enough_to_change_factors(
+    federated: Setup,
+) -> None:
+    """The account page's sign-in through a provider asks it for a sign-in of the last 15
+    minutes (max_age, OIDC Core §3.1.2.1), so a user without a password can change their
+    app there at once; a provider that answers with an older sign-in is refused."""
+    clock = MovableClock()
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, upstream = await federated(
+        clock=clock, more={"second_factors": {"encryption_key": key}}
+    )
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        assert (await sign_in(server, browser))[0] == 302
+        dana = await server.services.store.user_by_username("dana")
+        assert dana is not None and not dana.password_hash
+        factors = server.services.authorize.factors
+        enrolment = await factors.begin(dana.subject, "dana")
+        assert enrolment is not None
+        app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+        assert await factors.confirm(dana.subject, app.at(clock.now)) is not None
+    clock.advance(16 * 60)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(server.endpoint("/account")) as response:
+            page = await response.text()
+        status, page, location = await through_provider(server, browser, page)
+        assert upstream.asked[-1]["max_age"] == "900"
+        # The app's code, the second step after the provider; then the page.
+        assert status == 200 and 'name="code"' in page, (status, location)
+        form = parse_form(page)[1]
+        async with browser.post(
+            server.endpoint("/account/login/code"),
+            data={**form, "code": app.at(clock.now + 30)},
+            allow_redirects=False,
+        ) as answer:
+            assert (answer.status, answer.headers.get("Location")) == (303, "/account")
+        async with browser.get(server.endpoint("/account")) as response:
+            page = await response.text()
+        assert "needs a recent sign-in" not in page
+        csrf = {"csrf_token": parse_form(page)[1]["csrf_token"]}
+        async with browser.post(
+            server.endpoint("/account/factors/totp/remove"), data=csrf, allow_redirects=False
+        ) as removed:
+            assert removed.status == 303, await removed.text()
+    assert not await factors.enrolled(dana.subject)
+    # A provider whose single sign-on outlives the page's limit is not taken at its word.
+    upstream.flaw = "stale_auth"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        async with browser.get(server.endpoint("/account")) as response:
+            page = await response.text()
+        status, page, _ = await through_provider(server, browser, page)
+        assert status == 400 and "Signed in as" not in page, status
+
+
 async def test_a_device_sign_in_link_is_not_a_way_to_try_user_codes(
     federated: Setup, http: aiohttp.ClientSession
 ) -> None:
