@@ -282,12 +282,16 @@ class DevicePages:
                 "enter the code of your device again."
             )
         else:
-            ways = []
+            kinds = []
             if self.factors.available:
-                ways.append(f"set up an authenticator app at {self.base_path}/factors")
+                kinds.append("an authenticator app")
             if self.passkeys is not None and self.passkeys.available:
-                ways.append(f"add a passkey at {self.base_path}/account")
-            how = " or ".join(ways) or "ask the operator to let you set one up"
+                kinds.append("a passkey")
+            how = (
+                f"set up {' or '.join(kinds)} at {self.base_path}/factors"
+                if kinds
+                else "ask the operator to let you set one up"
+            )
             message = (
                 f"Your account needs a second factor first: {how}, then enter the code of "
                 "your device again."

@@ -1138,7 +1138,7 @@ async def test_without_an_encryption_key_a_required_factor_is_a_passkey(
         refused = await post(http, server, action, {**fields, "user_code": device["user_code"]})
         assert refused.status == 403
         message = await refused.text()
-        assert "add a passkey at /account" in message and "authenticator app" not in message
+        assert "set up a passkey at /factors" in message and "authenticator app" not in message
         key = SoftAuthenticator(origin_of(server))
         step = await submit(http, server, creation, key.create(creation.options), name="Key")
         assert step.status == 200, await step.text()
