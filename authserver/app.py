@@ -368,6 +368,7 @@ class AuthServer:
             clock=clock,
             sign_in_links=sign_in_links,
             passkeys=passkey_offers,
+            password_sign_in=settings.password_sign_in,
         )
         authorize = AuthorizationEndpoint(
             clients=clients,
@@ -388,6 +389,7 @@ class AuthServer:
             documents=documents,
             sign_in_links=sign_in_links,
             passkeys=passkey_offers,
+            password_sign_in=settings.password_sign_in,
         )
         account = AccountPages(
             store=store,
@@ -405,6 +407,7 @@ class AuthServer:
             requirement=requirement,
             passkeys=passkey_offers,
             sign_in_links=sign_in_links,
+            password_sign_in=settings.password_sign_in,
         )
         federation = (
             Federation(
@@ -419,6 +422,7 @@ class AuthServer:
                 metrics=metrics,
                 device=device,
                 account=account,
+                password_sign_in=settings.password_sign_in,
             )
             if providers
             else None

@@ -41,7 +41,8 @@ callback:
     provider's methods and auth_time for the ID token), where either is offered.
 A provider that cannot be reached or answers what it should not is a `ProviderUnavailable`,
 a refusal a FederationRefused: either shows the sign-in page again with what happened, the
-password form still there. Nothing is stored for a refused sign-in but its used `state`.
+password form still there (unless `password_sign_in: false`: the buttons alone). Nothing
+is stored for a refused sign-in but its used `state`.
 """
 
 from __future__ import annotations
@@ -640,8 +641,10 @@ class Federation:
         metrics: Metrics | None = None,
         device: DevicePages | None = None,
         account: AccountPages | None = None,
+        password_sign_in: bool = True,
     ) -> None:
         self.upstreams = {p.name: Upstream(p, clock, metrics) for p in providers}
+        self.password_sign_in = password_sign_in  # what a refusal offers instead
         self.device = device  # the device page, whose sign-in form has the buttons too
         self.account = account  # and the account page, whose own sign-in form has them
         self.authorize = authorize
@@ -685,7 +688,8 @@ class Federation:
                 log.warning(
                     "federated sign-in unavailable", extra={"provider": name, "reason": exc.reason}
                 )
-                return await target.refused(request, _unreachable(upstream.provider), 502)
+                message = _unreachable(upstream.provider, self.password_sign_in)
+                return await target.refused(request, message, 502)
             return self._to_provider(upstream.provider, metadata, session, target)
         except PageError as exc:
             return self.authorize.pages.error(
@@ -848,7 +852,8 @@ class Federation:
                 "federated sign-in unavailable",
                 extra={"provider": provider.name, "reason": exc.reason},
             )
-            return self._cleared(await target.refused(request, _unreachable(provider), 502))
+            message = _unreachable(provider, self.password_sign_in)
+            return self._cleared(await target.refused(request, message, 502))
         assert session is not None
         log.info(
             "federated sign-in", extra={"provider": provider.name, "outcome": signed_in.outcome}
@@ -984,11 +989,9 @@ class Federation:
         return response
 
 
-def _unreachable(provider: Provider) -> str:
-    return (
-        f"{provider.display_name} cannot be reached right now. "
-        "Sign in with your password, or try again in a moment."
-    )
+def _unreachable(provider: Provider, password_sign_in: bool) -> str:
+    instead = "Sign in with your password, or try" if password_sign_in else "Try"
+    return f"{provider.display_name} cannot be reached right now. {instead} again in a moment."
 
 
 # ---------------------------------------------------------------------------- what it is for

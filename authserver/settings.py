@@ -543,6 +543,7 @@ class Settings:
     clients: tuple[DeclaredClient, ...] = setting("Clients defined here (read-only in the admin API).", default=(), label=named("client", "client_id"))
     cors: CorsSettings = setting("CORS.", default_factory=CorsSettings)
     identity_providers: tuple[IdentityProviderSettings, ...] = setting("Upstream OpenID Connect providers users may sign in with, each a button on the sign-in page.", default=(), label=named("identity provider", "name"))
+    password_sign_in: bool = setting("Users may sign in with their username and password, and change it on the account page; false: the sign-in pages show only the identity_providers' buttons (and a passkey, where the issuer allows them), and a password posted is refused unread. Needs an identity provider or passkeys. Client secrets and the admin API are not affected.", default=True)
     log_level: Literal["debug", "info", "warning", "error"] = setting("Least severity logged.", default="info")
     access_log: AccessLogSettings | Literal[True, False] = setting("A line per request: true, false, or a mapping; on when absent; restart to change.", default=True)
     admin_listen: Address = setting("/healthz, /readyz and /metrics.", default=Address("127.0.0.1", 9902), parser=address)
@@ -642,6 +643,13 @@ class Settings:
                 "a second factor cannot be required here: authenticator apps need an encryption key to seal their secrets "
                 "(set second_factors.encryption_key, or keys.encryption_key), and passkeys need an https issuer "
                 "(or http://localhost), which this issuer is not")
+        if not self.password_sign_in and not self.identity_providers and webauthn.rp_id(self.issuer) is None:
+            # Nobody could sign in: no password, no provider, and no passkey a browser would use.
+            check.problem(
+                "false leaves nobody a way to sign in: add an identity provider (identity_providers), "
+                "or use an issuer passkeys work with (https, or http://localhost), which this issuer is not",
+                key="password_sign_in",
+            )
         _once(check, self.scopes, lambda s: s.name, "scope {!r} is listed twice")
         _once(check, self.users, lambda u: u.username, "username {!r} is listed twice")
         _once(check, self.clients, lambda c: c.client_id, "client_id is listed twice")

@@ -27,7 +27,12 @@ and their password.
 
 Signed out, the page is a sign-in form of its own: the password (then the second step, for
 a user who has a second factor), a passkey, or a button per upstream identity provider
-(`identity_providers`; federation.py brings such a sign-in back here). Every form carries
+(`identity_providers`; federation.py brings such a sign-in back here).
+
+With `password_sign_in: false` the page has no password anywhere: its sign-in offers the
+providers and passkeys only, the Password section is gone, POST /account/login and POST
+/account/password refuse (403) before reading the form, and a change that needs a recent
+sign-in asks for a new sign-in rather than the current password. Every form carries
 the session's CSRF token; each change answers 303 back to the page (POST, redirect, GET),
 with a notice named in the query. Every change is an audit event (audit.py).
 """
@@ -123,7 +128,11 @@ class AccountPages:
         passkeys: PasskeyOffers | None = None,
         sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
         | None = None,
+        password_sign_in: bool = True,
     ) -> None:
+        # False: no password form, no password change, and no password asked to confirm a
+        # change (a new sign-in is); a password posted is refused unread.
+        self.password_sign_in = password_sign_in
         self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
         self.requirement = requirement  # who the operator requires a second factor of
         self.passkeys = passkeys  # the page's passkeys section, and passkeys at its sign-in
@@ -156,6 +165,8 @@ class AccountPages:
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         """POST /account/login."""
+        if not self.password_sign_in:
+            return signin.password_refused(self.pages)
         form = await read_form(request)
         session = await self.sessions.current(request)
         if not Sessions.csrf_valid(session, form.get("csrf_token")):
@@ -304,6 +315,14 @@ class AccountPages:
 
     async def change_password(self, request: web.Request) -> web.StreamResponse:
         """POST /account/password: `current`, `new` and `confirm`."""
+        if not self.password_sign_in:
+            return self.pages.error(
+                403,
+                "Passwords are not used here",
+                "This server signs nobody in with a password, so there is none to change "
+                "here: your company's sign-in keeps yours.",
+                "password_sign_in_disabled",
+            )
         form, session = await self._signed_in_form(request)
         if session is None:
             return self._expired()
@@ -421,8 +440,9 @@ class AccountPages:
             return await self._page(session, factor_problem=text, status=status)
 
         user = await self.users.by_subject(session.record.subject)
-        if user is None or not user.password_hash:
-            # Signed in through an upstream provider only: no password to type here.
+        if user is None or not self._password_of(user.password_hash):
+            # Signed in through an upstream provider only, or passwords are off: no
+            # password to type here.
             return await problem(SIGN_IN_AGAIN, 403)
         outcome = await self.passwords.check(request, user.username, form.get("current", ""), None)
         if isinstance(outcome, signin.Throttled):
@@ -432,6 +452,10 @@ class AccountPages:
         if outcome is None or outcome.subject != user.subject:
             return await problem(WRONG_CURRENT, 400)
         return None
+
+    def _password_of(self, password_hash: str) -> bool:
+        """Whether a user with `password_hash` can prove who they are by a password here."""
+        return self.password_sign_in and bool(password_hash)
 
     def signed_in(self) -> web.Response:
         """After a sign-in to this page elsewhere (at an upstream provider): the page."""
@@ -478,6 +502,7 @@ class AccountPages:
             client_name="your account",
             error=error,
             username=username,
+            password_form=self.password_sign_in,
             passkey=(
                 self.passkeys.offer_sign_in(session, [], account=True) if self.passkeys else None
             ),
@@ -573,10 +598,13 @@ class AccountPages:
             sign_ins=sign_ins,
             others=sum(1 for s in sessions if not s["current"]),
             username=record.username if record is not None else "",
+            password_section=self.password_sign_in,
             password_changeable=record is not None and record.managed_by == MANAGED_BY_API,
             notice=notice,
             problem=problem,
-            **await self._security(session, user is not None and bool(user.password_hash)),
+            **await self._security(
+                session, user is not None and self._password_of(user.password_hash)
+            ),
             factor_problem=factor_problem,
             passkey_problem=passkey_problem,
             passkeys=await self.passkeys.account_section(session) if self.passkeys else None,

@@ -12,7 +12,9 @@ Order of checks:
     response_mode, scope, PKCE (S256 only), prompt, max_age, resource;
  3. login (unless a session fits `prompt` and `max_age`): the password, then for a user
     with an authenticator app its code (POST /login/code, the pending sign-in of
-    endpoints/signin.py between the two);
+    endpoints/signin.py between the two); or a passkey, or an upstream identity provider
+    (federation.py). With `password_sign_in: false` the page has no password form and
+    POST /login refuses before reading the form;
  4. the level of the sign-in: a second factor when the request asks for it (`acr_values`,
     else the client's `default_acr_values`), the client requires it (`require_mfa`) or the
     operator requires it of this user (`second_factors`). A session signed in with the
@@ -272,7 +274,10 @@ class AuthorizationEndpoint:
         sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
         | None = None,
         passkeys: PasskeyOffers | None = None,
+        password_sign_in: bool = True,
     ) -> None:
+        # False: the login page has no password form, and POST /login refuses unread.
+        self.password_sign_in = password_sign_in
         self.passkeys = passkeys  # the passkey forms of the login page and the second step
         self.documents = documents
         self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
@@ -586,6 +591,7 @@ class AuthorizationEndpoint:
             error=error,
             username=username or auth.params.get("login_hint"),
             form_targets=[auth.redirect_uri],
+            password_form=self.password_sign_in,
             providers=self.sign_in_links(session, auth.carried()) if self.sign_in_links else [],
             passkey=self.passkeys.offer_sign_in(session, auth.carried()) if self.passkeys else None,
         )
@@ -650,6 +656,8 @@ class AuthorizationEndpoint:
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         """POST /login: check the password (throttled), start a session, continue the flow."""
+        if not self.password_sign_in:
+            return signin.password_refused(self.pages)
         try:
             given = await _params(request)
             form = given.values

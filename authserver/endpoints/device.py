@@ -17,7 +17,9 @@ Steps, each a form posted back with the session's CSRF token:
     challenge bound to the user code), and a button per
     upstream identity provider (`identity_providers`), as the authorization endpoint's
     does: the sign-in there carries the user code, bound to this session by the link's
-    proof (federation.py), and comes back to step 4 for it, or to the second step first;
+    proof (federation.py), and comes back to step 4 for it, or to the second step first.
+    With `password_sign_in: false` the form has no password and POST /device/login
+    refuses before reading the form;
  4. POST /device/consent: the client's name, the scopes, and a warning to approve only a
     device the person is holding (§5.4: a code can be phished); approve or deny.
 The forms of steps 3 and 4 carry the code with a proof, bound to the session, that it
@@ -135,7 +137,10 @@ class DevicePages:
         sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
         | None = None,
         passkeys: PasskeyOffers | None = None,
+        password_sign_in: bool = True,
     ) -> None:
+        # False: the sign-in form has no password, and POST /device/login refuses unread.
+        self.password_sign_in = password_sign_in
         self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
         self.passkeys = passkeys  # the second step's passkey form
         self.audiences = audiences
@@ -249,6 +254,7 @@ class DevicePages:
             client_name=client.client_name,
             error=error,
             username=username,
+            password_form=self.password_sign_in,
             providers=(
                 self.sign_in_links(session, [("user_code", code)]) if self.sign_in_links else []
             ),
@@ -397,6 +403,8 @@ class DevicePages:
 
     async def login(self, request: web.Request) -> web.Response:
         """POST /device/login: the password, then the consent page."""
+        if not self.password_sign_in:
+            return signin.password_refused(self.pages)
         form = await _form(request)
         if form is None:
             return self._malformed()

@@ -18,7 +18,9 @@ The bounds, with the defaults: 5 guesses per username and 20 in all per address 
 minutes; for one username from any number of addresses, 74 in any hour (10 at once, 6 more
 within the next minute, then one a minute).
 
-Used by the authorization endpoint's login page, the device page's and the account page's.
+Used by the authorization endpoint's login page, the device page's and the account page's;
+with `password_sign_in: false` none of them shows its form or calls this, and each refuses
+a password posted anyway before reading it (`password_refused`).
 Each attempt is an audit event (audit.py): `signin.succeeded`, `signin.failed` (with the
 user's subject when the username names one, never the username typed) or
 `signin.throttled`. A success or a failure of a known user is also kept in the store for
@@ -59,6 +61,7 @@ from ..registry import User, UserDirectory
 from ..sessions import Session, Sessions
 from ..store.base import SignInRecord, Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
+from .pages import Pages
 
 SIGN_IN_RETENTION = timedelta(days=90)
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
@@ -67,6 +70,19 @@ WRONG = "The username or password is not correct."
 WRONG_CODE = "That code is not correct, or was already used. Enter the current code of your app."
 THROTTLED_CODE = "Too many wrong codes. Please wait a few minutes and try again."
 PENDING = timedelta(minutes=5)  # from the password to the code
+
+
+def password_refused(pages: Pages) -> web.Response:
+    """The answer to a password posted where the operator turned password sign-in off
+    (`password_sign_in: false`): given before the form is read, so the password is never
+    looked at, nothing is charged to the throttle and no failed sign-in is recorded."""
+    return pages.error(
+        403,
+        "Passwords are not accepted here",
+        "This server signs nobody in with a password. Go back and sign in another way: "
+        "with your company's sign-in, or a passkey.",
+        "password_sign_in_disabled",
+    )
 
 
 def client_address(addresses: ClientAddresses, request: web.Request) -> str:

@@ -102,6 +102,18 @@ def test_check_prints_every_problem_as_file_line_message(tmp_path):
     assert lines[2].startswith(f"{path}:9: client 'app': unknown key 'colour'")
 
 
+def test_check_refuses_password_sign_in_off_with_no_other_way_in(tmp_path):
+    config = default_config()
+    config["password_sign_in"] = False
+    path = write_config(tmp_path, config)
+    result = cli("check", "--config", str(path))
+    assert result.returncode == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"{path}:")
+    assert "config.password_sign_in: false leaves nobody a way to sign in" in line
+    assert "identity_providers" in line and "passkeys" in line
+
+
 def test_check_reports_a_missing_file(tmp_path):
     result = cli("check", "--config", str(tmp_path / "nope.yaml"))
     assert result.returncode == 1

@@ -35,16 +35,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from authserver.federation_keys import load_signing_key, public_jwk
 from authserver.protocol import pkce
 from authserver.protocol.federation import ClaimNames, email_to_link
+from authserver.protocol.throttle import Cap
 from tests.authserver.conftest import (
+    PASSWORD,
     REDIRECT,
     CodeResult,
     MovableClock,
     RunningAuthServer,
     StartAuthServer,
+    client_credentials,
     default_config,
     exchange_code,
     parse_form,
     query_of,
+    quick_password_hash,
     verify_jwt,
 )
 from tests.authserver.device_support import DEVICE_GRANT, poll
@@ -568,10 +572,11 @@ TV = {
 
 
 async def device_sign_in(
-    server: RunningAuthServer, browser: aiohttp.ClientSession
+    server: RunningAuthServer, browser: aiohttp.ClientSession, *, password: bool = True
 ) -> tuple[str, tuple[int, str, str | None]]:
     """A device asks; the person types its code on the device page and presses the
-    provider's button: the device code, and the last answer after the provider."""
+    provider's button: the device code, and the last answer after the provider. The sign-in
+    form has a password field unless `password` is false."""
     async with browser.post(
         server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
     ) as started:
@@ -581,7 +586,10 @@ async def device_sign_in(
     fields["user_code"] = body["user_code"]
     async with browser.post(server.url + action, data=fields) as checked:
         login = await checked.text()
-    assert 'name="password"' in login and "Or sign in with" in login
+    if password:
+        assert 'name="password"' in login and "Or sign in with" in login
+    else:
+        assert 'name="password"' not in login and "company's sign-in" in login
     return body["device_code"], await follow_provider_button(server, browser, login)
 
 
@@ -1121,3 +1129,146 @@ async def test_an_account_sign_in_link_must_be_the_pages_own(
         ) as response:
             assert response.status == 403, query
     assert upstream.asked == []
+
+
+# ---------------------------------------------------------------------------- without passwords
+
+NO_PASSWORDS = {"password_sign_in": False}
+REFUSED = "Passwords are not accepted here"
+
+
+async def test_without_password_sign_in_the_pages_offer_the_provider_and_refuse_a_password(
+    federated: Setup, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`password_sign_in: false`: the login page, the device page's sign-in and the account
+    page's have no password field, only the provider's button and a line saying so. A
+    password posted to any of them anyway, right and with the session's CSRF token, is
+    refused before it is read: no session, nothing charged to the throttle, no sign-in
+    recorded. Clients still authenticate with their secrets; the provider signs in."""
+    clock = MovableClock()
+    server, upstream = await federated(clock=clock, more=NO_PASSWORDS, clients=(TV,))
+    store = server.services.store
+    # A provider that cannot be reached: the page does not send anyone to a password.
+    upstream.discovery = b"not json"
+    status, page, _ = await sign_in(server)
+    assert status == 502 and "Corp cannot be reached right now. Try again" in page
+    assert 'name="password"' not in page and "your password" not in page
+    upstream.discovery = None
+    clock.advance(60)
+    capfd.readouterr()
+    query = {
+        "response_type": "code",
+        "client_id": "portal",
+        "redirect_uri": REDIRECT,
+        "scope": "openid",
+        "state": "s",
+        "code_challenge": pkce.s256(VERIFIER),
+        "code_challenge_method": "S256",
+    }
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        for path in ("/authorize?" + urlencode(query), "/account"):
+            async with browser.get(server.endpoint(path)) as response:
+                page = await response.text()
+            assert response.status == 200 and "<h1>Sign in</h1>" in page, path
+            assert 'name="password"' not in page and 'name="username"' not in page, path
+            assert "Use your company's sign-in below" in page, path
+            assert 'class="button provider"' in page and "Or sign in with" not in page, path
+        async with browser.get(server.endpoint("/device")) as response:
+            csrf = parse_form(await response.text())[1]["csrf_token"]
+        async with browser.post(
+            server.endpoint("/device_authorization"), data={"client_id": "tv", "scope": "openid"}
+        ) as started:
+            user_code = (await started.json())["user_code"]
+        async with browser.post(
+            server.endpoint("/device"), data={"csrf_token": csrf, "user_code": user_code}
+        ) as checked:
+            page = await checked.text()
+        assert 'name="password"' not in page and "company's sign-in" in page
+        assert 'class="button provider"' in page
+        # The right password, and a wrong one (which a check would have charged).
+        for password in (PASSWORD, "not-the-password"):
+            typed = {"csrf_token": csrf, "username": "alice", "password": password}
+            for path, extra in (
+                ("/login", query),
+                ("/account/login", {}),
+                ("/device/login", {"user_code": user_code}),
+            ):
+                async with browser.post(
+                    server.endpoint(path), data={**typed, **extra}, allow_redirects=False
+                ) as refused:
+                    assert refused.status == 403, path
+                    assert REFUSED in await refused.text(), path
+        async with browser.get(server.endpoint("/account")) as response:
+            assert "Signed in as" not in await response.text()
+    alice = server.subject("alice")
+    assert await store.sessions_of(alice, clock()) == []
+    assert await store.sign_ins_of(alice, clock()) == []
+    err = capfd.readouterr().err
+    assert audit_events(err, "signin.failed") == audit_events(err, "signin.succeeded") == []
+    # Nothing was charged: a cap of one attempt still has its one.
+    for key in ("login:ip:127.0.0.1", "login:user-at-ip:127.0.0.1 alice"):
+        assert await store.reserve_attempt([Cap(key, 1, 900)], clock()) is None, key
+    async with aiohttp.ClientSession() as http:
+        status, body = await client_credentials(http, server)
+    assert status == 200, body
+    # The provider signs in, at the authorization endpoint and on the device page.
+    claims = await signed_in_claims(server)
+    dana = await store.user_by_username("dana")
+    assert dana is not None and claims["sub"] == dana.subject
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        device_code, (status, page, _) = await device_sign_in(server, browser, password=False)
+        assert status == 200 and "Allow a device" in page
+        assert (await approve_device(server, browser, page, device_code))["sub"] == dana.subject
+
+
+async def test_without_password_sign_in_the_account_page_changes_no_password(
+    federated: Setup,
+) -> None:
+    """Signed in through the provider, the account page has no Password section, and a
+    password change posted anyway is refused; a change that needs a recent sign-in asks
+    for a new sign-in, never a password."""
+    clock = MovableClock()
+    key = base64.b64encode(os.urandom(32)).decode()
+    server, _ = await federated(
+        clock=clock, more={**NO_PASSWORDS, "second_factors": {"encryption_key": key}}
+    )
+    store = server.services.store
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+        assert (await sign_in(server, browser))[0] == 302
+        dana = await store.user_by_username("dana")
+        assert dana is not None
+        # An administrator gave dana a password: it is not one to sign in or confirm with.
+        given = quick_password_hash("pw")
+        assert await store.save_user(replace(dana, password_hash=given), 1)
+        factors = server.services.authorize.factors
+        enrolment = await factors.begin(dana.subject, "dana")
+        assert enrolment is not None
+        app = pyotp.TOTP(enrolment.grouped.replace(" ", ""))
+        assert await factors.confirm(dana.subject, app.at(clock.now)) is not None
+        clock.advance(16 * 60)
+        async with browser.get(server.endpoint("/account")) as response:
+            page = await response.text()
+        assert "Signed in as" in page
+        assert 'id="password-heading"' not in page and "Change password" not in page
+        assert "needs a recent sign-in" in page and 'name="current"' not in page
+        async with browser.get(server.endpoint("/device")) as response:
+            csrf = parse_form(await response.text())[1]["csrf_token"]  # the session's
+        change = {
+            "csrf_token": csrf,
+            "current": "pw",
+            "new": "a-new-password",
+            "confirm": "a-new-password",
+        }
+        async with browser.post(
+            server.endpoint("/account/password"), data=change, allow_redirects=False
+        ) as refused:
+            assert refused.status == 403
+            assert "Passwords are not used here" in await refused.text()
+        async with browser.post(
+            server.endpoint("/account/factors/totp/remove"),
+            data={"csrf_token": csrf, "current": "pw"},
+        ) as refused:
+            assert refused.status == 403 and "sign out, sign in again" in await refused.text()
+    after = await store.user_by_username("dana")
+    assert after is not None and after.password_hash == given
+    assert await factors.enrolled(dana.subject)

@@ -842,3 +842,23 @@ def test_identity_providers_are_named_once_and_trusted_once(tmp_path):
         "9: identity provider 'corp': identity provider 'corp' is listed twice",
         "13: identity provider 'second': issuer 'https://login.corp.example' is listed twice",
     ], found
+
+
+# ---------------------------------------------------------------------------- password sign-in
+
+
+def test_password_sign_in_is_on_unless_turned_off(tmp_path):
+    assert settings.load(write(tmp_path, BASE), {}).password_sign_in is True
+    loaded = settings.load(write(tmp_path, BASE + "password_sign_in: false\n" + PROVIDER), {})
+    assert loaded.password_sign_in is False
+
+
+def test_password_sign_in_off_needs_a_provider_or_passkeys(tmp_path):
+    """Without passwords, a provider or passkeys (an issuer browsers run WebAuthn for) is the
+    only way in: with neither, nobody could sign in, and loading says what is missing."""
+    (found,) = problems(tmp_path, BASE + "password_sign_in: false\n")
+    assert found.startswith("4: config.password_sign_in: false leaves nobody a way to sign in")
+    assert "identity_providers" in found and "passkeys" in found
+    for issuer in ("https://auth.example.com", "http://localhost:9000"):
+        text = BASE.replace("http://127.0.0.1:9000", issuer) + "password_sign_in: false\n"
+        assert settings.load(write(tmp_path, text), {}).password_sign_in is False

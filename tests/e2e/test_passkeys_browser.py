@@ -4,7 +4,8 @@ resident keys, user verification): adding a passkey on the account page, signing
 signing in with the passkey alone, then with the password and the passkey as the second
 step, into the small client application of test_browser_flow.py, which shows the ID
 token's `amr` and `acr`. A replayed assertion and a spoiled one are refused. Last, the
-device page's sign-in with the passkey alone.
+device page's sign-in with the passkey alone. And with `password_sign_in: false`, the
+sign-in page of passkeys alone.
 
 The issuer is http://localhost:PORT: WebAuthn needs a domain for its RP ID and a secure
 context, which http is on localhost.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -195,4 +197,40 @@ async def test_a_passkey_added_on_the_account_page_signs_in_alone_and_as_second_
     await tab.goto(issuer + "/account")
     assert "last used" in await tab.locator(".passkey-item").inner_text()
     assert [p for p in problems if "Failed to load resource" not in p] == []
+    await context.close()
+
+
+async def test_without_passwords_the_login_page_signs_in_with_a_passkey_alone(
+    browser: Any, client_app: ClientApp, authserver: RunningAuthServer
+) -> None:
+    """`password_sign_in: false` and no identity provider, on an issuer where passkeys work:
+    the login page has no password field, only the passkey, which signs in a user who
+    added it before; their account page then has no Password section."""
+    issuer = authserver.settings.issuer
+    context = await browser.new_context()
+    tab = await context.new_page()
+    tab.set_default_timeout(15_000)
+    await virtual_authenticator(context, tab)
+    await tab.goto(issuer + "/account")
+    await tab.get_by_label("Username").fill("alice")
+    await tab.get_by_label("Password").fill(PASSWORD)
+    await tab.get_by_role("button", name="Sign in", exact=True).click()
+    await tab.get_by_label("Name of the new passkey").fill("Test laptop")
+    await tab.get_by_role("button", name="Add a passkey").click()
+    await tab.wait_for_url(issuer + "/account?done=passkey-added")
+    await sign_out(tab, authserver)
+
+    # The operator turns passwords off (the same files, the same store).
+    authserver.settings = replace(authserver.settings, password_sign_in=False)
+    await authserver.restart()
+    await to_login_page(tab, client_app, authserver)
+    assert await tab.get_by_label("Password").count() == 0
+    assert "does not take passwords" in await tab.locator("#no-password").inner_text()
+    await tab.get_by_role("button", name="Sign in with a passkey").click()
+    await tab.get_by_role("button", name="Allow").click()
+    await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
+    assert await tab.locator("#amr").inner_text() == "hwk user mfa"
+    await tab.goto(issuer + "/account")
+    await tab.get_by_role("heading", name="Passkeys").wait_for()
+    assert await tab.get_by_role("heading", name="Password").count() == 0
     await context.close()
