@@ -341,6 +341,7 @@ class Passkeys:
             backed_up=auth_data.is_backed_up(),
             name=name,
             created_at=self.clock(),
+            rp_id=self.rp_id,
         )
         if not await self.store.add_passkey(record):
             return TAKEN  # §7.1 step 26
@@ -407,7 +408,18 @@ class Passkeys:
     # -- the user's list
 
     async def of(self, subject: str) -> list[PasskeyRecord]:
+        """Every passkey of the user, those of another relying party id included (listed on
+        the account page, where they can be removed)."""
         return await self.store.passkeys_of(subject)
+
+    async def usable(self, subject: str) -> list[PasskeyRecord]:
+        """The user's passkeys that can sign here: made for the relying party id in force
+        (WebAuthn §5.1.2: a credential is scoped to the id it was created for; one kept
+        from before the issuer's host changed signs for nothing here), or before ids were
+        recorded. None where passkeys cannot work."""
+        if self.rp_id is None:
+            return []
+        return [p for p in await self.store.passkeys_of(subject) if p.rp_id in (None, self.rp_id)]
 
     async def remove(self, subject: str, credential_id: bytes) -> bool:
         return await self.store.delete_passkey(subject, credential_id)

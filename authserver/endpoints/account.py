@@ -414,10 +414,9 @@ class AccountPages:
         if user is None or not self.requirement.applies_to(user.roles):
             return False
         app = await self.factors.enrolled(subject)
-        # A passkey counts where this issuer can check it (passkeys.Passkeys.available): one
-        # kept from another issuer signs nobody in, and is no factor to fall back on.
-        usable = self.passkeys is not None and self.passkeys.available
-        passkeys = len(await self.store.passkeys_of(subject)) if usable else 0
+        # A passkey counts where this issuer can check it (passkeys.Passkeys.usable): one
+        # made for another relying party id signs nobody in, and is no factor to fall back on.
+        passkeys = len(await self.passkeys.passkeys.usable(subject)) if self.passkeys else 0
         return app + passkeys <= 1
 
     async def recent_or_password(

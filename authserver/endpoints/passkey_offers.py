@@ -72,7 +72,7 @@ class PasskeyOffers:
 
     async def enrolled(self, subject: str) -> bool:
         """Whether the user has a passkey this server can check."""
-        return self.passkeys.available and bool(await self.passkeys.of(subject))
+        return self.passkeys.available and bool(await self.passkeys.usable(subject))
 
     def offer_sign_in(
         self,
@@ -118,7 +118,7 @@ class PasskeyOffers:
         page's or the device page's second step to theirs."""
         if not self.passkeys.available:
             return None
-        theirs = await self.passkeys.of(subject)
+        theirs = await self.passkeys.usable(subject)
         if not theirs:
             return None
         bound = subject_bound(ACCOUNT_BOUND if account else bound, subject)

@@ -109,7 +109,7 @@ class FactorPages:
         passkeys = self._passkeys
         subject = session.record.subject
         recent = self.clock() - session.record.auth_time <= RECENT.total_seconds()
-        count = len(await passkeys.passkeys.of(subject)) if passkeys is not None else 0
+        count = len(await passkeys.passkeys.usable(subject)) if passkeys is not None else 0
         # Adding a passkey needs a recent sign-in, as setting up an app does: an older
         # session is told so rather than shown a form that would be refused.
         offer = await passkeys.offer_creation(session) if passkeys is not None and recent else None

@@ -290,7 +290,8 @@ class PasskeyRecord:
     (RFC 9052 §7, CBOR as the authenticator sent it), the latest signature counter (§6.1.1),
     the transports the browser reported, the backup flags of its authenticator data (§6.1,
     BE and BS), the user handle it was created with (§5.4.3 `user.id`), the user's name for
-    it, when it was created and when it last signed a sign-in."""
+    it, when it was created and when it last signed a sign-in, and the relying party id it
+    was created for (§5.1.2; None when that was not recorded)."""
 
     credential_id: bytes
     subject: str
@@ -303,6 +304,7 @@ class PasskeyRecord:
     name: str
     created_at: float
     last_used_at: float | None = None
+    rp_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -876,7 +876,7 @@ class PostgresStore:
         async with self._connection("add_passkey") as conn:
             added = await conn.fetchval(
                 f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"  # noqa: S608 - fixed names
-                " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL"
+                " SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $11"
                 " WHERE EXISTS (SELECT 1 FROM users WHERE subject = $2)"
                 " ON CONFLICT (credential_id) DO NOTHING RETURNING 1",
                 r.credential_id,
@@ -889,6 +889,7 @@ class PostgresStore:
                 r.backed_up,
                 r.name,
                 r.created_at,
+                r.rp_id,
             )
         return added is not None
 
@@ -1739,7 +1740,7 @@ def _methods_text(amr: Sequence[str]) -> str:
 
 _PASSKEY_COLUMNS = (
     "credential_id, subject, user_handle, public_key, sign_count, transports,"
-    " backup_eligible, backed_up, name, created_at, last_used_at"
+    " backup_eligible, backed_up, name, created_at, last_used_at, rp_id"
 )
 
 
@@ -1756,4 +1757,5 @@ def _passkey(row: Any) -> PasskeyRecord:
         name=row["name"],
         created_at=float(row["created_at"]),
         last_used_at=None if row["last_used_at"] is None else float(row["last_used_at"]),
+        rp_id=row["rp_id"],
     )

@@ -1218,12 +1218,14 @@ def _delete_totp(conn: sqlite3.Connection, subject: str) -> bool:
 
 _PASSKEY_COLUMNS = (
     "credential_id, subject, user_handle, public_key, sign_count, transports,"
-    " backup_eligible, backed_up, name, created_at, last_used_at"
+    " backup_eligible, backed_up, name, created_at, last_used_at, rp_id"
 )
 
 
 def _passkey(row: Any) -> PasskeyRecord:
-    (cid, subject, handle, key, count, transports, eligible, backed_up, name, created, used) = row
+    (cid, subject, handle, key, count, transports, eligible, backed_up, name, created, used, rp) = (
+        row
+    )
     return PasskeyRecord(
         credential_id=bytes(cid),
         subject=subject,
@@ -1236,6 +1238,7 @@ def _passkey(row: Any) -> PasskeyRecord:
         name=name,
         created_at=float(created),
         last_used_at=None if used is None else float(used),
+        rp_id=rp,
     )
 
 
@@ -1243,7 +1246,7 @@ def _add_passkey(conn: sqlite3.Connection, r: PasskeyRecord) -> bool:
     with _transaction(conn):
         cursor = conn.execute(
             f"INSERT INTO passkeys ({_PASSKEY_COLUMNS})"  # noqa: S608 - fixed names
-            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL"
+            " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?"
             " WHERE EXISTS (SELECT 1 FROM users WHERE subject = ?)"
             " ON CONFLICT (credential_id) DO NOTHING",
             (
@@ -1257,6 +1260,7 @@ def _add_passkey(conn: sqlite3.Connection, r: PasskeyRecord) -> bool:
                 int(r.backed_up),
                 r.name,
                 r.created_at,
+                r.rp_id,
                 r.subject,
             ),
         )

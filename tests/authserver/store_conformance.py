@@ -315,6 +315,7 @@ def a_passkey(label: str = "pk-1", subject: str = "sub-alice", **changes: Any) -
         backed_up=False,
         name=f"Passkey {label}",
         created_at=T0,
+        rp_id="auth.example",
     )
     return replace(record, **changes)
 
@@ -1051,7 +1052,10 @@ class StoreConformance:
         assert not await store.add_passkey(replace(first, subject="sub-bob"))
         # No passkey for a user the store does not hold.
         assert not await store.add_passkey(a_passkey("pk-x", subject="sub-nobody"))
-        second = a_passkey("pk-2", created_at=T0 + 1, backup_eligible=False, transports=())
+        # The relying party id is kept as given, or unknown (a passkey of before it was).
+        second = a_passkey(
+            "pk-2", created_at=T0 + 1, backup_eligible=False, transports=(), rp_id=None
+        )
         assert await store.add_passkey(second)
         assert await store.add_passkey(a_passkey("pk-3", subject="sub-bob"))
         assert await other.passkeys_of("sub-alice") == [first, second]

@@ -653,6 +653,57 @@ async def test_a_passkey_is_the_second_step_after_the_password(
     assert used[-1]["factor"] == "passkey" and used[-1]["subject"] == claims["sub"]
 
 
+async def test_a_passkey_made_for_another_relying_party_id_is_listed_but_no_factor(
+    server: RunningAuthServer,
+) -> None:
+    """WebAuthn §5.1.2: a credential signs only for the RP ID it was created for. One kept
+    from before the issuer's host changed is still the user's (listed, removable), but is
+    neither offered at the second step nor counted as a second factor."""
+    key = await user_with_passkey(server)
+    subject = server_subject(server, "alice")
+    store = server.services.store
+    [current] = await passkeys_stored(server, subject)
+    assert current.rp_id == "localhost"
+    old = PasskeyRecord(
+        credential_id=os.urandom(16),
+        subject=subject,
+        user_handle=current.user_handle,
+        public_key=current.public_key,
+        sign_count=0,
+        transports=(),
+        backup_eligible=False,
+        backed_up=False,
+        name="Old address",
+        created_at=current.created_at,
+        rp_id="auth.old.example",
+    )
+    assert await store.add_passkey(old)
+    passkeys = server.services.passkeys.passkeys
+    # The account page lists every one (Passkeys.of); only the current one can sign.
+    assert {p.name for p in await passkeys.of(subject)} == {"My laptop", "Old address"}
+    assert [p.name for p in await passkeys.usable(subject)] == ["My laptop"]
+    async with browser() as http:
+        url, _ = authorize_url(server)
+        action, fields = parse_form(await (await http.get(url, allow_redirects=False)).text())
+        step = await post(
+            http, server, action, {**fields, "username": "alice", "password": PASSWORD}
+        )
+        form = passkey_form(await step.text())
+        assert form is not None
+        assert [d["id"] for d in form.options["allowCredentials"]] == [b64(key.credential_id)]
+    # With only the old one left, the password alone signs in: consent, no second step.
+    assert await store.delete_passkey(subject, current.credential_id)
+    async with browser() as http:
+        url, _ = authorize_url(server)
+        action, fields = parse_form(await (await http.get(url, allow_redirects=False)).text())
+        step = await post(
+            http, server, action, {**fields, "username": "alice", "password": PASSWORD}
+        )
+        text = await step.text()
+        assert step.status == 200 and "Allow access?" in text and passkey_form(text) is None
+    assert [p.name for p in await passkeys_stored(server, subject)] == ["Old address"]
+
+
 async def test_at_the_second_step_another_users_passkey_is_refused(
     server: RunningAuthServer, start_authserver: StartAuthServer
 ) -> None:
