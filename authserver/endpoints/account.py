@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -56,7 +56,6 @@ from ..factors import (
     Requirement,
     SecondFactors,
     methods_of,
-    with_code,
 )
 from ..protocol.client_ids import document_url
 from ..registry import ClientRegistry, UserDirectory
@@ -206,30 +205,23 @@ class AccountPages:
             # Forged, expired, or used already (signing in ended the session it was bound
             # to): the password step again.
             return await self.sign_in_page(request, error=EXPIRED_SIGN_IN, status=403)
-        subject, first = pending.subject, pending.first
         until = float(form[signin.PENDING_UNTIL])
-        outcome = await self.codes.check(request, subject, form.get("code", ""))
-        if isinstance(outcome, signin.Throttled):
-            response = await self.code_page(
+
+        def again(error: str, status: int) -> Awaitable[web.Response]:
+            return self.code_page(
                 session,
-                subject,
+                pending.subject,
                 until=until,
-                error=signin.THROTTLED_CODE,
-                status=429,
-                first=first,
+                error=error,
+                status=status,
+                first=pending.first,
             )
-            response.headers["Retry-After"] = str(outcome.retry_after)
-            return response
-        if outcome is None:
-            return await self.code_page(
-                session, subject, until=until, error=signin.WRONG_CODE, status=400, first=first
-            )
-        # The first step's methods (the password, or an upstream provider's) and the code.
-        new_session = await self.sessions.login(
-            request, subject, with_code(first.methods), first.auth_time
-        )
+
+        signed_in = await self.codes.second_step(request, pending, form, self.sessions, again)
+        if isinstance(signed_in, web.Response):
+            return signed_in
         response = self._back()
-        self.sessions.set_cookie(response, new_session)
+        self.sessions.set_cookie(response, signed_in)
         return response
 
     async def code_page(

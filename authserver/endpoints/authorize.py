@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -53,7 +53,6 @@ from ..factors import (
     SecondFactors,
     methods_of,
     multi_factor,
-    with_code,
 )
 from ..grants.base import target_for
 from ..metadata_documents import DocumentRefused, MetadataDocuments
@@ -754,39 +753,24 @@ class AuthorizationEndpoint:
                     "This sign-in has expired. Go back to the application and try again.",
                     "login_expired",
                 )
-            subject, first = pending.subject, pending.first
             until = float(form[signin.PENDING_UNTIL])
-            outcome = await self.codes.check(request, subject, form.get("code", ""))
-            if isinstance(outcome, signin.Throttled):
-                response = await self.code_page(
+
+            def again(error: str, status: int) -> Awaitable[web.Response]:
+                return self.code_page(
                     request,
                     auth,
                     session,
-                    subject,
+                    pending.subject,
                     until=until,
-                    error=signin.THROTTLED_CODE,
-                    status=429,
-                    first=first,
+                    error=error,
+                    status=status,
+                    first=pending.first,
                 )
-                response.headers["Retry-After"] = str(outcome.retry_after)
-                return response
-            if outcome is None:
-                return await self.code_page(
-                    request,
-                    auth,
-                    session,
-                    subject,
-                    until=until,
-                    error=signin.WRONG_CODE,
-                    status=400,
-                    first=first,
-                )
-            # The first step's methods (the password, or what an upstream provider named)
-            # and the code: an ID token of this sign-in tells of both (RFC 8176 §2).
-            new_session = await self.sessions.login(
-                request, subject, with_code(first.methods), first.auth_time
-            )
-            return await self.proceed(request, auth, new_session, login_done=True)
+
+            signed_in = await self.codes.second_step(request, pending, form, self.sessions, again)
+            if isinstance(signed_in, web.Response):
+                return signed_in
+            return await self.proceed(request, auth, signed_in, login_done=True)
         except PageError as exc:
             return self._cannot_handle(exc.message)
         except RedirectError as exc:

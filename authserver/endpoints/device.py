@@ -42,7 +42,7 @@ once N * 7.8e-10 (7.8e-6 for ten thousand). A session gets at most `device.max_f
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -53,7 +53,7 @@ from portcullis.addresses import ClientAddresses
 from .. import audit
 from ..audit import Event
 from ..clock import Clock
-from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor, with_code
+from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
@@ -458,37 +458,24 @@ class DevicePages:
         if found is None:
             return self.pages.error(400, "This code cannot be used", GONE)
         record, client = found
-        subject, first = pending.subject, pending.first
         until = float(form[signin.PENDING_UNTIL])
-        outcome = await self.codes.check(request, subject, form.get("code", ""))
-        if isinstance(outcome, signin.Throttled):
-            response = await self._second_step_page(
+
+        def again(error: str, status: int) -> Awaitable[web.Response]:
+            return self._second_step_page(
                 session,
                 client,
                 code,
-                subject,
+                pending.subject,
                 until=until,
-                error=signin.THROTTLED_CODE,
-                status=429,
-                first=first,
+                error=error,
+                status=status,
+                first=pending.first,
             )
-            response.headers["Retry-After"] = str(outcome.retry_after)
-            return response
-        if outcome is None:
-            return await self._second_step_page(
-                session,
-                client,
-                code,
-                subject,
-                until=until,
-                error=signin.WRONG_CODE,
-                status=400,
-                first=first,
-            )
-        new_session = await self.sessions.login(
-            request, subject, with_code(first.methods), first.auth_time
-        )
-        return await self._consent_page(new_session, client, record)
+
+        signed_in = await self.codes.second_step(request, pending, form, self.sessions, again)
+        if isinstance(signed_in, web.Response):
+            return signed_in
+        return await self._consent_page(signed_in, client, record)
 
     # ------------------------------------------------- a sign-in through an identity provider
 

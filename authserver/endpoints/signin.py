@@ -43,6 +43,7 @@ replayed, and the code step cannot be reached without the password step before i
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -54,7 +55,7 @@ from .. import audit
 from ..audit import Event
 from ..clock import Clock
 from ..factors import THROTTLED as CODE_THROTTLED
-from ..factors import SecondFactors, Used, factor_of
+from ..factors import SecondFactors, Used, factor_of, with_code
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
 from ..registry import User, UserDirectory
@@ -274,6 +275,31 @@ class CodeCheck:
         if used is Used.RECOVERY_CODE:
             audit.record(Event.RECOVERY_CODE_USED, audit.USER, subject=subject, address=address)
         return used
+
+    async def second_step(
+        self,
+        request: web.Request,
+        pending: Pending,
+        form: Mapping[str, str],
+        sessions: Sessions,
+        again: Callable[[str, int], Awaitable[web.Response]],
+    ) -> Session | web.Response:
+        """The code step of a pending sign-in, whichever page it is on: the new session,
+        signed in with the first step's methods (the password, or what an upstream provider
+        named) and the code, so that an ID token of it tells of both (RFC 8176 §2); or the
+        step's page again, `again(error, status)`: 429 with Retry-After when throttled, 400
+        when the code is wrong."""
+        outcome = await self.check(request, pending.subject, form.get("code", ""))
+        if isinstance(outcome, Throttled):
+            response = await again(THROTTLED_CODE, 429)
+            response.headers["Retry-After"] = str(outcome.retry_after)
+            return response
+        if outcome is None:
+            return await again(WRONG_CODE, 400)
+        first = pending.first
+        return await sessions.login(
+            request, pending.subject, with_code(first.methods), first.auth_time
+        )
 
 
 # The pending sign-in's fields on the code form.
