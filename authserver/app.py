@@ -1168,6 +1168,8 @@ async def serve(settings: Settings) -> None:
                 settings.listen.port,
                 "public",
                 certificate,
+                # Counted by status as an endpoint of their own (no route read them).
+                refused=lambda status: server.metrics.request("unparsable", status),
             ),
             runtime.Listener(
                 admin_app(server), settings.admin_listen.host, settings.admin_listen.port, "admin"

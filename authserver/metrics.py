@@ -2,7 +2,10 @@
 
 Counted in plain dicts as things happen (a request costs a dict lookup and an addition) and
 turned into metric families by prometheus-client when scraped:
-  portcullis_authserver_requests_total{endpoint, status}    endpoint: the route's name
+  portcullis_authserver_requests_total{endpoint, status}    endpoint: the route's name;
+                                                            `unmatched` for no route,
+                                                            `unparsable` for a request
+                                                            the parser refused
   portcullis_authserver_request_duration_seconds{endpoint, path, method, status_class}
                                                             histogram; path: the route's
                                                             template (/register/{client_id})

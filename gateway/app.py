@@ -32,11 +32,11 @@ import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
-from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from yarl import URL
 
 from portcullis import runtime, tls
-from portcullis.http import json_response
+from portcullis.aiohttp_private import HeadSettlingRequest, RefusingConnection, http11_if_unparsable
+from portcullis.http import field_limit, json_response, unparsable, unparsable_status
 from portcullis.yamlconf import ConfigError
 
 from . import adapter, extauthz
@@ -61,7 +61,6 @@ from .steps.ratelimit import Buckets, Limiter, buckets_for
 from .steps.replay import RedisReplayCache
 from .steps.revocations import Revocations
 from .transport import framing, tracecontext
-from .transport.aiohttp_private import HeadSettlingRequest, http11_if_unparsable
 from .transport.capacity import BodiesInFlight, Slots
 from .transport.upstream_client import Origin, UpstreamClient
 from .verifiers import dispatch
@@ -799,21 +798,6 @@ def settle_head(response: web.StreamResponse, server_header: str) -> None:
         headers.popall("Server", None)
 
 
-_TOO_MANY_HEADERS = "Too many headers received"  # aiohttp's parser, past max_headers
-
-
-def unparsable_status(exc: BaseException | None, request_line_limit: int) -> int:
-    """The status for a request the parser refused: 414 for a request line over its limit
-    (RFC 9112 §3), 431 for a header field over its limit or too many fields (RFC 6585 §5),
-    else 400. aiohttp reports both lines too long alike, with the limit they broke: the
-    field limit it is given always differs from the request-line limit (public_server)."""
-    if isinstance(exc, LineTooLong):
-        return 414 if exc.args[1] == request_line_limit else 431
-    if isinstance(exc, BadHttpMessage) and exc.message == _TOO_MANY_HEADERS:
-        return 431
-    return 400
-
-
 _HTTP11 = (1, 1)
 
 
@@ -830,12 +814,13 @@ class _PublicRequest(HeadSettlingRequest):
         settle_head(response, cast(_Connection, self.protocol).server_header)
 
 
-class _Connection(web.RequestHandler):
+class _Connection(RefusingConnection):
     """aiohttp's per-connection protocol, answering requests it cannot parse (a request line
     too long: 414; a header too long, too many headers: 431; a broken request line: 400) in
     HTTP/1.1 with the resource error body instead of a text page that echoes the request,
-    and logging them without a traceback: they are the client's mistake, and a flood of them
-    must not flood the log. They are counted as denials, like every other refusal.
+    and logging them without a traceback (portcullis.aiohttp_private): they are the client's
+    mistake, and a flood of them must not flood the log. They are counted as denials, like
+    every other refusal.
 
     A connection over `limits.max_connections` is closed as soon as it is accepted, before
     anything is read: a flood of connections (half-sent request heads above all, each held
@@ -843,7 +828,7 @@ class _Connection(web.RequestHandler):
     are served as usual."""
 
     def __init__(self, server: _Server, metrics: Metrics, **kwargs: Any) -> None:
-        super().__init__(server, **kwargs)
+        super().__init__(server, self._refuse_unparsable, **kwargs)
         self._server = server
         self._metrics = metrics
         self._admitted = False
@@ -863,24 +848,10 @@ class _Connection(web.RequestHandler):
             self._server.release()
             super().connection_lost(exc)
 
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        if status >= 500:
-            return super().handle_error(request, status, exc, message)
-        log.info(
-            "unparsable request refused",
-            extra={"status": status, "reason": type(exc).__name__ if exc else "-"},
-        )
-        if request.writer.output_size > 0:
-            raise ConnectionError("a response was already sent on this connection")
+    def _refuse_unparsable(self, exc: BaseException | None) -> web.StreamResponse:
         status = unparsable_status(exc, self._server.request_line_limit)
         self._metrics.unparsable(status)
-        return errors.unparsable(status)
+        return unparsable(status)
 
     @property
     def server_header(self) -> str:
@@ -1010,7 +981,7 @@ def public_server(gateway: Gateway) -> web.Server:
         # aiohttp's parser reports a request line and a header field over their limits
         # alike, naming the limit broken: one byte more for fields tells them apart when
         # both are configured alike (414 and 431 answer them: unparsable_status).
-        max_field_size=limits.max_field_size + (limits.max_field_size == limits.max_line_size),
+        max_field_size=field_limit(limits.max_field_size, limits.max_line_size),
         max_headers=limits.max_headers,
         # A body goes upstream as the bytes the client sent: decoding a content coding here
         # would change the body under the client's own framing and labels (RFC 9110 §8.4:
@@ -1032,7 +1003,8 @@ class _DecisionRequest(HeadSettlingRequest):
 
 class _DecisionServer(web.Server):
     """The decision listener for front proxies (extauthz): a low-level server, like the
-    public one, with no router or middleware before `Gateway.decide`."""
+    public one, with no router or middleware before `Gateway.decide`. A request it cannot
+    parse is answered and logged as on the public listener (414, 431, 400; no echo)."""
 
     def __init__(self, gateway: Gateway) -> None:
         limits = gateway.settings.limits
@@ -1041,12 +1013,19 @@ class _DecisionServer(web.Server):
             request_factory=self._request,
             keepalive_timeout=limits.idle_timeout.total_seconds(),
             max_line_size=limits.max_line_size,
-            max_field_size=limits.max_field_size,
+            max_field_size=field_limit(limits.max_field_size, limits.max_line_size),
             max_headers=limits.max_headers,
             auto_decompress=False,  # as on the public listener
             access_log=None,
         )
         self.gateway = gateway
+        self._line_limit = limits.max_line_size
+
+    def __call__(self) -> web.RequestHandler:
+        return RefusingConnection(self, self._refuse, loop=self._loop, **self._kwargs)
+
+    def _refuse(self, exc: BaseException | None) -> web.StreamResponse:
+        return unparsable(unparsable_status(exc, self._line_limit))
 
     def _request(
         self,
@@ -1056,6 +1035,7 @@ class _DecisionServer(web.Server):
         writer: AbstractStreamWriter,
         task: asyncio.Task[None],
     ) -> web.BaseRequest:
+        message = http11_if_unparsable(message)
         request = _DecisionRequest(message, payload, protocol, writer, task, self._loop)
         request.server_header = self.gateway.settings.server_header
         return request

@@ -27,6 +27,8 @@ from typing import Any, TextIO
 import orjson
 from aiohttp import web
 
+from .aiohttp_private import RefusingAppRunner
+from .http import field_limit, unparsable, unparsable_status
 from .tls import RotatingCertificate
 
 log = logging.getLogger("portcullis.runtime")
@@ -187,13 +189,30 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 @dataclass(frozen=True)
 class Listener:
-    """What to serve where: an Application, or a low-level Server built with its options."""
+    """What to serve where: an Application, or a low-level Server built with its options.
+
+    An Application's requests that the parser refuses are answered by `refusal` (414, 431,
+    400 with the resource error body, never quoting the request; see aiohttp_private), and
+    `refused`, when given, is told each one's status (to count it)."""
 
     app: web.Application | web.Server
     host: str
     port: int
     name: str
     tls: RotatingCertificate | None = None
+    refused: Callable[[int], None] | None = None
+
+    def refusal(self, exc: BaseException | None) -> web.StreamResponse:
+        response = unparsable(unparsable_status(exc, REQUEST_LINE_LIMIT))
+        if self.refused is not None:
+            self.refused(response.status)
+        return response
+
+
+# The limits of an Application's listener, as aiohttp's parser applies them: a request line
+# of 8 KiB, each header field as long (one byte more as given, so the two can be told apart).
+REQUEST_LINE_LIMIT = 8 * 1024
+FIELD_LIMIT = 8 * 1024
 
 
 async def serve(
@@ -238,8 +257,13 @@ async def serve(
             if isinstance(listener.app, web.Server):
                 runner = web.ServerRunner(listener.app, shutdown_timeout=grace.total_seconds())
             else:
-                runner = web.AppRunner(
-                    listener.app, access_log=None, shutdown_timeout=grace.total_seconds()
+                runner = RefusingAppRunner(
+                    listener.app,
+                    refuse=listener.refusal,
+                    access_log=None,
+                    shutdown_timeout=grace.total_seconds(),
+                    max_line_size=REQUEST_LINE_LIMIT,
+                    max_field_size=field_limit(FIELD_LIMIT, REQUEST_LINE_LIMIT),
                 )
             await runner.setup()
             runners.append(runner)

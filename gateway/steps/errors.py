@@ -299,28 +299,6 @@ def bad_request(message: str) -> web.Response:
     return error_response(400, "bad_request", message)
 
 
-def unparsable(status: int) -> web.Response:
-    """A request the server could not read: 414 for a request line over the limit (RFC 9112
-    §3), 431 for header fields over theirs (RFC 6585 §5), 400 for anything else. The body
-    never echoes what was sent, and the connection closes: where the next request would
-    begin is not known."""
-    code, message = _UNPARSABLE.get(
-        status, ("bad_request", "The request could not be parsed (see the limits of this API).")
-    )
-    response = error_response(status, code, message)
-    response.force_close()
-    return response
-
-
-_UNPARSABLE = {
-    414: ("uri_too_long", "The request line is longer than this API accepts."),
-    431: (
-        "header_fields_too_large",
-        "The request's header fields are larger, or more, than this API accepts.",
-    ),
-}
-
-
 def unframeable(status: int, message: str) -> web.Response:
     """A request whose framing this gateway will not pass on (the request line's version,
     its transfer codings): refused unread, so the connection closes; where the next request

@@ -177,6 +177,81 @@ async def test_no_answer_names_the_software_behind_it(
             assert "Server" not in response.headers, (url, response.headers["Server"])
 
 
+# Each a request aiohttp's parser refuses, with the status it is answered with. The
+# Authorization value of the first holds a control character after a token-like value.
+_TOKEN_LIKE = "eyJhbGciOiJFUzI1NiJ9.refused-token-value.c2lnbmF0dXJl"
+_UNREADABLE = (
+    (
+        b"GET /jwks HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer "
+        + _TOKEN_LIKE.encode()
+        + b"\x01\r\n\r\n",
+        400,
+    ),
+    (b"GET /jwks?" + b"q" * 9000 + b" HTTP/1.1\r\nHost: a\r\n\r\n", 414),
+    (b"GET /jwks HTTP/1.1\r\nHost: a\r\nX-Big: " + b"v" * 9000 + b"\r\n\r\n", 431),
+    (
+        b"POST /token HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+    ),
+)
+
+
+async def test_a_request_the_parser_refuses_is_answered_without_quoting_it_anywhere(
+    running: Server, http: aiohttp.ClientSession
+) -> None:
+    """aiohttp answers such a request itself in HTTP/1.0, in text that quotes the refused
+    bytes, under its Server field, and logs a traceback quoting them too. Here: HTTP/1.1,
+    the resource error body, no Server field, the connection closed; one info line without
+    a byte of the request; counted as the endpoint `unparsable`."""
+    for url in (running.url, running.admin_url):
+        for request, status in _UNREADABLE:
+            connection = await RawConnection.open(url)
+            try:
+                await connection.send(request)
+                answer = await connection.response()
+                assert await connection.reader.read() == b"", "the connection stays open"
+            finally:
+                connection.close()
+            assert (answer.version, answer.status) == ("HTTP/1.1", status), (url, request[:40])
+            assert "Server" not in answer.headers
+            assert answer.headers["Content-Type"] == "application/json"
+            code = {400: "bad_request", 414: "uri_too_long", 431: "header_fields_too_large"}
+            assert answer.json()["error"]["code"] == code[status]
+            assert b"refused-token" not in answer.body and b"vvvv" not in answer.body
+    # The server still serves, on a new connection.
+    async with http.get(running.url + "/jwks") as response:
+        assert response.status == 200
+    await eventually(
+        lambda: _logged_refusals(running, 2 * len(_UNREADABLE)), what="the refusals' log lines"
+    )
+    text = running.log.read_text()
+    assert "refused-token-value" not in text and "qqqq" not in text and "vvvv" not in text
+    assert '"aiohttp.server"' not in text
+    refusals = [
+        line for line in running.log_lines() if line["message"] == "unparsable request refused"
+    ]
+    assert {(line["level"], line["status"]) for line in refusals} == {
+        ("info", 400),
+        ("info", 414),
+        ("info", 431),
+    }
+    samples = await scrape(running.admin_url)
+    counted = {
+        status: sample(
+            samples, "portcullis_authserver_requests_total", endpoint="unparsable", status=status
+        )
+        for status in ("400", "414", "431")
+    }
+    # The public listener's alone: the admin listener's are logged, not counted.
+    assert counted == {"400": 2, "414": 1, "431": 1}
+
+
+async def _logged_refusals(server: Server, count: int) -> bool:
+    lines = [line for line in server.log_lines() if line["message"] == "unparsable request refused"]
+    return len(lines) >= count
+
+
 async def test_metrics_count_requests_tokens_refresh_reuse_logins_and_store_calls(
     servers: Callable[..., Server], http: aiohttp.ClientSession
 ) -> None:

@@ -19,10 +19,12 @@ from portcullis.yamlconf import ConfigError
 from tests.support import (
     GatewayProcess,
     IntrospectionServer,
+    RawConnection,
     call,
     challenges_of,
     gateway_yaml,
     issuer_entry,
+    raw_request,
     read_json_lines,
     reserve_port,
     running_gateway,
@@ -196,6 +198,42 @@ async def test_a_missing_or_malformed_description_is_refused(
         status, _, body = await ask(client, gw.decision_url + endpoint, headers)
     assert status == 400
     assert problem in body.decode()
+
+
+async def test_a_question_the_parser_refuses_is_answered_unquoted_in_http_1_1(
+    issuer, upstream, caplog
+):
+    """As on the public listener: 414 for a request line over max_line_size, 431 for a
+    header field over max_field_size (equal by default, still told apart), 400 for a
+    broken field; the resource error body, never the refused bytes, in the answer or the
+    log; the connection closed."""
+    async with running_gateway(config(issuer.url, upstream.url)) as gw:
+        for request, status, code in (
+            (raw_request("GET", "/auth-request?" + "q" * 8192), 414, "uri_too_long"),
+            (
+                raw_request("GET", "/auth-request", [("X-Big", "v" * 9000)]),
+                431,
+                "header_fields_too_large",
+            ),
+            (
+                b"GET /auth-request HTTP/1.1\r\nHost: a\r\n"
+                b"Authorization: Bearer refused-token-value\x01\r\n\r\n",
+                400,
+                "bad_request",
+            ),
+        ):
+            connection = await RawConnection.open(gw.decision_url)
+            try:
+                await connection.send(request)
+                answer = await connection.response()
+                assert await connection.closed_by_peer()
+            finally:
+                connection.close()
+            assert (answer.version, answer.status) == ("HTTP/1.1", status)
+            assert answer.json()["error"]["code"] == code
+            assert b"qqqq" not in answer.body and b"vvvv" not in answer.body
+    assert "refused-token-value" not in caplog.text and "vvvv" not in caplog.text
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"]
 
 
 async def test_a_describing_header_given_twice_is_refused(issuer, upstream, client):
