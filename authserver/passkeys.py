@@ -128,6 +128,11 @@ TOO_MANY = Refusal(
     f"Your account has {MAX_PER_USER} passkeys, the most it may have: remove one first.",
 )
 UNSUPPORTED = Refusal("unsupported_key", "This passkey's kind of key is not supported here.")
+BACKUP_STATE = Refusal(
+    "backup_state",
+    "This passkey's answer contradicts itself: it says it is backed up, yet not that it can "
+    "be. Use another way to sign in.",
+)
 BACKUP_ELIGIBILITY = Refusal(
     "backup_eligibility",
     "This passkey now says it can be synced, which it did not when it was added. "
@@ -316,6 +321,8 @@ class Passkeys:
         credential = auth_data.credential_data
         if credential is None:
             return MALFORMED
+        if auth_data.is_backed_up() and not auth_data.is_backup_eligible():
+            return BACKUP_STATE  # §7.1: with BE not set, BS must not be set either
         if len(credential.credential_id) > webauthn.MAX_CREDENTIAL_ID:
             return MALFORMED  # §7.1 step 25
         if isinstance(credential.public_key, UnsupportedKey):
@@ -392,6 +399,8 @@ class Passkeys:
         except ValueError as error:
             return _refusal_of(error)
         auth_data = response.response.authenticator_data
+        if auth_data.is_backed_up() and not auth_data.is_backup_eligible():
+            return BACKUP_STATE  # §7.2: with BE not set, BS must not be set either
         if auth_data.is_backup_eligible() != record.backup_eligible:
             # WebAuthn §6.1.3, §7.2 (its check of currentBe): the BE flag is set once, at
             # creation, and the `amr` names the key `hwk` or `swk` by it; a flag that

@@ -45,11 +45,15 @@ class SoftAuthenticator:
     counter: int = 0
     user_handle: bytes | None = None
     rp_id: str | None = None
+    # The BS flag alone, whatever BE says (None: set with BE, as an honest authenticator).
+    backed_up: bool | None = None
 
     def _flags(self, verified: bool, attested: bool = False) -> int:
         flags = UP | (UV if verified else 0)
         if self.backup_eligible:
-            flags |= BE | BS
+            flags |= BE
+        if self.backup_eligible if self.backed_up is None else self.backed_up:
+            flags |= BS
         return flags | (AT if attested else 0)
 
     def create(

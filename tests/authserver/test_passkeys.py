@@ -569,6 +569,32 @@ async def test_a_passkey_whose_backup_eligibility_changed_is_refused(
     assert claims["amr"] == ["hwk", "user", "mfa"]
 
 
+async def test_a_passkey_backed_up_yet_not_backup_eligible_is_refused(
+    server: RunningAuthServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """WebAuthn §7.1 and §7.2: if the BE flag is not set, the BS flag must not be either;
+    such authenticator data is refused, when a passkey is added and when one signs in."""
+    async with browser() as http:
+        await account_sign_in(http, server)
+        form = await account_passkey_form(http, server)
+        contradictory = SoftAuthenticator(origin_of(server), backed_up=True)
+        response = await submit(http, server, form, contradictory.create(form.options), name="n")
+        assert response.status == 400
+        assert "was not added" in await response.text()
+    assert await passkeys_stored(server, server_subject(server, "alice")) == []
+    key = await user_with_passkey(server)  # device-bound: BE and BS clear
+    key.backed_up = True
+    async with browser() as http:
+        form, _ = await login_page_form(http, server)
+        response = await submit(http, server, form, key.get(form.options))
+        assert response.status == 400
+    await asyncio.sleep(0)  # the audit line is written at the end of the loop's turn
+    failed = [e for e in audit_lines(capfd.readouterr().err) if e["event"] == "factor.failed"]
+    assert [e["reason"] for e in failed][-1] == "backup_state"
+    [stored] = await passkeys_stored(server, server_subject(server, "alice"))
+    assert stored.sign_count == 0 and stored.last_used_at is None
+
+
 def audit_lines(err: str) -> list[dict[str, Any]]:
     found = []
     for line in err.splitlines():
