@@ -448,7 +448,7 @@ class Accounts:
             # a provider gave a former holder, never takes over an account.
             existing = [
                 u
-                for u in await self.store.list_users()
+                for u in await self.store.users_with_email(email)
                 if rules.same_email(u.claims.get("email"), email)
                 and u.claims.get("email_verified") is True
                 and not await self.store.identity_links(u.subject)

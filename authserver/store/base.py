@@ -758,6 +758,11 @@ class Store(Protocol):
     async def list_users(self) -> list[UserRecord]:
         """Every user, ordered by subject."""
 
+    async def users_with_email(self, email: str) -> list[UserRecord]:
+        """The users whose `email` claim is `email` with no regard to the case of its ASCII
+        letters (other letters' case as the backend folds it), ordered by subject: the
+        candidates an address could link to, which the caller holds to its own rule."""
+
     async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
         """As save_client; AlreadyExists also when the username is another user's."""
 

@@ -1160,6 +1160,18 @@ class PostgresStore:
             )
         return [_user(row) for row in rows]
 
+    async def users_with_email(self, email: str) -> list[UserRecord]:
+        async with self._connection("users_with_email") as conn:
+            # The expression of the users_email index (migration 013).
+            rows = await conn.fetch(
+                "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+                " created_at, updated_at, version FROM users"
+                " WHERE lower((claims::jsonb) ->> 'email') = lower($1)"
+                " AND jsonb_typeof((claims::jsonb) -> 'email') = 'string' ORDER BY subject",
+                email,
+            )
+        return [_user(row) for row in rows]
+
     async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
         async with self._connection("save_user") as conn:
             return await _save_user(conn, record, expected_version)

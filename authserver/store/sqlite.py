@@ -497,6 +497,9 @@ class SQLiteStore:
     async def list_users(self) -> list[UserRecord]:
         return await self._call("list_users", _list_users)
 
+    async def users_with_email(self, email: str) -> list[UserRecord]:
+        return await self._call("users_with_email", lambda conn: _users_with_email(conn, email))
+
     async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
         return await self._call(
             "save_user", lambda conn: _in_transaction(conn, _save_user, record, expected_version)
@@ -1734,6 +1737,20 @@ def _sync_clients(conn: sqlite3.Connection, records: Sequence[ClientRecord]) -> 
 def _get_user(conn: sqlite3.Connection, column: str, value: str) -> UserRecord | None:
     row = conn.execute(_USER_BY[column], (value,)).fetchone()
     return None if row is None else _user(row)
+
+
+def _users_with_email(conn: sqlite3.Connection, email: str) -> list[UserRecord]:
+    # The expression of the users_email index (migration 016); SQLite's lower() folds ASCII.
+    return [
+        _user(row)
+        for row in conn.execute(
+            "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
+            " created_at, updated_at, version FROM users"
+            " WHERE lower(json_extract(claims, '$.email')) = lower(?)"
+            " AND json_type(claims, '$.email') = 'text' ORDER BY subject",
+            (email,),
+        )
+    ]
 
 
 def _list_users(conn: sqlite3.Connection) -> list[UserRecord]:

@@ -2022,6 +2022,29 @@ class StoreConformance:
         assert await store.user_by_username("bob") is None
         assert [u.subject for u in await store.list_users()] == ["sub-alice"]
 
+    async def test_users_are_found_by_their_email_without_regard_to_ascii_case(
+        self, store: Store, other: Store
+    ) -> None:
+        def emailed(subject: str, username: str, email: object) -> UserRecord:
+            return a_user(subject, username, claims={"email": email, "email_verified": True})
+
+        await store.save_user(emailed("s2", "two", "Pat@Example.COM"), None)
+        await store.save_user(emailed("s1", "one", "pat@example.com"), None)
+        await store.save_user(emailed("s3", "three", "pat@example.com.evil"), None)
+        await store.save_user(emailed("s4", "four", 42), None)
+        await store.save_user(a_user("s5", "five", claims={}), None)
+        found = await other.users_with_email("PAT@example.com")
+        assert [u.subject for u in found] == ["s1", "s2"]
+        assert found[1] == await store.get_user("s2")  # whole records, as get_user reads them
+        assert await other.users_with_email("pat@example") == []
+        assert await other.users_with_email("42") == []
+        # Changed or deleted, a user is found by what is stored now.
+        moved = replace(emailed("s1", "one", "someone@else.org"), version=2)
+        assert await store.save_user(moved, 1)
+        assert await store.delete_user("s2")
+        assert await other.users_with_email("pat@example.com") == []
+        assert [u.subject for u in await other.users_with_email("SOMEONE@else.org")] == ["s1"]
+
     async def test_a_username_belongs_to_one_user(self, store: Store) -> None:
         await store.save_user(a_user(), None)
         await store.save_user(a_user("sub-bob", "bob"), None)
