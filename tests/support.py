@@ -884,6 +884,19 @@ async def raw_exchange(url: str, request: bytes, *, timeout: float = 5.0) -> Raw
         connection.close()
 
 
+async def refused_exchange(url: str, request: bytes) -> RawResponse:
+    """Send one raw request on a fresh connection, read the answer, and check that the
+    server then closed the connection (as it must after a request it could not read)."""
+    connection = await RawConnection.open(url)
+    try:
+        await connection.send(request)
+        answer = await connection.response()
+        assert await connection.closed_by_peer(), "the connection stayed open"
+        return answer
+    finally:
+        connection.close()
+
+
 @dataclass
 class CountingUpstream(EchoUpstream):
     """An EchoUpstream that also notes each request's target when it arrives, before any

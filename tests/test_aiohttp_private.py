@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 
 from portcullis.aiohttp_private import HeadSettlingRequest, RefusingAppRunner, http11_if_unparsable
-from tests.support import RawConnection, raw_exchange, raw_request, start_site
+from tests.support import raw_exchange, raw_request, refused_exchange, start_site
 
 
 class _Recording(HeadSettlingRequest):
@@ -140,20 +140,13 @@ async def test_an_applications_refused_request_is_answered_by_refuse_unquoted_an
     runner, url = await _serve_app(_app(prepared), refused)
     try:
         bad = b"GET /hello HTTP/1.1\r\nHost: a\r\nX-Secret: kept-out-of-logs\x01\r\n\r\n"
-        connection = await RawConnection.open(url)
-        try:
-            await connection.send(bad)
-            answer = await connection.response()
-            closed = await connection.reader.read() == b""
-        finally:
-            connection.close()
+        answer = await refused_exchange(url, bad)
     finally:
         await runner.cleanup()
     assert len(refused) == 1, "aiohttp no longer hands a refused request to handle_error"
     assert answer.json() == {"refused": True}
     assert answer.version == "HTTP/1.1", "the request factory no longer sees aiohttp's ERROR"
     assert "Server" not in answer.headers, "BaseRequest._prepare_hook no longer runs"
-    assert closed
     assert prepared == []  # no route matched it: the application's hook did not run
     assert "kept-out-of-logs" not in caplog.text
     [line] = [r for r in caplog.records if r.getMessage() == "unparsable request refused"]

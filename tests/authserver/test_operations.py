@@ -42,7 +42,15 @@ from tests.authserver.conftest import (
 from tests.authserver.test_authorize import auth_params, send
 from tests.authserver.test_cli import ROOT, Process, cli
 from tests.authserver.test_login_throttle import attempt
-from tests.support import RawConnection, raw_request, read_json_lines, reserve_port, sample, scrape
+from tests.support import (
+    RawConnection,
+    raw_request,
+    read_json_lines,
+    refused_exchange,
+    reserve_port,
+    sample,
+    scrape,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -206,13 +214,7 @@ async def test_a_request_the_parser_refuses_is_answered_without_quoting_it_anywh
     a byte of the request; counted as the endpoint `unparsable`."""
     for url in (running.url, running.admin_url):
         for request, status in _UNREADABLE:
-            connection = await RawConnection.open(url)
-            try:
-                await connection.send(request)
-                answer = await connection.response()
-                assert await connection.reader.read() == b"", "the connection stays open"
-            finally:
-                connection.close()
+            answer = await refused_exchange(url, request)
             assert (answer.version, answer.status) == ("HTTP/1.1", status), (url, request[:40])
             assert "Server" not in answer.headers
             assert answer.headers["Content-Type"] == "application/json"

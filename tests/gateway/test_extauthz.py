@@ -19,13 +19,13 @@ from portcullis.yamlconf import ConfigError
 from tests.support import (
     GatewayProcess,
     IntrospectionServer,
-    RawConnection,
     call,
     challenges_of,
     gateway_yaml,
     issuer_entry,
     raw_request,
     read_json_lines,
+    refused_exchange,
     reserve_port,
     running_gateway,
     sample,
@@ -222,13 +222,7 @@ async def test_a_question_the_parser_refuses_is_answered_unquoted_in_http_1_1(
                 "bad_request",
             ),
         ):
-            connection = await RawConnection.open(gw.decision_url)
-            try:
-                await connection.send(request)
-                answer = await connection.response()
-                assert await connection.closed_by_peer()
-            finally:
-                connection.close()
+            answer = await refused_exchange(gw.decision_url, request)
             assert (answer.version, answer.status) == ("HTTP/1.1", status)
             assert answer.json()["error"]["code"] == code
             assert b"qqqq" not in answer.body and b"vvvv" not in answer.body

@@ -35,6 +35,7 @@ from tests.support import (
     TestIssuer,
     issuer_entry,
     raw_request,
+    refused_exchange,
     start_gateway,
 )
 
@@ -247,13 +248,7 @@ async def test_bytes_after_the_upstreams_answer_are_no_part_of_it_and_end_the_co
     ids=["http-0.9", "http-2.0"],
 )
 async def test_a_request_line_in_a_version_not_served_is_refused_in_http_1_1(setup, line, status):
-    connection = await RawConnection.open(setup.gateway.url)
-    try:
-        await connection.send(line)
-        answer = await connection.response()
-        assert await connection.closed_by_peer()
-    finally:
-        connection.close()
+    answer = await refused_exchange(setup.gateway.url, line)
     assert (answer.version, answer.status) == ("HTTP/1.1", status)
     assert setup.upstream.requests == []
 
