@@ -113,7 +113,11 @@ EXPIRED = Refusal(
     "challenge", "This passkey request has expired or was already used. Please try again."
 )
 UNKNOWN = Refusal("unknown_credential", "This passkey is not registered here.")
-OTHER_USER = Refusal("other_user", "This passkey belongs to another account.")
+# At a second step the page says the same of a passkey registered to nobody and of another
+# user's: whether a key belongs to some other account is not the signing-in user's to learn.
+_NOT_THEIRS = "This passkey is not one of this account's: use one you added to it."
+UNKNOWN_AT_SECOND_STEP = Refusal("unknown_credential", _NOT_THEIRS)
+OTHER_USER = Refusal("other_user", _NOT_THEIRS)
 NOT_VERIFIED = Refusal(
     "not_verified", "Your passkey did not verify it was you (a PIN or a biometric). Try again."
 )
@@ -370,7 +374,7 @@ class Passkeys:
             return MALFORMED
         record = await self.store.get_passkey(response.raw_id)
         if record is None:
-            return UNKNOWN
+            return UNKNOWN if subject is None else UNKNOWN_AT_SECOND_STEP
         if subject is not None and record.subject != subject:
             return OTHER_USER  # §7.2 step 6: the credential must be the identified user's
         handle = response.response.user_handle

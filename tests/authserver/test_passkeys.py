@@ -751,7 +751,15 @@ async def test_at_the_second_step_another_users_passkey_is_refused(
         assert form is not None
         response = await submit(http, server, form, alices.get(form.options))
         assert response.status == 400
-        assert "belongs to another account" in await response.text()
+        refused = await response.text()
+        assert "not one of this account" in refused and "alice" not in refused.lower()
+        # A passkey registered to nobody reads the same: the page does not tell them apart.
+        again = passkey_form(refused)
+        assert again is not None
+        stranger = SoftAuthenticator(origin_of(server))
+        response = await submit(http, server, again, stranger.get(again.options))
+        assert response.status == 400
+        assert "not one of this account" in await response.text()
         # The pending sign-in's fields are needed: without them it is not a second step,
         # and a forged subject is refused.
         forged = dict(form.fields, pending_subject=server_subject(server, "alice"))
