@@ -68,7 +68,7 @@ from .endpoints.passkeys import PasskeyCheck, PasskeyPages
 from .endpoints.registration import RegistrationEndpoint
 from .endpoints.revoke import RevocationEndpoint
 from .endpoints.second_factor import FactorPages, issuer_label
-from .endpoints.signin import CodeCheck, LoginRules, PasswordCheck
+from .endpoints.signin import CodeCheck, LoginRules, PasswordCheck, SignInServices
 from .endpoints.token import TokenEndpoint
 from .endpoints.userinfo import UserInfoEndpoint
 from .events import EventStream, Reason, Revocations, SignedEvents
@@ -346,7 +346,7 @@ class AuthServer:
         passkey_offers = PasskeyOffers(passkeys=passkeys, users=users, base_path=base, clock=clock)
         providers = settings_module.federation_providers(settings)
         sign_in_links = SignInLinks(tuple((p.name, p.display_name) for p in providers), base)
-        device = DevicePages(
+        sign_in = SignInServices(
             store=store,
             clients=clients,
             users=users,
@@ -356,59 +356,31 @@ class AuthServer:
             codes=codes,
             factors=factors,
             requirement=requirement,
+            scope_description=settings.scope_description,
+            base_path=base,
+            clock=clock,
+            sign_in_links=sign_in_links,
+            passkeys=passkey_offers,
+            password_sign_in=settings.password_sign_in,
+        )
+        device = DevicePages(
+            sign_in,
             guesses=CodeGuesses(
                 per_session=settings.device.max_failures,
                 per_address=settings.device.max_failures_per_address,
                 window=settings.device.window,
             ),
             addresses=addresses,
-            scope_description=settings.scope_description,
             audiences=audiences,
-            base_path=base,
-            clock=clock,
-            sign_in_links=sign_in_links,
-            passkeys=passkey_offers,
-            password_sign_in=settings.password_sign_in,
         )
         authorize = AuthorizationEndpoint(
-            clients=clients,
-            users=users,
-            store=store,
-            sessions=sessions,
-            pages=pages,
-            passwords=passwords,
-            codes=codes,
-            factors=factors,
-            requirement=requirement,
+            sign_in,
             issuer=issuer,
             audiences=audiences,
             code_lifetime=settings.lifetimes.authorization_code.total_seconds(),
-            scope_description=settings.scope_description,
-            base_path=base,
-            clock=clock,
             documents=documents,
-            sign_in_links=sign_in_links,
-            passkeys=passkey_offers,
-            password_sign_in=settings.password_sign_in,
         )
-        account = AccountPages(
-            store=store,
-            clients=clients,
-            users=users,
-            sessions=sessions,
-            pages=pages,
-            passwords=passwords,
-            codes=codes,
-            factors=factors,
-            hasher=hasher,
-            scope_description=settings.scope_description,
-            base_path=base,
-            clock=clock,
-            requirement=requirement,
-            passkeys=passkey_offers,
-            sign_in_links=sign_in_links,
-            password_sign_in=settings.password_sign_in,
-        )
+        account = AccountPages(sign_in, hasher=hasher)
         federation = (
             Federation(
                 providers,

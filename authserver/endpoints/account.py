@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -49,23 +49,18 @@ from aiohttp import web
 
 from .. import audit
 from ..audit import Event
-from ..clock import Clock
 from ..factors import (
     ENROLMENT_NEEDS_SIGN_IN_WITHIN,
     Method,
-    Requirement,
-    SecondFactors,
     methods_of,
 )
 from ..protocol.client_ids import document_url
-from ..registry import ClientRegistry, UserDirectory
 from ..sessions import Session, Sessions
-from ..store.base import MANAGED_BY_API, MANAGED_BY_METADATA_DOCUMENT, SessionRecord, Store
+from ..store.base import MANAGED_BY_API, MANAGED_BY_METADATA_DOCUMENT, SessionRecord
 from ..users import PasswordHasher, password_problems
 from . import signin
 from .forms import read_form
-from .pages import Pages
-from .passkey_offers import ACCOUNT_BOUND, PasskeyOffers, has_second_factor
+from .passkey_offers import ACCOUNT_BOUND, has_second_factor
 
 NOTICES = {
     "revoked": "Access was revoked. The application will have to ask again.",
@@ -107,46 +102,10 @@ PROVIDER_CARRIED = [("account", "1")]
 EXPIRED_SIGN_IN = "This sign-in has expired. Please sign in again."
 
 
-class AccountPages:
-    def __init__(
-        self,
-        *,
-        store: Store,
-        clients: ClientRegistry,
-        users: UserDirectory,
-        sessions: Sessions,
-        pages: Pages,
-        passwords: signin.PasswordCheck,
-        codes: signin.CodeCheck,
-        factors: SecondFactors,
-        hasher: PasswordHasher,
-        scope_description: Callable[[str], str],
-        base_path: str,
-        clock: Clock,
-        requirement: Requirement,
-        passkeys: PasskeyOffers | None = None,
-        sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
-        | None = None,
-        password_sign_in: bool = True,
-    ) -> None:
-        # False: no password form, no password change, and no password asked to confirm a
-        # change (a new sign-in is); a password posted is refused unread.
-        self.password_sign_in = password_sign_in
-        self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
-        self.requirement = requirement  # who the operator requires a second factor of
-        self.passkeys = passkeys  # the page's passkeys section, and passkeys at its sign-in
-        self.store = store
-        self.clients = clients
-        self.users = users
-        self.sessions = sessions
-        self.pages = pages
-        self.passwords = passwords
-        self.codes = codes
-        self.factors = factors
+class AccountPages(signin.SignInPage):
+    def __init__(self, services: signin.SignInServices, *, hasher: PasswordHasher) -> None:
+        super().__init__(services)
         self.hasher = hasher
-        self.scope_description = scope_description
-        self.base_path = base_path
-        self.clock = clock
 
     @property
     def page_path(self) -> str:

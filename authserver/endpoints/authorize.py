@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -45,12 +45,9 @@ from portcullis.jose import is_thumbprint
 
 from .. import accesslog, audit
 from ..audit import Event
-from ..clock import Clock
 from ..factors import (
     ENROLMENT_NEEDS_SIGN_IN_WITHIN,
     Method,
-    Requirement,
-    SecondFactors,
     methods_of,
     multi_factor,
 )
@@ -61,14 +58,13 @@ from ..protocol import scopes as scope_rules
 from ..protocol.client_ids import document_url
 from ..protocol.errors import ErrorCode, OAuthError, invalid_request
 from ..protocol.resources import Audiences, ProtectedResource
-from ..registry import Client, ClientRegistry, UserDirectory
+from ..registry import Client
 from ..sessions import Session, Sessions
-from ..store.base import MANAGED_BY_METADATA_DOCUMENT, CodeRecord, Store
+from ..store.base import MANAGED_BY_METADATA_DOCUMENT, CodeRecord
 from ..tokens import digest, random_token
 from . import signin
 from .forms import form_items, given_more_than_once, query_items, with_query
-from .pages import Pages
-from .passkey_offers import PasskeyOffers, has_second_factor
+from .passkey_offers import has_second_factor
 
 CARRIED = (
     "response_type",
@@ -248,53 +244,23 @@ async def _params(request: web.Request) -> Parameters:
     return Parameters.collect(query_items(request))
 
 
-class AuthorizationEndpoint:
+class AuthorizationEndpoint(signin.SignInPage):
     """GET/POST /authorize, and the login and consent forms posted back to it."""
 
     def __init__(
         self,
+        services: signin.SignInServices,
         *,
-        clients: ClientRegistry,
-        users: UserDirectory,
-        store: Store,
-        sessions: Sessions,
-        pages: Pages,
-        passwords: signin.PasswordCheck,
-        codes: signin.CodeCheck,
-        factors: SecondFactors,
-        requirement: Requirement,
         issuer: str,
         audiences: Audiences,
         code_lifetime: float,
-        scope_description: Callable[[str], str],
-        base_path: str,
-        clock: Clock,
         documents: MetadataDocuments | None = None,
-        sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
-        | None = None,
-        passkeys: PasskeyOffers | None = None,
-        password_sign_in: bool = True,
     ) -> None:
-        # False: the login page has no password form, and POST /login refuses unread.
-        self.password_sign_in = password_sign_in
-        self.passkeys = passkeys  # the passkey forms of the login page and the second step
+        super().__init__(services)
         self.documents = documents
-        self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
-        self.clients = clients
-        self.users = users
-        self.store = store
-        self.sessions = sessions
-        self.pages = pages
-        self.passwords = passwords
-        self.codes = codes
-        self.factors = factors
-        self.requirement = requirement
         self.issuer = issuer
         self.audiences = audiences
         self.code_lifetime = code_lifetime
-        self.scope_description = scope_description
-        self.base_path = base_path
-        self.clock = clock
 
     async def validate(self, given: Parameters) -> AuthorizationRequest:
         params = given.values

@@ -42,7 +42,7 @@ once N * 7.8e-10 (7.8e-6 for ten thousand). A session gets at most `device.max_f
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -52,20 +52,18 @@ from portcullis.addresses import ClientAddresses
 
 from .. import audit
 from ..audit import Event
-from ..clock import Clock
-from ..factors import Method, Requirement, SecondFactors, methods_of, multi_factor
+from ..factors import Method, methods_of, multi_factor
 from ..protocol import user_codes
 from ..protocol.errors import OAuthError
 from ..protocol.lifecycle import DEVICE, Device, decide
 from ..protocol.resources import Audiences
 from ..protocol.throttle import Cap
-from ..registry import Client, ClientRegistry, UserDirectory
+from ..registry import Client
 from ..sessions import Session, Sessions
-from ..store.base import DeviceRecord, Store
+from ..store.base import DeviceRecord
 from . import signin
 from .forms import read_form
-from .pages import Pages
-from .passkey_offers import PasskeyOffers, has_second_factor
+from .passkey_offers import has_second_factor
 
 log = logging.getLogger("portcullis.authserver.device")
 
@@ -115,49 +113,19 @@ class CodeGuesses:
     window: timedelta
 
 
-class DevicePages:
+class DevicePages(signin.SignInPage):
     def __init__(
         self,
+        services: signin.SignInServices,
         *,
-        store: Store,
-        clients: ClientRegistry,
-        users: UserDirectory,
-        sessions: Sessions,
-        pages: Pages,
-        passwords: signin.PasswordCheck,
-        codes: signin.CodeCheck,
-        factors: SecondFactors,
-        requirement: Requirement,
         guesses: CodeGuesses,
         addresses: ClientAddresses,
-        scope_description: Callable[[str], str],
         audiences: Audiences,
-        base_path: str,
-        clock: Clock,
-        sign_in_links: Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
-        | None = None,
-        passkeys: PasskeyOffers | None = None,
-        password_sign_in: bool = True,
     ) -> None:
-        # False: the sign-in form has no password, and POST /device/login refuses unread.
-        self.password_sign_in = password_sign_in
-        self.sign_in_links = sign_in_links  # the upstream identity providers' buttons
-        self.passkeys = passkeys  # the second step's passkey form
+        super().__init__(services)
         self.audiences = audiences
-        self.store = store
-        self.clients = clients
-        self.users = users
-        self.sessions = sessions
-        self.pages = pages
-        self.passwords = passwords
-        self.codes = codes
-        self.factors = factors
-        self.requirement = requirement
         self.guesses = guesses
         self.addresses = addresses
-        self.scope_description = scope_description
-        self.base_path = base_path
-        self.clock = clock
 
     # ------------------------------------------------------------------------- pages
 

@@ -55,14 +55,15 @@ from .. import audit
 from ..audit import Event
 from ..clock import Clock
 from ..factors import THROTTLED as CODE_THROTTLED
-from ..factors import SecondFactors, Used, factor_of, with_code
+from ..factors import Requirement, SecondFactors, Used, factor_of, with_code
 from ..metrics import Metrics
 from ..protocol.throttle import Backoff, Cap
-from ..registry import User, UserDirectory
+from ..registry import ClientRegistry, User, UserDirectory
 from ..sessions import Session, Sessions
 from ..store.base import SignInRecord, Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
 from .pages import Pages
+from .passkey_offers import PasskeyOffers
 
 SIGN_IN_RETENTION = timedelta(days=90)
 THROTTLED = "Too many failed attempts. Please wait a few minutes and try again."
@@ -71,6 +72,56 @@ WRONG = "The username or password is not correct."
 WRONG_CODE = "That code is not correct, or was already used. Enter the current code of your app."
 THROTTLED_CODE = "Too many wrong codes. Please wait a few minutes and try again."
 PENDING = timedelta(minutes=5)  # from the password to the code
+
+
+# The upstream identity providers' buttons for a page: (session, the page's own fields to
+# carry through the provider) -> each button's fields.
+SignInLinks = Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
+
+
+@dataclass(frozen=True)
+class SignInServices:
+    """What every page that signs a user in works with (the authorization, device and
+    account pages), built once by the composition root."""
+
+    store: Store
+    clients: ClientRegistry
+    users: UserDirectory
+    sessions: Sessions
+    pages: Pages
+    passwords: PasswordCheck
+    codes: CodeCheck
+    factors: SecondFactors
+    requirement: Requirement  # who the operator requires a second factor of
+    scope_description: Callable[[str], str]
+    base_path: str
+    clock: Clock
+    sign_in_links: SignInLinks | None = None  # the upstream identity providers' buttons
+    passkeys: PasskeyOffers | None = None  # passkey sign-in and the passkey second step
+    # False: no password form, a password posted is refused unread, and the account page
+    # changes no password (a new sign-in confirms a change instead).
+    password_sign_in: bool = True
+
+
+class SignInPage:
+    """The base of the pages that sign a user in: their services, each an attribute."""
+
+    def __init__(self, services: SignInServices) -> None:
+        self.store = services.store
+        self.clients = services.clients
+        self.users = services.users
+        self.sessions = services.sessions
+        self.pages = services.pages
+        self.passwords = services.passwords
+        self.codes = services.codes
+        self.factors = services.factors
+        self.requirement = services.requirement
+        self.scope_description = services.scope_description
+        self.base_path = services.base_path
+        self.clock = services.clock
+        self.sign_in_links = services.sign_in_links
+        self.passkeys = services.passkeys
+        self.password_sign_in = services.password_sign_in
 
 
 def password_refused(pages: Pages) -> web.Response:
