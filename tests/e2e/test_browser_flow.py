@@ -33,6 +33,7 @@ from tests.authserver.conftest import (
     default_config,
     serve_authserver,
 )
+from tests.e2e import page_problems
 from tests.support import start_site
 
 CHROMIUM = "/usr/bin/chromium"
@@ -229,8 +230,7 @@ async def page(browser: Any) -> AsyncIterator[Any]:
         if response.status >= 400:
             problems.append(f"{response.status} {response.url}")
 
-    tab.on("console", lambda message: problems.append(message.text))
-    tab.on("pageerror", lambda error: problems.append(str(error)))
+    page_problems.watch(tab, problems)
     tab.on("response", failed)
     tab.problems = problems
     yield tab
@@ -310,3 +310,30 @@ async def test_a_wrong_password_keeps_the_browser_on_the_login_page(page, client
     assert await page.get_by_label("Username").input_value() == "alice"
     assert await page.get_by_label("Password").input_value() == ""
     assert client_app.pending  # the client never got an answer
+
+
+async def test_the_page_watch_reports_a_policy_violation_and_not_chromiums_notes(browser: Any):
+    """page_problems.watch, which every browser test's verdict on a page rests on: a script
+    the page's Content-Security-Policy refuses is reported; Chromium's note that autofocus
+    was skipped (a field was focused first) is not."""
+    context = await browser.new_context()
+    try:
+        tab = await context.new_page()
+        problems: list[str] = []
+        page_problems.watch(tab, problems)
+        await tab.set_content(
+            "<html><head><meta http-equiv='Content-Security-Policy' content=\"script-src "
+            "'sha256-" + _FOCUS_SCRIPT_HASH + "'\"></head><body><input id=a>"
+            "<input id=b autofocus><script>" + _FOCUS_SCRIPT + "</script>"
+            "<script>document.title = 'refused';</script></body></html>"
+        )
+        await tab.wait_for_timeout(200)
+        assert await tab.evaluate("document.activeElement.id") == "a"  # the allowed script ran
+        assert await tab.title() != "refused"
+    finally:
+        await context.close()
+    assert len(problems) == 1 and "Content Security Policy" in problems[0], problems
+
+
+_FOCUS_SCRIPT = "document.getElementById('a').focus()"
+_FOCUS_SCRIPT_HASH = base64.b64encode(hashlib.sha256(_FOCUS_SCRIPT.encode()).digest()).decode()

@@ -29,6 +29,7 @@ from tests.authserver.conftest import (
 )
 from tests.authserver.device_support import device_config
 from tests.authserver.passkey_support import b64, unb64
+from tests.e2e import page_problems
 from tests.e2e.test_browser_flow import ClientApp, browser, starting_with
 
 __all__ = ["browser"]  # the fixture, used here by name
@@ -93,8 +94,7 @@ async def test_a_passkey_added_on_the_account_page_signs_in_alone_and_as_second_
     tab = await context.new_page()
     tab.set_default_timeout(15_000)
     problems: list[str] = []
-    tab.on("console", lambda message: problems.append(message.text))
-    tab.on("pageerror", lambda error: problems.append(str(error)))
+    page_problems.watch(tab, problems)
     cdp, authenticator = await virtual_authenticator(context, tab)
 
     # The account page: the password, then a passkey named and added.

@@ -27,6 +27,7 @@ from tests.authserver.conftest import (
     default_config,
     serve_authserver,
 )
+from tests.e2e import page_problems
 from tests.e2e.test_browser_flow import ClientApp, browser, page, starting_with
 
 __all__ = ["browser", "page"]  # the fixtures, used here by name
@@ -72,8 +73,7 @@ async def test_setting_up_an_app_then_signing_in_with_its_code(
     tab = await context.new_page()
     tab.set_default_timeout(15_000)
     problems: list[str] = []
-    tab.on("console", lambda message: problems.append(message.text))
-    tab.on("pageerror", lambda error: problems.append(str(error)))
+    page_problems.watch(tab, problems)
 
     # Signed in with the password alone: the client is told so.
     await password_then(tab, client_app, authserver)
@@ -161,7 +161,7 @@ async def test_a_client_asking_for_a_second_factor_leads_to_setting_one_up_and_b
     tab = await context.new_page()
     tab.set_default_timeout(15_000)
     problems: list[str] = []
-    tab.on("console", lambda message: problems.append(message.text))
+    page_problems.watch(tab, problems)
     await password_then(tab, client_app, authserver)
     await tab.get_by_role("button", name="Allow").click()
     await tab.wait_for_url(starting_with(client_app.redirect_uri + "?"))
