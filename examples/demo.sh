@@ -151,32 +151,9 @@ trap stop_all EXIT
 if [ "$SMOKE" = 1 ]; then trap 'exit 130' INT; else trap 'echo; exit 0' INT; fi
 trap 'exit 143' TERM
 
-start() { # name command...
-    local name=$1
-    shift
-    "$@" >"$WORK/$name.log" 2>&1 &
-    PIDS+=("$!")
-    NAMES+=("$name")
-}
-
-wait_ready() { # name url: until url answers, while the process started as name runs
-    local name=$1 url=$2 pid="" i
-    for i in "${!NAMES[@]}"; do [ "${NAMES[$i]}" = "$name" ] && pid=${PIDS[$i]}; done
-    local deadline=$((SECONDS + START_TIMEOUT))
-    until curl -fsS -o /dev/null --max-time 1 "$url" 2>/dev/null; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            echo "demo: the $name stopped while starting; the end of its log:" >&2
-            tail -n 30 "$WORK/$name.log" >&2
-            exit 1
-        fi
-        if ((SECONDS >= deadline)); then
-            echo "demo: the $name was not ready at $url within ${START_TIMEOUT}s; its log:" >&2
-            tail -n 30 "$WORK/$name.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
-}
+DEMO_NAME=demo
+# shellcheck source=examples/processes.sh
+. "$ROOT/examples/processes.sh"
 
 start authserver "$PYTHON" -m authserver run --config "$AUTH_CONFIG"
 start api "$PYTHON" -m examples.legacy_api --port "$DEMO_API_PORT"

@@ -93,39 +93,16 @@ stop_all() {
 trap stop_all EXIT
 trap 'echo; exit 0' INT TERM
 
-start() { # name command...
-    local name=$1
-    shift
-    "$@" >"$WORK/$name.log" 2>&1 &
-    PIDS+=("$!")
-    NAMES+=("$name")
-}
-
-wait_ready() { # name url: until url answers, while the process started as name runs
-    local name=$1 url=$2 pid="" i
-    for i in "${!NAMES[@]}"; do [ "${NAMES[$i]}" = "$name" ] && pid=${PIDS[$i]}; done
-    local deadline=$((SECONDS + START_TIMEOUT))
-    until curl -sS -o /dev/null --max-time 1 "$url" 2>/dev/null; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            echo "mcp-demo: the $name stopped while starting; the end of its log:" >&2
-            tail -n 30 "$WORK/$name.log" >&2
-            exit 1
-        fi
-        if ((SECONDS >= deadline)); then
-            echo "mcp-demo: the $name was not ready at $url within ${START_TIMEOUT}s; its log:" >&2
-            tail -n 30 "$WORK/$name.log" >&2
-            exit 1
-        fi
-        sleep 0.1
-    done
-}
+DEMO_NAME=mcp-demo
+# shellcheck source=examples/processes.sh
+. "$ROOT/examples/processes.sh"
 
 start authserver "$PYTHON" -m authserver run --config "$AUTH_CONFIG"
 start mcp-server "$PYTHON" -m examples.mcp --port "$MCP_DEMO_SERVER_PORT"
 wait_ready authserver "$AUTH/.well-known/oauth-authorization-server"
 # Any answer will do: the server is up once it answers at all (a GET without a session is
 # refused).
-wait_ready mcp-server "$SERVER/mcp"
+wait_ready mcp-server "$SERVER/mcp" any
 # The gateway is ready once it holds the authorization server's keys.
 start gateway "$PYTHON" -m gateway run --config "$CONFIG"
 wait_ready gateway "http://127.0.0.1:$MCP_DEMO_ADMIN_PORT/readyz"
