@@ -413,6 +413,16 @@ class UserRecord:
     version: int = 1
 
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def email_key(email: object) -> str | None:
+    """What a user is found by their `email` claim with (users_with_email): the address
+    with its ASCII letters in lower case, the others as they are, so that every backend
+    folds it alike; None for a claim that is no string."""
+    return email.translate(_ASCII_LOWER) if isinstance(email, str) else None
+
+
 @dataclass(frozen=True)
 class IdentityLink:
     """An identity at an upstream OpenID Connect provider (its issuer and `sub`) and the
@@ -759,9 +769,9 @@ class Store(Protocol):
         """Every user, ordered by subject."""
 
     async def users_with_email(self, email: str) -> list[UserRecord]:
-        """The users whose `email` claim is `email` with no regard to the case of its ASCII
-        letters (other letters' case as the backend folds it), ordered by subject: the
-        candidates an address could link to, which the caller holds to its own rule."""
+        """The users whose `email` claim has the `email_key` of `email` (the same address,
+        its ASCII letters in either case), ordered by subject: the candidates an address
+        could link to, which the caller holds to its own rule."""
 
     async def save_user(self, record: UserRecord, expected_version: int | None) -> bool:
         """As save_client; AlreadyExists also when the username is another user's."""

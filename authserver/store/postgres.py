@@ -124,6 +124,7 @@ from authserver.store.base import (
     StoreUnavailable,
     TotpRecord,
     UserRecord,
+    email_key,
     unobserved,
 )
 from authserver.store.migration_files import Migration, load_migrations, unknown_versions
@@ -1162,13 +1163,11 @@ class PostgresStore:
 
     async def users_with_email(self, email: str) -> list[UserRecord]:
         async with self._connection("users_with_email") as conn:
-            # The expression of the users_email index (migration 013).
             rows = await conn.fetch(
                 "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
-                " created_at, updated_at, version FROM users"
-                " WHERE lower((claims::jsonb) ->> 'email') = lower($1)"
-                " AND jsonb_typeof((claims::jsonb) -> 'email') = 'string' ORDER BY subject",
-                email,
+                " created_at, updated_at, version FROM users WHERE email_key = $1"
+                " ORDER BY subject",
+                email_key(email),
             )
         return [_user(row) for row in rows]
 
@@ -1539,13 +1538,14 @@ async def _save_user(conn: Any, r: UserRecord, expected: int | None) -> bool:
         r.managed_by,
         r.created_at,
         r.updated_at,
+        email_key(r.claims.get("email")),
     )
     with _unique(f"user {r.subject!r} or username {r.username!r}"):
         if expected is None:
             await conn.execute(
                 "INSERT INTO users (subject, username, password_hash, claims, roles, disabled,"
-                " managed_by, created_at, updated_at, version)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1)",
+                " managed_by, created_at, updated_at, email_key, version)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1)",
                 r.subject,
                 *values,
             )
@@ -1553,7 +1553,8 @@ async def _save_user(conn: Any, r: UserRecord, expected: int | None) -> bool:
         changed = await conn.fetchval(
             "UPDATE users SET username = $2, password_hash = $3, claims = $4, roles = $5,"
             " disabled = $6, managed_by = $7, created_at = $8, updated_at = $9,"
-            " version = version + 1 WHERE subject = $1 AND version = $10 RETURNING 1",
+            " email_key = $10, version = version + 1 WHERE subject = $1 AND version = $11"
+            " RETURNING 1",
             r.subject,
             *values,
             expected,

@@ -98,6 +98,7 @@ from authserver.store.base import (
     StoreUnavailable,
     TotpRecord,
     UserRecord,
+    email_key,
     unobserved,
 )
 from authserver.store.migration_files import Migration, load_migrations, unknown_versions
@@ -1740,15 +1741,12 @@ def _get_user(conn: sqlite3.Connection, column: str, value: str) -> UserRecord |
 
 
 def _users_with_email(conn: sqlite3.Connection, email: str) -> list[UserRecord]:
-    # The expression of the users_email index (migration 016); SQLite's lower() folds ASCII.
     return [
         _user(row)
         for row in conn.execute(
             "SELECT subject, username, password_hash, claims, roles, disabled, managed_by,"
-            " created_at, updated_at, version FROM users"
-            " WHERE lower(json_extract(claims, '$.email')) = lower(?)"
-            " AND json_type(claims, '$.email') = 'text' ORDER BY subject",
-            (email,),
+            " created_at, updated_at, version FROM users WHERE email_key = ? ORDER BY subject",
+            (email_key(email),),
         )
     ]
 
@@ -1768,18 +1766,18 @@ def _save_user(conn: sqlite3.Connection, r: UserRecord, expected: int | None) ->
         if expected is None:
             conn.execute(
                 "INSERT INTO users (subject, username, password_hash, claims, roles, disabled,"
-                " managed_by, created_at, updated_at, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?)",
-                _user_values(r, 1),
+                " managed_by, created_at, updated_at, version, email_key) VALUES (?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?)",
+                (*_user_values(r, 1), email_key(r.claims.get("email"))),
             )
             return True
         values = _user_values(r, expected + 1)
         return (
             conn.execute(
                 "UPDATE users SET username = ?, password_hash = ?, claims = ?, roles = ?,"
-                " disabled = ?, managed_by = ?, created_at = ?, updated_at = ?, version = ?"
-                " WHERE subject = ? AND version = ?",
-                (*values[1:], r.subject, expected),
+                " disabled = ?, managed_by = ?, created_at = ?, updated_at = ?, version = ?,"
+                " email_key = ? WHERE subject = ? AND version = ?",
+                (*values[1:], email_key(r.claims.get("email")), r.subject, expected),
             ).rowcount
             == 1
         )

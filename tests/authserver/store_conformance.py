@@ -2038,6 +2038,14 @@ class StoreConformance:
         assert found[1] == await store.get_user("s2")  # whole records, as get_user reads them
         assert await other.users_with_email("pat@example") == []
         assert await other.users_with_email("42") == []
+        # Only ASCII letters are folded, alike on every backend.
+        await store.save_user(emailed("s6", "six", "élan@example.com"), None)
+        assert await other.users_with_email("ÉLAN@example.com") == []
+        assert [u.subject for u in await other.users_with_email("élan@EXAMPLE.com")] == ["s6"]
+        # A claim holding an escaped NUL is stored and found like any other.
+        nul = a_user("s7", "seven", claims={"email": "nul@example.com", "name": "x\u0000y"})
+        assert await store.save_user(nul, None)
+        assert [u.subject for u in await other.users_with_email("NUL@example.com")] == ["s7"]
         # Changed or deleted, a user is found by what is stored now.
         moved = replace(emailed("s1", "one", "someone@else.org"), version=2)
         assert await store.save_user(moved, 1)

@@ -600,3 +600,37 @@ async def test_a_server_on_postgresql_issues_tokens_and_answers_503_while_the_da
     # trace that would make it look reused.
     status, body, _ = await post_token(http, server, refresh)
     assert status == 200, body
+
+
+async def test_the_email_key_migration_fills_in_the_users_there_are(
+    postgres_url: str, schema: str, tmp_path: Path
+) -> None:
+    """Migration 013 gives the users stored before it their email key, so a federated
+    sign-in finds them by address; claims jsonb cannot read (an escaped NUL) get none and
+    do not stop the migration."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for migration in load_migrations(MIGRATIONS):
+        if migration.version < 13:
+            (earlier / migration.name).write_text(migration.sql)
+    await open_and_close(PostgresStore(postgres_url, POOL, schema=schema, migrations=earlier))
+    async with admin(postgres_url, schema) as conn:
+        for subject, claims in (
+            ("s1", '{"email": "Pat@Example.COM", "email_verified": true}'),
+            ("s2", '{"email": "pat@example.com", "name": "x\\u0000y"}'),
+            ("s3", '{"email": 7}'),
+        ):
+            await conn.execute(
+                "INSERT INTO users (subject, username, password_hash, claims, roles, disabled,"
+                " managed_by, created_at, updated_at, version)"
+                " VALUES ($1, $1, '', $2, '[]', false, 'api', 0, 0, 1)",
+                subject,
+                claims,
+            )
+    store = PostgresStore(postgres_url, POOL, schema=schema)
+    await store.open()
+    try:
+        assert [u.subject for u in await store.users_with_email("PAT@example.com")] == ["s1"]
+        assert await store.users_with_email("7") == []
+    finally:
+        await store.close()

@@ -517,3 +517,37 @@ async def test_a_call_made_just_before_the_store_closes_is_answered(tmp_path: Pa
     await asyncio.sleep(0)  # the call is queued; the worker's start is due
     await store.close()
     assert await pending is None
+
+
+async def test_the_email_key_migration_fills_in_the_users_there_are(tmp_path: Path) -> None:
+    """Migration 016 gives the users stored before it their email key, so a federated
+    sign-in finds them by address; a claim that is no string gets none."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for migration in load_migrations(MIGRATIONS):
+        if migration.version < 16:
+            (earlier / migration.name).write_text(migration.sql)
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path, migrations=earlier)
+    await store.open()
+    await store.close()
+    with sqlite3.connect(path) as conn:
+        for subject, claims in (
+            ("s1", '{"email": "Pat@Example.COM", "email_verified": true}'),
+            ("s2", '{"email": "pat@example.com"}'),
+            ("s3", '{"email": 7}'),
+        ):
+            conn.execute(
+                "INSERT INTO users (subject, username, password_hash, claims, roles, disabled,"
+                " managed_by, created_at, updated_at, version)"
+                " VALUES (?, ?, '', ?, '[]', 0, 'api', 0, 0, 1)",
+                (subject, subject, claims),
+            )
+    store = SQLiteStore(path)
+    await store.open()
+    try:
+        found = await store.users_with_email("PAT@example.com")
+        assert [u.subject for u in found] == ["s1", "s2"]
+        assert await store.users_with_email("7") == []
+    finally:
+        await store.close()
