@@ -64,6 +64,8 @@ class RefusingConnection(web.RequestHandler):
     and logged once, at info, with the status and the reason's kind only. Failures of the
     server itself (500) stay aiohttp's, logged with their traceback."""
 
+    __slots__ = ("_refuse",)  # as lean as aiohttp's own, one per connection
+
     def __init__(self, manager: web.Server, refuse: Refuse, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._refuse = refuse
