@@ -1004,7 +1004,8 @@ class _DecisionRequest(HeadSettlingRequest):
 class _DecisionServer(web.Server):
     """The decision listener for front proxies (extauthz): a low-level server, like the
     public one, with no router or middleware before `Gateway.decide`. A request it cannot
-    parse is answered and logged as on the public listener (414, 431, 400; no echo)."""
+    parse is answered and logged as on the public listener (414, 431, 400; no echo), but
+    not counted: the denials counted are the public listener's and the decisions'."""
 
     def __init__(self, gateway: Gateway) -> None:
         limits = gateway.settings.limits
@@ -1087,6 +1088,7 @@ async def serve(
                         settings.admin_listen.host,
                         settings.admin_listen.port,
                         "admin",
+                        server_header=lambda: gateway.settings.server_header,
                     ),
                 ],
                 grace=settings.shutdown_grace,

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http_exceptions import BadHttpMethod
 from aiohttp.web_protocol import ERROR as _UNPARSABLE
 
 log = logging.getLogger("portcullis.http")
@@ -40,6 +41,12 @@ _UNPARSABLE_AS_11 = _UNPARSABLE._replace(version=HttpVersion11)
 
 # The answer to a request the parser refused, from the reason aiohttp gives (None: none).
 Refuse = Callable[[BaseException | None], web.StreamResponse]
+# The Server field of a listener's own answers, read at each answer ("": none).
+ServerHeader = Callable[[], str]
+
+
+def _no_server_header() -> str:
+    return ""
 
 
 def http11_if_unparsable(message: RawRequestMessage) -> RawRequestMessage:
@@ -82,7 +89,10 @@ class RefusingConnection(web.RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("a response was already sent on this connection")
         response = self._refuse(exc)
-        log.info(
+        # A method that is no method is mostly no HTTP at all (TLS to a plain port, a
+        # scanner): aiohttp logs those at debug, so as not to fill the log with them.
+        log.log(
+            logging.DEBUG if isinstance(exc, BadHttpMethod) else logging.INFO,
             "unparsable request refused",
             extra={"status": response.status, "reason": type(exc).__name__ if exc else "-"},
         )
@@ -92,10 +102,17 @@ class RefusingConnection(web.RequestHandler):
 class _RefusedRequest(HeadSettlingRequest):
     """The stand-in for a request the parser refused, on an Application's listener: no
     route matched it, so no `on_response_prepare` runs for its answer; the Server field
-    aiohttp gives it is taken out here instead."""
+    aiohttp gives it is the listener's own here instead, or none."""
+
+    ATTRS = HeadSettlingRequest.ATTRS | frozenset({"server_header"})
+    server_header: ServerHeader = staticmethod(_no_server_header)
 
     def settle(self, response: web.StreamResponse) -> None:
-        response.headers.popall("Server", None)
+        name = self.server_header()
+        if name:
+            response.headers["Server"] = name
+        else:
+            response.headers.popall("Server", None)
 
 
 class _RefusingServer(web.Server):
@@ -109,14 +126,26 @@ class _RefusingServer(web.Server):
 
 class RefusingAppRunner(web.AppRunner):
     """An AppRunner whose connections answer the requests their parser refused with
-    `refuse`, in HTTP/1.1 and without a Server field."""
+    `refuse`, in HTTP/1.1, with `server_header()` as their Server field (none when it is
+    empty)."""
 
-    def __init__(self, app: web.Application, *, refuse: Refuse, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        refuse: Refuse,
+        server_header: ServerHeader = _no_server_header,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self._refuse = refuse
+        self._server_header = server_header
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
+        if type(server) is not web.Server:
+            # A subclass of aiohttp's own would lose what it overrides: refuse to start.
+            raise RuntimeError(f"aiohttp made a {type(server).__name__}, not a web.Server")
         # aiohttp builds an Application's server itself (`Application._make_handler`), and
         # the server names the class of its connections. This one keeps every bit of its
         # state and makes RefusingConnections instead: a subclass with no state of its own
@@ -125,6 +154,7 @@ class RefusingAppRunner(web.AppRunner):
         cast(_RefusingServer, server).refuse = self._refuse
         app_requests = server.request_factory
         loop = asyncio.get_running_loop()
+        server_header = self._server_header
 
         def request_factory(
             message: RawRequestMessage,
@@ -134,7 +164,9 @@ class RefusingAppRunner(web.AppRunner):
             task: asyncio.Task[None],
         ) -> web.BaseRequest:
             if message is _UNPARSABLE:
-                return _RefusedRequest(_UNPARSABLE_AS_11, payload, protocol, writer, task, loop)
+                refused = _RefusedRequest(_UNPARSABLE_AS_11, payload, protocol, writer, task, loop)
+                refused.server_header = server_header
+                return refused
             return app_requests(message, payload, protocol, writer, task)
 
         # Read by each connection when it is made: set before the site accepts any.

@@ -191,9 +191,9 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 class Listener:
     """What to serve where: an Application, or a low-level Server built with its options.
 
-    An Application's requests that the parser refuses are answered by `refusal` (414, 431,
-    400 with the resource error body, never quoting the request; see aiohttp_private), and
-    `refused`, when given, is told each one's status (to count it)."""
+    An Application is served by `app_runner`: `refused`, when given, is told the status of
+    each request its parser refuses (to count it); `server_header` gives the Server field of
+    those answers ("": none), as the application's own answers have it."""
 
     app: web.Application | web.Server
     host: str
@@ -201,18 +201,41 @@ class Listener:
     name: str
     tls: RotatingCertificate | None = None
     refused: Callable[[int], None] | None = None
-
-    def refusal(self, exc: BaseException | None) -> web.StreamResponse:
-        response = unparsable(unparsable_status(exc, REQUEST_LINE_LIMIT))
-        if self.refused is not None:
-            self.refused(response.status)
-        return response
+    server_header: Callable[[], str] | None = None
 
 
 # The limits of an Application's listener, as aiohttp's parser applies them: a request line
 # of 8 KiB, each header field as long (one byte more as given, so the two can be told apart).
 REQUEST_LINE_LIMIT = 8 * 1024
 FIELD_LIMIT = 8 * 1024
+
+
+def app_runner(
+    app: web.Application,
+    *,
+    shutdown_timeout: float,
+    refused: Callable[[int], None] | None = None,
+    server_header: Callable[[], str] | None = None,
+) -> web.AppRunner:
+    """The runner of an Application's listener: within the limits above, its requests the
+    parser refuses answered 414, 431 or 400 with the resource error body, never quoting the
+    request (see aiohttp_private), their status told to `refused`."""
+
+    def refuse(exc: BaseException | None) -> web.StreamResponse:
+        response = unparsable(unparsable_status(exc, REQUEST_LINE_LIMIT))
+        if refused is not None:
+            refused(response.status)
+        return response
+
+    return RefusingAppRunner(
+        app,
+        refuse=refuse,
+        server_header=server_header or (lambda: ""),
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        max_line_size=REQUEST_LINE_LIMIT,
+        max_field_size=field_limit(FIELD_LIMIT, REQUEST_LINE_LIMIT),
+    )
 
 
 async def serve(
@@ -257,13 +280,11 @@ async def serve(
             if isinstance(listener.app, web.Server):
                 runner = web.ServerRunner(listener.app, shutdown_timeout=grace.total_seconds())
             else:
-                runner = RefusingAppRunner(
+                runner = app_runner(
                     listener.app,
-                    refuse=listener.refusal,
-                    access_log=None,
                     shutdown_timeout=grace.total_seconds(),
-                    max_line_size=REQUEST_LINE_LIMIT,
-                    max_field_size=field_limit(FIELD_LIMIT, REQUEST_LINE_LIMIT),
+                    refused=listener.refused,
+                    server_header=listener.server_header,
                 )
             await runner.setup()
             runners.append(runner)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -37,6 +37,7 @@ from gateway import settings as gateway_settings
 from gateway.app import Gateway, admin_app, decision_server, public_server, upstream_session
 from gateway.core.clock import SYSTEM_CLOCK, Clock
 from gateway.verifiers.jwks import keys_session
+from portcullis import runtime
 from portcullis.jose import ECDSA_CURVES, low_s
 from portcullis.tls import RotatingCertificate
 
@@ -127,14 +128,16 @@ async def start_site(
     ssl_context: ssl.SSLContext | None = None,
     *,
     sock: socket.socket | None = None,
+    server_header: Callable[[], str] | None = None,
 ) -> tuple[Any, str]:
     """Serve `app` on 127.0.0.1: on `sock`, else on `port` (0: one the OS chooses); over
-    TLS with `ssl_context`."""
+    TLS with `ssl_context`. An Application is served as `run` serves it (runtime.app_runner,
+    with `server_header` for the answers to requests its parser refuses)."""
     runner: web.BaseRunner
     if isinstance(app, web.Server):
         runner = web.ServerRunner(app, shutdown_timeout=1)
     else:
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        runner = runtime.app_runner(app, shutdown_timeout=1, server_header=server_header)
     await runner.setup()
     site: web.BaseSite = (
         web.SockSite(runner, sock, ssl_context=ssl_context)
@@ -576,7 +579,9 @@ async def start_gateway(
     public_runner, url = await start_site(
         public_server(gateway), 0, certificate.context if certificate is not None else None
     )
-    admin_runner, admin_url = await start_site(admin_app(gateway))
+    admin_runner, admin_url = await start_site(
+        admin_app(gateway), server_header=lambda: gateway.settings.server_header
+    )
     runners = [public_runner, admin_runner]
     decision_url = ""
     if settings.ext_authz is not None:

@@ -131,7 +131,7 @@ def _app(prepared: list[str]) -> web.Application:
     return app
 
 
-async def test_an_applications_refused_request_is_answered_by_refuse_unquoted_and_unlogged(
+async def test_an_applications_refused_request_is_answered_by_refuse_and_logged_unquoted(
     caplog: pytest.LogCaptureFixture,
 ):
     caplog.set_level(logging.DEBUG)

@@ -76,7 +76,7 @@ PENDING = timedelta(minutes=5)  # from the password to the code
 
 # The upstream identity providers' buttons for a page: (session, the page's own fields to
 # carry through the provider) -> each button's fields.
-SignInLinks = Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
+ProviderButtons = Callable[[Session, list[tuple[str, str]]], list[dict[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class SignInServices:
     scope_description: Callable[[str], str]
     base_path: str
     clock: Clock
-    sign_in_links: SignInLinks | None = None  # the upstream identity providers' buttons
+    sign_in_links: ProviderButtons | None = None  # the upstream identity providers' buttons
     passkeys: PasskeyOffers | None = None  # passkey sign-in and the passkey second step
     # False: no password form, a password posted is refused unread, and the account page
     # changes no password (a new sign-in confirms a change instead).

@@ -38,6 +38,7 @@ from tests.support import (
     header_values,
     raw_exchange,
     raw_request,
+    refused_exchange,
     running_gateway,
     start_site,
 )
@@ -1326,12 +1327,16 @@ async def test_the_gateways_own_answers_name_no_software_version(issuer, client,
         ]
         async with client.get(gw.admin_url + "/healthz") as resp:
             admin_server = resp.headers.getall("Server", [])
+        # A request the admin listener's parser refuses: answered under the same field.
+        admin_refused = await refused_exchange(gw.admin_url, b"NOT HTTP\r\n\r\n")
         relayed = await raw_exchange(gw.url, raw_request("GET", "/public/x"))
     assert [answer.status for answer in own] == [401, 414, 400]
     expected = [] if server_header is None else [server_header]
     for answer in own:
         assert answer.headers.getall("Server", []) == expected, answer.status
     assert admin_server == expected
+    assert (admin_refused.version, admin_refused.status) == ("HTTP/1.1", 400)
+    assert admin_refused.headers.getall("Server", []) == expected
     # An upstream's answer keeps the upstream's own Server field, whatever the setting.
     assert relayed.headers.getall("Server") == ["upstream/1"]
 
