@@ -486,18 +486,12 @@ class PasskeyPages:
                 "over https.",
                 "not_available",
             )
-        try:
-            form = await read_form(request)
-        except OAuthError as exc:
-            return self.pages.error(400, "This form cannot be read", exc.description)
-        session = await self.sessions.current(request)
-        if session is None or not session.logged_in:
-            return self.pages.error(
-                401, "Please sign in first", "Open your account page and sign in.", "login_required"
-            )
-        if not Sessions.csrf_valid(session, form.get("csrf_token")):
-            return self._expired()
-        return session, form
+        return await signin.signed_in_form(request, self.sessions, self.pages, self._not_signed_in)
+
+    def _not_signed_in(self) -> web.Response:
+        return self.pages.error(
+            401, "Please sign in first", "Open your account page and sign in.", "login_required"
+        )
 
     def _no_such_passkey(self) -> web.Response:
         return self.pages.error(
@@ -511,9 +505,7 @@ class PasskeyPages:
         )
 
     def _expired(self) -> web.Response:
-        return self.pages.error(
-            403, "Your session expired", "Please go back and try again.", "csrf"
-        )
+        return signin.session_expired(self.pages)
 
     def _sign_in_expired(self) -> web.Response:
         return self.pages.error(

@@ -35,11 +35,10 @@ from ..factors import (
     SecondFactors,
     methods_of,
 )
-from ..protocol.errors import OAuthError
 from ..registry import UserDirectory
 from ..sessions import Session, Sessions
+from . import signin
 from .authorize import CARRIED, CONSENT_PROOF
-from .forms import read_form
 from .pages import Pages
 from .passkey_offers import PasskeyOffers
 
@@ -84,11 +83,6 @@ class FactorPages:
             "Please sign in first",
             "Sign in to an application that uses this server, then come back to this page.",
             "login_required",
-        )
-
-    def _expired(self) -> web.Response:
-        return self.pages.error(
-            403, "Your session expired", "Please go back and try again.", "csrf"
         )
 
     def _unavailable(self) -> web.Response:
@@ -246,15 +240,10 @@ class FactorPages:
     ) -> tuple[Session, dict[str, str]] | web.Response:
         if not self.factors.available:
             return self._unavailable()
-        try:
-            form = await read_form(request)
-        except OAuthError as exc:
-            return self.pages.error(400, "This form cannot be read", exc.description)
-        session = await self.sessions.current(request)
-        if session is None or not session.logged_in:
-            return self._not_signed_in()
-        if not Sessions.csrf_valid(session, form.get("csrf_token")):
-            return self._expired()
+        found = await signin.signed_in_form(request, self.sessions, self.pages, self._not_signed_in)
+        if isinstance(found, web.Response):
+            return found
+        session, form = found
         if self.clock() - session.record.auth_time > RECENT.total_seconds():
             return self.pages.error(
                 401,

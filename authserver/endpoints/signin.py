@@ -57,11 +57,13 @@ from ..clock import Clock
 from ..factors import THROTTLED as CODE_THROTTLED
 from ..factors import Requirement, SecondFactors, Used, factor_of, with_code
 from ..metrics import Metrics
+from ..protocol.errors import OAuthError
 from ..protocol.throttle import Backoff, Cap
 from ..registry import ClientRegistry, User, UserDirectory
 from ..sessions import Session, Sessions
 from ..store.base import SignInRecord, Store
 from ..users import HashingBusy, PasswordHasher, dummy_hash
+from .forms import read_form
 from .pages import Pages
 from .passkey_offers import PasskeyOffers
 
@@ -122,6 +124,32 @@ class SignInPage:
         self.sign_in_links = services.sign_in_links
         self.passkeys = services.passkeys
         self.password_sign_in = services.password_sign_in
+
+
+async def signed_in_form(
+    request: web.Request,
+    sessions: Sessions,
+    pages: Pages,
+    not_signed_in: Callable[[], web.Response],
+) -> tuple[Session, dict[str, str]] | web.Response:
+    """The session and the form of a POST by a signed-in user whose CSRF token is the
+    session's own; else the page saying why: 400 for a form that cannot be read,
+    `not_signed_in()` without a signed-in session, 403 for another token."""
+    try:
+        form = await read_form(request)
+    except OAuthError as exc:
+        return pages.error(400, "This form cannot be read", exc.description)
+    session = await sessions.current(request)
+    if session is None or not session.logged_in:
+        return not_signed_in()
+    if not Sessions.csrf_valid(session, form.get("csrf_token")):
+        return session_expired(pages)
+    return session, form
+
+
+def session_expired(pages: Pages) -> web.Response:
+    """A form whose CSRF token is not its session's (an old page, another session's)."""
+    return pages.error(403, "Your session expired", "Please go back and try again.", "csrf")
 
 
 def password_refused(pages: Pages) -> web.Response:
