@@ -816,11 +816,7 @@ class PostgresStore:
             )
             if confirmed is None:
                 return False
-            await conn.execute("DELETE FROM recovery_codes WHERE subject = $1", subject)
-            await conn.executemany(
-                "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES ($1, $2, NULL)",
-                [(subject, digest) for digest in recovery_codes],
-            )
+            await _set_recovery_codes(conn, subject, recovery_codes)
             return True
 
     async def use_totp_step(self, subject: str, step: int) -> bool:
@@ -855,11 +851,7 @@ class PostgresStore:
             )
             if confirmed is None:
                 return False
-            await conn.execute("DELETE FROM recovery_codes WHERE subject = $1", subject)
-            await conn.executemany(
-                "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES ($1, $2, NULL)",
-                [(subject, digest) for digest in recovery_codes],
-            )
+            await _set_recovery_codes(conn, subject, recovery_codes)
             return True
 
     async def delete_totp(self, subject: str) -> bool:
@@ -1560,6 +1552,15 @@ async def _save_user(conn: Any, r: UserRecord, expected: int | None) -> bool:
             expected,
         )
         return changed is not None
+
+
+async def _set_recovery_codes(conn: Any, subject: str, recovery_codes: Sequence[bytes]) -> None:
+    """The user's recovery codes become these, all unused (within the caller's transaction)."""
+    await conn.execute("DELETE FROM recovery_codes WHERE subject = $1", subject)
+    await conn.executemany(
+        "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES ($1, $2, NULL)",
+        [(subject, digest) for digest in recovery_codes],
+    )
 
 
 @contextlib.contextmanager

@@ -1164,12 +1164,19 @@ def _confirm_totp(
         ).rowcount
         if changed != 1:
             return False
-        conn.execute("DELETE FROM recovery_codes WHERE subject = ?", (subject,))
-        conn.executemany(
-            "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES (?, ?, NULL)",
-            [(subject, digest) for digest in recovery_codes],
-        )
+        _set_recovery_codes(conn, subject, recovery_codes)
         return True
+
+
+def _set_recovery_codes(
+    conn: sqlite3.Connection, subject: str, recovery_codes: Sequence[bytes]
+) -> None:
+    """The user's recovery codes become these, all unused (within the caller's transaction)."""
+    conn.execute("DELETE FROM recovery_codes WHERE subject = ?", (subject,))
+    conn.executemany(
+        "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES (?, ?, NULL)",
+        [(subject, digest) for digest in recovery_codes],
+    )
 
 
 def _use_totp_step(conn: sqlite3.Connection, subject: str, step: int) -> bool:
@@ -1204,11 +1211,7 @@ def _replace_recovery_codes(
         ).fetchone()
         if confirmed is None:
             return False
-        conn.execute("DELETE FROM recovery_codes WHERE subject = ?", (subject,))
-        conn.executemany(
-            "INSERT INTO recovery_codes (subject, code_sha256, used_at) VALUES (?, ?, NULL)",
-            [(subject, digest) for digest in recovery_codes],
-        )
+        _set_recovery_codes(conn, subject, recovery_codes)
         return True
 
 
