@@ -46,7 +46,8 @@ names the configuration gives them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from aiohttp.web import AbstractRoute
 from prometheus_client import CollectorRegistry, generate_latest
@@ -212,14 +213,13 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
-        requests = CounterMetricFamily(
-            PREFIX + "requests",
+        # A request's status is a number; every other label value is a string already.
+        yield _counters(
+            "requests",
             "Requests answered, by endpoint (route name) and status.",
-            labels=["endpoint", "status"],
+            ["endpoint", "status"],
+            {(endpoint, str(status)): n for (endpoint, status), n in list(m.requests.items())},
         )
-        for (endpoint, status), value in list(m.requests.items()):
-            requests.add_metric([endpoint, str(status)], value)
-        yield requests
         durations = HistogramMetricFamily(
             PREFIX + "request_duration_seconds",
             "Time from a request's arrival to its answer, by endpoint (route name), path (the"
@@ -234,14 +234,12 @@ class _Collector(Collector):
                 histogram.sum,
             )
         yield durations
-        tokens = CounterMetricFamily(
-            PREFIX + "tokens_issued",
+        yield _counters(
+            "tokens_issued",
             "Successful token responses, by grant type.",
-            labels=["grant_type"],
+            ["grant_type"],
+            m.tokens_issued,
         )
-        for grant_type, value in list(m.tokens_issued.items()):
-            tokens.add_metric([grant_type], value)
-        yield tokens
         yield CounterMetricFamily(
             PREFIX + "refresh_reuse_detected",
             "Rotated or revoked refresh tokens presented again (their family was revoked).",
@@ -265,54 +263,53 @@ class _Collector(Collector):
         for operation, histogram in list(m.store_calls.items()):
             store.add_metric([operation], histogram.buckets(), histogram.sum)
         yield store
-        reloads = CounterMetricFamily(
-            PREFIX + "config_reloads",
+        yield _counters(
+            "config_reloads",
             "Configuration reloads, by result (applied, rejected).",
-            labels=["result"],
+            ["result"],
+            m.reloads,
         )
-        for result, value in m.reloads.items():
-            reloads.add_metric([result], value)
-        yield reloads
-        proofs = CounterMetricFamily(
-            PREFIX + "dpop_proofs",
+        yield _counters(
+            "dpop_proofs",
             "DPoP proofs checked, by endpoint and result (accepted, invalid, nonce_required,"
             " replayed).",
-            labels=["endpoint", "result"],
+            ["endpoint", "result"],
+            m.dpop_proofs,
         )
-        for (endpoint, result), value in list(m.dpop_proofs.items()):
-            proofs.add_metric([endpoint, result], value)
-        yield proofs
-        documents = CounterMetricFamily(
-            PREFIX + "client_metadata_documents",
+        yield _counters(
+            "client_metadata_documents",
             "Client ID Metadata Documents fetched, or refused and why.",
-            labels=["result"],
+            ["result"],
+            m.metadata_documents,
         )
-        for result, value in list(m.metadata_documents.items()):
-            documents.add_metric([result], value)
-        yield documents
-        attempts = CounterMetricFamily(
-            PREFIX + "second_factor_attempts",
+        yield _counters(
+            "second_factor_attempts",
             "Second steps of sign-ins, by factor (totp, recovery_code, passkey) and outcome"
             " (succeeded, failed, throttled, replayed).",
-            labels=["factor", "outcome"],
+            ["factor", "outcome"],
+            m.factor_attempts,
         )
-        for (factor, outcome), value in list(m.factor_attempts.items()):
-            attempts.add_metric([factor, outcome], value)
-        yield attempts
-        changes = CounterMetricFamily(
-            PREFIX + "second_factor_changes",
+        yield _counters(
+            "second_factor_changes",
             "Second factors enrolled or removed, and recovery codes renewed, by factor.",
-            labels=["factor", "change"],
+            ["factor", "change"],
+            m.factor_changes,
         )
-        for (factor, change), value in list(m.factor_changes.items()):
-            changes.add_metric([factor, change], value)
-        yield changes
-        stale = CounterMetricFamily(
-            PREFIX + "federation_stale_documents",
+        yield _counters(
+            "federation_stale_documents",
             "Upstream providers' discovery documents and key sets used past their age because"
             " fetching them again failed, by provider and document (discovery, jwks).",
-            labels=["provider", "document"],
+            ["provider", "document"],
+            m.stale_documents,
         )
-        for (provider, document), value in list(m.stale_documents.items()):
-            stale.add_metric([provider, document], value)
-        yield stale
+
+
+def _counters(
+    name: str, documentation: str, labels: list[str], counts: Mapping[Any, float]
+) -> CounterMetricFamily:
+    """A counter family of `counts`, keyed by its label value (one label) or a tuple of them
+    in the order of `labels`. Read from a copy: a request may count while it is scraped."""
+    family = CounterMetricFamily(PREFIX + name, documentation, labels=labels)
+    for key, value in list(counts.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family
