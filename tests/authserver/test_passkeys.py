@@ -32,7 +32,6 @@ from tests.authserver.conftest import (
     StartAuthServer,
     default_config,
     parse_form,
-    query_of,
     verify_jwt,
 )
 from tests.authserver.device_support import device_config, poll
@@ -45,7 +44,9 @@ from tests.authserver.passkey_support import (
 from tests.authserver.test_second_factors import (
     ENCRYPTION_KEY,
     authorize_url,
+    finish,
     id_token,
+    post,
     secret_on,
 )
 
@@ -149,28 +150,6 @@ def browser() -> aiohttp.ClientSession:
 
 def origin_of(server: RunningAuthServer) -> str:
     return server.settings.issuer
-
-
-async def post(
-    http: aiohttp.ClientSession, server: RunningAuthServer, action: str, fields: dict[str, str]
-) -> aiohttp.ClientResponse:
-    """A form posted as the browser would: to the issuer's host (localhost), whose cookies
-    the session has."""
-    url = origin_of(server) + urlsplit(action).path
-    return await http.post(url, data=fields, allow_redirects=False)
-
-
-async def finish(
-    http: aiohttp.ClientSession, server: RunningAuthServer, response: aiohttp.ClientResponse
-) -> str:
-    """Approve consent if asked; the code of the redirect."""
-    if response.status == 200:
-        action, fields = parse_form(await response.text())
-        assert action.endswith("/consent"), action
-        fields["decision"] = "approve"
-        response = await post(http, server, action, fields)
-    assert response.status in (302, 303), await response.text()
-    return query_of(response.headers["Location"])["code"]
 
 
 async def submit(

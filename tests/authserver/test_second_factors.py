@@ -90,7 +90,11 @@ def authorize_url(
 async def post(
     http: aiohttp.ClientSession, server: RunningAuthServer, action: str, fields: dict[str, str]
 ) -> aiohttp.ClientResponse:
-    return await http.post(server.url + urlsplit(action).path, data=fields, allow_redirects=False)
+    """A form posted as the browser would: to the issuer's origin, whose cookies the session
+    has (localhost where passkeys are tested)."""
+    issuer = urlsplit(server.settings.issuer)
+    url = f"{issuer.scheme}://{issuer.netloc}{urlsplit(action).path}"
+    return await http.post(url, data=fields, allow_redirects=False)
 
 
 async def password_step(
