@@ -14,10 +14,10 @@ import pytest
 
 from tests.authserver.admin_support import admin_config, admin_for
 from tests.authserver.conftest import RunningAuthServer, load_settings, run_authserver
-from tests.e2e.test_browser_flow import ClientApp, browser, page, starting_with
+from tests.e2e.test_browser_flow import ClientApp, browser, client_app, page, starting_with
 from tests.support import bound_socket
 
-__all__ = ["browser", "page"]  # fixtures
+__all__ = ["browser", "client_app", "page"]  # fixtures
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +46,6 @@ async def grace(authserver: RunningAuthServer) -> dict[str, Any]:
         )
         assert status == 201, user
         return dict(user)
-
-
-@pytest.fixture
-async def client_app(authserver: RunningAuthServer) -> AsyncIterator[ClientApp]:
-    app = await ClientApp(authserver.settings.issuer).start()
-    yield app
-    await app.stop()
 
 
 def account(server: RunningAuthServer) -> str:

@@ -13,10 +13,10 @@ import pytest
 
 from tests.authserver.admin_support import admin_config, admin_for
 from tests.authserver.conftest import RunningAuthServer, load_settings, run_authserver
-from tests.e2e.test_browser_flow import ClientApp, browser, page, starting_with
+from tests.e2e.test_browser_flow import ClientApp, browser, client_app, page, starting_with
 from tests.support import bound_socket
 
-__all__ = ["browser", "page"]  # fixtures
+__all__ = ["browser", "client_app", "page"]  # fixtures
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +30,6 @@ async def authserver(tmp_path: Path) -> AsyncIterator[RunningAuthServer]:
     server = await run_authserver(load_settings(admin_config(port), tmp_path, port), sock=sock)
     yield server
     await server.stop()
-
-
-@pytest.fixture
-async def client_app(authserver: RunningAuthServer) -> AsyncIterator[ClientApp]:
-    app = await ClientApp(authserver.settings.issuer).start()
-    yield app
-    await app.stop()
 
 
 async def sign_in(page: Any, client_app: ClientApp, username: str) -> None:

@@ -30,9 +30,9 @@ from tests.authserver.conftest import (
 from tests.authserver.device_support import device_config
 from tests.authserver.passkey_support import b64, unb64
 from tests.e2e import page_problems
-from tests.e2e.test_browser_flow import ClientApp, browser, starting_with
+from tests.e2e.test_browser_flow import ClientApp, browser, client_app, starting_with
 
-__all__ = ["browser"]  # the fixture, used here by name
+__all__ = ["browser", "client_app"]  # the fixtures, used here by name
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +44,6 @@ async def authserver(tmp_path: Path) -> AsyncIterator[RunningAuthServer]:
     server = await serve_authserver(config, tmp_path)
     yield server
     await server.stop()
-
-
-@pytest.fixture
-async def client_app(authserver: RunningAuthServer) -> AsyncIterator[ClientApp]:
-    app = await ClientApp(authserver.settings.issuer).start()
-    yield app
-    await app.stop()
 
 
 async def virtual_authenticator(context: Any, tab: Any) -> tuple[Any, str]:

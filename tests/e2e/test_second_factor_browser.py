@@ -28,9 +28,9 @@ from tests.authserver.conftest import (
     serve_authserver,
 )
 from tests.e2e import page_problems
-from tests.e2e.test_browser_flow import ClientApp, browser, page, starting_with
+from tests.e2e.test_browser_flow import ClientApp, browser, client_app, page, starting_with
 
-__all__ = ["browser", "page"]  # the fixtures, used here by name
+__all__ = ["browser", "client_app", "page"]  # the fixtures, used here by name
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +47,6 @@ async def authserver(tmp_path: Path, clock: MovableClock) -> AsyncIterator[Runni
     server = await serve_authserver(config, tmp_path, clock)
     yield server
     await server.stop()
-
-
-@pytest.fixture
-async def client_app(authserver: RunningAuthServer) -> AsyncIterator[ClientApp]:
-    app = await ClientApp(authserver.settings.issuer).start()
-    yield app
-    await app.stop()
 
 
 async def password_then(page: Any, client_app: ClientApp, authserver: RunningAuthServer) -> None:
